@@ -1,0 +1,91 @@
+"""Values printed the way mongod's `Value`/`Document` stream them into error messages.
+
+Several errors quote a document (e.g. 40647 quotes the whole token, 280 the `_id` of the
+event that passed the resume point), so the message text depends on this formatting.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections.abc import Mapping
+
+import bson
+from bson.binary import Binary
+from bson.code import Code
+from bson.datetime_ms import DatetimeMS
+from bson.decimal128 import Decimal128
+from bson.int64 import Int64
+from bson.max_key import MaxKey
+from bson.min_key import MinKey
+from bson.objectid import ObjectId
+from bson.regex import Regex
+from bson.timestamp import Timestamp
+
+
+def _double(x: float) -> str:
+    # C++ ostream default: 6 significant digits, like printf("%g").
+    if x != x:
+        return "nan"
+    if x in (float("inf"), float("-inf")):
+        return "inf" if x > 0 else "-inf"
+    return f"{x:g}"
+
+
+def value_string(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, str):
+        return f'"{v}"'
+    if isinstance(v, Int64):
+        return str(int(v))
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return _double(v)
+    if isinstance(v, Mapping):
+        return document_string(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(value_string(x) for x in v) + "]"
+    if isinstance(v, ObjectId):
+        return f"ObjectId('{v}')"
+    if isinstance(v, Timestamp):
+        return f"Timestamp({v.time}, {v.inc})"
+    if isinstance(v, uuid.UUID):
+        return f"BinData(4, {v.hex.upper()})"
+    if isinstance(v, Binary):
+        return f"BinData({v.subtype}, {bytes(v).hex().upper()})"
+    if isinstance(v, bytes):
+        return f"BinData(0, {v.hex().upper()})"
+    if isinstance(v, Decimal128):
+        return str(v)
+    if isinstance(v, (datetime.datetime, DatetimeMS)):
+        ms = v if isinstance(v, DatetimeMS) else DatetimeMS(v)
+        return f"Date({int(ms)})"
+    if isinstance(v, Regex):
+        return f"/{v.pattern}/{_regex_flags(v.flags)}"
+    if isinstance(v, Code):
+        return str(v)
+    if isinstance(v, MinKey):
+        return "MinKey"
+    if isinstance(v, MaxKey):
+        return "MaxKey"
+    return str(v)
+
+
+def _regex_flags(flags: int | str) -> str:
+    if isinstance(flags, str):
+        return flags
+    return "".join(c for c, bit in zip("ilmsux", (2, 4, 8, 16, 32, 64)) if flags & bit)
+
+
+def document_string(doc: Mapping[str, object]) -> str:
+    if not doc:
+        return "{}"
+    return "{" + ", ".join(f"{k}: {value_string(v)}" for k, v in doc.items()) + "}"
+
+
+def raw_document_string(raw: bytes) -> str:
+    return document_string(bson.decode(raw))
