@@ -257,23 +257,25 @@ def _decimal_module():  # imported lazily: decimals in keys are rare
 # Encoding
 
 
-class Builder:
-    """Appends values to a KeyString and its type bits; `finish()` adds kEnd."""
+class Builder(TypeBitsWriter):
+    """Appends values to a KeyString (`out`) and to its type bits (inherited); `finish()`
+    adds kEnd."""
 
-    __slots__ = ("out", "bits")
+    __slots__ = ("out",)
 
-    def __init__(self) -> None:
-        self.out = bytearray()
-        self.bits = TypeBitsWriter()
+    def __init__(self, prefix: bytes = b"", prefix_bits: tuple[int, int] = (0, 0)) -> None:
+        # `prefix`: already-encoded leading values; `prefix_bits`: their (bits, bit count).
+        self.out = bytearray(prefix)
+        self.value, self.count = prefix_bits
 
     def finish(self) -> tuple[bytes, bytes | None]:
         self.out.append(END)
-        return bytes(self.out), self.bits.serialize()
+        return bytes(self.out), self.serialize()
 
     # Typed appends used by the resume token encoder: they mirror BSONObjBuilder's choices.
     def append_int32(self, n: int) -> None:
         self.out += int_body(n)
-        self.bits.count += 2
+        self.count += 2
 
     def append_bool(self, b: bool) -> None:
         self.out.append(BOOL_TRUE if b else BOOL_FALSE)
@@ -295,7 +297,7 @@ class Builder:
         b = s.encode()
         out += b.replace(b"\x00", b"\x00\xff") if b"\x00" in b else b
         out.append(0)
-        self.bits.count += 1
+        self.count += 1
 
     def append_document(self, raw: bytes | memoryview, pos: int = 0) -> int:
         """Append a BSON document (starting at `pos` in `raw`) as a KeyString object."""
@@ -328,7 +330,7 @@ class Builder:
     def append_element(self, t: int, raw: bytes | memoryview, pos: int) -> int:
         """Append the BSON value of type `t` found at `pos`; return the position after it."""
         out = self.out
-        bits = self.bits
+        bits = self
         if t == 0x07:  # ObjectId
             out.append(OID)
             out += raw[pos : pos + 12]
@@ -436,7 +438,7 @@ class Builder:
 
 
 def encode_bson(raw: bytes) -> tuple[bytes, bytes | None]:
-    """KeyString of every value of a BSON document, in order, as `Builder(V1, obj, ALL_ASCENDING)`."""
+    """KeyString of every value of a BSON document, in order (`Builder(V1, obj, allAscending)`)."""
     b = Builder()
     b.append_values(raw)
     return b.finish()

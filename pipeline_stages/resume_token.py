@@ -9,6 +9,7 @@ See ../shared/reference/resume_tokens.md.
 
 from __future__ import annotations
 
+import functools
 import re
 import struct
 from collections.abc import Mapping
@@ -21,6 +22,8 @@ from bson.timestamp import Timestamp
 from pipeline_stages import keystring
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import document_string
+
+__all__ = ["MongoError", "ResumeTokenData", "decode", "encode", "make_event_identifier", "sort_key"]
 
 HIGH_WATER_MARK_TOKEN = 0
 EVENT_TOKEN = 128
@@ -50,6 +53,8 @@ def _raw_string_element(name: bytes, s: str) -> bytes:
 
 
 def _as_raw_document(doc: bytes | Mapping[str, Any]) -> bytes:
+    if type(doc) is bytes:
+        return doc
     if isinstance(doc, (bytes, bytearray, memoryview)):
         return bytes(doc)
     raw = getattr(doc, "raw", None)  # RawBSONDocument keeps its bytes
@@ -67,18 +72,19 @@ def make_event_identifier(
     v0/v1 classic events use the bare documentKey (None when the event has none); v2 events
     and expanded events use {operationType, documentKey | operationDescription}.
     """
-    if document_key is not None and operation_description is not None:
-        raise MongoError(
-            6280100, "both documentKey and operationDescription cannot be present for an event"
-        )
-    if operation_type in CLASSIC_OPERATION_TYPES and version <= 1:
-        return None if document_key is None else _as_raw_document(document_key)
-    body = _raw_string_element(b"operationType", operation_type)
-    if document_key is not None:
-        body += b"\x03documentKey\x00" + _as_raw_document(document_key)
-    elif operation_description is not None:
-        body += b"\x03operationDescription\x00" + _as_raw_document(operation_description)
-    return _raw_doc(body)
+    return ResumeTokenData.for_event(
+        Timestamp(0, 0),
+        operation_type,
+        document_key=document_key,
+        operation_description=operation_description,
+        version=version,
+    ).event_identifier
+
+
+@functools.lru_cache(maxsize=256)
+def _identifier_head(operation_type: str, by_document_key: bool) -> bytes:
+    name = b"documentKey" if by_document_key else b"operationDescription"
+    return _raw_string_element(b"operationType", operation_type) + b"\x03" + name + b"\x00"
 
 
 class ResumeTokenData:
@@ -89,7 +95,7 @@ class ResumeTokenData:
 
     __slots__ = (
         "cluster_time", "version", "token_type", "txn_op_index", "from_invalidate",
-        "uuid", "event_identifier", "fragment_num",
+        "uuid", "_event_identifier", "_identifier_parts", "fragment_num",
     )
 
     def __init__(
@@ -108,9 +114,56 @@ class ResumeTokenData:
         self.token_type = token_type
         self.txn_op_index = txn_op_index
         self.from_invalidate = from_invalidate
-        self.uuid = None if uuid is None else bytes(uuid)
-        self.event_identifier = event_identifier
+        self.uuid = uuid if uuid is None or type(uuid) is bytes else bytes(uuid)
+        self._event_identifier = event_identifier
+        # (operationType, by documentKey?, raw key document) when built by for_event: the
+        # encoder then appends a cached head and walks only the key document.
+        self._identifier_parts: tuple[str, bool, bytes] | None = None
         self.fragment_num = fragment_num
+
+    @classmethod
+    def for_event(
+        cls,
+        cluster_time: Timestamp,
+        operation_type: str,
+        *,
+        uuid: bytes | None = None,
+        document_key: bytes | Mapping[str, Any] | None = None,
+        operation_description: bytes | Mapping[str, Any] | None = None,
+        txn_op_index: int = 0,
+        version: int = DEFAULT_TOKEN_VERSION,
+    ) -> ResumeTokenData:
+        """An event token, as mongod's `ResumeTokenData(clusterTime, version, txnOpIndex, uuid,
+        opType, documentKey, opDescription)` builds it."""
+        data = cls(cluster_time, version, EVENT_TOKEN, txn_op_index, False, uuid)
+        if operation_type in CLASSIC_OPERATION_TYPES and version <= 1:
+            if document_key is not None:
+                data._event_identifier = _as_raw_document(document_key)
+        elif document_key is not None or operation_description is not None:
+            if document_key is not None and operation_description is not None:
+                raise MongoError(
+                    6280100,
+                    "both documentKey and operationDescription cannot be present for an event",
+                )
+            by_key = document_key is not None
+            doc = document_key if by_key else operation_description
+            data._identifier_parts = (operation_type, by_key, _as_raw_document(doc))
+        else:
+            data._event_identifier = _raw_doc(_raw_string_element(b"operationType", operation_type))
+        return data
+
+    @property
+    def event_identifier(self) -> bytes | None:
+        """The eventIdentifier as raw BSON (None when the token has none)."""
+        if self._event_identifier is None and self._identifier_parts is not None:
+            op, by_key, doc = self._identifier_parts
+            self._event_identifier = _raw_doc(_identifier_head(op, by_key) + doc)
+        return self._event_identifier
+
+    @event_identifier.setter
+    def event_identifier(self, raw: bytes | None) -> None:
+        self._event_identifier = raw
+        self._identifier_parts = None
 
     @classmethod
     def high_water_mark(
@@ -157,53 +210,103 @@ class ResumeTokenData:
         return (
             f"ResumeTokenData(clusterTime={self.cluster_time!r}, version={self.version}, "
             f"tokenType={self.token_type}, txnOpIndex={self.txn_op_index}, "
-            f"fromInvalidate={self.from_invalidate}, uuid={self.uuid.hex() if self.uuid else None}, "
+            f"fromInvalidate={self.from_invalidate}, "
+            f"uuid={self.uuid.hex() if self.uuid else None}, "
             f"eventIdentifier={ident!r}, fragmentNum={self.fragment_num})"
         )
 
     # -- encoding ---------------------------------------------------------------------------
 
     def to_keystring(self) -> tuple[bytes, bytes | None]:
-        """(KeyString bytes, serialized type bits or None), with mongod's build-time checks."""
+        """(KeyString bytes, serialized type bits or None)."""
+        b = self._encode()
+        return bytes(b.out), b.serialize()
+
+    def _encode(self) -> keystring.Builder:
+        """The complete KeyString, with mongod's build-time checks (ResumeToken(data))."""
         version = self.version
         hwm = self.token_type == HIGH_WATER_MARK_TOKEN
+        has_identifier = (
+            self._identifier_parts is not None or self._event_identifier is not None
+        )
         if hwm and (
             self.txn_op_index > 0 or self.from_invalidate or self.uuid is not None
-            or self.event_identifier is not None
+            or has_identifier
         ):
             raise MongoError(6189505, "Invalid high water mark token")
-        if self.uuid is None and self.event_identifier is not None and version < 2:
+        if self.uuid is None and has_identifier and version < 2:
             raise MongoError(50788, "Unexpected resume token with a eventIdentifier but no UUID")
-        if not hwm and self.event_identifier is None and version >= 2:
+        if not hwm and not has_identifier and version >= 2:
             raise MongoError(6189502, "Expected an eventIdentifier for an event resume token")
-        b = keystring.Builder()
-        b.append_timestamp(self.cluster_time.time, self.cluster_time.inc)
-        b.append_int32(version)
-        if version >= 1:
-            b.append_int32(self.token_type)
-        _append_number(b, self.txn_op_index)
-        if version >= 1:
-            b.append_bool(self.from_invalidate)
+        prefix, bits = _token_prefix(
+            version, self.token_type, self.txn_op_index, self.from_invalidate
+        )
+        ts = _TS_STRUCT.pack(keystring.TIMESTAMP, self.cluster_time.time, self.cluster_time.inc)
         if self.uuid is not None:
-            b.append_uuid(self.uuid)
-        elif version >= 2:
-            b.append_null()
-        if self.event_identifier is not None:
-            b.append_document(self.event_identifier)
+            b = keystring.Builder(b"".join((ts, prefix, _UUID_HEADER, self.uuid)), bits)
+        else:
+            b = keystring.Builder(ts + prefix, bits)
+            if version >= 2:
+                b.append_null()
+        if self._identifier_parts is not None:
+            op, by_key, doc = self._identifier_parts
+            head, (value, count) = _identifier_head_keystring(op, by_key)
+            b.out += head
+            b.value |= value << b.count
+            b.count += count
+            b._append_fields(doc, 0)
+            b.out.append(0)
+        elif self._event_identifier is not None:
+            b.append_document(self._event_identifier)
         if self.fragment_num is not None:
             if version < 2:
                 raise MongoError(
                     7182504, f"Tokens of version {version} cannot have a fragmentNum"
                 )
             _append_number(b, self.fragment_num)
-        return b.finish()
+        b.out.append(keystring.END)
+        return b
 
     def to_document(self) -> dict[str, Any]:
         """The `_id` of an event / a postBatchResumeToken: `{_data[, _typeBits]}`."""
-        data, type_bits = self.to_keystring()
+        b = self._encode()
+        type_bits = b.serialize()
         if type_bits is None:
-            return {"_data": data.hex().upper()}
-        return {"_data": data.hex().upper(), "_typeBits": Binary(type_bits, 0)}
+            return {"_data": b.out.hex().upper()}
+        return {"_data": b.out.hex().upper(), "_typeBits": Binary(type_bits, 0)}
+
+
+_UUID_HEADER = bytes((keystring.BINDATA, 16, 4))
+_TS_STRUCT = struct.Struct(">BII")
+
+
+@functools.lru_cache(maxsize=1024)
+def _token_prefix(
+    version: int, token_type: int, txn_op_index: int, from_invalidate: bool
+) -> tuple[bytes, tuple[int, int]]:
+    """KeyString of version, [tokenType], txnOpIndex, [fromInvalidate], and their type bits.
+
+    Cached: nearly every token shares one of a handful of these.
+    """
+    b = keystring.Builder()
+    b.append_int32(version)
+    if version >= 1:
+        b.append_int32(token_type)
+    _append_number(b, txn_op_index)
+    if version >= 1:
+        b.append_bool(from_invalidate)
+    return bytes(b.out), (b.value, b.count)
+
+
+@functools.lru_cache(maxsize=256)
+def _identifier_head_keystring(operation_type: str, by_key: bool) -> tuple[bytes, tuple[int, int]]:
+    """KeyString of `{operationType: <op>, <documentKey|operationDescription>: ` up to the key
+    document's fields, and its type bits: `46 <operationType field> 46 <name> 00 46`."""
+    b = keystring.Builder()
+    b.append_document(_raw_doc(_raw_string_element(b"operationType", operation_type)))
+    name = b"documentKey" if by_key else b"operationDescription"
+    head = bytes(b.out[:-1]) + bytes((keystring.OBJECT,)) + name + bytes((0, keystring.OBJECT))
+    return head, (b.value, b.count)
 
 
 def _append_number(b: keystring.Builder, n: int) -> None:
