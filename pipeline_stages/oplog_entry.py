@@ -1,0 +1,45 @@
+"""How the pipeline holds oplog entries: decoded by pymongo's C codec, nested documents left raw.
+
+An entry is a `Mapping[str, Any]` whose top-level fields are decoded Python values and whose
+embedded documents (`o`, `o2`, `lsid`, the ops inside `applyOps`, ...) stay `RawBSONDocument`s.
+A document that passes through unchanged (`o` -> `fullDocument`) is therefore never decoded
+into Python objects nor re-encoded field by field: the reply encoder copies its bytes.
+UUIDs (`ui`, `lsid.id`) decode as `bson.Binary` subtype 4, which is also the 16 raw bytes a
+resume token needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from bson.codec_options import CodecOptions
+from bson.raw_bson import RawBSONDocument
+from bson.timestamp import Timestamp
+
+OPLOG_CODEC_OPTIONS: CodecOptions = CodecOptions(document_class=RawBSONDocument)
+
+Entry = Mapping[str, Any]
+
+# The "null" OpTime that ends a prevOpTime chain.
+NULL_OP_TIME_TS = Timestamp(0, 0)
+
+
+def decode_entry(raw: bytes) -> Entry:
+    """One oplog entry from its BSON bytes (top level decoded lazily by RawBSONDocument)."""
+    return RawBSONDocument(raw, OPLOG_CODEC_OPTIONS)
+
+
+def iter_entries(data: bytes) -> Iterator[Entry]:
+    """Entries from concatenated BSON documents (a mongodump `oplog.bson`)."""
+    pos, n = 0, len(data)
+    while pos < n:
+        size = int.from_bytes(data[pos : pos + 4], "little")
+        yield RawBSONDocument(data[pos : pos + size], OPLOG_CODEC_OPTIONS)
+        pos += size
+
+
+def split_ns(ns: str) -> tuple[str, str]:
+    """`db.coll` -> (db, coll); `db` -> (db, "")."""
+    db, _, coll = ns.partition(".")
+    return db, coll

@@ -1,0 +1,331 @@
+"""`$changeStream` options: parsing and validation of the aggregate command.
+
+`ChangeStreamSpec` is what every other stage reads. `parse_aggregate` builds it from an
+aggregate command, raising mongod's errors (reference oplog_to_events.md §6.2) in the order
+mongod checks them: pipeline shape and stage names, the stage's argument, read concern and
+transactions, the IDL fields, scope and namespace, resume options, the resume token, then the
+user stages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from bson.timestamp import Timestamp
+
+from pipeline_stages import resume_token
+from pipeline_stages.errors import MongoError
+from pipeline_stages.value_string import value_string
+
+Scope = Literal["collection", "database", "cluster"]
+
+
+@dataclass(slots=True)
+class ChangeStreamSpec:
+    scope: Scope
+    db: str  # "admin" for cluster streams
+    coll: str | None = None  # only for collection streams
+    full_document: str = "default"  # default | updateLookup | whenAvailable | required
+    full_document_before_change: str = "off"  # off | whenAvailable | required
+    resume_after: dict[str, Any] | None = None
+    start_after: dict[str, Any] | None = None
+    start_at_operation_time: Timestamp | None = None
+    show_expanded_events: bool = False
+    # Internal options mongod accepts.
+    show_system_events: bool = False
+    show_raw_update_description: bool = False
+    show_migration_events: bool = False
+    allow_to_run_on_config_db: bool = False
+    match_collection_uuid_for_update_lookup: bool = False
+    # The stages after $changeStream, as given.
+    user_pipeline: list[dict[str, Any]] = field(default_factory=list)
+    # The decoded startAfter / resumeAfter token.
+    resume_token: resume_token.ResumeTokenData | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing the aggregate command
+
+
+# The stages allowed after $changeStream (docs/change_streams.md, Pipeline::validate...).
+ALLOWED_USER_STAGES = frozenset(
+    {
+        "$match", "$project", "$addFields", "$set", "$unset", "$replaceRoot", "$replaceWith",
+        "$redact", "$changeStreamSplitLargeEvent",
+    }
+)
+
+# Stage names mongod knows (so others get 40324), with the name of the stage they become
+# (an alias desugars before the allowed-stage check, which reports the desugared name).
+KNOWN_STAGES: dict[str, str] = {
+    name: name
+    for name in (
+        "$bucketAuto", "$collStats", "$currentOp", "$densify", "$documents", "$facet",
+        "$fill", "$geoNear", "$graphLookup", "$group", "$indexStats", "$limit",
+        "$listLocalSessions", "$listSessions", "$listSearchIndexes", "$lookup", "$merge",
+        "$out", "$planCacheStats", "$sample", "$search", "$searchMeta", "$setWindowFields",
+        "$skip", "$sort", "$unionWith", "$unwind", "$vectorSearch", "$changeStream",
+        "$listSampledQueries", "$querySettings", "$shardedDataDistribution",
+        *ALLOWED_USER_STAGES,
+    )
+} | {"$count": "$group", "$sortByCount": "$group", "$bucket": "$group"}
+
+_SPEC_FIELDS: dict[str, str] = {
+    # name -> IDL type name used in TypeMismatch messages
+    "fullDocument": "string",
+    "fullDocumentBeforeChange": "string",
+    "resumeAfter": "object",
+    "startAfter": "object",
+    "startAtOperationTime": "timestamp",
+    "allChangesForCluster": "bool",
+    "showExpandedEvents": "bool",
+    "showSystemEvents": "bool",
+    "showRawUpdateDescription": "bool",
+    "showMigrationEvents": "bool",
+    "allowToRunOnConfigDB": "bool",
+    "allowToRunOnSystemNS": "bool",
+    "matchCollectionUUIDForUpdateLookup": "bool",
+    # accepted and ignored (internal, sent by mongos/tests)
+    "$_generateV2ResumeTokens": "bool",
+}
+_ENUMS = {
+    "fullDocument": ("default", "updateLookup", "whenAvailable", "required"),
+    "fullDocumentBeforeChange": ("off", "whenAvailable", "required"),
+}
+# Flags not allowed with apiStrict: true (API Version 1).
+_NOT_IN_API_V1 = ("showExpandedEvents", "showRawUpdateDescription", "showSystemEvents")
+
+
+def bson_type_name(v: Any) -> str:
+    """The BSON type alias mongod prints in TypeMismatch messages."""
+    from bson.binary import Binary
+    from bson.code import Code
+    from bson.decimal128 import Decimal128
+    from bson.int64 import Int64
+    from bson.max_key import MaxKey
+    from bson.min_key import MinKey
+    from bson.objectid import ObjectId
+    from bson.regex import Regex
+
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, Int64):
+        return "long"
+    if isinstance(v, int):
+        return "int" if -(2**31) <= v < 2**31 else "long"
+    if isinstance(v, float):
+        return "double"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, Timestamp):
+        return "timestamp"
+    if isinstance(v, Mapping):
+        return "object"
+    if isinstance(v, (list, tuple)):
+        return "array"
+    if isinstance(v, ObjectId):
+        return "objectId"
+    if isinstance(v, (bytes, Binary)):
+        return "binData"
+    if isinstance(v, Decimal128):
+        return "decimal"
+    if isinstance(v, Regex):
+        return "regex"
+    if isinstance(v, Code):
+        return "javascript"
+    if isinstance(v, MinKey):
+        return "minKey"
+    if isinstance(v, MaxKey):
+        return "maxKey"
+    import datetime
+
+    if isinstance(v, datetime.datetime):
+        return "date"
+    return type(v).__name__
+
+
+def is_change_stream_aggregate(cmd: Mapping[str, Any]) -> bool:
+    pipeline = cmd.get("pipeline")
+    return (
+        isinstance(pipeline, list)
+        and bool(pipeline)
+        and isinstance(pipeline[0], Mapping)
+        and "$changeStream" in pipeline[0]
+    )
+
+
+def parse_aggregate(cmd: Mapping[str, Any], db: str) -> ChangeStreamSpec:
+    """Validate an aggregate command whose pipeline starts with $changeStream, as mongod does,
+    and return its spec; raises MongoError with mongod's code and message otherwise."""
+    pipeline = cmd.get("pipeline")
+    if not isinstance(pipeline, list):
+        raise MongoError(
+            14,
+            "BSON field 'aggregate.pipeline' is the wrong type "
+            f"'{bson_type_name(pipeline)}', expected type 'array'",
+        )
+    for i, stage in enumerate(pipeline):
+        if not isinstance(stage, Mapping) or len(stage) != 1:
+            raise MongoError(
+                40323, "A pipeline stage specification object must contain exactly one field."
+            )
+        name = next(iter(stage))
+        if name not in KNOWN_STAGES:
+            raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
+        if name == "$changeStream" and i > 0:
+            raise MongoError(40602, "$changeStream is only valid as the first stage in a pipeline")
+    options = pipeline[0]["$changeStream"]
+    if not isinstance(options, Mapping):
+        raise MongoError(
+            6188500,
+            "$changeStream must take a nested object but found: $changeStream: "
+            + value_string(options),
+        )
+
+    # Read concern and transactions are checked on the lite-parsed pipeline, before the stage.
+    read_concern = cmd.get("readConcern")
+    level = read_concern.get("level") if isinstance(read_concern, Mapping) else None
+    if level is not None and level != "majority":
+        raise MongoError(
+            72,
+            "Aggregation stage $changeStream cannot run with a readConcern other than "
+            f"'majority'. Current readConcern: {level}",
+        )
+    if cmd.get("autocommit") is False or cmd.get("startTransaction") is True:
+        raise MongoError(
+            263,
+            "Operation not permitted in transaction :: caused by :: Aggregation stage "
+            "$changeStream cannot run within a multi-document transaction.",
+        )
+
+    values: dict[str, Any] = {}
+    for name, value in options.items():
+        expected = _SPEC_FIELDS.get(name)
+        if expected is None:
+            raise MongoError(40415, f"BSON field '$changeStream.{name}' is an unknown field.")
+        if value is None:  # null counts as not specified
+            continue
+        actual = bson_type_name(value)
+        if actual != expected:
+            raise MongoError(
+                14,
+                f"BSON field '$changeStream.{name}' is the wrong type '{actual}', "
+                f"expected type '{expected}'",
+            )
+        if name in _ENUMS and value not in _ENUMS[name]:
+            raise MongoError(
+                2,
+                f"Enumeration value '{value}' for field '$changeStream.{name}' is not a valid "
+                "value.",
+            )
+        values[name] = value
+
+    if cmd.get("apiStrict") is True:
+        for name in _NOT_IN_API_V1:
+            if name in values:
+                raise MongoError(
+                    323,
+                    f"The '{name}' parameter to $changeStream is not supported in API Version 1",
+                )
+
+    target = cmd.get("aggregate")
+    coll = target if isinstance(target, str) else None
+    all_changes = values.get("allChangesForCluster", False)
+    if all_changes:
+        if db != "admin" or coll is not None:
+            ns = f"{db}.{coll}" if coll is not None else f"{db}.$cmd.aggregate"
+            raise MongoError(
+                72,
+                "A $changeStream with 'allChangesForCluster:true' may only be opened on the "
+                f"'admin' database, and with no collection name; found {ns}",
+            )
+        scope: Scope = "cluster"
+    else:
+        if db == "admin" or db == "local" or (
+            db == "config" and not values.get("allowToRunOnConfigDB", False)
+        ):
+            raise MongoError(73, f"$changeStream may not be opened on the internal {db} database")
+        if coll is not None and coll.startswith("system.") and not values.get(
+            "allowToRunOnSystemNS", False
+        ):
+            raise MongoError(
+                73, f"$changeStream may not be opened on the internal {db}.{coll} collection"
+            )
+        scope = "collection" if coll is not None else "database"
+
+    if "resumeAfter" in values and "startAfter" in values:
+        raise MongoError(
+            50865, "Do not specify both 'resumeAfter' and 'startAfter' in a $changeStream stage"
+        )
+    if "startAtOperationTime" in values and (
+        "resumeAfter" in values or "startAfter" in values
+    ):
+        raise MongoError(
+            40674, "Only one type of resume option is allowed, but multiple were found"
+        )
+
+    spec = ChangeStreamSpec(
+        scope=scope,
+        db=db,
+        coll=coll,
+        full_document=values.get("fullDocument", "default"),
+        full_document_before_change=values.get("fullDocumentBeforeChange", "off"),
+        resume_after=values.get("resumeAfter"),
+        start_after=values.get("startAfter"),
+        start_at_operation_time=values.get("startAtOperationTime"),
+        show_expanded_events=values.get("showExpandedEvents", False),
+        show_system_events=values.get("showSystemEvents", False),
+        show_raw_update_description=values.get("showRawUpdateDescription", False),
+        show_migration_events=values.get("showMigrationEvents", False),
+        allow_to_run_on_config_db=values.get("allowToRunOnConfigDB", False),
+        match_collection_uuid_for_update_lookup=values.get(
+            "matchCollectionUUIDForUpdateLookup", False
+        ),
+        user_pipeline=[dict(s) for s in pipeline[1:]],
+    )
+
+    token = spec.start_after if spec.start_after is not None else spec.resume_after
+    if token is not None:
+        data = resume_token.decode(token)
+        if spec.resume_after is not None and data.from_invalidate:
+            raise MongoError(
+                260,
+                "Attempting to resume a change stream using 'resumeAfter' is not allowed from "
+                "an invalidate notification",
+            )
+        if scope == "collection" and data.uuid is None and not data.is_high_water_mark:
+            raise MongoError(
+                260,
+                "Attempted to resume a single-collection stream, but the resume token does not "
+                "include a UUID",
+            )
+        spec.resume_token = data
+
+    _validate_user_stages(spec.user_pipeline)
+    return spec
+
+
+def _validate_user_stages(stages: list[dict[str, Any]]) -> None:
+    for i, stage in enumerate(stages):
+        name = next(iter(stage))
+        if name not in ALLOWED_USER_STAGES:
+            raise MongoError(
+                20, f"{KNOWN_STAGES[name]} is not permitted in a $changeStream pipeline"
+            )
+        if name == "$changeStreamSplitLargeEvent":
+            if not isinstance(stage[name], Mapping) or stage[name]:
+                raise MongoError(
+                    7182800, "$changeStreamSplitLargeEvent spec should be an empty object"
+                )
+            if any(next(iter(s)) == name for s in stages[i + 1 :]):
+                raise MongoError(
+                    7183900, "$changeStreamSplitLargeEvent can only be used once in the pipeline"
+                )
+            if i != len(stages) - 1:
+                raise MongoError(
+                    7182802, "$changeStreamSplitLargeEvent must be the last stage in the pipeline"
+                )
