@@ -39,6 +39,11 @@ CODE_NAMES: dict[int, str] = {
     263: "OperationNotSupportedInTransaction",
     280: "ChangeStreamFatalError",
     286: "ChangeStreamHistoryLost",
+    323: "APIStrictError",
+    326: "OplogQueryMinTsMissing",
+    166: "CommandNotSupportedOnView",
+    234: "RetryChangeStream",
+    10334: "BSONObjectTooLarge",
     346: "ChangeStreamInvalidated",
     11000: "DuplicateKey",
 }

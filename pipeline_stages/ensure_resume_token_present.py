@@ -1,0 +1,43 @@
+"""`$_internalChangeStreamEnsureResumeTokenPresent`: the resumed-from event must be seen.
+
+Only for streams resumed from an event token (not a high-water mark). The event equal to the
+token is swallowed; if the stream passes the token's position without having seen it, the
+stream fails with 280, quoting the `_id` of the first event after the resume point.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline_stages import resume_token
+from pipeline_stages.check_resumability import compare_to_client_token
+from pipeline_stages.errors import MongoError
+from pipeline_stages.resume_token import ResumeTokenData
+from pipeline_stages.value_string import document_string
+
+
+class EnsureResumeTokenPresent:
+    def __init__(self, client: ResumeTokenData) -> None:
+        self.client = client
+        self.found = False
+        self.done = False
+
+    def process(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if self.done:
+            return events
+        out: list[dict[str, Any]] = []
+        for i, event in enumerate(events):
+            cmp = compare_to_client_token(resume_token.decode(event["_id"]), self.client)
+            if cmp <= 0:  # the resume point itself (or a duplicate of it)
+                self.found = self.found or cmp == 0
+                continue
+            if not self.found:
+                raise MongoError(
+                    280,
+                    "cannot resume stream; the resume token was not found. "
+                    + document_string(event["_id"]),
+                )
+            self.done = True
+            out.extend(events[i:])
+            break
+        return out

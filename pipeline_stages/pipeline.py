@@ -1,0 +1,212 @@
+"""The expanded `$changeStream`: the stage chain for one spec, fed with oplog batches.
+
+    oplog match -> unwind transaction -> transform -> check invalidate -> check resumability
+    -> add pre-image -> add post-image -> ensure resume token present -> classic-type filter
+    -> user stages -> split large event
+
+`push(entries, scanned_to)` runs the chain over a batch of oplog entries (in `ts` order) and
+queues the events; `next_batch(batch_size)` takes up to `batch_size` of them (within the 16 MiB
+reply budget) with the post-batch resume token mongod would report (§9.3). Events leave the
+pipeline encoded once, as `RawBSONDocument`s, ready to be copied into a reply.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import bson
+from bson.raw_bson import RawBSONDocument
+from bson.timestamp import Timestamp
+
+from pipeline_stages import resume_token
+from pipeline_stages.add_post_image import AddPostImage, strip_internal_fields
+from pipeline_stages.add_pre_image import AddPreImage
+from pipeline_stages.check_invalidate import CheckInvalidate
+from pipeline_stages.check_resumability import CheckResumability, check_history
+from pipeline_stages.ensure_resume_token_present import EnsureResumeTokenPresent
+from pipeline_stages.image_source import ImageSource
+from pipeline_stages.oplog_entry import Entry
+from pipeline_stages.oplog_match import OplogFilter
+from pipeline_stages.resume_token import ResumeTokenData
+from pipeline_stages.spec import ChangeStreamSpec
+from pipeline_stages.split_large_event import SplitLargeEvent
+from pipeline_stages.transform import CLASSIC_EVENT_TYPES, ChangeStreamTransform
+from pipeline_stages.unwind_transaction import TransactionHistory, unwind
+from pipeline_stages.user_stages import UserStages
+
+# A reply's cursor batch may hold up to 16 MiB of documents (BSONObjMaxUserSize).
+MAX_BATCH_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class Batch:
+    events: list[RawBSONDocument]
+    post_batch_resume_token: dict[str, Any]
+    invalidated: bool  # the cursor is closed after this batch
+
+
+class ChangeStreamPipeline:
+    def __init__(
+        self,
+        spec: ChangeStreamSpec,
+        start: Timestamp,
+        *,
+        history: TransactionHistory | None = None,
+        images: ImageSource | None = None,
+    ) -> None:
+        """`start`: the first `ts` to read. For a stream resumed from a token or started at an
+        operation time that is the token's/operation's time; for a new stream, the source's
+        last applied time plus one increment."""
+        self.spec = spec
+        self.start = start
+        self.filter = OplogFilter(spec)
+        self.history = history
+        self.transform = ChangeStreamTransform(spec)
+        self.check_invalidate = CheckInvalidate(spec)
+        client = spec.resume_token
+        if client is None and spec.start_at_operation_time is None:
+            client = None  # a new stream: nothing to skip
+        elif client is None:
+            client = ResumeTokenData.high_water_mark(start, resume_token.DEFAULT_TOKEN_VERSION)
+        self.check_resumability = CheckResumability(client)
+        if images is None and (
+            spec.full_document != "default" or spec.full_document_before_change != "off"
+        ):
+            from pipeline_stages.image_source import MemoryImageSource
+
+            images = MemoryImageSource()  # no source of images: every lookup finds nothing
+        self.add_pre_image = (
+            AddPreImage(spec, images) if spec.full_document_before_change != "off" else None
+        )
+        self.add_post_image = (
+            AddPostImage(spec, images) if spec.full_document != "default" else None
+        )
+        self.ensure_token = (
+            EnsureResumeTokenPresent(client)
+            if client is not None and not client.is_high_water_mark
+            else None
+        )
+        stages = spec.user_pipeline
+        split = bool(stages) and next(iter(stages[-1])) == "$changeStreamSplitLargeEvent"
+        self.user_stages = UserStages(stages[:-1] if split else stages) if stages else None
+        self.split = SplitLargeEvent() if split else None
+
+        # The initial post-batch resume token: the client's token re-encoded, else a
+        # high-water mark at the start.
+        if spec.resume_token is not None:
+            self._pbrt = spec.resume_token.to_document()
+            self._pbrt_ts = spec.resume_token.cluster_time
+        else:
+            self._pbrt = ResumeTokenData.high_water_mark(start).to_document()
+            self._pbrt_ts = start
+        # (encoded event, its resume token, its clusterTime)
+        self._pending: deque[tuple[RawBSONDocument, dict[str, Any], Timestamp]] = deque()
+        self._scanned_ts: Timestamp | None = None
+        self.invalidated = False
+
+    def check_history(self, oldest: Entry | None) -> None:
+        """286 ChangeStreamHistoryLost if the source no longer reaches back to the start."""
+        check_history(oldest, self.start)
+
+    # -- feeding --------------------------------------------------------------------------------
+
+    def push(self, entries: Iterable[Entry], scanned_to: Timestamp | None = None) -> None:
+        """Run a batch of oplog entries (ascending `ts`) through the chain and queue the events.
+
+        `scanned_to`: how far the source has read (at least the last entry's ts); it lets
+        idle streams' post-batch tokens advance past entries no stream matched.
+        """
+        if self.invalidated:
+            return
+        start = self.start
+        matches = self.filter.matches
+        op_filter = self.filter.matches_transaction_op
+        transform = self.transform.transform
+        events: list[dict[str, Any]] = []
+        last_ts = None
+        for entry in entries:
+            ts = entry["ts"]
+            last_ts = ts
+            if ts < start or not matches(entry):
+                continue
+            for op in unwind(entry, op_filter, self.history):
+                event = transform(op)
+                if event is not None:
+                    events.append(event)
+        if scanned_to is None or (last_ts is not None and last_ts > scanned_to):
+            scanned_to = last_ts
+        if scanned_to is not None and (self._scanned_ts is None or scanned_to > self._scanned_ts):
+            self._scanned_ts = scanned_to
+        if events:
+            self._run_stages(events)
+
+    def _run_stages(self, events: list[dict[str, Any]]) -> None:
+        events = self.check_invalidate.process(events)
+        events = self.check_resumability.process(events)
+        if self.add_pre_image is not None:
+            events = self.add_pre_image.process(events)
+        if self.add_post_image is not None:
+            events = self.add_post_image.process(events)
+        else:
+            for event in events:
+                strip_internal_fields(event)
+        if self.ensure_token is not None:
+            events = self.ensure_token.process(events)
+        if not self.spec.show_expanded_events:
+            events = [e for e in events if e["operationType"] in CLASSIC_EVENT_TYPES]
+        if self.user_stages is not None:
+            # Event by event, to keep each one's token: an event whose `_id` a user stage
+            # removed is still returned (mongod does; drivers then raise), and the post-batch
+            # token comes from its original `_id`.
+            staged = [
+                (out, event["_id"], event["clusterTime"])
+                for event in events
+                for out in self.user_stages.process([event])
+            ]
+        else:
+            staged = [(e, e["_id"], e["clusterTime"]) for e in events]
+        if self.split is not None:
+            staged = [
+                (fragment, fragment["_id"], ts)
+                for event, _, ts in staged
+                for fragment in self.split.process([event])
+            ]
+        pending = self._pending
+        for event, token, ts in staged:
+            pending.append((RawBSONDocument(bson.encode(event)), token, ts))
+        if self.check_invalidate.invalidated:
+            self.invalidated = True
+
+    # -- draining -------------------------------------------------------------------------------
+
+    def next_batch(self, batch_size: int | None = None) -> Batch:
+        """Up to `batch_size` queued events (None: no limit) within the reply budget."""
+        pending = self._pending
+        out: list[RawBSONDocument] = []
+        size = 0
+        limit = len(pending) if batch_size is None else min(batch_size, len(pending))
+        while len(out) < limit:
+            event, token, ts = pending[0]
+            n = len(event.raw)
+            if out and size + n > MAX_BATCH_BYTES:
+                break  # stays queued for the next getMore; the token does not move past it
+            size += n
+            pending.popleft()
+            out.append(event)
+            self._pbrt, self._pbrt_ts = token, ts
+        if not pending:
+            # Nothing more to return for now: the token may move up to what was scanned.
+            scanned = self._scanned_ts
+            if scanned is not None and scanned > self._pbrt_ts and not self.invalidated:
+                version = resume_token.version_for_event(scanned, self.spec.resume_token)
+                self._pbrt = ResumeTokenData.high_water_mark(scanned, version).to_document()
+                self._pbrt_ts = scanned
+        return Batch(out, self._pbrt, self.invalidated and not pending)
+
+    def process(self, entries: Iterable[Entry], batch_size: int | None = None) -> Batch:
+        """`push` then `next_batch`: events of this oplog batch and the post-batch token."""
+        self.push(entries)
+        return self.next_batch(batch_size)
