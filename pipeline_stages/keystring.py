@@ -166,7 +166,10 @@ def _parse_type_bits(payload: bytes) -> bytes:
         size = first & 0x7F
     else:
         if len(rest) < 4:
-            raise _overflow(4, len(rest))
+            raise MongoError(
+                15,
+                f"buffer size too small to read (4) bytes out of buffer[{len(rest)}] at offset: 0",
+            )
         size = int.from_bytes(rest[:4], "little")
         if size <= 127:
             raise KeyStringError(50910, "Invalid overlong encoding.")
@@ -600,7 +603,7 @@ class _Reader:
             return 0x13, dec
         if ctype == NUMERIC:
             if kind != KIND_DOUBLE:
-                raise KeyStringError(50811, f"Unknown type: {ctype}")
+                raise KeyStringError(50819, "Invalid type bits for numeric NaN")
             return 0x01, _DBL.pack(float("nan"))
         neg = ctype < NUMERIC_ZERO
         if ctype == NUMERIC_POS_LARGE or ctype == NUMERIC_NEG_LARGE:
@@ -609,42 +612,68 @@ class _Reader:
                 e ^= _MASK64
             if e == _MASK64:
                 x = float("inf")
+            elif e >> 63:
+                raise KeyStringError(50818, "Invalid type bits for decimal number.")
             else:
                 x = _DBL.unpack(_DBL_BITS.pack((e >> 1) | (1 << 62)))[0]
-            return self._typed(kind, -x if neg else x, ctype)
+            if neg:
+                x = -x
+            if kind == KIND_DOUBLE:
+                return 0x01, _DBL.pack(x)
+            if kind == KIND_LONG and x == -_TWO_POW_63:
+                return 0x12, _I64.pack(-(1 << 63))
+            if kind == KIND_LONG:
+                raise KeyStringError(50821, "Unexpected value for large number.")
+            raise KeyStringError(50826, "Unexpected type of large number.")
         if ctype == NUMERIC_POS_SMALL or ctype == NUMERIC_NEG_SMALL:
+            word = self.data[self.pos : self.pos + 8]
+            top = (word[0] ^ (0xFF if neg else 0)) >> 6 if word else 0
+            if top == 0:  # below the smallest double: only a decimal encodes this way
+                dec, self.pos = _decimal_module().decode_decimal(
+                    ctype, self.data, self.pos, bits
+                )
+                return 0x13, dec
             e = _U64BE.unpack(self.take(8))[0]
             if neg:
                 e ^= _MASK64
-            if e >> 62 == 0b11:
+            if kind != KIND_DOUBLE:
+                if top == 0b11:
+                    raise KeyStringError(
+                        50825, "Unexpected type for small number, expected decimal."
+                    )
+                raise KeyStringError(50823, "Expected decimal continuation.")
+            if top == 0b11:
+                if e & 3:
+                    raise KeyStringError(50824, "Decimal contuation mismatch.")
                 x = _DBL.unpack(_DBL_BITS.pack(e >> 2))[0]
             else:
+                if e & 1:
+                    raise KeyStringError(50822, "Unexpected decimal continuation.")
                 x = _DBL.unpack(_DBL_BITS.pack((e - (1 << 62)) >> 1))[0] * 2.0**-256
-            return self._typed(kind, -x if neg else x, ctype)
+            return 0x01, _DBL.pack(-x if neg else x)
         k = ctype - NUMERIC_POS_SMALL if not neg else NUMERIC_NEG_SMALL - ctype
+        if self.pos + k > len(self.data):  # mongod reads these bytes one at a time
+            raise _overflow(1, 0)
         raw = self.take(k)
         if neg:
             raw = raw.translate(_INVERT)
         e = int.from_bytes(raw, "big")
         i = e >> 1
         if not e & 1:
-            return self._typed(kind, -i if neg else i, ctype)
+            n = -i if neg else i
+            if kind == KIND_INT:  # a C cast: only the low 32 bits survive
+                return 0x10, _I32.pack(((n + (1 << 31)) & 0xFFFFFFFF) - (1 << 31))
+            if kind == KIND_LONG:
+                return 0x12, _I64.pack(n)
+            return 0x01, _DBL.pack(float(n))
+        if kind != KIND_DOUBLE:
+            raise KeyStringError(50810, "Expected type Decimal.")
         rest = self.take(8 - k)
         if neg:
             rest = rest.translate(_INVERT)
         frac = int.from_bytes(rest, "big") & ~3
         x = float(i) + frac * 2.0 ** (-8 * (8 - k))
-        return self._typed(kind, -x if neg else x, ctype)
-
-    @staticmethod
-    def _typed(kind: int, x: float | int, ctype: int) -> tuple[int, bytes]:
-        if kind == KIND_INT and isinstance(x, int) and -(1 << 31) <= x < (1 << 31):
-            return 0x10, _I32.pack(x)
-        if kind == KIND_LONG and -(1 << 63) <= x < (1 << 63) and float(x).is_integer():
-            return 0x12, _I64.pack(int(x))
-        # A double, or a non-integer under int/long type bits: those bits were dropped (tokens
-        # copied without `_typeBits`), and the value can only have been a double.
-        return 0x01, _DBL.pack(float(x))
+        return 0x01, _DBL.pack(-x if neg else x)
 
 
 def decode(
