@@ -82,7 +82,11 @@ class ChangeStreamPipeline:
             AddPreImage(spec, images) if spec.full_document_before_change != "off" else None
         )
         self.add_post_image = (
-            AddPostImage(spec, images) if spec.full_document != "default" else None
+            # mongod 8.0 always matches the collection UUID on a replica set (the option only
+            # exists on master), so a re-created collection gives null.
+            AddPostImage(spec, images, match_collection_uuid=True)
+            if spec.full_document != "default"
+            else None
         )
         self.ensure_token = (
             EnsureResumeTokenPresent(client)
