@@ -17,7 +17,7 @@ from bson.timestamp import Timestamp
 
 from pipeline_stages import resume_token
 from pipeline_stages.errors import MongoError
-from pipeline_stages.value_string import value_string
+from pipeline_stages.value_string import type_name, value_string
 
 Scope = Literal["collection", "database", "cluster"]
 
@@ -98,56 +98,6 @@ _ENUMS = {
 _NOT_IN_API_V1 = ("showExpandedEvents", "showRawUpdateDescription", "showSystemEvents")
 
 
-def bson_type_name(v: Any) -> str:
-    """The BSON type alias mongod prints in TypeMismatch messages."""
-    from bson.binary import Binary
-    from bson.code import Code
-    from bson.decimal128 import Decimal128
-    from bson.int64 import Int64
-    from bson.max_key import MaxKey
-    from bson.min_key import MinKey
-    from bson.objectid import ObjectId
-    from bson.regex import Regex
-
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "bool"
-    if isinstance(v, Int64):
-        return "long"
-    if isinstance(v, int):
-        return "int" if -(2**31) <= v < 2**31 else "long"
-    if isinstance(v, float):
-        return "double"
-    if isinstance(v, str):
-        return "string"
-    if isinstance(v, Timestamp):
-        return "timestamp"
-    if isinstance(v, Mapping):
-        return "object"
-    if isinstance(v, (list, tuple)):
-        return "array"
-    if isinstance(v, ObjectId):
-        return "objectId"
-    if isinstance(v, (bytes, Binary)):
-        return "binData"
-    if isinstance(v, Decimal128):
-        return "decimal"
-    if isinstance(v, Regex):
-        return "regex"
-    if isinstance(v, Code):
-        return "javascript"
-    if isinstance(v, MinKey):
-        return "minKey"
-    if isinstance(v, MaxKey):
-        return "maxKey"
-    import datetime
-
-    if isinstance(v, datetime.datetime):
-        return "date"
-    return type(v).__name__
-
-
 def is_change_stream_aggregate(cmd: Mapping[str, Any]) -> bool:
     pipeline = cmd.get("pipeline")
     return (
@@ -166,7 +116,7 @@ def parse_aggregate(cmd: Mapping[str, Any], db: str) -> ChangeStreamSpec:
         raise MongoError(
             14,
             "BSON field 'aggregate.pipeline' is the wrong type "
-            f"'{bson_type_name(pipeline)}', expected type 'array'",
+            f"'{type_name(pipeline)}', expected type 'array'",
         )
     for i, stage in enumerate(pipeline):
         if not isinstance(stage, Mapping) or len(stage) != 1:
@@ -209,7 +159,7 @@ def parse_aggregate(cmd: Mapping[str, Any], db: str) -> ChangeStreamSpec:
             raise MongoError(40415, f"BSON field '$changeStream.{name}' is an unknown field.")
         if value is None:  # null counts as not specified
             continue
-        actual = bson_type_name(value)
+        actual = type_name(value)
         if actual != expected:
             raise MongoError(
                 14,

@@ -14,6 +14,7 @@ import bson
 from bson.binary import Binary
 from bson.code import Code
 from bson.datetime_ms import DatetimeMS
+from bson.dbref import DBRef
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 from bson.max_key import MaxKey
@@ -89,3 +90,44 @@ def document_string(doc: Mapping[str, object]) -> str:
 
 def raw_document_string(raw: bytes) -> str:
     return document_string(bson.decode(raw))
+
+
+def type_name(value: object) -> str:
+    """mongod's `typeName()` of a decoded value, as TypeMismatch messages print it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, Int64):
+        return "long"
+    if isinstance(value, int):
+        return "int" if -(2**31) <= value < 2**31 else "long"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, Mapping):
+        return "object"
+    if isinstance(value, (list, tuple)):
+        return "array"
+    if isinstance(value, (Binary, bytes)):
+        return "binData"
+    if isinstance(value, ObjectId):
+        return "objectId"
+    if isinstance(value, (datetime.datetime, DatetimeMS)):
+        return "date"
+    if isinstance(value, Timestamp):
+        return "timestamp"
+    if isinstance(value, Decimal128):
+        return "decimal"
+    if isinstance(value, Regex):
+        return "regex"
+    if isinstance(value, Code):
+        return "javascript" if value.scope is None else "javascriptWithScope"
+    if isinstance(value, DBRef):
+        return "object"  # a DBRef is stored as an ordinary document
+    if isinstance(value, MinKey):
+        return "minKey"
+    if isinstance(value, MaxKey):
+        return "maxKey"
+    return type(value).__name__
