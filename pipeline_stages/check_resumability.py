@@ -46,9 +46,17 @@ def comparison_key(data: ResumeTokenData) -> tuple:
     )
 
 
+SPLIT_OF_RESUME_POINT = 2
+
+
 def compare_to_client_token(event: ResumeTokenData, client: ResumeTokenData) -> int:
-    """-1: the event is before the resume point; 0: it is the resume point; 1: after it."""
+    """-1: the event is before the resume point; 0: it is the resume point; 1: after it;
+    SPLIT_OF_RESUME_POINT: the unsplit event whose fragment the client resumes from (it must
+    go on to $changeStreamSplitLargeEvent, which regenerates the fragments and skips those
+    before the resume point)."""
     a, b = comparison_key(event), comparison_key(client)
+    if a[:-1] == b[:-1] and event.fragment_num is None and client.fragment_num is not None:
+        return SPLIT_OF_RESUME_POINT
     return (a > b) - (a < b)
 
 
@@ -84,7 +92,7 @@ class CheckResumability:
             if cmp < 0:
                 continue
             out.append(event)
-            if cmp > 0:
+            if cmp == 1:
                 self.passed = True
                 out.extend(events[i + 1 :])
                 break

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline_stages import resume_token
-from pipeline_stages.check_resumability import compare_to_client_token
+from pipeline_stages.check_resumability import SPLIT_OF_RESUME_POINT, compare_to_client_token
 from pipeline_stages.errors import MongoError
 from pipeline_stages.resume_token import ResumeTokenData
 from pipeline_stages.value_string import document_string
@@ -28,6 +28,10 @@ class EnsureResumeTokenPresent:
         out: list[dict[str, Any]] = []
         for i, event in enumerate(events):
             cmp = compare_to_client_token(resume_token.decode(event["_id"]), self.client)
+            if cmp == SPLIT_OF_RESUME_POINT:  # the split stage drops the fragments before it
+                self.found = self.done = True
+                out.extend(events[i:])
+                break
             if cmp <= 0:  # the resume point itself (or a duplicate of it)
                 self.found = self.found or cmp == 0
                 continue

@@ -96,7 +96,7 @@ class ChangeStreamPipeline:
         stages = spec.user_pipeline
         split = bool(stages) and next(iter(stages[-1])) == "$changeStreamSplitLargeEvent"
         self.user_stages = UserStages(stages[:-1] if split else stages) if stages else None
-        self.split = SplitLargeEvent() if split else None
+        self.split = SplitLargeEvent(resume_after=spec.resume_token) if split else None
 
         # The initial post-batch resume token: the client's token re-encoded, else a
         # high-water mark at the start.
@@ -161,25 +161,19 @@ class ChangeStreamPipeline:
             events = self.ensure_token.process(events)
         if not self.spec.show_expanded_events:
             events = [e for e in events if e["operationType"] in CLASSIC_EVENT_TYPES]
-        if self.user_stages is not None:
-            # Event by event, to keep each one's token: an event whose `_id` a user stage
-            # removed is still returned (mongod does; drivers then raise), and the post-batch
-            # token comes from its original `_id`.
-            staged = [
-                (out, event["_id"], event["clusterTime"])
-                for event in events
-                for out in self.user_stages.process([event])
-            ]
-        else:
-            staged = [(e, e["_id"], e["clusterTime"]) for e in events]
-        if self.split is not None:
-            staged = [
-                (fragment, fragment["_id"], ts)
-                for event, _, ts in staged
-                for fragment in self.split.process([event])
-            ]
+        if self.user_stages is not None and self.split is not None:
+            # mongod splits by each event's original token and checks the `_id` afterwards.
+            events, tokens = self.user_stages.apply(events)
+            events = self.split.process(events, tokens)
+        elif self.user_stages is not None:
+            events = self.user_stages.process(events)  # 280 if a stage changed `_id`
+        elif self.split is not None:
+            events = self.split.process(events)
+        staged = [(e, e["_id"], e["clusterTime"] if "clusterTime" in e else None) for e in events]
         pending = self._pending
         for event, token, ts in staged:
+            if ts is None:  # a stage removed clusterTime: read it from the token
+                ts = resume_token.decode(token).cluster_time
             pending.append((RawBSONDocument(bson.encode(event)), token, ts))
         if self.check_invalidate.invalidated:
             self.invalidated = True

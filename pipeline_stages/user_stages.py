@@ -1,0 +1,982 @@
+"""The user's stages after `$changeStream`: `$match`, `$project`, `$addFields`/`$set`, `$unset`,
+`$replaceRoot`/`$replaceWith`, `$redact` (reference oplog_to_events.md §9.1).
+
+Query and expression semantics are not written here: the engine is **mongomock**
+(`mongomock.filtering.filter_applies` for `$match`, `mongomock.aggregate` for projections and
+aggregation expressions). This module only
+
+- validates each stage's argument when the stream is opened, with mongod's codes and messages
+  for the common mistakes (a wrong argument type, an empty or mixed projection, bad field
+  paths, malformed `$and`/`$or`/`$nor`, unknown query operators);
+- desugars the stages mongod itself desugars (`$unset` is an exclusion `$project`,
+  `$replaceWith` is `$replaceRoot`) and normalises specs to the one shape mongomock reads
+  (nested sub-projections as dotted paths, numbers/bools in `$project` as 1/0);
+- walks the document for `$redact` (the traversal is the stage; the expression is mongomock's)
+  and checks `$replaceRoot`'s result is an object;
+- converts values: events may hold `RawBSONDocument`s and `MISSING` slots; a batch is decoded
+  once (with `Decimal128` as `decimal.Decimal` and documents as order-sensitive `OrderedDict`s,
+  which is what BSON equality is) only when there are stages, and re-encoded once at the end;
+- checks the result's `_id` against the event's resume token (280, `plan_executor_pipeline.cpp`).
+
+mongomock lacks a BSON order for a few types; `_install_mongomock_types` adds Timestamp,
+MinKey/MaxKey and Code to its type-order table and fills its `$type` table (entries mongomock
+leaves unimplemented), nothing else.
+
+`match_prefilter` derives, from a leading `$match`, a cheap conservative test on
+(operationType, ns.db, ns.coll) to run before the transform (like mongod's oplog-filter rewrite,
+§9.2); the user's `$match` still runs on every event that passes it.
+"""
+
+from __future__ import annotations
+
+import copy
+import decimal
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import bson
+from bson.binary import Binary
+from bson.code import Code
+from bson.codec_options import CodecOptions, DatetimeConversion, TypeCodec, TypeRegistry
+from bson.datetime_ms import DatetimeMS
+from bson.decimal128 import Decimal128
+from bson.int64 import Int64
+from bson.max_key import MaxKey
+from bson.min_key import MinKey
+from bson.objectid import ObjectId
+from bson.raw_bson import RawBSONDocument
+from bson.regex import Regex
+from bson.timestamp import Timestamp
+from mongomock import aggregate as _mm_aggregate
+from mongomock import filtering as _mm_filtering
+from mongomock import helpers as _mm_helpers
+from pymongo.errors import OperationFailure
+
+from pipeline_stages.errors import MongoError
+from pipeline_stages.spec import ALLOWED_USER_STAGES, KNOWN_STAGES
+from pipeline_stages.transform import MISSING
+from pipeline_stages.value_string import document_string, type_name, value_string
+
+__all__ = [
+    "ID_MODIFIED_MESSAGE",
+    "UserStages",
+    "bsonobj_string",
+    "check_resume_token",
+    "match_prefilter",
+]
+
+SPLIT_STAGE = "$changeStreamSplitLargeEvent"
+
+ID_MODIFIED_MESSAGE = (
+    "Encountered an event whose _id field, which contains the resume token, was modified by the "
+    "pipeline. Modifying the _id field of an event makes it impossible to resume the stream from "
+    "that point. Only transformations that retain the unmodified _id field are allowed. "
+)
+
+_REDACT_VALUES = {"DESCEND": "descend", "PRUNE": "prune", "KEEP": "keep"}
+
+
+# -- value conversion ---------------------------------------------------------------------------
+
+
+class _DecimalCodec(TypeCodec):
+    """Decimal128 <-> decimal.Decimal: mongomock compares numbers with Python operators, which
+    Decimal128 does not support (it would neither equal 1.5 nor sort)."""
+
+    python_type = decimal.Decimal
+    bson_type = Decimal128
+
+    def transform_python(self, value: decimal.Decimal) -> Decimal128:
+        return Decimal128(value)
+
+    def transform_bson(self, value: Decimal128) -> decimal.Decimal:
+        return value.to_decimal()
+
+
+_REGISTRY = TypeRegistry([_DecimalCodec()])
+# Documents as OrderedDicts: their == is order-sensitive, as BSON document equality is.
+_PLAIN = CodecOptions(
+    document_class=OrderedDict,
+    datetime_conversion=DatetimeConversion.DATETIME_AUTO,
+    type_registry=_REGISTRY,
+)
+_ENCODE = CodecOptions(type_registry=_REGISTRY)
+_RAW = CodecOptions(
+    document_class=RawBSONDocument, datetime_conversion=DatetimeConversion.DATETIME_AUTO
+)
+
+
+def _without_missing(event: Mapping[str, Any]) -> Mapping[str, Any]:
+    if any(v is MISSING for v in event.values()):
+        return {k: v for k, v in event.items() if v is not MISSING}
+    return event
+
+
+def _to_plain(event: Mapping[str, Any]) -> OrderedDict:
+    """The event as plain Python values (one C encode + decode)."""
+    return bson.decode(bson.encode(_without_missing(event)), codec_options=_PLAIN)
+
+
+def _from_plain(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """Back to an event: a dict whose nested documents are RawBSONDocuments."""
+    raw = RawBSONDocument(bson.encode(doc, codec_options=_ENCODE), codec_options=_RAW)
+    return dict(raw.items())
+
+
+def _to_bson_value(value: Any) -> Any:
+    """A single engine value back to BSON types (for error messages)."""
+    if value is MISSING:
+        return value
+    return bson.decode(bson.encode({"v": value}, codec_options=_ENCODE))["v"]
+
+
+def _plain_spec(value: Any) -> Any:
+    """A stage argument as plain Python values, the way documents are decoded."""
+    return bson.decode(bson.encode({"v": value}), codec_options=_PLAIN)["v"]
+
+
+# -- mongomock type tables ----------------------------------------------------------------------
+
+_INSTALLED = False
+
+
+def _install_mongomock_types() -> None:
+    """Teach mongomock the BSON order of Timestamp, MinKey, MaxKey and Code, and the `$type`
+    aliases it leaves unimplemented. Idempotent; other types keep mongomock's behaviour."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    original = _mm_filtering._get_compare_type
+
+    def compare_type(val: Any) -> int:
+        # Canonical BSON order (bsontypes.h canonicalizeBSONType): MinKey < null < numbers <
+        # string < object < array < binData < objectId < bool < date < timestamp < regex <
+        # code < MaxKey.
+        if isinstance(val, MinKey):
+            return 1
+        if isinstance(val, MaxKey):
+            return 127
+        if isinstance(val, Timestamp):
+            return 47
+        if isinstance(val, Code):
+            return 60
+        return original(val)
+
+    _mm_filtering._get_compare_type = compare_type
+
+    def is_int(v: Any) -> bool:
+        return type(v) is int and -(2**31) <= v < 2**31
+
+    def is_long(v: Any) -> bool:
+        return isinstance(v, Int64) or (type(v) is int and not is_int(v))
+
+    def is_number(v: Any) -> bool:
+        return isinstance(v, (int, float, decimal.Decimal, Decimal128)) and not isinstance(v, bool)
+
+    predicates: dict[tuple[str, int], Callable[[Any], bool]] = {
+        ("double", 1): lambda v: isinstance(v, float),
+        ("string", 2): lambda v: isinstance(v, str) and not isinstance(v, Code),
+        ("object", 3): lambda v: isinstance(v, dict),
+        ("array", 4): lambda v: isinstance(v, list),
+        ("binData", 5): lambda v: isinstance(v, bytes),
+        ("objectId", 7): lambda v: isinstance(v, ObjectId),
+        ("bool", 8): lambda v: isinstance(v, bool),
+        ("date", 9): lambda v: isinstance(v, (DatetimeMS, _mm_filtering.datetime)),
+        ("null", 10): lambda v: v is None,
+        ("regex", 11): lambda v: isinstance(v, (Regex, re.Pattern)),
+        ("javascript", 13): lambda v: isinstance(v, Code),
+        ("int", 16): is_int,
+        ("timestamp", 17): lambda v: isinstance(v, Timestamp),
+        ("long", 18): is_long,
+        ("decimal", 19): lambda v: isinstance(v, (decimal.Decimal, Decimal128)),
+        ("minKey", -1): lambda v: isinstance(v, MinKey),
+        ("maxKey", 127): lambda v: isinstance(v, MaxKey),
+    }
+    type_map = _mm_filtering.TYPE_MAP
+    for (alias, number), predicate in predicates.items():
+        type_map[alias] = predicate
+        type_map[number] = predicate
+    type_map["number"] = is_number
+    _INSTALLED = True
+
+
+_install_mongomock_types()
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+
+def _engine_error(exc: BaseException, stage: str) -> MongoError:
+    """A mongomock failure as a MongoError."""
+    if isinstance(exc, MongoError):
+        return exc
+    if isinstance(exc, OperationFailure):
+        message = str(exc)
+        if message.startswith("BadValue "):
+            message = message[len("BadValue ") :]
+        if message.startswith("unknown top level operator: "):
+            message += (
+                ". If you have a field name that starts with a '$' symbol, consider using "
+                "$getField or $setField."
+            )
+        code = exc.code
+        if code is None:
+            code = 2
+            unknown = re.fullmatch(r"Unrecognized expression '\$(\w+)'", message)
+            if unknown:
+                if unknown.group(1) not in EXPRESSION_NAMES:
+                    return MongoError(168, message)
+                return MongoError(
+                    238, f"{stage}: the expression ${unknown.group(1)} is not supported by "
+                    "cdcserver's expression engine"
+                )
+        return MongoError(code, message)
+    if isinstance(exc, NotImplementedError):
+        # mongod would run it; the expression engine cannot. 238 NotImplemented.
+        return MongoError(238, f"{stage} is not supported by cdcserver's expression engine: {exc}")
+    return MongoError(2, f"Failed to evaluate {stage}: {type(exc).__name__}: {exc}")
+
+
+def _element_string(name: str, value: Any) -> str:
+    return f"{name}: {_bson_value_string(value)}"
+
+
+def _truncated(data: bytes, limit: int, keep: int) -> tuple[bytes, bool]:
+    if len(data) > limit:
+        return data[:keep], True
+    return data, False
+
+
+def _bson_value_string(v: Any) -> str:
+    """BSONElement::toString(full=false) for one value (no field name)."""
+    if isinstance(v, Mapping):
+        return bsonobj_string(v)
+    if isinstance(v, (list, tuple)):
+        if not v:
+            return "[]"
+        return "[ " + ", ".join(_bson_value_string(x) for x in v) + " ]"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, Code):
+        code, cut = _truncated(str(v).encode(), 79, 70)
+        return code.decode("utf-8", "ignore") + ("..." if cut else "")
+    if isinstance(v, str):
+        data, cut = _truncated(v.encode(), 159, 150)
+        text = data.decode("utf-8", "ignore")
+        return f'"{text}..."' if cut else f'"{text}"'
+    if isinstance(v, (int, Int64)):
+        return str(int(v))
+    if isinstance(v, float):
+        text = f"{v:.16g}"
+        if "." not in text and "E" not in text and "N" not in text:
+            text += ".0"
+        return text
+    if isinstance(v, Binary) and v.subtype == 4 and len(v) == 16:
+        h = bytes(v).hex()
+        return f'UUID("{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")'
+    if isinstance(v, bytes):
+        subtype = v.subtype if isinstance(v, Binary) else 0
+        data, cut = _truncated(bytes(v), 80, 70)
+        return f"BinData({subtype}, {data.hex().upper()}{'...' if cut else ''})"
+    if isinstance(v, ObjectId):
+        return f"ObjectId('{v}')"
+    if isinstance(v, Timestamp):
+        return f"Timestamp({v.time}, {v.inc})"
+    if isinstance(v, DatetimeMS):
+        return f"new Date({int(v)})"
+    if isinstance(v, (Decimal128, decimal.Decimal)):
+        return str(v)
+    if isinstance(v, Regex):
+        return f"/{v.pattern}/{value_string(v)[len(v.pattern) + 2:]}"
+    if isinstance(v, MinKey):
+        return "MinKey"
+    if isinstance(v, MaxKey):
+        return "MaxKey"
+    if hasattr(v, "isoformat"):  # datetime
+        return f"new Date({int(DatetimeMS(v))})"
+    return str(v)
+
+
+def bsonobj_string(doc: Mapping[str, Any]) -> str:
+    """`BSONObj::toString()` as mongod streams a BSONObj into an error message: `{ a: 1 }`,
+    strings longer than 159 bytes cut to 150 and `..."`, BinData over 80 bytes cut to 70."""
+    if not doc:
+        return "{}"
+    return "{ " + ", ".join(_element_string(k, v) for k, v in doc.items()) + " }"
+
+
+def _raw_value_equal(a: Any, b: Any) -> bool:
+    return bson.encode({"": a}) == bson.encode({"": b})
+
+
+def check_resume_token(event: Mapping[str, Any], token: Mapping[str, Any]) -> None:
+    """mongod's `_validateChangeStreamsResumeToken`: the `_id` a client receives must be the
+    event's resume token (its sort key), else 280 — also when a stage removed `_id`.
+
+    Compared as BSON bytes (7.0's `binaryEqual`); 8.x compares values, which differs only for
+    a token rewritten with numerically equal values of another numeric type."""
+    found = event.get("_id", MISSING)
+    if found is not MISSING and _raw_value_equal(found, token):
+        return
+    raise MongoError(
+        280,
+        ID_MODIFIED_MESSAGE
+        + "Expected: "
+        + bsonobj_string({"_id": token})
+        + " but found: "
+        + ("{}" if found is MISSING else bsonobj_string({"_id": _to_bson_value(found)})),
+    )
+
+
+# -- argument validation ------------------------------------------------------------------------
+
+# The aggregation expression operators mongod 8.0 parses (names only; mongomock evaluates them or
+# fails with NotImplemented). A name outside this set is 168 InvalidPipelineOperator when the
+# stream is opened, as mongod's Expression::parseExpression reports it.
+EXPRESSION_NAMES = frozenset(
+    """
+    abs acos acosh add allElementsTrue and anyElementTrue arrayElemAt arrayToObject asin asinh
+    atan atan2 atanh avg binarySize bitAnd bitNot bitOr bitXor bsonSize ceil cmp concat
+    concatArrays cond convert cos cosh dateAdd dateDiff dateFromParts dateFromString
+    dateSubtract dateToParts dateToString dateTrunc dayOfMonth dayOfWeek dayOfYear
+    degreesToRadians divide eq exp filter first firstN floor function getField gt gte hour
+    ifNull in indexOfArray indexOfBytes indexOfCP isArray isNumber isoDayOfWeek isoWeek
+    isoWeekYear last lastN let literal ln log log10 lt lte ltrim map max maxN median
+    mergeObjects meta millisecond min minN minute mod month multiply ne not objectToArray or
+    percentile pow radiansToDegrees rand range reduce regexFind regexFindAll regexMatch
+    replaceAll replaceOne reverseArray round rtrim sampleRate second setDifference setEquals
+    setField setIntersection setIsSubset setUnion sin sinh size slice sortArray split sqrt
+    stdDevPop stdDevSamp strLenBytes strLenCP strcasecmp substr substrBytes substrCP subtract
+    sum switch tan tanh toBool toDate toDecimal toDouble toHashedIndexKey toInt toLong toLower
+    toObjectId toString toUUID toUpper trim trunc tsIncrement tsSecond type unsetField week
+    year zip
+    """.split()
+)
+
+
+def _check_expression(expression: Any) -> None:
+    """Operator names in an aggregation expression must be known (168 otherwise)."""
+    if isinstance(expression, list):
+        for item in expression:
+            _check_expression(item)
+    elif isinstance(expression, Mapping):
+        if len(expression) == 1 and next(iter(expression)).startswith("$"):
+            name, argument = next(iter(expression.items()))
+            if name[1:] not in EXPRESSION_NAMES:
+                raise MongoError(168, f"Unrecognized expression '{name}'")
+            if name != "$literal":
+                _check_expression(argument)
+        else:
+            for value in expression.values():
+                _check_expression(value)
+
+
+def _check_query_expressions(query: Any) -> None:
+    """The `$expr` parts of a query."""
+    if not isinstance(query, Mapping):
+        return
+    for key, value in query.items():
+        if key == "$expr":
+            _check_expression(value)
+        elif key in ("$and", "$or", "$nor") and isinstance(value, list):
+            for sub in value:
+                _check_query_expressions(sub)
+
+
+
+def _check_field_path(path: str) -> None:
+    """FieldPath's constructor checks (field_path.cpp)."""
+    if not path:
+        raise MongoError(40352, "FieldPath cannot be constructed with empty string")
+    if path.endswith("."):
+        raise MongoError(40353, "FieldPath must not end with a '.'.")
+    for name in path.split("."):
+        if not name:
+            raise MongoError(15998, "FieldPath field names may not be empty strings.")
+        if name.startswith("$"):
+            raise MongoError(
+                16410,
+                "FieldPath field names may not start with '$'. Consider using $getField or "
+                "$setField.",
+            )
+
+
+def _is_expression_object(value: Any) -> bool:
+    return isinstance(value, Mapping) and len(value) == 1 and next(iter(value)).startswith("$")
+
+
+def _is_flag(value: Any) -> bool:
+    return isinstance(value, (bool, int, float, decimal.Decimal))
+
+
+class _PathTree:
+    """projection_ast's path tree, for its path-collision errors (31249, 31250)."""
+
+    def __init__(self) -> None:
+        self.children: dict[str, _PathTree | None] = {}
+
+    def add(self, path: str, leaf: bool) -> _PathTree | None:
+        parts = path.split(".")
+        node = self
+        for i, part in enumerate(parts):
+            child = node.children.get(part, MISSING)
+            if i == len(parts) - 1:
+                if child is not MISSING:
+                    raise MongoError(31250, f"Path collision at {path}")
+                node.children[part] = None if leaf else _PathTree()
+                return node.children[part]
+            if child is MISSING:
+                child = node.children[part] = _PathTree()
+            elif child is None:
+                rest = ".".join(parts[1:])
+                raise MongoError(31249, f"Path collision at {path} remaining portion {rest}")
+            node = child
+        return None  # pragma: no cover
+
+
+def _with_context(stage: str, fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except MongoError as exc:
+        raise MongoError(exc.code, f"Invalid {stage} :: caused by :: {exc.errmsg}") from None
+
+
+def _parse_projection(spec: Mapping[str, Any]) -> tuple[OrderedDict, bool]:
+    """Validate a `$project` spec (projection_parser.cpp); returns the flattened spec for
+    mongomock (dotted paths -> 1 / 0 / expression) and whether it is an inclusion."""
+    if not spec:
+        raise MongoError(51272, "projection specification must have at least one field")
+    kind: list[bool | None] = [None]  # True: inclusion
+    flat: OrderedDict = OrderedDict()
+
+    def walk(obj: Mapping[str, Any], prefix: str, tree: _PathTree, root: bool) -> None:
+        for name, value in obj.items():
+            full = prefix + name
+            top_id = root and name == "_id"
+            if isinstance(value, Mapping) and not value:
+                raise MongoError(
+                    51270,
+                    "An empty sub-projection is not a valid value. Found empty object at path",
+                )
+            if isinstance(value, Mapping) and value and not _is_expression_object(value):
+                _check_field_path(name)
+                sub = tree.add(name, leaf=False)
+                assert sub is not None
+                walk(value, full + ".", sub, False)
+                continue
+            _check_field_path(name)
+            tree.add(name, leaf=True)
+            if _is_expression_object(value):
+                _check_expression(value)
+                if kind[0] is False:
+                    raise MongoError(
+                        31252, "Cannot use expression other than $meta in exclusion projection"
+                    )
+                kind[0] = True
+                flat[full] = value
+            elif _is_flag(value):
+                included = bool(value)
+                flat[full] = 1 if included else 0
+                if top_id:
+                    continue
+                if included and kind[0] is False:
+                    raise MongoError(
+                        31253, f"Cannot do inclusion on field {name} in exclusion projection"
+                    )
+                if not included and kind[0] is True:
+                    raise MongoError(
+                        31254, f"Cannot do exclusion on field {name} in inclusion projection"
+                    )
+                kind[0] = included
+            else:
+                if kind[0] is False:
+                    raise MongoError(
+                        31310,
+                        f"Cannot use an expression {_element_string(name, _to_bson_value(value))}"
+                        " in an exclusion projection",
+                    )
+                _check_expression(value)
+                kind[0] = True
+                flat[full] = {"$literal": value} if not isinstance(value, str) else value
+
+    walk(spec, "", _PathTree(), True)
+    inclusion = kind[0]
+    if inclusion is None:
+        # Only _id was named: {_id: 1} is an inclusion, {_id: 0} an exclusion.
+        inclusion = bool(flat.get("_id", 0))
+    return flat, inclusion
+
+
+def _parse_add_fields(spec: Mapping[str, Any]) -> OrderedDict:
+    """Flatten nested field objects to dotted paths (they merge into existing documents)."""
+    flat: OrderedDict = OrderedDict()
+
+    def walk(obj: Mapping[str, Any], prefix: str, tree: _PathTree) -> None:
+        for name, value in obj.items():
+            _check_field_path(name)
+            if isinstance(value, Mapping) and value and not _is_expression_object(value):
+                sub = tree.add(name, leaf=False)
+                assert sub is not None
+                walk(value, prefix + name + ".", sub)
+            else:
+                tree.add(name, leaf=True)
+                _check_expression(value)
+                flat[prefix + name] = value
+
+    walk(spec, "", _PathTree())
+    return flat
+
+
+def _check_logical(query: Any) -> None:
+    """MatchExpressionParser's shape checks for $and / $or / $nor (and top-level $not)."""
+    if not isinstance(query, Mapping):
+        return
+    for key, value in query.items():
+        if key == "$not":  # mongomock would take it as a logical operator
+            raise MongoError(
+                2,
+                "unknown top level operator: $not. If you are trying to negate an entire "
+                "expression, use $nor.",
+            )
+        if key in ("$and", "$or", "$nor"):
+            if not isinstance(value, list):
+                raise MongoError(2, f"{key} must be an array")
+            if not value:
+                raise MongoError(2, "$and/$or/$nor must be a nonempty array")
+            for sub in value:
+                if not isinstance(sub, Mapping):
+                    raise MongoError(2, "$or/$and/$nor entries need to be full objects")
+                _check_logical(sub)
+
+
+# -- stages -------------------------------------------------------------------------------------
+
+_Docs = list  # list[OrderedDict | None]; None: dropped by the stage
+
+
+class _Stage:
+    name: str
+    transforms = True
+
+    def run(self, docs: _Docs) -> _Docs:
+        raise NotImplementedError
+
+
+class _Match(_Stage):
+    transforms = False
+
+    def __init__(self, spec: Any) -> None:
+        self.name = "$match"
+        if not isinstance(spec, Mapping):
+            raise MongoError(15959, "the match filter must be an expression in an object")
+        _check_logical(spec)
+        _check_query_expressions(spec)
+        self.spec = _mm_helpers.patch_datetime_awareness_in_document(_plain_spec(spec))
+        try:  # syntax errors mongomock finds without data: unknown operators, $in arguments...
+            _mm_filtering.filter_applies(self.spec, {})
+        except OperationFailure as exc:
+            raise _engine_error(exc, self.name) from None
+        except Exception:  # data-dependent: decided per event
+            pass
+
+    def matches(self, doc: Mapping[str, Any]) -> bool:
+        try:
+            return bool(_mm_filtering.filter_applies(self.spec, doc))
+        except KeyError:
+            # mongomock's $expr raises on a missing field; count it as no match.
+            return False
+        except Exception as exc:
+            raise _engine_error(exc, self.name) from None
+
+    def run(self, docs: _Docs) -> _Docs:
+        return [d if d is not None and self.matches(d) else None for d in docs]
+
+
+def _process(docs: list, stage: Mapping[str, Any], name: str) -> list:
+    try:
+        return list(_mm_aggregate.process_pipeline(docs, None, [stage], None))
+    except Exception as exc:
+        raise _engine_error(exc, name) from None
+
+
+def _evaluate(expression: Any, doc: Mapping[str, Any], user_vars: dict | None = None) -> Any:
+    """An aggregation expression on `doc` (mongomock's parser); MISSING when it is missing."""
+    try:
+        return _mm_aggregate._Parser(doc, user_vars, ignore_missing_keys=False).parse(expression)
+    except KeyError:
+        return MISSING
+
+
+def _set_path(doc: dict, path: str, value: Any) -> None:
+    parts = path.split(".")
+    for part in parts[:-1]:
+        sub = doc.get(part)
+        if not isinstance(sub, dict):
+            sub = doc[part] = OrderedDict()
+        doc = sub
+    doc[parts[-1]] = value
+
+
+class _Project(_Stage):
+    def __init__(self, spec: Any, name: str = "$project") -> None:
+        self.name = name
+        if name == "$unset":
+            if not isinstance(spec, (str, list)):
+                raise MongoError(31002, "$unset specification must be a string or an array")
+            fields = [spec] if isinstance(spec, str) else spec
+            if not fields:
+                raise MongoError(
+                    31119,
+                    "$unset specification must be a string or an array with at least one field",
+                )
+            if not all(isinstance(f, str) for f in fields):
+                raise MongoError(
+                    31120,
+                    "$unset specification must be a string or an array containing only string "
+                    "values",
+                )
+            spec = OrderedDict((f, 0) for f in fields)
+        elif not isinstance(spec, Mapping):
+            raise MongoError(15969, "$project specification must be an object")
+        flat, self.inclusion = _with_context(name, lambda: _parse_projection(_plain_spec(spec)))
+        if self.inclusion and not any(k == "_id" or k.startswith("_id.") for k in flat):
+            flat["_id"] = 1  # an inclusion keeps _id unless told otherwise
+        # mongomock sets computed dotted paths as literal keys: evaluate those here instead.
+        self.nested_computed = OrderedDict(
+            (k, v) for k, v in flat.items() if "." in k and not isinstance(v, int)
+        )
+        self.spec = OrderedDict((k, v) for k, v in flat.items() if k not in self.nested_computed)
+        # mongomock cannot read an inclusion that names nothing but a kept or dropped _id.
+        only_id = self.inclusion and list(self.spec) == ["_id"] and self.spec["_id"] in (0, 1)
+        self.keep_id_only = only_id and self.spec["_id"] == 1
+        self.nothing = only_id and self.spec["_id"] == 0
+
+    def run(self, docs: _Docs) -> _Docs:
+        live = [d for d in docs if d is not None]
+        if self.keep_id_only:
+            projected = [OrderedDict([("_id", d["_id"])]) if "_id" in d else OrderedDict()
+                         for d in live]
+        elif self.nothing:
+            projected = [OrderedDict() for _ in live]
+        elif self.spec:
+            projected = _process(live, {"$project": self.spec}, self.name)
+        else:
+            projected = [OrderedDict() for _ in live]
+        if self.nested_computed:
+            for src, out in zip(live, projected):
+                for path, expression in self.nested_computed.items():
+                    value = self._eval(expression, src)
+                    if value is not MISSING:
+                        _set_path(out, path, value)
+        it = iter(projected)
+        return [None if d is None else next(it) for d in docs]
+
+    def _eval(self, expression: Any, doc: Mapping[str, Any]) -> Any:
+        try:
+            return _evaluate(expression, doc)
+        except Exception as exc:
+            raise _engine_error(exc, self.name) from None
+
+
+class _AddFields(_Stage):
+    def __init__(self, spec: Any, name: str) -> None:
+        self.name = name
+        if not isinstance(spec, Mapping):
+            raise MongoError(
+                40272, f"{name} specification stage must be an object, got {type_name(spec)}"
+            )
+        self.spec = _with_context(name, lambda: _parse_add_fields(_plain_spec(spec)))
+        self.nested = any("." in k for k in self.spec)
+
+    def run(self, docs: _Docs) -> _Docs:
+        if not self.spec:
+            return docs
+        live = [d for d in docs if d is not None]
+        if self.nested:
+            # mongomock writes dotted paths into the nested documents it was given; every
+            # expression must still see the input document as it was.
+            live = copy.deepcopy(live)
+        out = iter(_process(live, {"$addFields": self.spec}, self.name))
+        return [None if d is None else next(out) for d in docs]
+
+
+class _ReplaceRoot(_Stage):
+    def __init__(self, spec: Any, name: str) -> None:
+        self.name = "$replaceRoot"
+        if name == "$replaceWith":
+            _check_expression(spec)
+            self.expression = _plain_spec(spec)
+            self.context = "'replacement document' "
+            return
+        if not isinstance(spec, Mapping):
+            raise MongoError(
+                40229,
+                "expected an object as specification for $replaceRoot stage, got "
+                + type_name(spec),
+            )
+        for key in spec:
+            if key != "newRoot":
+                raise MongoError(40415, f"BSON field '$replaceRoot.{key}' is an unknown field.")
+        if "newRoot" not in spec:
+            raise MongoError(
+                40414, "BSON field '$replaceRoot.newRoot' is missing but a required field"
+            )
+        _check_expression(spec["newRoot"])
+        self.expression = _plain_spec(spec["newRoot"])
+        self.context = "'newRoot' expression "
+
+    def run(self, docs: _Docs) -> _Docs:
+        out: _Docs = []
+        for doc in docs:
+            if doc is None:
+                out.append(None)
+                continue
+            try:
+                new_root = _evaluate(self.expression, doc)
+            except Exception as exc:
+                raise _engine_error(exc, self.name) from None
+            if not isinstance(new_root, dict):
+                value = _to_bson_value(new_root)
+                raise MongoError(
+                    40228,
+                    f"{self.context} must evaluate to an object, but resulting value was: "
+                    f"{'MISSING' if value is MISSING else value_string(value)}. Type of "
+                    f"resulting value: "
+                    f"'{'missing' if value is MISSING else type_name(value)}'. "
+                    f"Input document: {document_string(_to_bson_value(doc))}",
+                )
+            out.append(new_root)
+        return out
+
+
+class _Redact(_Stage):
+    def __init__(self, spec: Any) -> None:
+        self.name = "$redact"
+        _check_expression(spec)
+        self.expression = _plain_spec(spec)
+
+    def run(self, docs: _Docs) -> _Docs:
+        return [None if d is None else self._object(d, d) for d in docs]
+
+    def _object(self, current: OrderedDict, root: OrderedDict) -> OrderedDict | None:
+        variables = dict(_REDACT_VALUES, ROOT=root, CURRENT=current)
+        try:
+            result = _evaluate(self.expression, current, variables)
+        except Exception as exc:
+            raise _engine_error(exc, self.name) from None
+        if isinstance(result, str):
+            if result == "keep":
+                return current
+            if result == "prune":
+                return None
+            if result == "descend":
+                out: OrderedDict = OrderedDict()
+                for key, value in current.items():
+                    value = self._value(value, root)
+                    if value is not MISSING:
+                        out[key] = value
+                return out
+        value = _to_bson_value(result)
+        raise MongoError(
+            17053,
+            "$redact's expression should not return anything aside from the variables $$KEEP, "
+            "$$DESCEND, and $$PRUNE, but returned "
+            + ("MISSING" if value is MISSING else value_string(value)),
+        )
+
+    def _value(self, value: Any, root: OrderedDict) -> Any:
+        if isinstance(value, dict):
+            result = self._object(value, root)
+            return MISSING if result is None else result
+        if isinstance(value, list):
+            out = []
+            for item in value:
+                if isinstance(item, (dict, list)):
+                    item = self._value(item, root)
+                    if item is MISSING:
+                        continue
+                out.append(item)
+            return out
+        return value
+
+
+def _build_stage(stage: Any) -> _Stage | None:
+    if not isinstance(stage, Mapping) or len(stage) != 1:
+        raise MongoError(
+            40323, "A pipeline stage specification object must contain exactly one field."
+        )
+    name, spec = next(iter(stage.items()))
+    if name not in KNOWN_STAGES:
+        raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
+    if name not in ALLOWED_USER_STAGES:
+        raise MongoError(20, f"{KNOWN_STAGES[name]} is not permitted in a $changeStream pipeline")
+    if name == "$match":
+        return _Match(spec)
+    if name in ("$project", "$unset"):
+        return _Project(spec, name)
+    if name in ("$addFields", "$set"):
+        return _AddFields(spec, name)
+    if name in ("$replaceRoot", "$replaceWith"):
+        return _ReplaceRoot(spec, name)
+    if name == "$redact":
+        return _Redact(spec)
+    return None  # $changeStreamSplitLargeEvent: SplitLargeEvent's job
+
+
+class UserStages:
+    """The user's stages, validated at construction (when the stream is opened).
+
+    `process(events)`: the surviving events, each `_id` checked against the event's resume token
+    (280, as mongod's plan executor checks every event it returns). `apply(events)`: the same
+    without that check, with each output's original token, for a caller that runs
+    `$changeStreamSplitLargeEvent` first (mongod checks after the split; fragments carry their
+    own tokens) — see `split_large_event.SplitLargeEvent.process(events, tokens)`.
+
+    With no stages, or only `$match` stages, events come back as the same objects.
+    """
+
+    def __init__(self, stages: Iterable[Mapping[str, Any]]) -> None:
+        built = [_build_stage(s) for s in stages]
+        self.stages: list[_Stage] = [s for s in built if s is not None]
+        self.transforms = any(s.transforms for s in self.stages)
+
+    def __bool__(self) -> bool:
+        return bool(self.stages)
+
+    def apply(
+        self, events: list[Mapping[str, Any]]
+    ) -> tuple[list[dict[str, Any]], list[Mapping[str, Any]]]:
+        """(output events, the resume token of each) — no `_id` check."""
+        if not self.stages or not events:
+            return list(events), [e.get("_id") for e in events]
+        docs: _Docs = [_to_plain(e) for e in events]
+        for stage in self.stages:
+            docs = stage.run(docs)
+        out: list[dict[str, Any]] = []
+        tokens: list[Mapping[str, Any]] = []
+        for event, doc in zip(events, docs):
+            if doc is None:
+                continue
+            token = event["_id"]
+            if self.transforms:
+                result = _from_plain(doc)
+                if "_id" in result and _raw_value_equal(result["_id"], token):
+                    result["_id"] = token  # the event's own token object, not a re-decoded copy
+                out.append(result)
+            else:
+                out.append(event)
+            tokens.append(token)
+        return out, tokens
+
+    def process(self, events: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        out, tokens = self.apply(events)
+        if self.transforms:
+            for event, token in zip(out, tokens):
+                check_resume_token(event, token)
+        return out
+
+
+# -- $match pre-filter --------------------------------------------------------------------------
+
+Prefilter = Callable[[Any, Any, Any], bool]
+_FIELDS = {"operationType": 0, "ns.db": 1, "ns.coll": 2}
+
+
+def _string_set(value: Any) -> frozenset[str] | None:
+    if isinstance(value, list) and all(type(v) is str for v in value):
+        return frozenset(value)
+    return None
+
+
+def _field_test(index: int, condition: Any) -> Callable[[tuple], bool] | None:
+    """A test of one of (operationType, db, coll) implied by `condition`, or None."""
+    if type(condition) is str:
+        return lambda v: v[index] is None or v[index] == condition
+    if not isinstance(condition, Mapping) or not condition:
+        return None
+    if not all(isinstance(k, str) and k.startswith("$") for k in condition):
+        return None  # an embedded-document equality: a string field never equals it
+    tests = []
+    for op, arg in condition.items():
+        if op == "$eq" and type(arg) is str:
+            tests.append(lambda v, a=arg: v[index] is None or v[index] == a)
+        elif op == "$in" and (allowed := _string_set(arg)) is not None:
+            tests.append(lambda v, a=allowed: v[index] is None or v[index] in a)
+        elif op == "$ne" and type(arg) is str:
+            tests.append(lambda v, a=arg: v[index] is None or v[index] != a)
+        elif op == "$nin" and (banned := _string_set(arg)) is not None:
+            tests.append(lambda v, a=banned: v[index] is None or v[index] not in a)
+    if not tests:
+        return None
+    return lambda v: all(t(v) for t in tests)
+
+
+def _query_test(query: Any) -> Callable[[tuple], bool] | None:
+    """A conservative test implied by a query document (None: nothing usable)."""
+    if not isinstance(query, Mapping):
+        return None
+    tests = []
+    for key, condition in query.items():
+        if key in _FIELDS:
+            test = _field_test(_FIELDS[key], condition)
+        elif key == "ns" and isinstance(condition, Mapping) and condition and not any(
+            str(k).startswith("$") for k in condition
+        ):
+            # {ns: {db: "a", coll: "b"}} matches exactly that document; its parts are implied.
+            parts = [
+                _field_test(_FIELDS["ns." + k], v)
+                for k, v in condition.items()
+                if k in ("db", "coll") and type(v) is str
+            ]
+            parts = [p for p in parts if p is not None]
+            test = (lambda v, ps=parts: all(p(v) for p in ps)) if parts else None
+        elif key == "$and" and isinstance(condition, list):
+            parts = [t for t in (_query_test(q) for q in condition) if t is not None]
+            test = (lambda v, ps=parts: all(p(v) for p in ps)) if parts else None
+        elif key == "$or" and isinstance(condition, list) and condition:
+            parts = [_query_test(q) for q in condition]
+            if any(p is None for p in parts):
+                test = None  # a branch that may match anything
+            else:
+                test = lambda v, ps=parts: any(p(v) for p in ps)  # noqa: E731
+        else:
+            test = None
+        if test is not None:
+            tests.append(test)
+    if not tests:
+        return None
+    return lambda v: all(t(v) for t in tests)
+
+
+def match_prefilter(
+    stages: Iterable[Mapping[str, Any]], collation: Mapping[str, Any] | None = None
+) -> Prefilter | None:
+    """From a leading `$match`, a cheap `(operation_type, db, coll) -> bool` that is False only
+    for events the `$match` cannot accept; None when it implies nothing.
+
+    Pass the values the *event* will have (its `operationType`, `ns.db`, `ns.coll`); pass None
+    for one that is unknown or that the event will not have — None never causes a rejection.
+    Only equality, `$eq`, `$in`, `$ne`, `$nin` with strings, `$and`, `$or` and `ns: {db, coll}`
+    are used; predicates on other fields (`documentKey`, `fullDocument`, ...) are left to the
+    full `$match`. A non-simple collation disables it (string equality would differ).
+    """
+    if collation and collation.get("locale", "simple") != "simple":
+        return None
+    stages = list(stages)
+    if not stages or not isinstance(stages[0], Mapping) or len(stages[0]) != 1:
+        return None
+    name, spec = next(iter(stages[0].items()))
+    if name != "$match" or not isinstance(spec, Mapping):
+        return None
+    test = _query_test(spec)
+    if test is None:
+        return None
+
+    def prefilter(operation_type: Any, db: Any, coll: Any) -> bool:
+        return test((operation_type, db, coll))
+
+    return prefilter
