@@ -28,14 +28,14 @@ from pipeline_stages.check_invalidate import CheckInvalidate
 from pipeline_stages.check_resumability import CheckResumability, check_history
 from pipeline_stages.ensure_resume_token_present import EnsureResumeTokenPresent
 from pipeline_stages.image_source import ImageSource
-from pipeline_stages.oplog_entry import Entry
+from pipeline_stages.oplog_entry import Entry, split_ns
 from pipeline_stages.oplog_match import OplogFilter
 from pipeline_stages.resume_token import ResumeTokenData
 from pipeline_stages.spec import ChangeStreamSpec
 from pipeline_stages.split_large_event import SplitLargeEvent
 from pipeline_stages.transform import CLASSIC_EVENT_TYPES, ChangeStreamTransform
 from pipeline_stages.unwind_transaction import TransactionHistory, unwind
-from pipeline_stages.user_stages import UserStages
+from pipeline_stages.user_stages import UserStages, match_prefilter
 
 # A reply's cursor batch may hold up to 16 MiB of documents (BSONObjMaxUserSize).
 MAX_BATCH_BYTES = 16 * 1024 * 1024
@@ -97,6 +97,10 @@ class ChangeStreamPipeline:
         split = bool(stages) and next(iter(stages[-1])) == "$changeStreamSplitLargeEvent"
         self.user_stages = UserStages(stages[:-1] if split else stages) if stages else None
         self.split = SplitLargeEvent(resume_after=spec.resume_token) if split else None
+        # A leading $match on operationType/ns, checked on CRUD entries before the transform
+        # (mongod rewrites it into the oplog filter). DDL entries always go through: they may
+        # invalidate the stream, and the invalidate is produced before the user's $match.
+        self.prefilter = match_prefilter(stages) if stages else None
 
         # The initial post-batch resume token: the client's token re-encoded, else a
         # high-water mark at the start.
@@ -129,6 +133,7 @@ class ChangeStreamPipeline:
         matches = self.filter.matches
         op_filter = self.filter.matches_transaction_op
         transform = self.transform.transform
+        prefilter = self.prefilter
         events: list[dict[str, Any]] = []
         last_ts = None
         for entry in entries:
@@ -137,6 +142,8 @@ class ChangeStreamPipeline:
             if ts < start or not matches(entry):
                 continue
             for op in unwind(entry, op_filter, self.history):
+                if prefilter is not None and not _may_match(prefilter, op):
+                    continue
                 event = transform(op)
                 if event is not None:
                     events.append(event)
@@ -208,3 +215,22 @@ class ChangeStreamPipeline:
         """`push` then `next_batch`: events of this oplog batch and the post-batch token."""
         self.push(entries)
         return self.next_batch(batch_size)
+
+
+_CRUD_TYPES = {"i": "insert", "d": "delete"}
+
+
+def _may_match(prefilter: Any, op: Entry) -> bool:
+    """False only for CRUD entries whose event the user's leading $match must reject."""
+    kind = op["op"]
+    if kind == "u":
+        o = op["o"]
+        operation_type = "update" if "$v" in o else ("replace" if "_id" in o else None)
+    else:
+        operation_type = _CRUD_TYPES.get(kind)
+        if operation_type is None:
+            return True
+    db, coll = split_ns(op["ns"])
+    if coll == "system.views":
+        return True  # view DDL, not CRUD
+    return prefilter(operation_type, db, coll)
