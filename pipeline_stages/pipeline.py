@@ -41,6 +41,17 @@ from pipeline_stages.user_stages import UserStages, match_prefilter
 MAX_BATCH_BYTES = 16 * 1024 * 1024
 
 
+def encode_in_order(doc: Any) -> bytes:
+    """`doc` as BSON with its fields in its own order.
+
+    `bson.encode` moves a top-level `_id` to the front, but events keep mongod's order, in
+    which `to` (rename) and `txnNumber`/`lsid` (transactions) come before `_id`. An embedded
+    document is written as is, so encode `{"": doc}` and cut the embedded document out
+    (4-byte length, type 0x03, empty name's NUL ... trailing NUL).
+    """
+    return bson.encode({"": doc})[6:-1]
+
+
 @dataclass(slots=True)
 class Batch:
     events: list[RawBSONDocument]
@@ -114,6 +125,15 @@ class ChangeStreamPipeline:
         self._pending: deque[tuple[RawBSONDocument, dict[str, Any], Timestamp]] = deque()
         self._scanned_ts: Timestamp | None = None
         self.invalidated = False
+        # The invalidate event's token: the post-batch token once the stream has ended, even
+        # when a user stage filtered the invalidate out (mongod takes it from the
+        # ChangeStreamInvalidated exception, not from the returned events).
+        self._invalidate_token: dict[str, Any] | None = None
+
+    @property
+    def pending_count(self) -> int:
+        """Events produced and not yet returned."""
+        return len(self._pending)
 
     def check_history(self, oldest: Entry | None) -> None:
         """286 ChangeStreamHistoryLost if the source no longer reaches back to the start."""
@@ -156,6 +176,8 @@ class ChangeStreamPipeline:
 
     def _run_stages(self, events: list[dict[str, Any]]) -> None:
         events = self.check_invalidate.process(events)
+        if self.check_invalidate.invalidated and self._invalidate_token is None:
+            self._invalidate_token = events[-1]["_id"]  # the invalidate is always last
         events = self.check_resumability.process(events)
         if self.add_pre_image is not None:
             events = self.add_pre_image.process(events)
@@ -181,7 +203,7 @@ class ChangeStreamPipeline:
         for event, token, ts in staged:
             if ts is None:  # a stage removed clusterTime: read it from the token
                 ts = resume_token.decode(token).cluster_time
-            pending.append((RawBSONDocument(bson.encode(event)), token, ts))
+            pending.append((RawBSONDocument(encode_in_order(event)), token, ts))
         if self.check_invalidate.invalidated:
             self.invalidated = True
 
@@ -202,14 +224,21 @@ class ChangeStreamPipeline:
             pending.popleft()
             out.append(event)
             self._pbrt, self._pbrt_ts = token, ts
-        if not pending:
+        # mongod stops asking for events once the batch is full, so only a batch that ran out of
+        # events (EOF for now) may report a high-water mark or the end of an invalidated stream;
+        # a batch filled exactly by the last queued event reports that event's token, and the
+        # next getMore the rest (§9.3, §5).
+        eof = not pending and (batch_size is None or len(out) < batch_size)
+        if eof and self.invalidated and self._invalidate_token is not None:
+            self._pbrt = self._invalidate_token
+        elif eof:
             # Nothing more to return for now: the token may move up to what was scanned.
             scanned = self._scanned_ts
             if scanned is not None and scanned > self._pbrt_ts and not self.invalidated:
                 version = resume_token.version_for_event(scanned, self.spec.resume_token)
                 self._pbrt = ResumeTokenData.high_water_mark(scanned, version).to_document()
                 self._pbrt_ts = scanned
-        return Batch(out, self._pbrt, self.invalidated and not pending)
+        return Batch(out, self._pbrt, self.invalidated and eof)
 
     def process(self, entries: Iterable[Entry], batch_size: int | None = None) -> Batch:
         """`push` then `next_batch`: events of this oplog batch and the post-batch token."""

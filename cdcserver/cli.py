@@ -1,0 +1,179 @@
+"""`cdcserver serve | replay`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from importlib import resources
+from typing import Any
+
+from bson import json_util
+
+from cdcserver.config import Config, ConfigError, load_config
+from cdcserver.sources.file import FileOplog, OplogFileError
+from pipeline_stages.errors import MongoError
+
+log = logging.getLogger("cdcserver")
+
+_CANONICAL = json_util.JSONOptions(json_mode=json_util.JSONMode.CANONICAL)
+
+
+def sample_oplog_path() -> str:
+    """A small recorded oplog shipped with the package (served when nothing else is given)."""
+    return str(resources.files("cdcserver") / "data" / "sample_oplog.jsonl")
+
+
+def _setup_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        class _Json(logging.Formatter):
+            def format(self, record: logging.LogRecord) -> str:
+                return json.dumps(
+                    {"t": record.created, "level": record.levelname.lower(),
+                     "msg": record.getMessage(), "logger": record.name}
+                )
+
+        handler.setFormatter(_Json())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"cdcserver: {exc}", file=sys.stderr)
+        return 2
+    if args.host:
+        config.server.host = args.host
+    if args.port is not None:
+        config.server.port = args.port
+    if args.oplog:
+        config.source.oplog = list(args.oplog)
+    if args.follow:
+        config.source.follow = True
+    _setup_logging(config.log.level, config.log.format)
+    paths = config.source.oplog or [sample_oplog_path()]
+    try:
+        oplog = FileOplog(paths)
+    except OplogFileError as exc:
+        print(f"cdcserver: {exc}", file=sys.stderr)
+        return 2
+    from cdcserver.server import run_server
+
+    return run_server(config, oplog)
+
+
+def _spec_command(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    options = json_util.loads(args.options) if args.options else {}
+    stages = json_util.loads(args.pipeline) if args.pipeline else []
+    if not isinstance(options, dict) or not isinstance(stages, list):
+        raise ValueError("--options takes a JSON object and --pipeline a JSON array")
+    if args.cluster:
+        options = {**options, "allChangesForCluster": True}
+        return {"aggregate": 1, "pipeline": [{"$changeStream": options}, *stages]}, "admin"
+    if args.db:
+        return {"aggregate": 1, "pipeline": [{"$changeStream": options}, *stages]}, args.db
+    db, _, coll = args.ns.partition(".")
+    if not coll:
+        raise ValueError("--ns takes DB.COLL")
+    return {"aggregate": coll, "pipeline": [{"$changeStream": options}, *stages]}, db
+
+
+def replay_events(paths: list[str], cmd: dict[str, Any], db: str):
+    """The events `cdcserver replay` writes, in order (shared with the Spark replay's tests)."""
+    from pipeline_stages.pipeline import ChangeStreamPipeline
+    from pipeline_stages.spec import parse_aggregate
+
+    oplog = FileOplog(paths)
+    spec = parse_aggregate(cmd, db)
+    if spec.resume_token is not None:
+        start = spec.resume_token.cluster_time
+    elif spec.start_at_operation_time is not None:
+        start = spec.start_at_operation_time
+    else:
+        oldest = oplog.oldest_entry()
+        start = oldest["ts"] if oldest is not None else oplog.start_for_new_stream()
+    pipeline = ChangeStreamPipeline(spec, start, history=oplog)
+    pipeline.check_history(oplog.oldest_entry())
+    position = start
+    while True:
+        entries = oplog.read_from(position, 1000)
+        if not entries:
+            break
+        last = entries[-1]["ts"]
+        pipeline.push(entries, scanned_to=last)
+        yield pipeline.next_batch(None).events, len(entries)
+        position = type(last)(last.time, last.inc + 1)
+        if pipeline.invalidated:
+            break
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    _setup_logging("info", "text")
+    try:
+        cmd, db = _spec_command(args)
+    except ValueError as exc:
+        print(f"cdcserver replay: {exc}", file=sys.stderr)
+        return 2
+    out = open(args.out, "w") if args.out else sys.stdout  # noqa: SIM115
+    started = time.monotonic()
+    entries = events = 0
+    try:
+        for batch, n in replay_events(args.oplog, cmd, db):
+            entries += n
+            for event in batch:
+                out.write(json_util.dumps(event, json_options=_CANONICAL) + "\n")
+                events += 1
+            if entries % 100_000 < n:
+                log.info("replay: %d entries read, %d events written", entries, events)
+    except (OplogFileError, MongoError) as exc:
+        detail = f"{exc.code} {exc.code_name}: {exc.errmsg}" if isinstance(exc, MongoError) else exc
+        print(f"cdcserver replay: {detail}", file=sys.stderr)
+        return 1
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    log.info(
+        "replay: %d entries read, %d events written in %.1fs",
+        entries, events, time.monotonic() - started,
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cdcserver", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve change streams over the MongoDB wire protocol")
+    serve.add_argument("--config", help="TOML config file (see config.example.toml)")
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 27017)")
+    serve.add_argument("--oplog", nargs="+", help="recorded oplog files to serve, in order")
+    serve.add_argument("--follow", action="store_true", help="tail the last oplog file")
+    serve.set_defaults(func=cmd_serve)
+
+    replay = sub.add_parser("replay", help="run the change-stream pipeline over oplog files")
+    replay.add_argument("--oplog", nargs="+", required=True)
+    scope = replay.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--ns", help="DB.COLL: a collection stream")
+    scope.add_argument("--db", help="DB: a database stream")
+    scope.add_argument("--cluster", action="store_true", help="a whole-cluster stream")
+    replay.add_argument("--pipeline", help="stages after $changeStream, as a JSON array")
+    replay.add_argument("--options", help="$changeStream options, as a JSON object")
+    replay.add_argument("--out", help="output file (default: stdout)")
+    replay.set_defaults(func=cmd_replay)
+
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["Config", "main", "replay_events"]

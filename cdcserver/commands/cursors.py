@@ -1,0 +1,122 @@
+"""`aggregate` with `$changeStream`, `getMore`, `killCursors`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bson.int64 import Int64
+
+from cdcserver.commands.registry import COMMANDS, command
+from cdcserver.cursors import ChangeStreamCursor, cursor_reply
+from pipeline_stages.errors import MongoError
+from pipeline_stages.pipeline import ChangeStreamPipeline
+from pipeline_stages.spec import is_change_stream_aggregate, parse_aggregate
+
+
+def _int_arg(cmd: dict[str, Any], name: str, where: str) -> int | None:
+    value = cmd.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        from pipeline_stages.value_string import type_name
+
+        raise MongoError(
+            14,
+            f"BSON field '{where}.{name}' is the wrong type '{type_name(value)}', expected types "
+            "'[long, int, decimal, double]'",
+        )
+    return int(value)
+
+
+@command("aggregate")
+async def aggregate(server, conn, cmd, db):
+    if not is_change_stream_aggregate(cmd):
+        other = COMMANDS.get("$aggregate")  # the embedded store's own aggregate, if any
+        if other is not None:
+            return await other(server, conn, cmd, db)
+        raise MongoError(
+            40324 if cmd.get("pipeline") else 2,
+            "cdcserver only answers aggregate with a $changeStream first stage",
+        )
+    cursor_doc = cmd.get("cursor")
+    if not isinstance(cursor_doc, dict):
+        raise MongoError(
+            9,
+            "The 'cursor' option is required, except for aggregate with the explain argument",
+        )
+    batch_size = _int_arg(cursor_doc, "batchSize", "aggregate.cursor")
+    if batch_size is not None and batch_size < 0:
+        raise MongoError(51024, "BSON field 'batchSize' value must be >= 0, actual value "
+                         f"'{batch_size}'")
+    spec = parse_aggregate(cmd, db)
+    log = server.log
+    if spec.resume_token is not None:
+        start = spec.resume_token.cluster_time
+    elif spec.start_at_operation_time is not None:
+        start = spec.start_at_operation_time
+    else:
+        start = log.start_for_new_stream()
+    pipeline = ChangeStreamPipeline(spec, start, history=log, images=server.images)
+    pipeline.check_history(log.oldest_entry())
+    if spec.scope == "collection":
+        ns = f"{db}.{spec.coll}"
+    else:
+        ns = f"{db}.$cmd.aggregate"
+    cursor = ChangeStreamCursor(server.cursors.new_id(), ns, pipeline, log, start)
+    batch = cursor.first_batch(batch_size)
+    if not batch.invalidated:
+        server.cursors.add(cursor)
+    server.events_delivered += len(batch.events)
+    return {"cursor": cursor_reply(cursor.id, ns, batch, first=True)}
+
+
+@command("getMore")
+async def get_more(server, conn, cmd, db):
+    cursor_id = cmd.get("getMore")
+    if not isinstance(cursor_id, int) or isinstance(cursor_id, bool):
+        from pipeline_stages.value_string import type_name
+
+        raise MongoError(
+            14,
+            f"BSON field 'getMore.getMore' is the wrong type '{type_name(cursor_id)}', "
+            "expected type 'long'",
+        )
+    coll = cmd.get("collection")
+    if not isinstance(coll, str):
+        raise MongoError(40414, "BSON field 'getMore.collection' is missing but a required field")
+    batch_size = _int_arg(cmd, "batchSize", "getMore")
+    max_time_ms = _int_arg(cmd, "maxTimeMS", "getMore")
+    cursor = server.cursors.get(int(cursor_id), f"{db}.{coll}")
+    if cursor.busy:
+        raise MongoError(
+            96, f"Cursor already in use (namespace: '{cursor.ns}', id: {cursor.id})."
+        )
+    cursor.busy = True
+    try:
+        batch = await cursor.get_more(batch_size, max_time_ms)
+    except MongoError:
+        server.cursors.kill(cursor.id)  # a failed change stream cursor is closed
+        raise
+    finally:
+        cursor.busy = False
+        cursor.touch()
+    if batch.invalidated:
+        server.cursors.kill(cursor.id)
+    server.events_delivered += len(batch.events)
+    return {"cursor": cursor_reply(cursor.id, cursor.ns, batch, first=False)}
+
+
+@command("killCursors")
+async def kill_cursors(server, conn, cmd, db):
+    ids = cmd.get("cursors")
+    if not isinstance(ids, list):
+        raise MongoError(40414, "BSON field 'killCursors.cursors' is missing but a required field")
+    killed, not_found = [], []
+    for cid in ids:
+        (killed if server.cursors.kill(int(cid)) else not_found).append(Int64(int(cid)))
+    return {
+        "cursorsKilled": killed,
+        "cursorsNotFound": not_found,
+        "cursorsAlive": [],
+        "cursorsUnknown": [],
+    }

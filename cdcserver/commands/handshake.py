@@ -1,0 +1,182 @@
+"""Handshake and server-information commands, answered as a replica-set primary would."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import sys
+from typing import Any
+
+from bson.int64 import Int64
+from bson.objectid import ObjectId
+
+from cdcserver.commands.registry import command
+from cdcserver.context import ConnectionState, ServerState
+
+MAX_WIRE_VERSION = 25  # MongoDB 8.0
+SERVER_VERSION = "8.0.12"
+# The electionId of a primary that won term 1.
+_ELECTION_ID = ObjectId("7fffffff0000000000000001")
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def hello_reply(server: ServerState, conn: ConnectionState, cmd: dict[str, Any], legacy: bool):
+    ts = server.log.cluster_time()
+    op_time = {"ts": ts, "t": Int64(1)}
+    write_date = (
+        datetime.datetime.fromtimestamp(ts.time, datetime.UTC) if ts.time else server.started
+    )
+    reply: dict[str, Any] = {
+        "topologyVersion": {"processId": server.process_id, "counter": Int64(0)},
+        "hosts": [server.me],
+        "setName": server.set_name,
+        "setVersion": 1,
+    }
+    if legacy:
+        reply["ismaster"] = True
+    else:
+        reply["isWritablePrimary"] = True
+    reply.update(
+        {
+            "secondary": False,
+            "primary": server.me,
+            "me": server.me,
+            "electionId": _ELECTION_ID,
+            "lastWrite": {
+                "opTime": op_time,
+                "lastWriteDate": write_date,
+                "majorityOpTime": op_time,
+                "majorityWriteDate": write_date,
+            },
+            "maxBsonObjectSize": 16 * 1024 * 1024,
+            "maxMessageSizeBytes": 48_000_000,
+            "maxWriteBatchSize": 100_000,
+            "localTime": _now(),
+            "logicalSessionTimeoutMinutes": 30,
+            "connectionId": conn.id,
+            "minWireVersion": 0,
+            "maxWireVersion": MAX_WIRE_VERSION,
+            "readOnly": False,
+        }
+    )
+    if cmd.get("helloOk") is True:
+        reply["helloOk"] = True
+    offered = cmd.get("compression")
+    if isinstance(offered, list) and conn.compressor is None:
+        agreed = [c for c in offered if c in server.compressors]
+        if agreed:
+            reply["compression"] = agreed
+            conn.compressor = agreed[0]
+    if isinstance(cmd.get("client"), dict):
+        conn.client_metadata = cmd["client"]
+    return reply
+
+
+async def _hello(server, conn, cmd, db, legacy):
+    # Streaming form used by monitors: wait up to maxAwaitTimeMS for a topology change; ours
+    # never changes, so answer when the time is up.
+    if isinstance(cmd.get("topologyVersion"), dict) and "maxAwaitTimeMS" in cmd:
+        await asyncio.sleep(min(int(cmd["maxAwaitTimeMS"]), 60_000) / 1000)
+    return hello_reply(server, conn, cmd, legacy)
+
+
+@command("hello")
+async def hello(server, conn, cmd, db):
+    return await _hello(server, conn, cmd, db, legacy=False)
+
+
+@command("isMaster", "ismaster")
+async def is_master(server, conn, cmd, db):
+    return await _hello(server, conn, cmd, db, legacy=True)
+
+
+@command("ping")
+async def ping(server, conn, cmd, db):
+    return {}
+
+
+@command("buildInfo", "buildinfo")
+async def build_info(server, conn, cmd, db):
+    major, minor, patch = (int(x) for x in SERVER_VERSION.split("."))
+    return {
+        "version": SERVER_VERSION,
+        "gitVersion": "cdcserver",
+        "versionArray": [major, minor, patch, 0],
+        "bits": 64,
+        "debug": False,
+        "maxBsonObjectSize": 16 * 1024 * 1024,
+        "storageEngines": ["wiredTiger"],
+        "javascriptEngine": "none",
+        "modules": [],
+    }
+
+
+@command("getParameter")
+async def get_parameter(server, conn, cmd, db):
+    reply: dict[str, Any] = {}
+    want_all = cmd.get("getParameter") == "*"
+    if want_all or "featureCompatibilityVersion" in cmd:
+        reply["featureCompatibilityVersion"] = {"version": "8.0"}
+    return reply
+
+
+@command("connectionStatus")
+async def connection_status(server, conn, cmd, db):
+    return {"authInfo": {"authenticatedUsers": [], "authenticatedUserRoles": []}}
+
+
+@command("whatsmyuri")
+async def whats_my_uri(server, conn, cmd, db):
+    return {"you": conn.peer}
+
+
+@command("endSessions", "killSessions", "refreshSessions", "startSession")
+async def sessions(server, conn, cmd, db):
+    return {}
+
+
+@command("serverStatus")
+async def server_status(server, conn, cmd, db):
+    now = _now()
+    cursors = server.cursors.cursors
+    latest = server.log.latest_ts()
+    lag = max(0.0, now.timestamp() - latest.time) if latest is not None else None
+    return {
+        "host": server.me,
+        "version": SERVER_VERSION,
+        "process": "cdcserver",
+        "pid": Int64(server.pid),
+        "uptime": (now - server.started).total_seconds(),
+        "localTime": now,
+        "connections": {
+            "current": server.connections,
+            "totalCreated": server.total_connections,
+        },
+        "cdcserver": {
+            "cursors": len(cursors),
+            "eventsDelivered": Int64(server.events_delivered),
+            "oplogLatest": latest,
+            "lagSeconds": lag,
+            "python": sys.version.split()[0],
+        },
+    }
+
+
+@command("listDatabases")
+async def list_databases(server, conn, cmd, db):
+    names = sorted({d for d, _ in server.log.namespaces()})
+    dbs = [{"name": name, "sizeOnDisk": Int64(0), "empty": False} for name in names]
+    if cmd.get("nameOnly"):
+        dbs = [{"name": d["name"]} for d in dbs]
+    return {"databases": dbs, "totalSize": Int64(0), "totalSizeMb": Int64(0)}
+
+
+@command("listCollections")
+async def list_collections(server, conn, cmd, db):
+    colls = sorted(c for d, c in server.log.namespaces() if d == db and c)
+    batch = [{"name": c, "type": "collection", "options": {}, "info": {"readOnly": False}}
+             for c in colls]
+    return {"cursor": {"id": Int64(0), "ns": f"{db}.$cmd.listCollections", "firstBatch": batch}}

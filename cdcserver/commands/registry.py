@@ -1,0 +1,93 @@
+"""Command name -> handler, and the reply/error shape every command shares.
+
+A handler is `async def h(server, conn, cmd, db) -> dict` returning the reply's own fields;
+`run_command` adds `ok`, `$clusterTime` and `operationTime`, and turns a MongoError into
+mongod's error reply with the error labels mongod would attach.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from bson.binary import Binary
+from bson.int64 import Int64
+
+from cdcserver.context import ConnectionState, ServerState
+from pipeline_stages.errors import MongoError
+
+Handler = Callable[[ServerState, ConnectionState, dict[str, Any], str], Awaitable[dict[str, Any]]]
+COMMANDS: dict[str, Handler] = {}
+
+# error_codes.yml categories RetriableError, NetworkError and NeedRetargettingError, plus the
+# codes error_labels.cpp adds: resumable for a change stream (reference §6.3).
+RESUMABLE_CODES = frozenset(
+    {
+        6, 7, 89, 91, 133, 134, 189, 234, 262, 317, 358, 384, 402, 9001, 10107, 11600, 11602,
+        13435, 13436, 63, 150, 13388,
+    }
+)
+NON_RESUMABLE_CODES = frozenset({280, 286})
+_ZERO_SIGNATURE = {"hash": Binary(bytes(20), 0), "keyId": Int64(0)}
+
+
+def command(*names: str) -> Callable[[Handler], Handler]:
+    def register(handler: Handler) -> Handler:
+        for name in names:
+            COMMANDS[name] = handler
+        return handler
+
+    return register
+
+
+def cluster_time_fields(server: ServerState) -> dict[str, Any]:
+    ts = server.log.cluster_time()
+    return {
+        "$clusterTime": {"clusterTime": ts, "signature": _ZERO_SIGNATURE},
+        "operationTime": ts,
+    }
+
+
+def is_change_stream_command(name: str, cmd: dict[str, Any], server: ServerState) -> bool:
+    if name == "aggregate":
+        pipeline = cmd.get("pipeline")
+        return (
+            isinstance(pipeline, list) and bool(pipeline) and isinstance(pipeline[0], dict)
+            and "$changeStream" in pipeline[0]
+        )
+    if name == "getMore":
+        return True  # every cursor cdcserver keeps is a change stream
+    return False
+
+
+def error_reply(
+    server: ServerState, name: str, cmd: dict[str, Any], err: MongoError
+) -> dict[str, Any]:
+    reply = err.to_reply()
+    labels = list(err.labels)
+    if is_change_stream_command(name, cmd, server):
+        if err.code in RESUMABLE_CODES and "ResumableChangeStreamError" not in labels:
+            labels.append("ResumableChangeStreamError")
+        if err.code in NON_RESUMABLE_CODES and "NonResumableChangeStreamError" not in labels:
+            labels.append("NonResumableChangeStreamError")
+    if labels:
+        reply["errorLabels"] = labels
+    reply.update(cluster_time_fields(server))
+    return reply
+
+
+async def run_command(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any]
+) -> dict[str, Any]:
+    name = next(iter(cmd), "")
+    db = cmd.get("$db", "admin")
+    handler = COMMANDS.get(name)
+    try:
+        if handler is None:
+            raise MongoError(59, f"no such command: '{name}'")
+        reply = await handler(server, conn, cmd, db)
+    except MongoError as err:
+        return error_reply(server, name, cmd, err)
+    reply["ok"] = 1.0
+    reply.update(cluster_time_fields(server))
+    return reply

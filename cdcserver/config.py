@@ -1,0 +1,58 @@
+"""Configuration: a TOML file decoded into msgspec Structs.
+
+Errors name the key and the expected type (msgspec's `Expected `int`, got `str` - at
+`$.server.port``), and unknown keys are refused, so a typo never passes silently.
+`config.example.toml` documents every option with its default.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    host: str = "127.0.0.1"
+    port: int = 27017
+    # host:port drivers are told to connect to (hello's hosts/primary/me); default host:port.
+    advertised_host: str = ""
+    set_name: str = "cdcserver"
+    idle_cursor_timeout_s: float = 600.0
+    max_connections: int = 10_000
+
+
+class SourceConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    # Recorded oplogs to serve (mongodump BSON or Extended JSON lines), in timestamp order.
+    oplog: list[str] = msgspec.field(default_factory=list)
+    # Keep reading the last file as it grows.
+    follow: bool = False
+
+
+class LogConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    level: str = "info"
+    format: str = "text"  # text | json
+
+
+class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    server: ServerConfig = msgspec.field(default_factory=ServerConfig)
+    source: SourceConfig = msgspec.field(default_factory=SourceConfig)
+    log: LogConfig = msgspec.field(default_factory=LogConfig)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def load_config(path: str | None) -> Config:
+    if path is None:
+        return Config()
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror or exc}") from None
+    try:
+        return msgspec.toml.decode(data, type=Config)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None

@@ -1,0 +1,49 @@
+"""State shared by the command handlers: the server (one per process) and each connection."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass, field
+
+from bson.objectid import ObjectId
+
+from cdcserver.cursors import CursorManager
+from cdcserver.sources.base import OplogLog
+from pipeline_stages.image_source import ImageSource
+
+
+@dataclass
+class ServerState:
+    log: OplogLog
+    images: ImageSource | None = None  # pre-images and current documents, when there are any
+    host: str = "127.0.0.1"
+    port: int = 27017
+    set_name: str = "cdcserver"
+    advertised_host: str | None = None  # host:port drivers are told to use
+    cursors: CursorManager = field(default_factory=CursorManager)
+    process_id: ObjectId = field(default_factory=ObjectId)
+    started: datetime.datetime = field(
+        default_factory=lambda: datetime.datetime.now(datetime.UTC)
+    )
+    pid: int = field(default_factory=os.getpid)
+    compressors: tuple[str, ...] = ("zstd", "snappy", "zlib")
+    connections: int = 0
+    total_connections: int = 0
+    events_delivered: int = 0
+
+    @property
+    def me(self) -> str:
+        return self.advertised_host or f"{self.host}:{self.port}"
+
+    def next_connection_id(self) -> int:
+        self.total_connections += 1
+        return self.total_connections
+
+
+@dataclass
+class ConnectionState:
+    id: int
+    peer: str
+    compressor: str | None = None  # negotiated by hello.compression
+    client_metadata: dict | None = None

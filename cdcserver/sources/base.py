@@ -1,0 +1,65 @@
+"""What every oplog source gives the hub: an ordered log to read from, and a wake-up.
+
+One source object is shared by every cursor (one scan of the source, many readers): a cursor
+keeps only its own position and reads the entries after it. Sources: a recorded file
+(`file.py`), the embedded store's own oplog (`embedded.py`), a live replica set (`mongo.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from bson.timestamp import Timestamp
+
+from pipeline_stages.oplog_entry import Entry
+
+
+class OplogLog:
+    def __init__(self) -> None:
+        self._changed = asyncio.Event()
+
+    # Subclasses implement these four.
+    def latest_ts(self) -> Timestamp | None:
+        raise NotImplementedError
+
+    def oldest_entry(self) -> Entry | None:
+        raise NotImplementedError
+
+    def read_from(self, start: Timestamp, limit: int) -> list[Entry]:
+        """Up to `limit` entries with `ts >= start`, ascending."""
+        raise NotImplementedError
+
+    def entry_at(self, ts: Timestamp) -> Entry | None:
+        """The entry at exactly `ts` (transaction chains), or None if it is gone."""
+        raise NotImplementedError
+
+    def namespaces(self) -> set[tuple[str, str]]:
+        """(db, coll) pairs seen, for listDatabases / listCollections."""
+        return set()
+
+    def cluster_time(self) -> Timestamp:
+        """The time replies report as operationTime/$clusterTime: the last entry read."""
+        return self.latest_ts() or Timestamp(0, 0)
+
+    def start_for_new_stream(self) -> Timestamp:
+        """Last applied time plus one increment: a new stream starts after what exists."""
+        latest = self.latest_ts()
+        if latest is None:
+            return Timestamp(0, 1)
+        return Timestamp(latest.time, latest.inc + 1)
+
+    def notify(self) -> None:
+        """New entries were appended: wake every waiting getMore."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_for_entries(self, start: Timestamp, timeout: float) -> None:
+        """Return once an entry with `ts >= start` exists, or after `timeout` seconds."""
+        event = self._changed  # taken before the check, so a notify in between is not lost
+        latest = self.latest_ts()
+        if latest is not None and latest >= start:
+            return
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except TimeoutError:
+            pass
