@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import bson
 from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
@@ -43,3 +44,16 @@ def split_ns(ns: str) -> tuple[str, str]:
     """`db.coll` -> (db, coll); `db` -> (db, "")."""
     db, _, coll = ns.partition(".")
     return db, coll
+
+
+def encode_in_order(doc: Any, codec_options: CodecOptions | None = None) -> bytes:
+    """`doc` as BSON with its fields in its own order.
+
+    `bson.encode` moves a top-level `_id` to the front, but events keep mongod's order, in
+    which `to` (rename) and `txnNumber`/`lsid` (transactions) come before `_id`. An embedded
+    document is written as is, so encode `{"": doc}` and cut the embedded document out
+    (4-byte length, type 0x03, empty name's NUL ... trailing NUL).
+    """
+    if codec_options is None:
+        return bson.encode({"": doc})[6:-1]
+    return bson.encode({"": doc}, codec_options=codec_options)[6:-1]

@@ -17,7 +17,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import bson
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
@@ -28,7 +27,7 @@ from pipeline_stages.check_invalidate import CheckInvalidate
 from pipeline_stages.check_resumability import CheckResumability, check_history
 from pipeline_stages.ensure_resume_token_present import EnsureResumeTokenPresent
 from pipeline_stages.image_source import ImageSource
-from pipeline_stages.oplog_entry import Entry, split_ns
+from pipeline_stages.oplog_entry import Entry, encode_in_order, split_ns
 from pipeline_stages.oplog_match import OplogFilter
 from pipeline_stages.resume_token import ResumeTokenData
 from pipeline_stages.spec import ChangeStreamSpec
@@ -41,15 +40,6 @@ from pipeline_stages.user_stages import UserStages, match_prefilter
 MAX_BATCH_BYTES = 16 * 1024 * 1024
 
 
-def encode_in_order(doc: Any) -> bytes:
-    """`doc` as BSON with its fields in its own order.
-
-    `bson.encode` moves a top-level `_id` to the front, but events keep mongod's order, in
-    which `to` (rename) and `txnNumber`/`lsid` (transactions) come before `_id`. An embedded
-    document is written as is, so encode `{"": doc}` and cut the embedded document out
-    (4-byte length, type 0x03, empty name's NUL ... trailing NUL).
-    """
-    return bson.encode({"": doc})[6:-1]
 
 
 @dataclass(slots=True)

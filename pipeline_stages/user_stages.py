@@ -55,6 +55,7 @@ from mongomock import helpers as _mm_helpers
 from pymongo.errors import OperationFailure
 
 from pipeline_stages.errors import MongoError
+from pipeline_stages.oplog_entry import encode_in_order
 from pipeline_stages.spec import ALLOWED_USER_STAGES, KNOWN_STAGES
 from pipeline_stages.transform import MISSING
 from pipeline_stages.value_string import document_string, type_name, value_string
@@ -116,12 +117,12 @@ def _without_missing(event: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def _to_plain(event: Mapping[str, Any]) -> OrderedDict:
     """The event as plain Python values (one C encode + decode)."""
-    return bson.decode(bson.encode(_without_missing(event)), codec_options=_PLAIN)
+    return bson.decode(encode_in_order(_without_missing(event)), codec_options=_PLAIN)
 
 
 def _from_plain(doc: Mapping[str, Any]) -> dict[str, Any]:
     """Back to an event: a dict whose nested documents are RawBSONDocuments."""
-    raw = RawBSONDocument(bson.encode(doc, codec_options=_ENCODE), codec_options=_RAW)
+    raw = RawBSONDocument(encode_in_order(doc, _ENCODE), codec_options=_RAW)
     return dict(raw.items())
 
 
