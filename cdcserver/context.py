@@ -28,6 +28,7 @@ class ServerState:
     )
     pid: int = field(default_factory=os.getpid)
     compressors: tuple[str, ...] = ("zstd", "snappy", "zlib")
+    follow: bool = False  # tail the source (a growing recorded oplog)
     connections: int = 0
     total_connections: int = 0
     events_delivered: int = 0

@@ -86,6 +86,9 @@ async def get_more(server, conn, cmd, db):
         raise MongoError(40414, "BSON field 'getMore.collection' is missing but a required field")
     batch_size = _int_arg(cmd, "batchSize", "getMore")
     max_time_ms = _int_arg(cmd, "maxTimeMS", "getMore")
+    other = COMMANDS.get("$getMore")  # the embedded store's find/aggregate cursors
+    if other is not None and int(cursor_id) not in server.cursors.cursors:
+        return await other(server, conn, cmd, db)
     cursor = server.cursors.get(int(cursor_id), f"{db}.{coll}")
     if cursor.busy:
         raise MongoError(
@@ -112,8 +115,12 @@ async def kill_cursors(server, conn, cmd, db):
     if not isinstance(ids, list):
         raise MongoError(40414, "BSON field 'killCursors.cursors' is missing but a required field")
     killed, not_found = [], []
+    other = COMMANDS.get("$killCursor")  # the embedded store's cursors: (server, id) -> bool
     for cid in ids:
-        (killed if server.cursors.kill(int(cid)) else not_found).append(Int64(int(cid)))
+        found = server.cursors.kill(int(cid)) or (
+            other is not None and await other(server, conn, {"id": int(cid)}, db)
+        )
+        (killed if found else not_found).append(Int64(int(cid)))
     return {
         "cursorsKilled": killed,
         "cursorsNotFound": not_found,
