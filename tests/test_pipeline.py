@@ -202,7 +202,7 @@ def test_insert_without_o2_uses_the_id() -> None:
     log = Oplog()
     start = log.peek_ts()
     log.insert(C1, {"_id": "k", "v": 1})
-    raw = dict(bson.decode(log.entries[-1].raw))
+    raw = dict(log.entries[-1])
     del raw["o2"]
     log.entries[-1] = decode_entry(bson.encode(raw))
     events, _ = run("collection", log, start)
@@ -281,7 +281,7 @@ def test_delete(log: Oplog, scope: str, expanded: bool) -> None:
 def test_update_with_unsupported_oplog_version_fails(log: Oplog) -> None:
     start = log.peek_ts()
     log.update(C1, 0, {"u": {"a": 1}})
-    raw = dict(bson.decode(log.entries[-1].raw))
+    raw = dict(log.entries[-1])
     raw["o"] = {"$v": 3, "diff": {"u": {"a": 1}}}
     log.entries[-1] = decode_entry(bson.encode(raw))
     with pytest.raises(MongoError) as err:

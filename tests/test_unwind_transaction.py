@@ -320,7 +320,7 @@ def test_wall_must_be_a_date() -> None:
         40532, 'Entry field "wall" should be date, found: string'
     )
     # Pre-3.6 entries have no `wall`: replayed without wallTime (mongod 8.0 says 40532).
-    doc = bson.decode(entry(Timestamp(100, 1), {"applyOps": [ins(W, 1)]}).raw)
+    doc = dict(entry(Timestamp(100, 1), {"applyOps": [ins(W, 1)]}))
     del doc["wall"]
     (op,) = run(decode_entry(bson.encode(doc)), coll_filter(), None)
     assert "wall" not in op and op["ts"] == Timestamp(100, 1)
