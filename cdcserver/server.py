@@ -14,7 +14,7 @@ import logging
 import signal
 from typing import Any
 
-from bson.codec_options import CodecOptions
+from bson.codec_options import CodecOptions, DatetimeConversion
 
 from cdcserver import wire
 from cdcserver.commands import cursors as _cursors  # noqa: F401  (registers commands)
@@ -27,7 +27,7 @@ from cdcserver.sources.base import OplogLog
 log = logging.getLogger("cdcserver")
 
 # Commands arrive as plain dicts (tz-aware dates keep their instant exactly).
-REQUEST_CODEC = CodecOptions(tz_aware=True)
+REQUEST_CODEC = CodecOptions(tz_aware=True, datetime_conversion=DatetimeConversion.DATETIME_AUTO)
 _request_ids = itertools.count(1)
 
 
@@ -112,35 +112,44 @@ class Server:
                 try:
                     request = wire.decode_request(frame, codec_options=REQUEST_CODEC)
                 except wire.ProtocolError as exc:
-                    if exc.fatal:
+                    if exc.fatal or exc.request_id is None:
                         raise
-                    reply: dict[str, Any] = exc.to_error_document()
-                    request = None
-                else:
-                    cmd = _command_of(request)
-                    reply = await run_command(state, conn, cmd)
-                    if getattr(request, "more_to_come", False):
-                        continue  # the client asked for no reply
-                if request is None:
-                    continue  # a parse error we could not address; mongod would close too
-                compressor = (
-                    conn.compressor if request.compressor_id is not None else None
-                )
+                    # mongod answers this request with the error and keeps the connection.
+                    writer.write(_parse_error_reply(frame, exc))
+                    await writer.drain()
+                    continue
+                cmd = _command_of(request)
+                reply = await run_command(state, conn, cmd)
+                if getattr(request, "more_to_come", False):
+                    continue  # the client asked for no reply
+                # Like mongod, a compressed request gets a reply in its own compressor.
                 writer.write(
                     wire.encode_reply(
-                        request, reply, request_id=next(_request_ids), compressor=compressor
+                        request,
+                        reply,
+                        request_id=next(_request_ids),
+                        compressor=request.compressor_id,
                     )
                 )
                 await writer.drain()
 
 
+def _parse_error_reply(frame: wire.Frame, exc: wire.ProtocolError) -> bytes:
+    """The error reply to a request that could be framed but not parsed (uncompressed)."""
+    op_code = frame.op_code
+    if op_code == wire.OpCode.COMPRESSED:  # the opcode it wraps
+        op_code = int.from_bytes(frame.data[16:20], "little", signed=True)
+    doc = exc.to_error_document()
+    rid = next(_request_ids)
+    assert exc.request_id is not None
+    if op_code == wire.OpCode.QUERY:
+        return wire.encode_op_reply(doc, request_id=rid, response_to=exc.request_id)
+    return wire.encode_op_msg(doc, request_id=rid, response_to=exc.request_id)
+
+
 def _command_of(request: wire.Request) -> dict[str, Any]:
     if isinstance(request, wire.OpQuery):
-        cmd = dict(request.query)
-        if "$query" in cmd:  # the legacy wrapped form
-            cmd = dict(cmd["$query"])
-        cmd.setdefault("$db", request.database)
-        return cmd
+        return request.to_command()  # unwraps $query, keeps $readPreference, adds $db
     return request.body
 
 

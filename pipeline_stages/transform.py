@@ -63,6 +63,19 @@ def _without(doc: Mapping[str, Any], *names: str) -> dict[str, Any]:
     return {k: v for k, v in doc.items() if k not in names}
 
 
+def _update_shape(o: Mapping[str, Any]) -> tuple[Any, bool]:
+    """(`o.$v`, whether `o` is a replacement) without decoding a raw replacement document:
+    mongod writes `$v` first in update entries and `_id` first in replacements."""
+    if isinstance(o, RawBSONDocument):
+        raw = o.raw
+        if raw[5:9] == b"_id\x00":
+            return None, True
+        if raw[5:8] == b"$v\x00" and raw[4] == 0x10:
+            return int.from_bytes(raw[8:12], "little", signed=True), False
+    version = o.get("$v")
+    return version, version is None and "_id" in o
+
+
 def _raw(doc: Mapping[str, Any]) -> bytes:
     return doc.raw if isinstance(doc, RawBSONDocument) else bson.encode(doc)
 
@@ -169,8 +182,8 @@ class ChangeStreamTransform:
             event["documentKey"] = o
             return event
         key = entry["o2"]
-        version = o.get("$v")
-        if version is None and "_id" in o:
+        version, is_replacement = _update_shape(o)
+        if is_replacement:
             event = self._head(entry, "replace", document_key=key, uuid=uuid)
             event["fullDocument"] = o
             self._pre_image_id(event, entry, uuid)
