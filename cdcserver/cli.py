@@ -56,16 +56,46 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config.source.oplog = list(args.oplog)
     if args.follow:
         config.source.follow = True
+    if args.in_memory:
+        config.store.in_memory = True
+    if args.data_dir:
+        config.store.data_dir = args.data_dir
     _setup_logging(config.log.level, config.log.format)
-    paths = config.source.oplog or [sample_oplog_path()]
-    try:
-        oplog = FileOplog(paths)
-    except OplogFileError as exc:
-        print(f"cdcserver: {exc}", file=sys.stderr)
-        return 2
+    if config.source.oplog or args.sample:
+        paths = config.source.oplog or [sample_oplog_path()]
+        try:
+            oplog = FileOplog(paths)
+        except OplogFileError as exc:
+            print(f"cdcserver: {exc}", file=sys.stderr)
+            return 2
+    else:
+        try:
+            oplog = open_embedded(config)
+        except (OSError, ValueError) as exc:
+            print(f"cdcserver: {exc}", file=sys.stderr)
+            return 2
     from cdcserver.server import run_server
 
     return run_server(config, oplog)
+
+
+def open_embedded(config: Config):
+    """The embedded store's oplog source (durable in `store.data_dir`, or in memory)."""
+    from cdcserver.embedded.store import Store
+    from cdcserver.sources.embedded import EmbeddedOplog
+
+    sc = config.store
+    store = Store(
+        None if sc.in_memory else sc.data_dir,
+        synchronous=sc.synchronous,
+        oplog_size_bytes=sc.oplog_size_mb * 1024 * 1024,
+    )
+    if not sc.in_memory:
+        log.info("embedded store in %s", sc.data_dir)
+    else:
+        log.info("embedded store in memory")
+    config.source.follow = sc.noop_interval_s > 0  # runs the periodic no-op writer
+    return EmbeddedOplog(store, noop_interval_s=sc.noop_interval_s)
 
 
 def _spec_command(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
@@ -155,6 +185,17 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, help="port (default 27017)")
     serve.add_argument("--oplog", nargs="+", help="recorded oplog files to serve, in order")
     serve.add_argument("--follow", action="store_true", help="tail the last oplog file")
+    serve.add_argument(
+        "--in-memory", action="store_true",
+        help="embedded store kept in memory only (for tests)",
+    )
+    serve.add_argument(
+        "--data-dir", help="embedded store data directory (default ./cdcserver-data)"
+    )
+    serve.add_argument(
+        "--sample", action="store_true",
+        help="serve the small recorded oplog shipped with cdcserver",
+    )
     serve.set_defaults(func=cmd_serve)
 
     replay = sub.add_parser("replay", help="run the change-stream pipeline over oplog files")

@@ -27,6 +27,15 @@ class SourceConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     follow: bool = False
 
 
+class StoreConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    # The embedded store (served when no recorded oplog is given).
+    data_dir: str = "./cdcserver-data"
+    in_memory: bool = False
+    synchronous: str = "full"  # off | normal | full | extra
+    oplog_size_mb: int = 1024
+    noop_interval_s: float = 10.0
+
+
 class LogConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     level: str = "info"
     format: str = "text"  # text | json
@@ -34,6 +43,7 @@ class LogConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
+    store: StoreConfig = msgspec.field(default_factory=StoreConfig)
     source: SourceConfig = msgspec.field(default_factory=SourceConfig)
     log: LogConfig = msgspec.field(default_factory=LogConfig)
 

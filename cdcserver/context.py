@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from bson.objectid import ObjectId
 
@@ -32,6 +33,15 @@ class ServerState:
     connections: int = 0
     total_connections: int = 0
     events_delivered: int = 0
+    # The embedded store (`cdcserver.embedded.store.Store`) when the source is its own oplog.
+    store: Any = None
+    result_cursors: dict = field(default_factory=dict)  # find/aggregate cursors of the store
+
+    def __post_init__(self) -> None:
+        if self.store is None:
+            self.store = getattr(self.log, "store", None)
+        if self.images is None and self.store is not None:
+            self.images = self.store.images
 
     @property
     def me(self) -> str:

@@ -17,7 +17,9 @@ from typing import Any
 from bson.codec_options import CodecOptions, DatetimeConversion
 
 from cdcserver import wire
+from cdcserver.commands import crud as _crud  # noqa: F401  (the embedded store's commands)
 from cdcserver.commands import cursors as _cursors  # noqa: F401  (registers commands)
+from cdcserver.commands import ddl as _ddl  # noqa: F401
 from cdcserver.commands import handshake as _handshake  # noqa: F401
 from cdcserver.commands.registry import run_command
 from cdcserver.config import Config

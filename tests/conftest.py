@@ -2,6 +2,9 @@ import pathlib
 
 import pytest
 
+# Real cdcserver instances on free ports for the driver tests (tests/test_server*.py).
+pytest_plugins = ["cdcserver.testing"]
+
 SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared"
 
 

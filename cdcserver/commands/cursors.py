@@ -8,9 +8,11 @@ from bson.int64 import Int64
 
 from cdcserver.commands.registry import COMMANDS, command
 from cdcserver.cursors import ChangeStreamCursor, cursor_reply
-from pipeline_stages.errors import MongoError
+from pipeline_stages.errors import CODE_NAMES, MongoError
 from pipeline_stages.pipeline import ChangeStreamPipeline
 from pipeline_stages.spec import is_change_stream_aggregate, parse_aggregate
+
+CODE_NAMES.setdefault(292, "CursorInUse")  # (belongs in pipeline_stages/errors.py)
 
 
 def _int_arg(cmd: dict[str, Any], name: str, where: str) -> int | None:
@@ -90,10 +92,8 @@ async def get_more(server, conn, cmd, db):
     if other is not None and int(cursor_id) not in server.cursors.cursors:
         return await other(server, conn, cmd, db)
     cursor = server.cursors.get(int(cursor_id), f"{db}.{coll}")
-    if cursor.busy:
-        raise MongoError(
-            96, f"Cursor already in use (namespace: '{cursor.ns}', id: {cursor.id})."
-        )
+    if cursor.busy:  # mongod's CursorManager::pinCursor
+        raise MongoError(292, f"cursor id {cursor.id} is already in use")
     cursor.busy = True
     try:
         batch = await cursor.get_more(batch_size, max_time_ms)
@@ -114,6 +114,15 @@ async def kill_cursors(server, conn, cmd, db):
     ids = cmd.get("cursors")
     if not isinstance(ids, list):
         raise MongoError(40414, "BSON field 'killCursors.cursors' is missing but a required field")
+    for i, cid in enumerate(ids):
+        if not isinstance(cid, int) or isinstance(cid, bool):
+            from pipeline_stages.value_string import type_name
+
+            raise MongoError(
+                14,
+                f"BSON field 'killCursors.cursors.{i}' is the wrong type '{type_name(cid)}', "
+                "expected type 'long'",
+            )
     killed, not_found = [], []
     other = COMMANDS.get("$killCursor")  # the embedded store's cursors: (server, id) -> bool
     for cid in ids:

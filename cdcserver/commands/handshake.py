@@ -12,6 +12,7 @@ from bson.objectid import ObjectId
 
 from cdcserver.commands.registry import command
 from cdcserver.context import ConnectionState, ServerState
+from pipeline_stages.errors import MongoError
 
 MAX_WIRE_VERSION = 25  # MongoDB 8.0
 SERVER_VERSION = "8.0.12"
@@ -79,7 +80,16 @@ async def _hello(server, conn, cmd, db, legacy):
     # Streaming form used by monitors: wait up to maxAwaitTimeMS for a topology change; ours
     # never changes, so answer when the time is up.
     if isinstance(cmd.get("topologyVersion"), dict) and "maxAwaitTimeMS" in cmd:
-        await asyncio.sleep(min(int(cmd["maxAwaitTimeMS"]), 60_000) / 1000)
+        wait = cmd["maxAwaitTimeMS"]
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)):
+            from pipeline_stages.value_string import type_name
+
+            raise MongoError(
+                14,
+                f"BSON field '{next(iter(cmd))}.maxAwaitTimeMS' is the wrong type "
+                f"'{type_name(wait)}', expected types '[long, int, decimal, double]'",
+            )
+        await asyncio.sleep(min(max(int(wait), 0), 60_000) / 1000)
     return hello_reply(server, conn, cmd, legacy)
 
 

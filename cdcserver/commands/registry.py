@@ -7,6 +7,7 @@ mongod's error reply with the error labels mongod would attach.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -15,6 +16,8 @@ from bson.int64 import Int64
 
 from cdcserver.context import ConnectionState, ServerState
 from pipeline_stages.errors import MongoError
+
+log = logging.getLogger("cdcserver")
 
 Handler = Callable[[ServerState, ConnectionState, dict[str, Any], str], Awaitable[dict[str, Any]]]
 COMMANDS: dict[str, Handler] = {}
@@ -56,16 +59,17 @@ def is_change_stream_command(name: str, cmd: dict[str, Any], server: ServerState
             and "$changeStream" in pipeline[0]
         )
     if name == "getMore":
-        return True  # every cursor cdcserver keeps is a change stream
+        cursor_id = cmd.get("getMore")
+        return isinstance(cursor_id, int) and cursor_id in server.cursors.cursors
     return False
 
 
 def error_reply(
-    server: ServerState, name: str, cmd: dict[str, Any], err: MongoError
+    server: ServerState, err: MongoError, change_stream: bool
 ) -> dict[str, Any]:
     reply = err.to_reply()
     labels = list(err.labels)
-    if is_change_stream_command(name, cmd, server):
+    if change_stream:
         if err.code in RESUMABLE_CODES and "ResumableChangeStreamError" not in labels:
             labels.append("ResumableChangeStreamError")
         if err.code in NON_RESUMABLE_CODES and "NonResumableChangeStreamError" not in labels:
@@ -82,12 +86,20 @@ async def run_command(
     name = next(iter(cmd), "")
     db = cmd.get("$db", "admin")
     handler = COMMANDS.get(name)
+    # Decided before running: a failed change-stream getMore closes its cursor.
+    change_stream = is_change_stream_command(name, cmd, server)
     try:
         if handler is None:
             raise MongoError(59, f"no such command: '{name}'")
         reply = await handler(server, conn, cmd, db)
     except MongoError as err:
-        return error_reply(server, name, cmd, err)
+        return error_reply(server, err, change_stream)
+    except Exception as exc:
+        # A bug or an input no handler anticipated: that request fails; the connection and
+        # everyone else go on.
+        log.exception("command %r failed", name)
+        err = MongoError(1, f"{name} failed: {type(exc).__name__}: {exc}")
+        return error_reply(server, err, change_stream)
     reply["ok"] = 1.0
     reply.update(cluster_time_fields(server))
     return reply

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from bson.timestamp import Timestamp
 
 from cdcserver.sources.base import OplogLog
 from pipeline_stages.oplog_entry import Entry, decode_entry
+
+log = logging.getLogger("cdcserver")
 
 _JSON_OPTIONS = json_util.JSONOptions(json_mode=json_util.JSONMode.CANONICAL)
 
@@ -131,12 +134,25 @@ class FileOplog(OplogLog):
         cur.offset += end
         return cur
 
-    async def follow(self, interval: float = 0.05) -> None:
+    def refresh(self) -> int:
+        """Read what was appended to the last file since the last look and wake the waiting
+        getMores. Returns how many entries were added. Call it on the event loop's thread."""
+        cur = self._tail
+        if cur is None:
+            return 0
+        before = len(self._ts)
+        self._load(cur.path, cur)
+        added = len(self._ts) - before
+        if added:
+            self.notify()
+        return added
+
+    async def follow(self, interval: float = 0.01) -> None:
         """Tail the last file: new complete entries are appended and waiters woken."""
         cur = self._tail
         if cur is None:
             return
-        size = os.path.getsize(cur.path)
+        size = -1  # entries may have been appended since the load: look at once
         while True:
             await asyncio.sleep(interval)
             try:
@@ -146,10 +162,13 @@ class FileOplog(OplogLog):
             if new_size == size:
                 continue
             size = new_size
-            before = len(self._ts)
-            self._load(cur.path, cur)
-            if len(self._ts) > before:
-                self.notify()
+            try:
+                self.refresh()
+            except OplogFileError as exc:
+                # What was read before the bad entry stays served; reading further could only
+                # repeat or skip entries, so following stops here.
+                log.error("stopped following %s: %s", cur.path, exc)
+                return
 
     # -- OplogLog -------------------------------------------------------------------------------
 

@@ -1,0 +1,860 @@
+"""CRUD commands of the embedded store: insert, update, delete, findAndModify, find (+ getMore,
+killCursors), count, distinct, aggregate without `$changeStream`.
+
+Replies are shaped as a replica-set primary's (mongod 8.0): write replies carry `n`,
+`electionId`, `opTime`, `writeErrors` (index, code, errmsg[, keyPattern, keyValue]), and for
+updates `upserted` and `nModified`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import bson
+from bson.binary import Binary
+from bson.int64 import Int64
+from bson.objectid import ObjectId
+from bson.timestamp import Timestamp
+
+from cdcserver.commands.handshake import _ELECTION_ID
+from cdcserver.commands.registry import command
+from cdcserver.embedded import engine
+from cdcserver.embedded.store import (
+    Collection,
+    DocumentValidationError,
+    DuplicateKeyError,
+    OpSession,
+    Store,
+    Txn,
+    id_key,
+)
+from pipeline_stages.errors import MongoError
+from pipeline_stages.value_string import type_name
+
+DEFAULT_BATCH = 101
+MAX_REPLY_BYTES = 16 * 1024 * 1024
+
+
+def get_store(server: Any) -> Store:
+    store = getattr(server, "store", None)
+    if store is None:
+        raise MongoError(
+            115, "this cdcserver serves a recorded oplog; writes need the embedded store "
+            "(`cdcserver serve` without --oplog)",
+        )
+    return store
+
+
+def coll_arg(cmd: Mapping[str, Any], name: str) -> str:
+    value = cmd.get(name)
+    if not isinstance(value, str):
+        raise MongoError(
+            73 if value is not None else 40414,
+            f"collection name has invalid type {type_name(value)}",
+        )
+    if not value:
+        raise MongoError(73, f"Invalid namespace specified '{cmd.get('$db')}.'")
+    return value
+
+
+def _int(cmd: Mapping[str, Any], name: str, where: str, default: int = 0) -> int:
+    value = cmd.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise MongoError(
+            14,
+            f"BSON field '{where}.{name}' is the wrong type '{type_name(value)}', expected types "
+            "'[long, int, decimal, double]'",
+        )
+    return int(value)
+
+
+def _doc_arg(cmd: Mapping[str, Any], name: str, where: str) -> dict[str, Any] | None:
+    value = cmd.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise MongoError(
+            14,
+            f"BSON field '{where}.{name}' is the wrong type '{type_name(value)}', expected type "
+            "'object'",
+        )
+    return dict(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sessions: retryable writes
+
+
+@dataclass
+class _Retry:
+    session: OpSession | None
+    done: dict[int, Any] = field(default_factory=dict)
+
+    def result(self, stmt_id: int) -> Any:
+        return self.done.get(stmt_id, _NOT_DONE)
+
+    def record(self, stmt_id: int, result: Any) -> None:
+        if self.session is not None:
+            self.done[stmt_id] = result
+
+
+_NOT_DONE = object()
+_NO_USER_DIGEST = Binary(hashlib.sha256(b"").digest(), 0)
+
+
+def _retry_state(store: Store, cmd: Mapping[str, Any]) -> _Retry:
+    lsid, txn = cmd.get("lsid"), cmd.get("txnNumber")
+    if cmd.get("autocommit") is False:
+        store.txn = transaction_of(store, cmd)
+        return _Retry(None)
+    if not isinstance(lsid, Mapping) or txn is None:
+        return _Retry(None)
+    sid = bytes(lsid.get("id", b""))
+    txn = int(txn)
+    known = store.retryable.get(sid)
+    if known is not None and txn < known[0]:
+        raise MongoError(
+            225,
+            f"Retryable write with txnNumber {txn} is prohibited on session {_lsid_str(lsid)} "
+            f"because a newer retryable write with txnNumber {known[0]} has already started "
+            "on this session.",
+        )
+    if known is None or txn > known[0]:
+        known = (txn, {})
+        store.retryable[sid] = known
+    # mongod stamps the session with the user's digest: SHA-256 of "" without authentication.
+    session = OpSession(_full_lsid(lsid), txn, known[1].get("__prev__"))
+    return _Retry(session, known[1])
+
+
+def _full_lsid(lsid: Mapping[str, Any]) -> dict[str, Any]:
+    return {"id": lsid.get("id"), "uid": lsid.get("uid", _NO_USER_DIGEST)}
+
+
+def transaction_of(store: Store, cmd: Mapping[str, Any]) -> Txn:
+    """The transaction a command with `autocommit: false` belongs to (started by
+    `startTransaction: true`, or by its first statement)."""
+    lsid, number = cmd.get("lsid"), cmd.get("txnNumber")
+    if not isinstance(lsid, Mapping) or number is None:
+        raise MongoError(50768, "txnNumber may only be provided for multi-document transactions "
+                         "and retryable write commands")
+    sid = bytes(lsid.get("id", b""))
+    number = int(number)
+    txn = store.txns.get(sid)
+    if txn is not None and number < txn.txn_number:
+        raise MongoError(
+            225, f"Cannot start transaction {number} on session {_lsid_str(lsid)} because a "
+            f"newer transaction {txn.txn_number} has already started.",
+        )
+    if txn is None or number > txn.txn_number:
+        if txn is not None and txn.state == "in progress":
+            store.abort_transaction(txn)
+        txn = Txn(_full_lsid(lsid), number)
+        store.txns[sid] = txn
+    elif cmd.get("startTransaction") is True and txn.state != "in progress":
+        raise MongoError(
+            251, f"Given transaction number {number} does not match any in-progress "
+            "transactions. The active transaction number is "
+            f"{txn.txn_number}", labels=["TransientTransactionError"],
+        )
+    if txn.state == "aborted" and not cmd.get("abortTransaction"):
+        raise MongoError(251, f"Transaction with {{ txnNumber: {number} }} has been aborted.",
+                         labels=["TransientTransactionError"])
+    return txn
+
+
+@command("commitTransaction")
+async def commit_transaction(server, conn, cmd, db):
+    store = get_store(server)
+    if db != "admin":
+        raise MongoError(
+            13, "commitTransaction may only be run against the admin database."
+        )
+    with store.batch():
+        txn = transaction_of(store, cmd)
+        store.commit_transaction(txn)
+    return {}
+
+
+@command("abortTransaction")
+async def abort_transaction(server, conn, cmd, db):
+    store = get_store(server)
+    if db != "admin":
+        raise MongoError(13, "abortTransaction may only be run against the admin database.")
+    with store.batch():
+        txn = transaction_of(store, cmd)
+        if txn.state == "committed":
+            raise MongoError(256, "Transaction has been committed.")
+        if txn.state == "aborted":
+            raise MongoError(251, f"Transaction with {{ txnNumber: {txn.txn_number} }} has "
+                             "been aborted.", labels=["TransientTransactionError"])
+        store.abort_transaction(txn)
+    return {}
+
+
+def _finish_retry(retry: _Retry) -> None:
+    if retry.session is not None:
+        retry.done["__prev__"] = retry.session.prev_ts
+
+
+def _lsid_str(lsid: Mapping[str, Any]) -> str:
+    import uuid
+
+    try:
+        return f"{uuid.UUID(bytes=bytes(lsid['id']))} - {bytes(lsid.get('uid', b'')).hex()}"
+    except Exception:  # noqa: BLE001
+        return str(lsid)
+
+
+# ---------------------------------------------------------------------------------------------
+# Replies
+
+
+def _write_error(index: int, err: MongoError) -> dict[str, Any]:
+    doc: dict[str, Any] = {"index": index, "code": err.code, "errmsg": err.errmsg}
+    if isinstance(err, (DuplicateKeyError, DocumentValidationError)):
+        doc.update(err.extra())
+    return doc
+
+
+def _write_reply(store: Store, n: int, errors: list[dict[str, Any]]) -> dict[str, Any]:
+    reply: dict[str, Any] = {"n": n, "electionId": _ELECTION_ID}
+    reply["opTime"] = {"ts": store.latest_ts() or Timestamp(0, 0), "t": Int64(1)}
+    if errors:
+        reply["writeErrors"] = errors
+    return reply
+
+
+def _documents(cmd: Mapping[str, Any], name: str, field_name: str) -> list[Any]:
+    docs = cmd.get(field_name)
+    if docs is None:
+        raise MongoError(40414, f"BSON field '{name}.{field_name}' is missing but a required field")
+    if not isinstance(docs, list):
+        raise MongoError(
+            14,
+            f"BSON field '{name}.{field_name}' is the wrong type '{type_name(docs)}', expected "
+            "type 'array'",
+        )
+    if not docs:
+        raise MongoError(10413 if name == "insert" else 9, "Write batch sizes must be between "
+                         "1 and 100000. Got 0 operations.")
+    return docs
+
+
+# ---------------------------------------------------------------------------------------------
+# insert
+
+
+def prepare_insert(doc: Any) -> dict[str, Any]:
+    if not isinstance(doc, Mapping):
+        raise MongoError(14, f"BSON field 'insert.documents.0' is the wrong type "
+                         f"'{type_name(doc)}', expected type 'object'")
+    doc = engine.normalize(dict(doc))
+    if "_id" in doc:
+        _id = doc["_id"]
+        if isinstance(_id, list):
+            raise MongoError(53, "The '_id' value cannot be of type array")
+        if isinstance(_id, bson.regex.Regex) or hasattr(_id, "pattern"):
+            raise MongoError(53, "can't use a regex for _id")
+        return {"_id": _id, **{k: v for k, v in doc.items() if k != "_id"}}
+    return {"_id": ObjectId(), **doc}
+
+
+@command("insert")
+async def insert(server, conn, cmd, db):
+    store = get_store(server)
+    coll = coll_arg(cmd, "insert")
+    docs = _documents(cmd, "insert", "documents")
+    ordered = cmd.get("ordered", True) is not False
+    validate = cmd.get("bypassDocumentValidation") is not True
+    n, errors = 0, []
+    with store.batch():
+        retry = _retry_state(store, cmd)
+        c: Collection | None = store.get(db, coll)
+        for i, raw in enumerate(docs):
+            stmt_id = i
+            if retry.result(stmt_id) is not _NOT_DONE:
+                n += 1
+                continue
+            try:
+                doc = prepare_insert(raw)
+                if c is None:
+                    c = store.ensure_collection(db, coll)
+                store.insert_document(c, doc, retry.session, stmt_id, validate=validate)
+            except MongoError as err:
+                errors.append(_write_error(i, err))
+                if ordered:
+                    break
+                continue
+            retry.record(stmt_id, True)
+            n += 1
+        _finish_retry(retry)
+    return _write_reply(store, n, errors)
+
+
+# ---------------------------------------------------------------------------------------------
+# update
+
+
+def _update_kind(u: Any) -> str:
+    if isinstance(u, list):
+        return "pipeline"
+    if not isinstance(u, Mapping):
+        raise MongoError(
+            14, f"BSON field 'update.updates.u' is the wrong type '{type_name(u)}', expected "
+            "type 'object'",
+        )
+    if engine.is_replacement(u):
+        for k in u:
+            if k.startswith("$"):
+                raise MongoError(
+                    52,
+                    f"The dollar ($) prefixed field '{k}' in '{k}' is not allowed in the context "
+                    "of an update's replacement document. Consider using an aggregation "
+                    "pipeline with $replaceWith.",
+                )
+        return "replacement"
+    for k in u:
+        if not k.startswith("$"):
+            raise MongoError(
+                9,
+                f"Unknown modifier: {k}. Expected a valid update modifier or pipeline-style "
+                "update specified as an array",
+            )
+    engine.validate_modifiers(u)
+    return "modifier"
+
+
+def _id_first(doc: dict[str, Any]) -> dict[str, Any]:
+    if "_id" not in doc or next(iter(doc)) == "_id":
+        return doc
+    return {"_id": doc["_id"], **{k: v for k, v in doc.items() if k != "_id"}}
+
+
+def compute_update(
+    store: Store, db: str, coll: str, pre: dict[str, Any], q: Mapping[str, Any], u: Any,
+    kind: str, array_filters: list[Any] | None, is_insert: bool = False,
+) -> dict[str, Any]:
+    mcoll = store.mongomock_collection(db, coll)
+    if kind == "replacement":
+        rest = {k: engine.normalize(v) for k, v in u.items() if k != "_id"}
+        return {"_id": engine.normalize(u.get("_id", pre.get("_id"))), **rest}
+    if kind == "pipeline":
+        return _id_first(engine.apply_pipeline_update(mcoll, pre, u))
+    return _id_first(
+        engine.apply_modifiers(mcoll, pre, q, u, is_insert=is_insert, array_filters=array_filters)
+    )
+
+
+def upsert_document(
+    store: Store, db: str, coll: str, q: Mapping[str, Any], u: Any, kind: str,
+    array_filters: list[Any] | None,
+) -> dict[str, Any]:
+    mcoll = store.mongomock_collection(db, coll)
+    seed = engine.upsert_seed(mcoll, q)
+    if kind == "replacement":
+        _id = u.get("_id", seed.get("_id"))
+        doc = {k: engine.normalize(v) for k, v in u.items() if k != "_id"}
+        return {"_id": _id if _id is not None else ObjectId(), **doc}
+    if "_id" in seed:
+        seed = _id_first(seed)
+    if kind == "pipeline":
+        new = engine.apply_pipeline_update(mcoll, seed, u)
+    else:
+        new = engine.apply_modifiers(
+            mcoll, seed, q, u, is_insert=True, array_filters=array_filters
+        )
+    if "_id" not in new:
+        new = {"_id": ObjectId(), **new}
+    return _id_first(new)
+
+
+def matching(store: Store, c: Collection | None, q: Mapping[str, Any], one: bool) -> list[dict]:
+    if c is None:
+        engine.matches(q, {})  # still validate the filter
+        return []
+    out = []
+    for doc in list(store.documents(c).values()):
+        if engine.matches(q, doc):
+            out.append(doc)
+            if one:
+                break
+    if not out:
+        engine.matches(q, {})
+    return out
+
+
+def run_update_statement(
+    store: Store, db: str, coll: str, spec: Mapping[str, Any], retry: _Retry, stmt_id: int,
+    validate: bool = True,
+) -> tuple[int, int, Any]:
+    """(n, nModified, upserted _id or None) of one update statement."""
+    if not isinstance(spec, Mapping):
+        raise MongoError(14, "BSON field 'update.updates' element is not an object")
+    if "q" not in spec:
+        raise MongoError(40414, "BSON field 'update.updates.q' is missing but a required field")
+    if "u" not in spec:
+        raise MongoError(40414, "BSON field 'update.updates.u' is missing but a required field")
+    q = _doc_arg(spec, "q", "update.updates") or {}
+    q = engine.normalize(q)
+    u = spec["u"]
+    multi = spec.get("multi") is True
+    upsert = spec.get("upsert") is True
+    array_filters = spec.get("arrayFilters")
+    kind = _update_kind(u)
+    if multi and kind == "replacement":
+        raise MongoError(9, "multi update is not supported for replacement-style update")
+    c = store.get(db, coll)
+    docs = matching(store, c, q, one=not multi)
+    n = modified = 0
+    session = None if multi else retry.session
+    for pre in docs:
+        post = compute_update(store, db, coll, pre, q, u, kind, array_filters)
+        assert c is not None
+        if store.update_document(c, pre, post, kind=kind, update=u, session=session,
+                                 stmt_id=stmt_id, array_filters=array_filters,
+                                 validate=validate):
+            modified += 1
+        n += 1
+    if n or not upsert:
+        return n, modified, None
+    new = upsert_document(store, db, coll, q, u, kind, array_filters)
+    c = store.ensure_collection(db, coll)
+    store.insert_document(c, new, session, stmt_id, validate=validate)
+    return 1, 0, new["_id"]
+
+
+@command("update")
+async def update(server, conn, cmd, db):
+    store = get_store(server)
+    coll = coll_arg(cmd, "update")
+    updates = _documents(cmd, "update", "updates")
+    ordered = cmd.get("ordered", True) is not False
+    n = modified = 0
+    upserted: list[dict[str, Any]] = []
+    errors: list[dict[str, Any]] = []
+    with store.batch():
+        retry = _retry_state(store, cmd)
+        for i, spec in enumerate(updates):
+            done = retry.result(i)
+            try:
+                if done is _NOT_DONE:
+                    done = run_update_statement(
+                        store, db, coll, spec, retry, i,
+                        validate=cmd.get("bypassDocumentValidation") is not True,
+                    )
+                    retry.record(i, done)
+            except MongoError as err:
+                errors.append(_write_error(i, err))
+                if ordered:
+                    break
+                continue
+            sn, sm, up = done
+            n += sn
+            modified += sm
+            if up is not None:
+                upserted.append({"index": i, "_id": up})
+        _finish_retry(retry)
+    reply = _write_reply(store, n, errors)
+    if upserted:
+        reply["upserted"] = upserted
+    reply["nModified"] = modified
+    return reply
+
+
+# ---------------------------------------------------------------------------------------------
+# delete
+
+
+@command("delete")
+async def delete(server, conn, cmd, db):
+    store = get_store(server)
+    coll = coll_arg(cmd, "delete")
+    deletes = _documents(cmd, "delete", "deletes")
+    ordered = cmd.get("ordered", True) is not False
+    n, errors = 0, []
+    with store.batch():
+        retry = _retry_state(store, cmd)
+        for i, spec in enumerate(deletes):
+            done = retry.result(i)
+            try:
+                if done is _NOT_DONE:
+                    if not isinstance(spec, Mapping) or "q" not in spec:
+                        raise MongoError(
+                            40414, "BSON field 'delete.deletes.q' is missing but a required field"
+                        )
+                    limit = _int(spec, "limit", "delete.deletes")
+                    if limit not in (0, 1):
+                        raise MongoError(9, f"The limit field in delete objects must be 0 or 1. "
+                                         f"Got {limit}")
+                    q = engine.normalize(_doc_arg(spec, "q", "delete.deletes") or {})
+                    c = store.get(db, coll)
+                    docs = matching(store, c, q, one=limit == 1)
+                    session = retry.session if limit == 1 else None
+                    for pre in docs:
+                        assert c is not None
+                        store.delete_document(c, pre, session, i)
+                    done = len(docs)
+                    retry.record(i, done)
+            except MongoError as err:
+                errors.append(_write_error(i, err))
+                if ordered:
+                    break
+                continue
+            n += done
+        _finish_retry(retry)
+    return _write_reply(store, n, errors)
+
+
+# ---------------------------------------------------------------------------------------------
+# findAndModify
+
+
+def _sorted_find(
+    store: Store, db: str, coll: str, q: Mapping[str, Any], sort: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    c = store.get(db, coll)
+    if c is None:
+        engine.matches(q, {})
+        return None
+    if not sort:
+        found = matching(store, c, q, one=True)
+        return found[0] if found else None
+    try:
+        first = list(
+            store.mongomock_collection(db, coll).find(q, {"_id": 1}, sort=list(sort.items()))
+            .limit(1)
+        )
+    except Exception as exc:  # noqa: BLE001
+        raise engine.engine_error(exc) from None
+    if not first:
+        return None
+    return store.documents(c).get(id_key(first[0]["_id"]))
+
+
+def project(store: Store, db: str, coll: str, doc: dict | None, fields: Any) -> dict | None:
+    if doc is None or not fields:
+        return doc
+    try:
+        return store.mongomock_collection(db, coll)._copy_only_fields(doc, dict(fields), dict)
+    except Exception as exc:  # noqa: BLE001
+        raise engine.engine_error(exc) from None
+
+
+@command("findAndModify", "findandmodify")
+async def find_and_modify(server, conn, cmd, db):
+    store = get_store(server)
+    name = next(iter(cmd))
+    coll = coll_arg(cmd, name)
+    q = engine.normalize(_doc_arg(cmd, "query", "findAndModify") or {})
+    sort = _doc_arg(cmd, "sort", "findAndModify")
+    remove = cmd.get("remove") is True
+    u = cmd.get("update")
+    new = cmd.get("new") is True
+    upsert = cmd.get("upsert") is True
+    fields = cmd.get("fields")
+    validate = cmd.get("bypassDocumentValidation") is not True
+    if remove and u is not None:
+        raise MongoError(9, "Cannot specify both an update and remove=true")
+    if not remove and u is None:
+        raise MongoError(9, "Either an update or remove=true must be specified")
+    if remove and (upsert or new):
+        raise MongoError(9, "Cannot specify both upsert=true and remove=true" if upsert
+                         else "Cannot specify both new=true and remove=true; 'remove' always "
+                         "returns the deleted document")
+    with store.batch():
+        retry = _retry_state(store, cmd)
+        done = retry.result(0)
+        if done is not _NOT_DONE:
+            return done
+        pre = _sorted_find(store, db, coll, q, sort)
+        c = store.get(db, coll)
+        if remove:
+            if pre is None:
+                reply = {"lastErrorObject": {"n": 0}, "value": None}
+            else:
+                assert c is not None
+                store.delete_document(c, pre, retry.session, 0)
+                reply = {"lastErrorObject": {"n": 1},
+                         "value": project(store, db, coll, pre, fields)}
+        else:
+            kind = _update_kind(u)
+            array_filters = cmd.get("arrayFilters")
+            if pre is not None:
+                assert c is not None
+                post = compute_update(store, db, coll, pre, q, u, kind, array_filters)
+                store.update_document(c, pre, post, kind=kind, update=u, session=retry.session,
+                                      stmt_id=0, array_filters=array_filters,
+                                      validate=validate)
+                value = post if new else pre
+                reply = {"lastErrorObject": {"n": 1, "updatedExisting": True},
+                         "value": project(store, db, coll, value, fields)}
+            elif upsert:
+                doc = upsert_document(store, db, coll, q, u, kind, array_filters)
+                c = store.ensure_collection(db, coll)
+                store.insert_document(c, doc, retry.session, 0, validate=validate)
+                reply = {
+                    "lastErrorObject": {"n": 1, "updatedExisting": False, "upserted": doc["_id"]},
+                    "value": project(store, db, coll, doc, fields) if new else None,
+                }
+            else:
+                reply = {"lastErrorObject": {"n": 0, "updatedExisting": False}, "value": None}
+        retry.record(0, reply)
+        _finish_retry(retry)
+    return reply
+
+
+# ---------------------------------------------------------------------------------------------
+# Cursors of find / aggregate / listIndexes ...
+
+
+@dataclass(eq=False)
+class ResultCursor:
+    id: int
+    ns: str
+    docs: list[Any]
+    pos: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+
+
+def _take(cursor: ResultCursor, batch_size: int | None) -> list[Any]:
+    out, size = [], 0
+    while cursor.pos < len(cursor.docs):
+        if batch_size is not None and len(out) >= batch_size:
+            break
+        doc = cursor.docs[cursor.pos]
+        n = len(bson.encode(doc)) if isinstance(doc, Mapping) else 16
+        if out and size + n > MAX_REPLY_BYTES:
+            break
+        out.append(doc)
+        size += n
+        cursor.pos += 1
+    return out
+
+
+def _cursors(server: Any) -> dict[int, ResultCursor]:
+    table = getattr(server, "result_cursors", None)
+    if table is None:
+        table = {}
+        server.result_cursors = table
+    return table
+
+
+def cursor_first_batch(
+    server: Any, ns: str, docs: list[Any], batch_size: int | None, single_batch: bool = False
+) -> dict[str, Any]:
+    """A `{cursor: {firstBatch, id, ns}}` reply; keeps the rest for getMore."""
+    table = _cursors(server)
+    _reap(server, table)
+    cid = server.cursors.new_id()
+    while cid in table:
+        cid = server.cursors.new_id()
+    cursor = ResultCursor(cid, ns, docs)
+    batch = _take(cursor, DEFAULT_BATCH if batch_size is None else batch_size)
+    more = cursor.pos < len(docs) and not single_batch
+    if more:
+        table[cid] = cursor
+    return {"cursor": {"firstBatch": batch, "id": Int64(cid if more else 0), "ns": ns}}
+
+
+def _reap(server: Any, table: dict[int, ResultCursor]) -> None:
+    """Forget cursors idle longer than the idle timeout (mongod: 10 minutes)."""
+    limit = getattr(server.cursors, "idle_timeout_s", 600.0)
+    now = time.monotonic()
+    for cid in [cid for cid, c in table.items() if now - c.last_used > limit]:
+        del table[cid]
+
+
+@command("$getMore")
+async def get_more(server, conn, cmd, db):
+    cid = int(cmd["getMore"])
+    table = _cursors(server)
+    cursor = table.get(cid)
+    if cursor is None:
+        raise MongoError(43, f"cursor id {cid} not found")
+    ns = f"{db}.{cmd.get('collection')}"
+    if cursor.ns != ns:
+        raise MongoError(
+            13,
+            f"Requested getMore on namespace '{ns}', but cursor belongs to a different "
+            f"namespace {cursor.ns}",
+        )
+    batch_size = _int(cmd, "batchSize", "getMore", 0) or None
+    batch = _take(cursor, batch_size)
+    cursor.last_used = time.monotonic()
+    done = cursor.pos >= len(cursor.docs)
+    if done:
+        table.pop(cid, None)
+    return {"cursor": {"nextBatch": batch, "id": Int64(0 if done else cid), "ns": cursor.ns}}
+
+
+@command("$killCursor")
+async def kill_cursor(server, conn, cmd, db):
+    return _cursors(server).pop(int(cmd["id"]), None) is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Reads
+
+
+def _sort_list(sort: Any) -> list[tuple[str, Any]] | None:
+    if not sort:
+        return None
+    if not isinstance(sort, Mapping):
+        raise MongoError(14, "Expected field sortto be of type object")
+    out = []
+    for k, v in sort.items():
+        if isinstance(v, Mapping):  # {$meta: ...}
+            raise MongoError(2, "$meta sort is not supported by cdcserver's embedded store")
+        if v not in (1, -1):
+            raise MongoError(15974, "Illegal key in $sort specification: " + f"{k}: {v}")
+        out.append((k, int(v)))
+    return out
+
+
+def run_find(
+    store: Store, db: str, coll: str, filter_doc: Mapping[str, Any] | None, projection: Any,
+    sort: Any, skip: int, limit: int,
+) -> list[dict[str, Any]]:
+    if store.get(db, coll) is None:
+        engine.matches(filter_doc or {}, {})
+        return []
+    try:
+        cursor = store.mongomock_collection(db, coll).find(
+            engine.normalize(dict(filter_doc or {})),
+            dict(projection) if projection else None,
+            skip=skip,
+            limit=limit,
+            sort=_sort_list(sort),
+        )
+        return list(cursor)
+    except MongoError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise engine.engine_error(exc) from None
+
+
+@command("find")
+async def find(server, conn, cmd, db):
+    store = get_store(server)
+    coll = coll_arg(cmd, "find")
+    filter_doc = _doc_arg(cmd, "filter", "find")
+    projection = _doc_arg(cmd, "projection", "find")
+    skip = _int(cmd, "skip", "find")
+    limit = _int(cmd, "limit", "find")
+    if skip < 0:
+        raise MongoError(51024, f"BSON field 'skip' value must be >= 0, actual value '{skip}'")
+    if limit < 0:
+        raise MongoError(51024, f"BSON field 'limit' value must be >= 0, actual value '{limit}'")
+    batch_size = cmd.get("batchSize")
+    if batch_size is not None:
+        batch_size = _int(cmd, "batchSize", "find")
+        if batch_size < 0:
+            raise MongoError(51024, "BSON field 'batchSize' value must be >= 0, actual value "
+                             f"'{batch_size}'")
+    docs = run_find(store, db, coll, filter_doc, projection, cmd.get("sort"), skip, limit)
+    return cursor_first_batch(server, f"{db}.{coll}", docs, batch_size,
+                              single_batch=cmd.get("singleBatch") is True)
+
+
+@command("count")
+async def count(server, conn, cmd, db):
+    store = get_store(server)
+    coll = coll_arg(cmd, "count")
+    query = _doc_arg(cmd, "query", "count")
+    skip = _int(cmd, "skip", "count")
+    limit = abs(_int(cmd, "limit", "count"))
+    docs = run_find(store, db, coll, query, {"_id": 1}, None, max(skip, 0), limit)
+    return {"n": len(docs)}
+
+
+@command("distinct")
+async def distinct(server, conn, cmd, db):
+    store = get_store(server)
+    coll = coll_arg(cmd, "distinct")
+    key = cmd.get("key")
+    if not isinstance(key, str):
+        raise MongoError(
+            14 if key is not None else 40414,
+            "BSON field 'distinct.key' is missing but a required field" if key is None else
+            f"BSON field 'distinct.key' is the wrong type '{type_name(key)}', expected type "
+            "'string'",
+        )
+    query = _doc_arg(cmd, "query", "distinct")
+    if store.get(db, coll) is None:
+        return {"values": []}
+    try:
+        values = store.mongomock_collection(db, coll).distinct(
+            key, engine.normalize(query) if query else None
+        )
+    except Exception as exc:  # noqa: BLE001
+        raise engine.engine_error(exc) from None
+    return {"values": list(values)}
+
+
+@command("$aggregate")
+async def aggregate(server, conn, cmd, db):
+    store = get_store(server)
+    target = cmd.get("aggregate")
+    pipeline = cmd.get("pipeline")
+    if not isinstance(pipeline, list):
+        raise MongoError(14, f"BSON field 'aggregate.pipeline' is the wrong type "
+                         f"'{type_name(pipeline)}', expected type 'array'")
+    cursor_doc = cmd.get("cursor")
+    if not isinstance(cursor_doc, Mapping) and not cmd.get("explain"):
+        raise MongoError(
+            9, "The 'cursor' option is required, except for aggregate with the explain argument"
+        )
+    batch_size = None
+    if isinstance(cursor_doc, Mapping) and cursor_doc.get("batchSize") is not None:
+        batch_size = _int(cursor_doc, "batchSize", "aggregate.cursor")
+    if not isinstance(target, str):
+        raise MongoError(
+            73, "{aggregate: 1} is not valid for '$match'; a collection is required."
+        )
+    pipeline = [engine.normalize(dict(s)) if isinstance(s, Mapping) else s for s in pipeline]
+    out_stage = None
+    if pipeline and isinstance(pipeline[-1], Mapping):
+        last = next(iter(pipeline[-1]), "")
+        if last in ("$out", "$merge"):
+            out_stage = pipeline.pop()
+    for stage in pipeline:
+        if isinstance(stage, Mapping) and ("$out" in stage or "$merge" in stage):
+            raise MongoError(40601, f"{next(iter(stage))} can only be the final stage in the "
+                             "pipeline")
+    docs = run_find(store, db, target, None, None, None, 0, 0)
+    mcoll = store.mongomock_collection(db, target)
+    results = engine.run_pipeline(docs, mcoll.database, pipeline)
+    if out_stage is not None:
+        with store.batch():
+            _write_out(store, db, out_stage, results)
+        results = []
+    return cursor_first_batch(server, f"{db}.{target}", results, batch_size)
+
+
+def _write_out(store: Store, db: str, stage: Mapping[str, Any], results: list[Any]) -> None:
+    """`$out` as mongod runs it: a temporary collection renamed over the target."""
+    import uuid
+
+    name, arg = next(iter(stage.items()))
+    if name == "$merge":
+        raise MongoError(2, "$merge is not supported by cdcserver's embedded store yet")
+    if isinstance(arg, Mapping):
+        out_db, out_coll = arg.get("db", db), arg.get("coll")
+    else:
+        out_db, out_coll = db, arg
+    if not isinstance(out_coll, str) or not out_coll:
+        raise MongoError(16990, "$out only supports a string or object argument")
+    tmp = store.create_collection(out_db, f"tmp.agg_out.{uuid.uuid4()}", {})
+    target = store.get(out_db, out_coll)
+    if target is not None:
+        store.create_indexes(tmp, [dict(s) for s in target.indexes[1:]])
+    for doc in results:
+        store.insert_document(tmp, prepare_insert(doc))
+    store.rename_collection(tmp, out_db, out_coll, drop_target=True, stay_temp=False)

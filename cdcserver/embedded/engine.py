@@ -1,0 +1,293 @@
+"""Query, update and aggregation semantics, from mongomock.
+
+Nothing here decides what a filter matches, what an update operator does or what an
+aggregation stage computes: mongomock does. This module only adapts its calls to one document
+at a time (so the store can write one oplog entry per document, as mongod does), rewrites the
+few forms mongomock lacks into equivalent forms it has (`$[]` / `$[<id>]` paths into concrete
+indexes, `$unset` / `$replaceWith` / `$sortByCount` stages into their documented equivalents),
+and turns mongomock's exceptions into MongoDB errors.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import mongomock
+from bson.objectid import ObjectId
+from mongomock import aggregate as mm_aggregate
+from mongomock import filtering as mm_filtering
+from mongomock import helpers as mm_helpers
+
+from pipeline_stages.errors import MongoError
+
+UPDATE_OPERATORS = frozenset(
+    {
+        "$set", "$unset", "$inc", "$min", "$max", "$mul", "$rename", "$setOnInsert",
+        "$currentDate", "$addToSet", "$pop", "$pull", "$pullAll", "$push", "$bit",
+    }
+)
+# Operators mongomock 4.x does not implement (it would misread them as a replacement).
+_UNSUPPORTED = frozenset({"$mul", "$bit"})
+_POSITIONAL_FILTERED = re.compile(r"^\$\[([a-z][a-zA-Z0-9]*)?\]$")
+
+
+def engine_error(exc: Exception) -> MongoError:
+    """A mongomock / Python exception raised while evaluating as a MongoDB error."""
+    if isinstance(exc, MongoError):
+        return exc
+    code = getattr(exc, "code", None)
+    msg = str(exc) or type(exc).__name__
+    if isinstance(exc, NotImplementedError):
+        return MongoError(2, f"not supported by cdcserver's embedded store: {msg}")
+    if isinstance(code, int) and code > 0:
+        return MongoError(code, msg)
+    return MongoError(2, msg)
+
+
+def normalize(doc: Any) -> Any:
+    """A document as the engine holds it (UTC-naive datetimes at millisecond precision)."""
+    return mm_helpers.patch_datetime_awareness_in_document(doc)
+
+
+def matches(filter_doc: Mapping[str, Any] | None, doc: Mapping[str, Any]) -> bool:
+    try:
+        return mm_filtering.filter_applies(filter_doc or {}, doc)
+    except Exception as exc:  # noqa: BLE001 - the engine raises many kinds
+        raise engine_error(exc) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Aggregation
+
+
+def rewrite_pipeline(pipeline: list[Any]) -> list[dict[str, Any]]:
+    """Stages mongomock lacks, as their documented equivalents."""
+    out: list[dict[str, Any]] = []
+    for stage in pipeline:
+        if not isinstance(stage, Mapping) or len(stage) != 1:
+            raise MongoError(
+                40323, "A pipeline stage specification object must contain exactly one field."
+            )
+        (name, arg), = stage.items()
+        if name == "$unset":
+            fields = [arg] if isinstance(arg, str) else list(arg)
+            out.append({"$project": {f: 0 for f in fields}})
+        elif name == "$replaceWith":
+            out.append({"$replaceRoot": {"newRoot": arg}})
+        elif name == "$sortByCount":
+            out.append({"$group": {"_id": arg, "count": {"$sum": 1}}})
+            out.append({"$sort": {"count": -1}})
+        elif name == "$facet" and isinstance(arg, Mapping):
+            out.append({"$facet": {k: rewrite_pipeline(v) for k, v in arg.items()}})
+        else:
+            out.append(dict(stage))
+    return out
+
+
+def run_pipeline(docs: list[dict[str, Any]], database: Any, pipeline: list[Any]) -> list[Any]:
+    try:
+        return list(mm_aggregate.process_pipeline(docs, database, rewrite_pipeline(pipeline), None))
+    except MongoError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise engine_error(exc) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Updates
+
+
+def is_pipeline_update(update: Any) -> bool:
+    return isinstance(update, list)
+
+
+def is_replacement(update: Mapping[str, Any]) -> bool:
+    return not update or not next(iter(update)).startswith("$")
+
+
+def _path_key(path: str) -> tuple[tuple[int, Any], ...]:
+    """mongod 5.0+ applies update paths in lexicographic order, numeric components numerically."""
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in path.split("."))
+
+
+def validate_modifiers(update: Mapping[str, Any]) -> None:
+    """The checks mongod's update parser makes before applying anything."""
+    seen: list[str] = []
+    for op, fields in update.items():
+        if op not in UPDATE_OPERATORS:
+            raise MongoError(
+                9,
+                f"Unknown modifier: {op}. Expected a valid update modifier or pipeline-style "
+                "update specified as an array",
+            )
+        if not isinstance(fields, Mapping):
+            raise MongoError(
+                9,
+                f"Modifiers operate on fields but we found type "
+                f"{_type_name(fields)} instead. For example: {{$mod: {{<field>: ...}}}} not "
+                f"{{{op}: {_short(fields)}}}",
+            )
+        paths = list(fields)
+        if op == "$rename":
+            paths += [v for v in fields.values() if isinstance(v, str)]
+        for path in paths:
+            if path == "":
+                raise MongoError(56, "An empty update path is not valid.")
+            for other in seen:
+                a, b = other.split("."), path.split(".")
+                n = min(len(a), len(b))
+                if a[:n] == b[:n]:
+                    raise MongoError(
+                        40, f"Updating the path '{path}' would create a conflict at '{other}'"
+                    )
+            seen.append(path)
+
+
+def _type_name(value: Any) -> str:
+    from pipeline_stages.value_string import type_name
+
+    return type_name(value)
+
+
+def _short(value: Any) -> str:
+    from pipeline_stages.value_string import value_string
+
+    return value_string(value)
+
+
+def _expand_array_filters(
+    doc: Mapping[str, Any], path: str, array_filters: dict[str, Mapping[str, Any]]
+) -> list[str]:
+    """Concrete paths for a path with `$[]` / `$[<identifier>]` components, in `doc`."""
+    parts = path.split(".")
+    results: list[str] = []
+
+    def walk(value: Any, i: int, prefix: list[str]) -> None:
+        if i == len(parts):
+            results.append(".".join(prefix))
+            return
+        part = parts[i]
+        m = _POSITIONAL_FILTERED.match(part)
+        if m is None:
+            if isinstance(value, Mapping):
+                nxt = value.get(part)
+            elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+                nxt = value[int(part)]
+            else:
+                nxt = None
+            walk(nxt, i + 1, [*prefix, part])
+            return
+        if not isinstance(value, list):
+            shown = ".".join(prefix)
+            raise MongoError(
+                2, f"The path '{shown}' must exist in the document in order to apply array "
+                "updates.",
+            )
+        ident = m.group(1)
+        for index, element in enumerate(value):
+            if ident is not None:
+                spec = array_filters.get(ident)
+                if spec is None:
+                    raise MongoError(
+                        2,
+                        f"No array filter found for identifier '{ident}' in path '{path}'",
+                    )
+                if not matches(spec, {ident: element}):
+                    continue
+            walk(element, i + 1, [*prefix, str(index)])
+
+    walk(doc, 0, [])
+    return results
+
+
+def _parse_array_filters(array_filters: list[Any] | None) -> dict[str, Mapping[str, Any]]:
+    by_ident: dict[str, Mapping[str, Any]] = {}
+    for spec in array_filters or []:
+        if not isinstance(spec, Mapping) or not spec:
+            raise MongoError(9, "Cannot use an expression without a top-level field name in "
+                             "arrayFilters")
+        idents = {k.split(".")[0] for k in spec if not k.startswith("$")}
+        if len(idents) != 1:
+            raise MongoError(
+                9, "Error parsing array filter :: caused by :: Expected a single top-level "
+                "field name, found " + " and ".join(f"'{i}'" for i in sorted(idents)),
+            )
+        ident = idents.pop()
+        if ident in by_ident:
+            raise MongoError(
+                9, f"Found multiple array filters with the same top-level field name {ident}"
+            )
+        by_ident[ident] = spec
+    return by_ident
+
+
+def apply_modifiers(
+    mcoll: mongomock.Collection,
+    doc: dict[str, Any],
+    query: Mapping[str, Any],
+    update: Mapping[str, Any],
+    *,
+    is_insert: bool,
+    array_filters: list[Any] | None = None,
+) -> dict[str, Any]:
+    """`doc` after the modifier update (a new document; `doc` is left as it was)."""
+    filters = _parse_array_filters(array_filters)
+    steps: list[tuple[tuple, str, str, Any]] = []
+    for op, fields in update.items():
+        if op in _UNSUPPORTED:
+            raise MongoError(2, f"{op} is not supported by cdcserver's embedded store (mongomock)")
+        for path, value in fields.items():
+            if op == "$setOnInsert" and not is_insert:
+                continue
+            concrete = [path]
+            if "$[" in path:
+                concrete = _expand_array_filters(doc, path, filters)
+            for p in concrete:
+                steps.append((_path_key(p), op, p, value))
+    steps.sort(key=lambda s: s[0])
+    new = copy.deepcopy(doc)
+    try:
+        for _, op, path, value in steps:
+            if op == "$setOnInsert":
+                op = "$set"
+            mcoll._apply_update_document(new, query, {op: {path: normalize(value)}}, is_insert)
+    except MongoError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise engine_error(exc) from None
+    return new
+
+
+def apply_pipeline_update(
+    mcoll: mongomock.Collection, doc: dict[str, Any], pipeline: list[Any]
+) -> dict[str, Any]:
+    for stage in pipeline:
+        name = next(iter(stage), None) if isinstance(stage, Mapping) else None
+        if name not in (
+            "$addFields", "$set", "$project", "$unset", "$replaceRoot", "$replaceWith"
+        ):
+            raise MongoError(
+                72,
+                f"{name} is not allowed to be used within an update",
+            )
+    out = run_pipeline([copy.deepcopy(doc)], mcoll.database, pipeline)
+    if len(out) != 1 or not isinstance(out[0], dict):
+        raise MongoError(2, "an update pipeline must produce exactly one document")
+    return out[0]
+
+
+def upsert_seed(mcoll: mongomock.Collection, query: Mapping[str, Any]) -> dict[str, Any]:
+    """The document an upsert starts from: the query's equality fields (mongomock's rule)."""
+    try:
+        seed = mcoll._expand_dots(dict(query))
+        seed, _ = mcoll._discard_operators(seed)
+    except Exception as exc:  # noqa: BLE001
+        raise engine_error(exc) from None
+    return dict(seed or {})
+
+
+def new_object_id() -> ObjectId:
+    return ObjectId()

@@ -1,0 +1,139 @@
+"""SQLite persistence of the embedded store: catalog, documents, oplog and pre-images.
+
+One database file (`<data dir>/cdcserver.sqlite3`, WAL). Every command's writes go in one
+SQLite transaction committed before the reply is sent, so an acknowledged write (and its oplog
+entry) survives a crash of the process. The working set lives in memory (mongomock); this file
+is read once, at start.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator
+
+from bson.timestamp import Timestamp
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS collections (
+    db TEXT NOT NULL, coll TEXT NOT NULL, uuid BLOB NOT NULL, meta BLOB NOT NULL,
+    PRIMARY KEY (db, coll)
+);
+CREATE TABLE IF NOT EXISTS documents (
+    uuid BLOB NOT NULL, id BLOB NOT NULL, doc BLOB NOT NULL,
+    PRIMARY KEY (uuid, id)
+);
+CREATE TABLE IF NOT EXISTS oplog (ts INTEGER PRIMARY KEY, entry BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS preimages (key BLOB PRIMARY KEY, ts INTEGER NOT NULL, doc BLOB NOT NULL);
+"""
+
+SYNCHRONOUS = ("off", "normal", "full", "extra")
+
+
+def ts_int(ts: Timestamp) -> int:
+    return (ts.time << 32) | ts.inc
+
+
+def int_ts(value: int) -> Timestamp:
+    return Timestamp(value >> 32, value & 0xFFFFFFFF)
+
+
+class Persistence:
+    """The SQLite side of the store. Writes are buffered into the open transaction; `commit()`
+    makes them durable (`synchronous` = SQLite's PRAGMA synchronous)."""
+
+    FILE_NAME = "cdcserver.sqlite3"
+
+    def __init__(self, data_dir: str, synchronous: str = "full") -> None:
+        os.makedirs(data_dir, exist_ok=True)
+        self.path = os.path.join(data_dir, self.FILE_NAME)
+        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        if synchronous not in SYNCHRONOUS:
+            raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS)}")
+        self.db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+        self.db.executescript(SCHEMA)
+        self._in_tx = False
+
+    # -- transactions ---------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        if not self._in_tx:
+            self.db.execute("BEGIN")
+            self._in_tx = True
+
+    def commit(self) -> None:
+        if self._in_tx:
+            self._in_tx = False
+            self.db.execute("COMMIT")
+
+    def close(self) -> None:
+        self.commit()
+        self.db.close()
+
+    # -- writes (inside begin/commit) -----------------------------------------------------------
+
+    def put_collection(self, db: str, coll: str, uuid: bytes, meta: bytes) -> None:
+        self.begin()
+        self.db.execute(
+            "INSERT INTO collections (db, coll, uuid, meta) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (db, coll) DO UPDATE SET uuid = excluded.uuid, meta = excluded.meta",
+            (db, coll, uuid, meta),
+        )
+
+    def delete_collection(self, db: str, coll: str, uuid: bytes) -> None:
+        self.begin()
+        self.db.execute("DELETE FROM collections WHERE db = ? AND coll = ?", (db, coll))
+        self.db.execute("DELETE FROM documents WHERE uuid = ?", (uuid,))
+
+    def rename_collection(self, db: str, coll: str, to_db: str, to_coll: str) -> None:
+        self.begin()
+        self.db.execute(
+            "UPDATE collections SET db = ?, coll = ? WHERE db = ? AND coll = ?",
+            (to_db, to_coll, db, coll),
+        )
+
+    def put_document(self, uuid: bytes, key: bytes, doc: bytes) -> None:
+        self.begin()
+        # An upsert that keeps the row id, so natural order survives updates and restarts.
+        self.db.execute(
+            "INSERT INTO documents (uuid, id, doc) VALUES (?, ?, ?) "
+            "ON CONFLICT (uuid, id) DO UPDATE SET doc = excluded.doc",
+            (uuid, key, doc),
+        )
+
+    def delete_document(self, uuid: bytes, key: bytes) -> None:
+        self.begin()
+        self.db.execute("DELETE FROM documents WHERE uuid = ? AND id = ?", (uuid, key))
+
+    def append_oplog(self, ts: Timestamp, entry: bytes) -> None:
+        self.begin()
+        self.db.execute("INSERT INTO oplog (ts, entry) VALUES (?, ?)", (ts_int(ts), entry))
+
+    def truncate_oplog(self, before: Timestamp) -> None:
+        self.begin()
+        self.db.execute("DELETE FROM oplog WHERE ts < ?", (ts_int(before),))
+        self.db.execute("DELETE FROM preimages WHERE ts < ?", (ts_int(before),))
+
+    def put_pre_image(self, key: bytes, ts: Timestamp, doc: bytes) -> None:
+        self.begin()
+        self.db.execute(
+            "INSERT OR REPLACE INTO preimages (key, ts, doc) VALUES (?, ?, ?)",
+            (key, ts_int(ts), doc),
+        )
+
+    # -- loading --------------------------------------------------------------------------------
+
+    def collections(self) -> list[tuple[str, str, bytes, bytes]]:
+        return list(self.db.execute("SELECT db, coll, uuid, meta FROM collections"))
+
+    def documents(self, uuid: bytes) -> Iterator[tuple[bytes, bytes]]:
+        yield from self.db.execute(
+            "SELECT id, doc FROM documents WHERE uuid = ? ORDER BY rowid", (uuid,)
+        )
+
+    def oplog(self) -> Iterator[tuple[int, bytes]]:
+        yield from self.db.execute("SELECT ts, entry FROM oplog ORDER BY ts")
+
+    def pre_images(self) -> Iterator[tuple[bytes, int, bytes]]:
+        yield from self.db.execute("SELECT key, ts, doc FROM preimages")

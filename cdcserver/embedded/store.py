@@ -1,0 +1,1000 @@
+"""The embedded store: documents, catalog, unique indexes, and the oplog mongod 8.0 would write.
+
+The working set is an in-memory mongomock server (query, update and aggregation semantics come
+from mongomock, see `engine.py`). Every write goes through this module one document at a time,
+as mongod does, and leaves:
+
+* the document change in the working set (and, in durable mode, in SQLite, `persist.py`);
+* one oplog entry shaped as mongod 8.0 writes it (field order `[lsid, txnNumber,] op, ns, ui,
+  o, o2, [stmtId,] ts, t, v, wall[, prevOpTime]`, `ts` strictly increasing);
+* a `config.system.preimages` document when the collection has
+  `changeStreamPreAndPostImages.enabled`.
+
+A command runs inside `with store.batch():`; its oplog entries become visible to readers (and
+durable) together when the batch ends, before the reply is sent.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import datetime
+import threading
+import time
+import uuid as uuid_module
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import product
+from typing import Any
+
+import bson
+import mongomock
+from bson.binary import Binary
+from bson.codec_options import CodecOptions
+from bson.int64 import Int64
+from bson.timestamp import Timestamp
+
+from cdcserver.embedded import engine
+from cdcserver.embedded.persist import Persistence, int_ts
+from pipeline_stages import keystring
+from pipeline_stages.errors import CODE_NAMES, MongoError
+from pipeline_stages.image_source import (
+    Document,
+    MemoryImageSource,
+    _pre_image_key,
+    matches_document_key,
+    pre_image_id,
+)
+from pipeline_stages.oplog_entry import Entry, decode_entry
+
+try:  # mongod's $v:2 diff, written by update_diff.py
+    from cdcserver.embedded.update_diff import (  # type: ignore[attr-defined]
+        modifier_update_diff,
+        pipeline_update_diff,
+    )
+except ImportError:  # pragma: no cover - until update_diff.py lands
+    modifier_update_diff = None
+    pipeline_update_diff = None
+
+CODE_NAMES.setdefault(27, "IndexNotFound")
+CODE_NAMES.setdefault(56, "EmptyFieldName")
+CODE_NAMES.setdefault(66, "ImmutableField")
+CODE_NAMES.setdefault(67, "CannotCreateIndex")
+CODE_NAMES.setdefault(85, "IndexOptionsConflict")
+CODE_NAMES.setdefault(86, "IndexKeySpecsConflict")
+CODE_NAMES.setdefault(225, "TransactionTooOld")
+CODE_NAMES.setdefault(256, "TransactionCommitted")
+CODE_NAMES.setdefault(40323, "Location40323")
+
+ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
+NULL_OP_TIME = {"ts": Timestamp(0, 0), "t": Int64(-1)}
+MAX_BSON = 16 * 1024 * 1024
+# CollectionOptions::toBSON's order (mongod 8.0), used for create entries and listCollections.
+OPTION_ORDER = (
+    "clusteredIndex", "capped", "size", "max", "autoIndexId", "temp",
+    "changeStreamPreAndPostImages", "storageEngine", "indexOptionDefaults", "validator",
+    "validationLevel", "validationAction", "collation", "viewOn", "pipeline", "timeseries",
+    "expireAfterSeconds", "encryptedFields",
+)
+_DECODE = CodecOptions(tz_aware=False)
+
+
+def id_key(value: Any) -> bytes:
+    """Bytes equal exactly when two `_id` values are equal (their KeyString)."""
+    return keystring.encode_values((value,))[0]
+
+
+def ordered_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: options[k] for k in OPTION_ORDER if k in options}
+    if out.get("changeStreamPreAndPostImages", {}).get("enabled") is False:
+        del out["changeStreamPreAndPostImages"]  # toBSON leaves out a disabled option
+    return out
+
+
+def _now_ms() -> datetime.datetime:
+    now = datetime.datetime.now(datetime.UTC)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+# ---------------------------------------------------------------------------------------------
+# mongod's BSONObj::toString, as DuplicateKey messages print keys
+
+
+def bson_string(value: Any) -> str:
+    from bson.objectid import ObjectId
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return '"' + value.replace('"', '\\"') + '"'
+    if isinstance(value, float):
+        return repr(value) if value != int(value) or abs(value) >= 1e16 else f"{value:.1f}"
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, Mapping):
+        if not value:
+            return "{}"
+        return "{ " + ", ".join(f"{k}: {bson_string(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return "[]"
+        return "[ " + ", ".join(bson_string(v) for v in value) + " ]"
+    if isinstance(value, ObjectId):
+        return f"ObjectId('{value}')"
+    if isinstance(value, datetime.datetime):
+        return f"new Date({int(bson.datetime_ms.DatetimeMS(value))})"
+    if isinstance(value, Binary) and value.subtype == 4:
+        return f'UUID("{uuid_module.UUID(bytes=bytes(value))}")'
+    if isinstance(value, (Binary, bytes)):
+        subtype = value.subtype if isinstance(value, Binary) else 0
+        return f"BinData({subtype}, {bytes(value).hex().upper()})"
+    if isinstance(value, Timestamp):
+        return f"Timestamp({value.time}, {value.inc})"
+    return str(value)
+
+
+class DocumentValidationError(MongoError):
+    """121 DocumentValidationFailure, with the `errInfo` mongod adds."""
+
+    def __init__(self, doc_id: Any) -> None:
+        super().__init__(121, "Document failed validation")
+        self.err_info = {"failingDocumentId": doc_id}
+
+    def extra(self) -> dict[str, Any]:
+        return {"errInfo": self.err_info}
+
+    def to_reply(self) -> dict[str, object]:
+        reply = super().to_reply()
+        labels = reply.pop("errorLabels", None)
+        reply.update(self.extra())
+        if labels:
+            reply["errorLabels"] = labels
+        return reply
+
+
+class DuplicateKeyError(MongoError):
+    """11000, with the `keyPattern` / `keyValue` fields mongod adds to the error."""
+
+    def __init__(self, ns: str, index: str, pattern: dict, key_value: dict) -> None:
+        super().__init__(
+            11000,
+            f"E11000 duplicate key error collection: {ns} index: {index} dup key: "
+            f"{bson_string(key_value)}",
+        )
+        self.key_pattern = pattern
+        self.key_value = key_value
+
+    def extra(self) -> dict[str, Any]:
+        return {"keyPattern": self.key_pattern, "keyValue": self.key_value}
+
+    def to_reply(self) -> dict[str, object]:
+        reply = super().to_reply()
+        labels = reply.pop("errorLabels", None)
+        reply.update(self.extra())
+        if labels:
+            reply["errorLabels"] = labels
+        return reply
+
+
+# ---------------------------------------------------------------------------------------------
+# Catalog
+
+
+@dataclass
+class Collection:
+    db: str
+    name: str
+    uuid: bytes
+    options: dict[str, Any] = field(default_factory=dict)
+    indexes: list[dict[str, Any]] = field(default_factory=lambda: [dict(ID_INDEX)])
+    # unique index name -> index key bytes -> document key
+    unique: dict[str, dict[bytes, bytes]] = field(default_factory=dict)
+
+    @property
+    def ns(self) -> str:
+        return f"{self.db}.{self.name}"
+
+    @property
+    def ui(self) -> Binary:
+        return Binary(self.uuid, 4)
+
+    @property
+    def pre_images(self) -> bool:
+        opt = self.options.get("changeStreamPreAndPostImages")
+        return isinstance(opt, Mapping) and opt.get("enabled") is True
+
+    def check_valid(self, doc: Mapping[str, Any], pre: Mapping[str, Any] | None = None) -> None:
+        """The collection's validator, as mongod applies it (`validationLevel` strict or
+        moderate, `validationAction` error or warn). Validators mongomock cannot evaluate
+        (`$jsonSchema`) are not enforced."""
+        validator = self.options.get("validator")
+        if not validator:
+            return
+        level = self.options.get("validationLevel", "strict")
+        if level == "off" or self.options.get("validationAction", "error") != "error":
+            return
+        try:
+            if engine.matches(validator, doc):
+                return
+            if level == "moderate" and pre is not None and not engine.matches(validator, pre):
+                return
+        except MongoError as exc:
+            if "not supported" in exc.errmsg or "not implemented" in exc.errmsg:
+                return
+            raise
+        raise DocumentValidationError(doc.get("_id"))
+
+    def meta_bytes(self) -> bytes:
+        return bson.encode({"options": self.options, "indexes": self.indexes})
+
+    def index(self, name: str) -> dict[str, Any] | None:
+        return next((i for i in self.indexes if i["name"] == name), None)
+
+
+def _path_values(value: Any, parts: Sequence[str]) -> list[Any]:
+    """The values an index key path reaches (arrays expand to their elements)."""
+    if not parts:
+        if isinstance(value, list):
+            return list(value) if value else [None]
+        return [value]
+    head, rest = parts[0], parts[1:]
+    if isinstance(value, Mapping):
+        if head not in value:
+            return [None]
+        return _path_values(value[head], rest)
+    if isinstance(value, list):
+        if head.isdigit() and int(head) < len(value):
+            return _path_values(value[int(head)], rest)
+        out: list[Any] = []
+        for element in value:
+            out.extend(_path_values(element, parts) if isinstance(element, Mapping) else [None])
+        return out or [None]
+    return [None]
+
+
+def index_entries(spec: Mapping[str, Any], doc: Mapping[str, Any]) -> list[tuple[bytes, dict]]:
+    """(key bytes, {field: value}) of each index key `doc` produces in the index `spec`."""
+    fields = list(spec["key"])
+    if spec.get("sparse") and all(
+        _path_values(doc, f.split(".")) == [None] and not _has_path(doc, f) for f in fields
+    ):
+        return []
+    pfe = spec.get("partialFilterExpression")
+    if pfe is not None and not engine.matches(pfe, doc):
+        return []
+    per_field = [_path_values(doc, f.split(".")) for f in fields]
+    out = []
+    seen: set[bytes] = set()
+    for combo in product(*per_field):
+        key = keystring.encode_values(combo)[0]
+        if key not in seen:
+            seen.add(key)
+            out.append((key, dict(zip(fields, combo))))
+    return out
+
+
+def _has_path(doc: Any, path: str) -> bool:
+    for part in path.split("."):
+        if isinstance(doc, Mapping) and part in doc:
+            doc = doc[part]
+        else:
+            return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Sessions (retryable writes)
+
+
+@dataclass
+class OpSession:
+    """The `lsid` / `txnNumber` a retryable write carries into its oplog entries."""
+
+    lsid: dict[str, Any]
+    txn_number: int
+    prev_ts: Timestamp | None = None
+
+
+@dataclass
+class Txn:
+    """A multi-document transaction in progress: its writes are applied to the working set at
+    once (no isolation from other sessions), logged as one `applyOps` entry at commit, and
+    undone on abort. Document changes reach SQLite only at commit."""
+
+    lsid: dict[str, Any]
+    txn_number: int
+    ops: list[dict[str, Any]] = field(default_factory=list)
+    undo: list[tuple[Collection, bytes, dict[str, Any] | None]] = field(default_factory=list)
+    persist: list[tuple[bytes, bytes, bytes | None]] = field(default_factory=list)
+    pre_images: list[tuple[Collection, int, dict[str, Any]]] = field(default_factory=list)
+    # natural order of a collection before the transaction's first delete in it
+    order: dict[int, list[bytes]] = field(default_factory=dict)
+    state: str = "in progress"  # | committed | aborted
+
+
+# ---------------------------------------------------------------------------------------------
+# Images for the change-stream pipeline
+
+
+class StoreImages(MemoryImageSource):
+    """Pre-images kept by the store; `updateLookup` reads the store's current documents."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__()
+        self.store = store
+
+    def current_documents(
+        self, db: str, coll: str, uuid: bytes | None, keys: Sequence[Document]
+    ) -> list[Document | None]:
+        meta = self.store.catalog.get((db, coll))
+        if meta is None or (uuid is not None and bytes(uuid) != meta.uuid):
+            return [None] * len(keys)
+        docs = self.store.documents(meta)
+        out: list[Document | None] = []
+        for key in keys:
+            if "_id" in key:
+                doc = docs.get(id_key(key["_id"]))
+                out.append(doc if doc is not None and matches_document_key(doc, key) else None)
+            else:
+                out.append(
+                    next((d for d in docs.values() if matches_document_key(d, key)), None)
+                )
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The store
+
+
+class Store:
+    def __init__(
+        self,
+        data_dir: str | None = None,
+        *,
+        synchronous: str = "full",
+        oplog_size_bytes: int = 1024 * 1024 * 1024,
+    ) -> None:
+        self.client = mongomock.MongoClient()
+        self.server_store = self.client._store
+        self.catalog: dict[tuple[str, str], Collection] = {}
+        self.images = StoreImages(self)
+        self.oplog_size_bytes = oplog_size_bytes
+        self._raw: list[bytes] = []
+        self._ts: list[Timestamp] = []
+        self._oplog_bytes = 0
+        self._first = 0  # index of the oldest kept entry in _raw/_ts (truncation is lazy)
+        self._pending: list[tuple[Timestamp, bytes]] = []
+        self._last_ts = Timestamp(0, 0)
+        self._depth = 0
+        self._lock = threading.RLock()
+        self.listeners: list[Callable[[], None]] = []
+        # lsid id -> (txnNumber, {stmtId: result})
+        self.retryable: dict[bytes, tuple[int, dict[int, Any]]] = {}
+        self._pre_image_ts: dict[bytes, Timestamp] = {}
+        self.txn: Txn | None = None  # the transaction of the command running now
+        self.txns: dict[bytes, Txn] = {}  # lsid id -> its latest transaction
+        self.persist = Persistence(data_dir, synchronous) if data_dir else None
+        if self.persist is not None:
+            self._load()
+
+    # -- loading --------------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        assert self.persist is not None
+        for db, coll, uuid, meta_raw in self.persist.collections():
+            meta = bson.decode(meta_raw, _DECODE)
+            c = Collection(db, coll, bytes(uuid), meta["options"], meta["indexes"])
+            self.catalog[(db, coll)] = c
+            cs = self._cs(c)
+            cs.create()
+            for key, raw in self.persist.documents(c.uuid):
+                cs[bytes(key)] = bson.decode(raw, _DECODE)
+            self._rebuild_unique(c)
+        for ts_value, raw in self.persist.oplog():
+            raw = bytes(raw)
+            self._raw.append(raw)
+            self._ts.append(int_ts(ts_value))
+            self._oplog_bytes += len(raw)
+        if self._ts:
+            self._last_ts = self._ts[-1]
+        for key, ts_value, raw in self.persist.pre_images():
+            doc = bson.decode(raw, _DECODE)
+            self.images._pre_images[bytes(key)] = doc["preImage"]
+            self._pre_image_ts[bytes(key)] = int_ts(ts_value)
+
+    def close(self) -> None:
+        if self.persist is not None:
+            self.persist.close()
+
+    # -- batches --------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """One command's writes: durable and visible together when the outermost batch ends."""
+        with self._lock:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    self.txn = None
+                    self._commit()
+
+    def _commit(self) -> None:
+        if self.persist is not None:
+            self.persist.commit()
+        if not self._pending:
+            return
+        for ts, raw in self._pending:
+            self._raw.append(raw)
+            self._ts.append(ts)
+            self._oplog_bytes += len(raw)
+        self._pending.clear()
+        self._truncate()
+        for listener in list(self.listeners):
+            listener()
+
+    def _truncate(self) -> None:
+        """Capped oplog: drop the oldest entries beyond the size (never the newest one)."""
+        if self._oplog_bytes <= self.oplog_size_bytes:
+            return
+        n = 0
+        while self._oplog_bytes > self.oplog_size_bytes and n < len(self._raw) - 1:
+            self._oplog_bytes -= len(self._raw[n])
+            n += 1
+        if not n:
+            return
+        del self._raw[:n]
+        del self._ts[:n]
+        oldest = self._ts[0]
+        for key in [k for k, doc in self._pre_image_ts.items() if doc < oldest]:
+            self.images._pre_images.pop(key, None)
+            del self._pre_image_ts[key]
+        if self.persist is not None:
+            self.persist.truncate_oplog(oldest)
+            self.persist.commit()
+
+    # -- the oplog ------------------------------------------------------------------------------
+
+    def _next_ts(self) -> Timestamp:
+        now = int(time.time())
+        last = self._last_ts
+        ts = Timestamp(now, 1) if now > last.time else Timestamp(last.time, last.inc + 1)
+        self._last_ts = ts
+        return ts
+
+    def log(
+        self,
+        op: str,
+        ns: str,
+        o: Mapping[str, Any],
+        *,
+        ui: Binary | None = None,
+        o2: Mapping[str, Any] | None = None,
+        session: OpSession | None = None,
+        stmt_id: int | None = None,
+        wall: datetime.datetime | None = None,
+    ) -> tuple[Timestamp, datetime.datetime]:
+        if self.txn is not None and op in ("i", "u", "d"):
+            inner: dict[str, Any] = {"op": op, "ns": ns, "ui": ui, "o": o}
+            if o2 is not None:
+                inner["o2"] = o2
+            self.txn.ops.append(inner)
+            return Timestamp(0, len(self.txn.ops) - 1), _now_ms()
+        ts = self._next_ts()
+        wall = wall or _now_ms()
+        entry: dict[str, Any] = {}
+        if session is not None:
+            entry["lsid"] = session.lsid
+            entry["txnNumber"] = Int64(session.txn_number)
+        entry["op"] = op
+        entry["ns"] = ns
+        if ui is not None:
+            entry["ui"] = ui
+        entry["o"] = o
+        if o2 is not None:
+            entry["o2"] = o2
+        if session is not None and stmt_id is not None:
+            entry["stmtId"] = stmt_id
+        entry["ts"] = ts
+        entry["t"] = Int64(1)
+        entry["v"] = Int64(2)
+        entry["wall"] = wall
+        if session is not None:
+            prev = session.prev_ts
+            entry["prevOpTime"] = (
+                dict(NULL_OP_TIME) if prev is None else {"ts": prev, "t": Int64(1)}
+            )
+            session.prev_ts = ts
+        raw = bson.encode(entry)
+        self._pending.append((ts, raw))
+        if self.persist is not None:
+            self.persist.append_oplog(ts, raw)
+        return ts, wall
+
+    def latest_ts(self) -> Timestamp | None:
+        return self._ts[-1] if self._ts else None
+
+    def oldest_entry(self) -> Entry | None:
+        return decode_entry(self._raw[0]) if self._raw else None
+
+    def read_from(self, start: Timestamp, limit: int) -> list[Entry]:
+        i = bisect.bisect_left(self._ts, start)
+        return [decode_entry(raw) for raw in self._raw[i : i + limit]]
+
+    def entry_at(self, ts: Timestamp) -> Entry | None:
+        i = bisect.bisect_left(self._ts, ts)
+        if i < len(self._ts) and self._ts[i] == ts:
+            return decode_entry(self._raw[i])
+        return None
+
+    def oplog_entries(self) -> list[bytes]:
+        return list(self._raw)
+
+    def noop(self, msg: str = "periodic noop") -> None:
+        with self.batch():
+            self.log("n", "", {"msg": msg})
+
+    # -- catalog --------------------------------------------------------------------------------
+
+    def _cs(self, c: Collection) -> Any:
+        return self.server_store[c.db][c.name]
+
+    def documents(self, c: Collection) -> dict[bytes, dict[str, Any]]:
+        return self._cs(c)._documents
+
+    def mongomock_collection(self, db: str, coll: str) -> mongomock.Collection:
+        return self.client[db][coll]
+
+    def get(self, db: str, coll: str) -> Collection | None:
+        return self.catalog.get((db, coll))
+
+    def databases(self) -> list[str]:
+        return sorted({db for db, _ in self.catalog})
+
+    def collections_of(self, db: str) -> list[Collection]:
+        return sorted((c for (d, _), c in self.catalog.items() if d == db), key=lambda c: c.name)
+
+    def _save_meta(self, c: Collection) -> None:
+        if self.persist is not None:
+            self.persist.put_collection(c.db, c.name, c.uuid, c.meta_bytes())
+
+    def create_collection(
+        self, db: str, coll: str, options: Mapping[str, Any] | None = None
+    ) -> Collection:
+        validate_collection_name(db, coll)
+        options = ordered_options(options or {})
+        c = Collection(db, coll, uuid_module.uuid4().bytes, options)
+        self.catalog[(db, coll)] = c
+        cs = self._cs(c)
+        cs.drop()
+        cs.create()
+        self._save_meta(c)
+        self.log("c", f"{db}.$cmd", {"create": coll, **options, "idIndex": dict(ID_INDEX)},
+                 ui=c.ui)
+        return c
+
+    def ensure_collection(self, db: str, coll: str) -> Collection:
+        c = self.catalog.get((db, coll))
+        return c if c is not None else self.create_collection(db, coll)
+
+    def drop_collection(self, db: str, coll: str) -> Collection | None:
+        c = self.catalog.pop((db, coll), None)
+        if c is None:
+            return None
+        n = len(self.documents(c))
+        self._cs(c).drop()
+        self.server_store[db]._collections.pop(coll, None)
+        if self.persist is not None:
+            self.persist.delete_collection(db, coll, c.uuid)
+        self.log("c", f"{db}.$cmd", {"drop": coll}, ui=c.ui, o2={"numRecords": n})
+        return c
+
+    def drop_database(self, db: str) -> bool:
+        colls = self.collections_of(db)
+        if not colls:
+            return False
+        for c in colls:
+            self.drop_collection(db, c.name)
+        self.log("c", f"{db}.$cmd", {"dropDatabase": 1})
+        return True
+
+    def rename_collection(
+        self, src: Collection, to_db: str, to_coll: str, drop_target: bool, stay_temp: bool = False
+    ) -> None:
+        validate_collection_name(to_db, to_coll)
+        target = self.catalog.get((to_db, to_coll))
+        if src.db != to_db:
+            self._rename_across_databases(src, to_db, to_coll, drop_target)
+            return
+        o: dict[str, Any] = {
+            "renameCollection": src.ns, "to": f"{to_db}.{to_coll}", "stayTemp": stay_temp,
+        }
+        if target is not None:
+            o["dropTarget"] = target.ui
+            self.catalog.pop((to_db, to_coll))
+            self._cs(target).drop()
+            if self.persist is not None:
+                self.persist.delete_collection(to_db, to_coll, target.uuid)
+        self.log("c", f"{src.db}.$cmd", o, ui=src.ui)
+        del self.catalog[(src.db, src.name)]
+        store_db = self.server_store[src.db]
+        cs = store_db._collections.pop(src.name)
+        cs.name = to_coll
+        store_db._collections[to_coll] = cs
+        if self.persist is not None:
+            self.persist.rename_collection(src.db, src.name, to_db, to_coll)
+        src.name = to_coll
+        self.catalog[(to_db, to_coll)] = src
+        if "temp" in src.options and not stay_temp:
+            del src.options["temp"]
+            self._save_meta(src)
+
+    def _rename_across_databases(
+        self, src: Collection, to_db: str, to_coll: str, drop_target: bool
+    ) -> None:
+        """mongod's renameBetweenDBs: copy into a temporary collection of the target database,
+        rename it onto the target, drop the source."""
+        suffix = uuid_module.uuid4().hex[:5]
+        tmp = self.create_collection(
+            to_db, f"tmp{suffix}.renameCollection", {**src.options, "temp": True}
+        )
+        for spec in src.indexes[1:]:
+            self._add_index(tmp, dict(spec), empty=True)
+        for doc in list(self.documents(src).values()):
+            self.insert_document(tmp, dict(doc))
+        self.rename_collection(tmp, to_db, to_coll, drop_target, stay_temp=False)
+        self.drop_collection(src.db, src.name)
+
+    # -- indexes --------------------------------------------------------------------------------
+
+    def _rebuild_unique(self, c: Collection) -> None:
+        c.unique = {}
+        for spec in c.indexes[1:]:
+            if spec.get("unique"):
+                self._build_unique(c, spec)
+
+    def _build_unique(self, c: Collection, spec: dict[str, Any]) -> None:
+        table: dict[bytes, bytes] = {}
+        for key, doc in self.documents(c).items():
+            for entry_key, key_value in index_entries(spec, doc):
+                if entry_key in table and table[entry_key] != key:
+                    raise DuplicateKeyError(c.ns, spec["name"], dict(spec["key"]), key_value)
+                table[entry_key] = key
+        c.unique[spec["name"]] = table
+
+    def _add_index(self, c: Collection, spec: dict[str, Any], empty: bool) -> None:
+        if spec.get("unique"):
+            self._build_unique(c, spec)
+        c.indexes.append(spec)
+        self._save_meta(c)
+        if empty:
+            self.log("c", f"{c.db}.$cmd", {"createIndexes": c.name, **spec}, ui=c.ui)
+
+    def create_indexes(self, c: Collection, specs: list[dict[str, Any]]) -> None:
+        """Add new (already validated) index specs: one `createIndexes` entry each on an empty
+        collection, else a two-phase build (`startIndexBuild` + `commitIndexBuild`)."""
+        if not self.documents(c):
+            for spec in specs:
+                self._add_index(c, spec, empty=True)
+            return
+        for spec in specs:
+            if spec.get("unique"):
+                try:
+                    self._build_unique(c, spec)
+                except DuplicateKeyError as exc:
+                    c.unique.pop(spec["name"], None)
+                    for other in specs:
+                        c.unique.pop(other["name"], None) if other is not spec else None
+                    raise MongoError(
+                        11000,
+                        f"Index build failed: {uuid_module.uuid4()}: Collection {c.ns} "
+                        f"( {uuid_module.UUID(bytes=c.uuid)} ) :: caused by :: {exc.errmsg}",
+                    ) from None
+        build = Binary(uuid_module.uuid4().bytes, 4)
+        self.log("c", f"{c.db}.$cmd",
+                 {"startIndexBuild": c.name, "indexBuildUUID": build, "indexes": specs}, ui=c.ui)
+        c.indexes.extend(specs)
+        self._save_meta(c)
+        self.log("c", f"{c.db}.$cmd",
+                 {"commitIndexBuild": c.name, "indexBuildUUID": build, "indexes": specs}, ui=c.ui)
+
+    def drop_index(self, c: Collection, name: str) -> None:
+        spec = c.index(name)
+        assert spec is not None
+        c.indexes.remove(spec)
+        c.unique.pop(name, None)
+        self._save_meta(c)
+        self.log("c", f"{c.db}.$cmd", {"dropIndexes": c.name, "index": name}, ui=c.ui, o2=spec)
+
+    def coll_mod(
+        self, c: Collection, o: dict[str, Any], new_options: dict[str, Any],
+        index_changes: tuple[str, dict[str, Any], dict[str, Any]] | None,
+    ) -> None:
+        """Apply a validated collMod: `o` is the oplog's `o` (the options as given)."""
+        o2: dict[str, Any] = {"collectionOptions_old": {"uuid": c.ui, **c.options}}
+        if index_changes is not None:
+            name, changes, old = index_changes
+            spec = c.index(name)
+            assert spec is not None
+            o2["indexOptions_old"] = old
+            for k, v in changes.items():
+                if k == "unique" and v and spec.get("unique") is not True:
+                    spec.pop("prepareUnique", None)
+                    trial = {**spec, "unique": True}
+                    self._build_unique(c, trial)
+                if k == "hidden" and v is False:
+                    spec.pop("hidden", None)
+                elif k == "prepareUnique" and v is False:
+                    spec.pop("prepareUnique", None)
+                else:
+                    spec[k] = v
+        c.options = ordered_options({**c.options, **new_options})
+        self._save_meta(c)
+        self.log("c", f"{c.db}.$cmd", o, ui=c.ui, o2=o2)
+
+    # -- unique checks --------------------------------------------------------------------------
+
+    def _check_unique(
+        self, c: Collection, key: bytes, old: Mapping[str, Any] | None, new: Mapping[str, Any]
+    ) -> list[tuple[dict[bytes, bytes], list[bytes], list[bytes]]]:
+        """Raise DuplicateKey if `new` (replacing `old`) collides; returns the index edits."""
+        edits = []
+        for spec in c.indexes[1:]:
+            table = c.unique.get(spec["name"])
+            if table is None:
+                continue
+            old_keys = [k for k, _ in index_entries(spec, old)] if old is not None else []
+            new_entries = index_entries(spec, new)
+            for k, key_value in new_entries:
+                holder = table.get(k)
+                if holder is not None and holder != key:
+                    raise DuplicateKeyError(c.ns, spec["name"], dict(spec["key"]), key_value)
+            edits.append((table, old_keys, [k for k, _ in new_entries]))
+        return edits
+
+    @staticmethod
+    def _apply_edits(edits: list, key: bytes) -> None:
+        for table, old_keys, new_keys in edits:
+            for k in old_keys:
+                if table.get(k) == key:
+                    del table[k]
+            for k in new_keys:
+                table[k] = key
+
+    # -- document writes ------------------------------------------------------------------------
+
+    def insert_document(
+        self, c: Collection, doc: dict[str, Any], session: OpSession | None = None,
+        stmt_id: int | None = None, validate: bool = False,
+    ) -> None:
+        """Insert one document (`_id` first, normalized). Raises DuplicateKeyError."""
+        key = id_key(doc["_id"])
+        docs = self.documents(c)
+        if validate:
+            c.check_valid(doc)
+        if key in docs:
+            raise DuplicateKeyError(c.ns, "_id_", {"_id": 1}, {"_id": doc["_id"]})
+        edits = self._check_unique(c, key, None, doc)
+        raw = bson.encode(doc)
+        if len(raw) > MAX_BSON:
+            raise MongoError(10334, f"object to insert too large. size in bytes: {len(raw)}, "
+                             f"max size: {MAX_BSON}")
+        self.log("i", c.ns, doc, ui=c.ui, o2={"_id": doc["_id"]}, session=session,
+                 stmt_id=stmt_id)
+        self._cs(c)[key] = doc
+        self._apply_edits(edits, key)
+        self._persist_doc(c, key, raw, None)
+
+    def update_document(
+        self,
+        c: Collection,
+        pre: dict[str, Any],
+        post: dict[str, Any],
+        *,
+        kind: str,  # "replacement" | "modifier" | "pipeline"
+        update: Any = None,
+        array_filters: list[Any] | None = None,
+        session: OpSession | None = None,
+        stmt_id: int | None = None,
+        validate: bool = False,
+    ) -> bool:
+        """Replace `pre` by `post`; False (and nothing written) when nothing changed."""
+        pre_raw, post_raw = bson.encode(pre), bson.encode(post)
+        if pre_raw == post_raw:
+            return False
+        if "_id" not in post or id_key(post["_id"]) != id_key(pre["_id"]):
+            if kind == "replacement":
+                raise MongoError(
+                    66,
+                    "After applying the update, the (immutable) field '_id' was found to have "
+                    f"been altered to _id: {_value(post.get('_id'))}",
+                )
+            raise MongoError(
+                66, "Performing an update on the path '_id' would modify the immutable field "
+                "'_id'",
+            )
+        if len(post_raw) > MAX_BSON:
+            raise MongoError(17419, f"Resulting document after update is larger than {MAX_BSON}")
+        if validate:
+            c.check_valid(post, pre)
+        key = id_key(pre["_id"])
+        edits = self._check_unique(c, key, pre, post)
+        o = self._update_o(pre, post, kind, update, array_filters)
+        ts, wall = self.log("u", c.ns, o, ui=c.ui, o2={"_id": post["_id"]}, session=session,
+                            stmt_id=stmt_id)
+        if c.pre_images:
+            self._save_pre_image(c, ts, wall, pre)
+        self._cs(c)[key] = post
+        self._apply_edits(edits, key)
+        self._persist_doc(c, key, post_raw, pre)
+        return True
+
+    def delete_document(
+        self, c: Collection, pre: dict[str, Any], session: OpSession | None = None,
+        stmt_id: int | None = None,
+    ) -> None:
+        key = id_key(pre["_id"])
+        ts, wall = self.log("d", c.ns, {"_id": pre["_id"]}, ui=c.ui, session=session,
+                            stmt_id=stmt_id)
+        if c.pre_images:
+            self._save_pre_image(c, ts, wall, pre)
+        self._persist_doc(c, key, None, pre)  # first: a transaction notes the natural order
+        del self._cs(c)[key]
+        self._apply_edits(
+            [(c.unique[s["name"]], [k for k, _ in index_entries(s, pre)], [])
+             for s in c.indexes[1:] if s["name"] in c.unique],
+            key,
+        )
+
+    def _persist_doc(
+        self, c: Collection, key: bytes, raw: bytes | None, pre: dict[str, Any] | None
+    ) -> None:
+        if self.txn is not None:
+            if raw is None and id(c) not in self.txn.order:
+                self.txn.order[id(c)] = list(self.documents(c))
+            self.txn.undo.append((c, key, pre))
+            self.txn.persist.append((c.uuid, key, raw))
+            return
+        if self.persist is None:
+            return
+        if raw is None:
+            self.persist.delete_document(c.uuid, key)
+        else:
+            self.persist.put_document(c.uuid, key, raw)
+
+    def _save_pre_image(
+        self, c: Collection, ts: Timestamp, wall: datetime.datetime, pre: dict[str, Any],
+        index: int = 0,
+    ) -> None:
+        if self.txn is not None:  # ts is the op's index until the applyOps entry is written
+            self.txn.pre_images.append((c, ts.inc, pre))
+            return
+        doc = {"_id": pre_image_id(c.ui, ts, index), "operationTime": wall, "preImage": pre}
+        key = _pre_image_key(doc["_id"])
+        self.images._pre_images[key] = pre
+        self._pre_image_ts[key] = ts
+        if self.persist is not None:
+            self.persist.put_pre_image(key, ts, bson.encode(doc))
+
+    # -- transactions ---------------------------------------------------------------------------
+
+    def commit_transaction(self, txn: Txn) -> None:
+        """Log the transaction's writes as one `applyOps` entry and make them durable."""
+        if txn.state != "in progress":
+            return
+        txn.state = "committed"
+        if not txn.ops:
+            return
+        session = OpSession(txn.lsid, txn.txn_number)
+        ts, wall = self.log("c", "admin.$cmd", {"applyOps": txn.ops}, session=session)
+        if self.persist is not None:
+            for uuid, key, raw in txn.persist:
+                if raw is None:
+                    self.persist.delete_document(uuid, key)
+                else:
+                    self.persist.put_document(uuid, key, raw)
+        for c, index, pre in txn.pre_images:
+            self._save_pre_image(c, ts, wall, pre, index)
+
+    def abort_transaction(self, txn: Txn) -> None:
+        """Undo the transaction's writes in the working set (nothing was logged or stored)."""
+        if txn.state != "in progress":
+            return
+        txn.state = "aborted"
+        touched: dict[int, Collection] = {}
+        for c, key, pre in reversed(txn.undo):
+            if self.catalog.get((c.db, c.name)) is not c:
+                continue  # dropped since
+            docs = self.documents(c)
+            if pre is None:
+                docs.pop(key, None)
+            else:
+                self._cs(c)[key] = pre
+            touched[id(c)] = c
+        for c in touched.values():
+            order = txn.order.get(id(c))
+            if order is not None:  # put restored documents back in their places
+                docs = self.documents(c)
+                rest = [k for k in docs if k not in set(order)]
+                items = [(k, docs[k]) for k in order if k in docs] + [(k, docs[k]) for k in rest]
+                docs.clear()
+                docs.update(items)
+            self._rebuild_unique(c)
+
+    @staticmethod
+    def _update_o(
+        pre: dict[str, Any], post: dict[str, Any], kind: str, update: Any,
+        array_filters: list[Any] | None,
+    ) -> dict[str, Any]:
+        """The update entry's `o`: a `$v:2` delta, or the whole document for a replacement (and
+        for a pipeline update whose delta would not be smaller, as mongod decides)."""
+        if kind == "replacement":
+            return post
+        diff = None
+        try:
+            if kind == "modifier" and modifier_update_diff is not None:
+                diff = modifier_update_diff(pre, post, update, array_filters=array_filters)
+            elif kind == "pipeline" and pipeline_update_diff is not None:
+                diff = pipeline_update_diff(pre, post)
+                if diff is None:
+                    return post
+        except (ValueError, TypeError, KeyError):  # a shape the diff builder does not know
+            diff = None
+        if diff is None:
+            diff = simple_diff(pre, post)
+        return {"$v": 2, "diff": diff}
+
+
+def _value(v: Any) -> str:
+    from pipeline_stages.value_string import value_string
+
+    return value_string(v)
+
+
+def simple_diff(pre: Mapping[str, Any], post: Mapping[str, Any]) -> dict[str, Any]:
+    """A `$v:2` document diff of `pre` -> `post` (fallback when update_diff.py is absent):
+    removed fields in `d`, changed ones in `u`, new ones in `i`, sub-documents recursed."""
+    d: dict[str, Any] = {}
+    u: dict[str, Any] = {}
+    i: dict[str, Any] = {}
+    s: dict[str, Any] = {}
+    for k in pre:
+        if k not in post:
+            d[k] = False
+    for k, v in post.items():
+        if k not in pre:
+            i[k] = v
+            continue
+        old = pre[k]
+        if bson.encode({"v": old}) == bson.encode({"v": v}):
+            continue
+        if isinstance(old, Mapping) and isinstance(v, Mapping) and list(old) == list(v)[
+            : len(old)
+        ]:
+            sub = simple_diff(old, v)
+            if sub:
+                s["s" + k] = sub
+                continue
+        u[k] = v
+    out: dict[str, Any] = {}
+    if d:
+        out["d"] = d
+    if u:
+        out["u"] = u
+    if i:
+        out["i"] = i
+    out.update(s)
+    return out
+
+
+def validate_collection_name(db: str, coll: str) -> None:
+    if not db or any(ch in db for ch in '/\\. "$\0'):
+        raise MongoError(73, f"Invalid database name: '{db}'")
+    if not coll:
+        raise MongoError(73, f"Invalid namespace specified '{db}.{coll}'")
+    if "$" in coll or "\0" in coll or coll.startswith("."):
+        raise MongoError(73, f"Invalid collection name: {coll}")

@@ -1,0 +1,54 @@
+"""The embedded store's own oplog, as the source every change stream reads."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from bson.timestamp import Timestamp
+
+from cdcserver.embedded.store import Store
+from cdcserver.sources.base import OplogLog
+from pipeline_stages.oplog_entry import Entry
+
+
+class EmbeddedOplog(OplogLog):
+    """Reads the store's oplog; every committed batch of writes wakes waiting getMores."""
+
+    def __init__(self, store: Store, noop_interval_s: float = 10.0) -> None:
+        super().__init__()
+        self.store = store
+        self.noop_interval_s = noop_interval_s
+        store.listeners.append(self.notify)
+        if store.latest_ts() is None:
+            store.noop("initiating set")  # a new replica set's first entry
+
+    async def follow(self) -> None:
+        """mongod's periodic no-op writer: an entry every `noop_interval_s` of idleness, so
+        change streams' post-batch resume tokens keep advancing."""
+        interval = self.noop_interval_s
+        if interval <= 0:
+            return
+        while True:
+            await asyncio.sleep(interval / 4)
+            latest = self.store.latest_ts()
+            if latest is None or time.time() - latest.time >= interval:
+                self.store.noop()
+
+    def latest_ts(self) -> Timestamp | None:
+        return self.store.latest_ts()
+
+    def oldest_entry(self) -> Entry | None:
+        return self.store.oldest_entry()
+
+    def read_from(self, start: Timestamp, limit: int) -> list[Entry]:
+        return self.store.read_from(start, limit)
+
+    def entry_at(self, ts: Timestamp) -> Entry | None:
+        return self.store.entry_at(ts)
+
+    def namespaces(self) -> set[tuple[str, str]]:
+        return set(self.store.catalog)
+
+    def __len__(self) -> int:
+        return len(self.store.oplog_entries())
