@@ -23,15 +23,8 @@ HISTORY_LOST_MESSAGE = (
 
 
 def _identifier_key(data: ResumeTokenData) -> bytes:
-    # Equal KeyStrings <=> equal BSON values, and their byte order is BSON order.
-    raw = data.event_identifier
-    if raw is None:
-        return b""
-    from pipeline_stages import keystring
-
-    b = keystring.Builder()
-    b.append_document(raw)
-    return bytes(b.out)
+    # KeyString bytes: equal <=> equal BSON values, and byte order = BSON order.
+    return resume_token.identifier_keystring(data.event_identifier) or b""
 
 
 def comparison_key(data: ResumeTokenData) -> tuple:

@@ -198,7 +198,7 @@ class ResumeTokenData:
         if self._key()[:6] != other._key()[:6] or self.fragment_num != other.fragment_num:
             return False
         # eventIdentifier compares as a BSON value (1 == 1.0); equal KeyStrings mean equal values.
-        return _identifier_keystring(self.event_identifier) == _identifier_keystring(
+        return identifier_keystring(self.event_identifier) == identifier_keystring(
             other.event_identifier
         )
 
@@ -319,7 +319,7 @@ def _append_number(b: keystring.Builder, n: int) -> None:
         b.append_values(bson.encode({"": bson.Int64(n)}))
 
 
-def _identifier_keystring(raw: bytes | None) -> bytes | None:
+def identifier_keystring(raw: bytes | None) -> bytes | None:
     if raw is None:
         return None
     b = keystring.Builder()

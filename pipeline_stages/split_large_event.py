@@ -19,7 +19,8 @@ from typing import Any
 
 import bson
 
-from pipeline_stages import keystring, resume_token
+from pipeline_stages import resume_token
+from pipeline_stages.check_resumability import SPLIT_OF_RESUME_POINT, compare_to_client_token
 from pipeline_stages.errors import MongoError
 from pipeline_stages.resume_token import ResumeTokenData
 from pipeline_stages.transform import MISSING
@@ -120,41 +121,12 @@ def split_change_event(
 CHECK_NEXT, NEEDS_SPLIT, FOUND, SURPASSED = "check_next", "needs_split", "found", "surpassed"
 
 
-def _identifier_key(data: ResumeTokenData) -> bytes:
-    """The eventIdentifier as KeyString: byte order is BSON value order; equal bytes <=> equal
-    values (so `{_id: 1}` equals `{_id: 1.0}`, as ValueComparator says)."""
-    raw = data.event_identifier
-    if raw is None:
-        return b""
-    b = keystring.Builder()
-    b.append_document(raw)
-    return bytes(b.out)
-
-
 def resume_status(event: ResumeTokenData, client: ResumeTokenData) -> str:
     """`compareAgainstClientResumeToken`: where `event` stands relative to the client's token."""
-    if event.cluster_time != client.cluster_time:
-        return SURPASSED if event.cluster_time > client.cluster_time else CHECK_NEXT
-    if event.token_type != client.token_type:
-        return SURPASSED if event.token_type > client.token_type else CHECK_NEXT
-    if event.txn_op_index != client.txn_op_index:
-        return SURPASSED if event.txn_op_index > client.txn_op_index else CHECK_NEXT
-    if event.from_invalidate != client.from_invalidate:
-        return SURPASSED if event.from_invalidate else CHECK_NEXT
-    if event.uuid != client.uuid:
-        # boost::optional<UUID>: none sorts first.
-        return SURPASSED if (event.uuid or b"") > (client.uuid or b"") else CHECK_NEXT
-    a, b = _identifier_key(event), _identifier_key(client)
-    if a == b:
-        if client.fragment_num is not None and event.fragment_num is None:
-            return NEEDS_SPLIT
-        if event.fragment_num == client.fragment_num:
-            return FOUND
-        # boost::optional<size_t>: none sorts first.
-        mine = -1 if event.fragment_num is None else event.fragment_num
-        theirs = -1 if client.fragment_num is None else client.fragment_num
-        return SURPASSED if mine > theirs else CHECK_NEXT
-    return SURPASSED if a > b else CHECK_NEXT
+    return _STATUS[compare_to_client_token(event, client)]
+
+
+_STATUS = {-1: CHECK_NEXT, 0: FOUND, 1: SURPASSED, SPLIT_OF_RESUME_POINT: NEEDS_SPLIT}
 
 
 class SplitLargeEvent:

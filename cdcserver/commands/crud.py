@@ -21,7 +21,7 @@ from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
 from cdcserver.commands.handshake import _ELECTION_ID
-from cdcserver.commands.registry import command
+from cdcserver.commands.registry import command, int_arg
 from cdcserver.embedded import engine
 from cdcserver.embedded.store import (
     Collection,
@@ -62,16 +62,7 @@ def coll_arg(cmd: Mapping[str, Any], name: str) -> str:
 
 
 def _int(cmd: Mapping[str, Any], name: str, where: str, default: int = 0) -> int:
-    value = cmd.get(name, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise MongoError(
-            14,
-            f"BSON field '{where}.{name}' is the wrong type '{type_name(value)}', expected types "
-            "'[long, int, decimal, double]'",
-        )
-    return int(value)
+    return int_arg(cmd, name, where, default)
 
 
 def _doc_arg(cmd: Mapping[str, Any], name: str, where: str) -> dict[str, Any] | None:

@@ -2,32 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from bson.int64 import Int64
 
-from cdcserver.commands.registry import COMMANDS, command
+from cdcserver.commands.registry import COMMANDS, command, int_arg
 from cdcserver.cursors import ChangeStreamCursor, cursor_reply
 from pipeline_stages.errors import CODE_NAMES, MongoError
 from pipeline_stages.pipeline import ChangeStreamPipeline
 from pipeline_stages.spec import is_change_stream_aggregate, parse_aggregate
 
 CODE_NAMES.setdefault(292, "CursorInUse")  # (belongs in pipeline_stages/errors.py)
-
-
-def _int_arg(cmd: dict[str, Any], name: str, where: str) -> int | None:
-    value = cmd.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        from pipeline_stages.value_string import type_name
-
-        raise MongoError(
-            14,
-            f"BSON field '{where}.{name}' is the wrong type '{type_name(value)}', expected types "
-            "'[long, int, decimal, double]'",
-        )
-    return int(value)
 
 
 @command("aggregate")
@@ -46,7 +29,7 @@ async def aggregate(server, conn, cmd, db):
             9,
             "The 'cursor' option is required, except for aggregate with the explain argument",
         )
-    batch_size = _int_arg(cursor_doc, "batchSize", "aggregate.cursor")
+    batch_size = int_arg(cursor_doc, "batchSize", "aggregate.cursor")
     if batch_size is not None and batch_size < 0:
         raise MongoError(51024, "BSON field 'batchSize' value must be >= 0, actual value "
                          f"'{batch_size}'")
@@ -86,8 +69,8 @@ async def get_more(server, conn, cmd, db):
     coll = cmd.get("collection")
     if not isinstance(coll, str):
         raise MongoError(40414, "BSON field 'getMore.collection' is missing but a required field")
-    batch_size = _int_arg(cmd, "batchSize", "getMore")
-    max_time_ms = _int_arg(cmd, "maxTimeMS", "getMore")
+    batch_size = int_arg(cmd, "batchSize", "getMore")
+    max_time_ms = int_arg(cmd, "maxTimeMS", "getMore")
     other = COMMANDS.get("$getMore")  # the embedded store's find/aggregate cursors
     if other is not None and int(cursor_id) not in server.cursors.cursors:
         return await other(server, conn, cmd, db)

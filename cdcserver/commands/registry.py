@@ -34,6 +34,22 @@ NON_RESUMABLE_CODES = frozenset({280, 286})
 _ZERO_SIGNATURE = {"hash": Binary(bytes(20), 0), "keyId": Int64(0)}
 
 
+def int_arg(cmd: Any, name: str, where: str, default: Any = None) -> Any:
+    """A numeric command argument as int (`default` when absent or null), or mongod's 14."""
+    value = cmd.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        from pipeline_stages.value_string import type_name
+
+        raise MongoError(
+            14,
+            f"BSON field '{where}.{name}' is the wrong type '{type_name(value)}', expected types "
+            "'[long, int, decimal, double]'",
+        )
+    return int(value)
+
+
 def command(*names: str) -> Callable[[Handler], Handler]:
     def register(handler: Handler) -> Handler:
         for name in names:

@@ -16,7 +16,6 @@ durable) together when the batch ends, before the reply is sent.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import datetime
 import threading
@@ -36,6 +35,7 @@ from bson.timestamp import Timestamp
 
 from cdcserver.embedded import engine
 from cdcserver.embedded.persist import Persistence, int_ts
+from cdcserver.sources.base import EntryList
 from pipeline_stages import keystring
 from pipeline_stages.errors import CODE_NAMES, MongoError
 from pipeline_stages.image_source import (
@@ -45,7 +45,6 @@ from pipeline_stages.image_source import (
     matches_document_key,
     pre_image_id,
 )
-from pipeline_stages.oplog_entry import Entry, decode_entry
 
 try:  # mongod's $v:2 diff, written by update_diff.py
     from cdcserver.embedded.update_diff import (  # type: ignore[attr-defined]
@@ -348,7 +347,7 @@ class StoreImages(MemoryImageSource):
 # The store
 
 
-class Store:
+class Store(EntryList):
     def __init__(
         self,
         data_dir: str | None = None,
@@ -514,22 +513,6 @@ class Store:
         if self.persist is not None:
             self.persist.append_oplog(ts, raw)
         return ts, wall
-
-    def latest_ts(self) -> Timestamp | None:
-        return self._ts[-1] if self._ts else None
-
-    def oldest_entry(self) -> Entry | None:
-        return decode_entry(self._raw[0]) if self._raw else None
-
-    def read_from(self, start: Timestamp, limit: int) -> list[Entry]:
-        i = bisect.bisect_left(self._ts, start)
-        return [decode_entry(raw) for raw in self._raw[i : i + limit]]
-
-    def entry_at(self, ts: Timestamp) -> Entry | None:
-        i = bisect.bisect_left(self._ts, ts)
-        if i < len(self._ts) and self._ts[i] == ts:
-            return decode_entry(self._raw[i])
-        return None
 
     def oplog_entries(self) -> list[bytes]:
         return list(self._raw)

@@ -8,10 +8,11 @@ keeps only its own position and reads the entries after it. Sources: a recorded 
 from __future__ import annotations
 
 import asyncio
+import bisect
 
 from bson.timestamp import Timestamp
 
-from pipeline_stages.oplog_entry import Entry
+from pipeline_stages.oplog_entry import Entry, decode_entry
 
 
 class OplogLog:
@@ -63,3 +64,27 @@ class OplogLog:
             await asyncio.wait_for(event.wait(), timeout)
         except TimeoutError:
             pass
+
+
+class EntryList:
+    """Oplog entries kept as their BSON bytes with a parallel, ascending list of `ts`, read by
+    bisection (a recorded file and the embedded store's oplog both hold theirs this way)."""
+
+    _raw: list[bytes]
+    _ts: list[Timestamp]
+
+    def latest_ts(self) -> Timestamp | None:
+        return self._ts[-1] if self._ts else None
+
+    def oldest_entry(self) -> Entry | None:
+        return decode_entry(self._raw[0]) if self._raw else None
+
+    def read_from(self, start: Timestamp, limit: int) -> list[Entry]:
+        i = bisect.bisect_left(self._ts, start)
+        return [decode_entry(raw) for raw in self._raw[i : i + limit]]
+
+    def entry_at(self, ts: Timestamp) -> Entry | None:
+        i = bisect.bisect_left(self._ts, ts)
+        if i < len(self._ts) and self._ts[i] == ts:
+            return decode_entry(self._raw[i])
+        return None

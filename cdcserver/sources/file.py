@@ -9,7 +9,6 @@ another process appends to it.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import logging
 import os
 from collections.abc import Iterator
@@ -20,8 +19,8 @@ from bson import json_util
 from bson.errors import BSONError
 from bson.timestamp import Timestamp
 
-from cdcserver.sources.base import OplogLog
-from pipeline_stages.oplog_entry import Entry, decode_entry
+from cdcserver.sources.base import EntryList, OplogLog
+from pipeline_stages.oplog_entry import decode_entry
 
 log = logging.getLogger("cdcserver")
 
@@ -62,7 +61,7 @@ def _iter_bson(data: bytes, path: str, start: int = 0) -> Iterator[tuple[int, by
         pos += size
 
 
-class FileOplog(OplogLog):
+class FileOplog(EntryList, OplogLog):
     """The whole recorded oplog in memory as BSON bytes, ordered by `ts`."""
 
     def __init__(self, paths: list[str]) -> None:
@@ -171,22 +170,6 @@ class FileOplog(OplogLog):
                 return
 
     # -- OplogLog -------------------------------------------------------------------------------
-
-    def latest_ts(self) -> Timestamp | None:
-        return self._ts[-1] if self._ts else None
-
-    def oldest_entry(self) -> Entry | None:
-        return decode_entry(self._raw[0]) if self._raw else None
-
-    def read_from(self, start: Timestamp, limit: int) -> list[Entry]:
-        i = bisect.bisect_left(self._ts, start)
-        return [decode_entry(raw) for raw in self._raw[i : i + limit]]
-
-    def entry_at(self, ts: Timestamp) -> Entry | None:
-        i = bisect.bisect_left(self._ts, ts)
-        if i < len(self._ts) and self._ts[i] == ts:
-            return decode_entry(self._raw[i])
-        return None
 
     def namespaces(self) -> set[tuple[str, str]]:
         return set(self._namespaces)
