@@ -39,6 +39,7 @@ CODE_NAMES: dict[int, str] = {
     263: "OperationNotSupportedInTransaction",
     280: "ChangeStreamFatalError",
     286: "ChangeStreamHistoryLost",
+    292: "CursorInUse",
     323: "APIStrictError",
     326: "OplogQueryMinTsMissing",
     166: "CommandNotSupportedOnView",

@@ -6,11 +6,9 @@ from bson.int64 import Int64
 
 from cdcserver.commands.registry import COMMANDS, command, int_arg
 from cdcserver.cursors import ChangeStreamCursor, cursor_reply
-from pipeline_stages.errors import CODE_NAMES, MongoError
+from pipeline_stages.errors import MongoError
 from pipeline_stages.pipeline import ChangeStreamPipeline
 from pipeline_stages.spec import is_change_stream_aggregate, parse_aggregate
-
-CODE_NAMES.setdefault(292, "CursorInUse")  # (belongs in pipeline_stages/errors.py)
 
 
 @command("aggregate")
