@@ -134,6 +134,8 @@ class Server:
                     )
                 )
                 await writer.drain()
+            if frames.error is not None:
+                raise frames.error  # after answering what came before it
 
 
 def _parse_error_reply(frame: wire.Frame, exc: wire.ProtocolError) -> bytes:

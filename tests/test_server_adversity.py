@@ -217,12 +217,6 @@ def test_bad_frame_after_good_requests(world, watcher):
     watcher()
 
 
-@pytest.mark.xfail(
-    reason="wire.FrameReader.feed raises on a bad header and drops the frames it completed "
-    "earlier in the same chunk, so a pipelined good request goes unanswered (mongod answers "
-    "it, then closes)",
-    strict=False,
-)
 def test_good_request_pipelined_before_garbage_is_answered(world, watcher):
     bad = connect(world.server)
     try:

@@ -83,7 +83,9 @@ class FrameReader:
         self._op_codes = op_codes
         self._error: ProtocolError | None = None
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+    def feed(self, data: bytes | bytearray | memoryview = b"") -> list[Frame]:
+        """Frames completed by `data`. On a bad header, the frames completed before it are
+        returned first; the error is raised by the next call (feed `b""` to get it)."""
         if self._error is not None:
             raise self._error
         buf = self._buf
@@ -103,10 +105,19 @@ class FrameReader:
         except ProtocolError as exc:
             self._error = exc
             buf.clear()
-            raise
+            if not frames:
+                raise
+            # Answer the requests that came whole before the garbage (as mongod does); the
+            # error is raised on the next feed.
+            return frames
         if pos:
             del buf[:pos]  # one compaction per feed, not per frame
         return frames
+
+    @property
+    def error(self) -> ProtocolError | None:
+        """The error that ended the stream, once one was seen."""
+        return self._error
 
     @property
     def buffered(self) -> int:
