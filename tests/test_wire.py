@@ -239,6 +239,15 @@ def test_frame_reader_is_unusable_after_an_error():
     raise_protocol_error(reader.feed, pymongo_op_msg({"ping": 1})[1])
 
 
+def test_frames_completed_before_a_bad_header_come_first():
+    good = pymongo_op_msg({"ping": 1})[1]
+    reader = FrameReader()
+    frames = reader.feed(good + pack_header(3, 1, 0, OpCode.MSG))
+    assert [f.data for f in frames] == [good]
+    assert reader.error is not None
+    raise_protocol_error(reader.feed, b"")
+
+
 def test_frame_reader_eof_mid_message():
     data = pymongo_op_msg({"ping": 1})[1]
     reader = FrameReader()
