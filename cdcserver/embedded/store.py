@@ -360,8 +360,7 @@ class Store(EntryList):
         self.catalog: dict[tuple[str, str], Collection] = {}
         self.images = StoreImages(self)
         self.oplog_size_bytes = oplog_size_bytes
-        self._raw: list[bytes] = []
-        self._ts: list[Timestamp] = []
+        super().__init__()  # EntryList: the oplog's bytes, timestamps, decoded window
         self._oplog_bytes = 0
         self._first = 0  # index of the oldest kept entry in _raw/_ts (truncation is lazy)
         self._pending: list[tuple[Timestamp, bytes]] = []

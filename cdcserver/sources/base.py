@@ -66,12 +66,24 @@ class OplogLog:
             pass
 
 
+# Decoded entries kept for sharing between cursors: the most recently decoded ones.
+DECODED_WINDOW = 4096
+
+
 class EntryList:
     """Oplog entries kept as their BSON bytes with a parallel, ascending list of `ts`, read by
-    bisection (a recorded file and the embedded store's oplog both hold theirs this way)."""
+    bisection (a recorded file and the embedded store's oplog both hold theirs this way).
 
-    _raw: list[bytes]
-    _ts: list[Timestamp]
+    An entry is decoded once for every cursor reading it: cursors near the head of the oplog
+    read the same entries, so the last `DECODED_WINDOW` decoded entries are kept (the
+    pipeline only reads entries, never changes them). A cursor far behind decodes its own.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._raw: list[bytes] = []
+        self._ts: list[Timestamp] = []
+        self._decoded: dict[Timestamp, Entry] = {}
 
     def latest_ts(self) -> Timestamp | None:
         return self._ts[-1] if self._ts else None
@@ -80,8 +92,19 @@ class EntryList:
         return decode_entry(self._raw[0]) if self._raw else None
 
     def read_from(self, start: Timestamp, limit: int) -> list[Entry]:
-        i = bisect.bisect_left(self._ts, start)
-        return [decode_entry(raw) for raw in self._raw[i : i + limit]]
+        ts_list, raw_list = self._ts, self._raw
+        i = bisect.bisect_left(ts_list, start)
+        cache = self._decoded
+        out = []
+        for k in range(i, min(i + limit, len(ts_list))):
+            ts = ts_list[k]
+            entry = cache.get(ts)
+            if entry is None:
+                entry = cache[ts] = decode_entry(raw_list[k])
+                if len(cache) > DECODED_WINDOW:
+                    del cache[next(iter(cache))]  # the oldest decoded
+            out.append(entry)
+        return out
 
     def entry_at(self, ts: Timestamp) -> Entry | None:
         i = bisect.bisect_left(self._ts, ts)

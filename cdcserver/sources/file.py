@@ -67,8 +67,6 @@ class FileOplog(EntryList, OplogLog):
     def __init__(self, paths: list[str]) -> None:
         super().__init__()
         self.paths = list(paths)
-        self._raw: list[bytes] = []
-        self._ts: list[Timestamp] = []
         self._namespaces: set[tuple[str, str]] = set()
         self._tail: _Cursor | None = None
         for path in self.paths:
