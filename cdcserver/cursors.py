@@ -1,8 +1,8 @@
 """Change-stream cursors: ids, namespaces, getMore with awaitData, idle timeout, kill.
 
-A cursor owns one `ChangeStreamPipeline` and a position in the shared oplog; it reads from the
-source only what it needs to fill the batch asked for, so a slow consumer costs no memory
-beyond its own pending events.
+A cursor has its own `ChangeStreamPipeline` queue (batches, post-batch token) and belongs to a
+`StreamGroup` (hub.py) that reads the oplog for it, shared with identical cursors; only what is
+needed to fill the batch asked for is read.
 """
 
 from __future__ import annotations
@@ -13,29 +13,21 @@ import time
 from dataclasses import dataclass, field
 
 from bson.int64 import Int64
-from bson.timestamp import Timestamp
 
-from cdcserver.sources.base import OplogLog
+from cdcserver.hub import Hub, StreamGroup
 from pipeline_stages.errors import MongoError
 from pipeline_stages.pipeline import Batch, ChangeStreamPipeline
 
-# Entries handed to a pipeline per step: bounds the work (and memory) of one getMore.
-READ_CHUNK = 1000
 DEFAULT_BATCH_SIZE = 101
 DEFAULT_AWAIT_MS = 1000
-
-
-def _next(ts: Timestamp) -> Timestamp:
-    return Timestamp(ts.time, ts.inc + 1) if ts.inc < 0xFFFFFFFF else Timestamp(ts.time + 1, 0)
 
 
 @dataclass(eq=False)
 class ChangeStreamCursor:
     id: int
     ns: str  # db.coll, db.$cmd.aggregate or admin.$cmd.aggregate
-    pipeline: ChangeStreamPipeline
-    log: OplogLog
-    next_ts: Timestamp  # the first ts not yet handed to the pipeline
+    pipeline: ChangeStreamPipeline  # this cursor's batches and post-batch token
+    group: StreamGroup  # who reads the oplog for it (shared with identical cursors)
     last_used: float = field(default_factory=time.monotonic)
     busy: bool = False
     closed: bool = False
@@ -43,25 +35,10 @@ class ChangeStreamCursor:
     def touch(self) -> None:
         self.last_used = time.monotonic()
 
-    def _pull(self, want: int) -> bool:
-        """Feed the pipeline from the log until `want` events wait or the log is exhausted.
-        Returns whether anything was read."""
-        read = False
-        pipeline = self.pipeline
-        while pipeline.pending_count < want and not pipeline.invalidated:
-            entries = self.log.read_from(self.next_ts, READ_CHUNK)
-            if not entries:
-                break
-            read = True
-            last = entries[-1]["ts"]
-            pipeline.push(entries, scanned_to=last)
-            self.next_ts = _next(last)
-        return read
-
     def first_batch(self, batch_size: int | None) -> Batch:
         size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
         if size > 0:
-            self._pull(size)
+            self.group.pull(size, self)
         return self.pipeline.next_batch(size)
 
     async def get_more(self, batch_size: int | None, max_time_ms: int | None) -> Batch:
@@ -69,14 +46,18 @@ class ChangeStreamCursor:
         wait_s = (DEFAULT_AWAIT_MS if max_time_ms is None else max_time_ms) / 1000
         deadline = time.monotonic() + wait_s
         while True:
-            self._pull(size)
+            self.group.pull(size, self)  # the group may be replaced (detached) in here
             if self.pipeline.pending_count or self.pipeline.invalidated:
                 return self.pipeline.next_batch(size)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 # An empty batch; its token is a high-water mark at what was scanned.
                 return self.pipeline.next_batch(size)
-            await self.log.wait_for_entries(self.next_ts, remaining)
+            await self.group.log.wait_for_entries(self.group.next_ts, remaining)
+
+    def close(self) -> None:
+        self.closed = True
+        self.group.remove(self)
 
 
 class CursorManager:
@@ -84,6 +65,7 @@ class CursorManager:
 
     def __init__(self, idle_timeout_s: float = 600.0) -> None:
         self.cursors: dict[int, ChangeStreamCursor] = {}
+        self.hub = Hub()
         self.idle_timeout_s = idle_timeout_s
 
     def new_id(self) -> int:
@@ -111,7 +93,8 @@ class CursorManager:
         cursor = self.cursors.pop(cursor_id, None)
         if cursor is None:
             return False
-        cursor.closed = True
+        cursor.close()
+        self.hub.forget_empty()
         return True
 
     def reap(self) -> int:

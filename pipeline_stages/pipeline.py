@@ -65,6 +65,7 @@ class ChangeStreamPipeline:
         self.start = start
         self.filter = OplogFilter(spec)
         self.history = history
+        self.images = images
         self.transform = ChangeStreamTransform(spec)
         self.check_invalidate = CheckInvalidate(spec)
         client = spec.resume_token
@@ -124,6 +125,33 @@ class ChangeStreamPipeline:
     def pending_count(self) -> int:
         """Events produced and not yet returned."""
         return len(self._pending)
+
+    @property
+    def post_batch_resume_token(self) -> dict[str, Any]:
+        """The token the last batch reported (the start token before any batch)."""
+        return self._pbrt
+
+    def take_pending(self) -> list[tuple[RawBSONDocument, dict[str, Any], Timestamp]]:
+        """Remove and return every queued (event, token, clusterTime): a producer shared by
+        identical cursors hands them on with `share`."""
+        items = list(self._pending)
+        self._pending.clear()
+        return items
+
+    def share(
+        self,
+        items: list[tuple[RawBSONDocument, dict[str, Any], Timestamp]],
+        producer: ChangeStreamPipeline,
+    ) -> None:
+        """Queue what `producer` (same spec, same start) made of the oplog, instead of running
+        the stages again: identical cursors share transform and encoding work."""
+        self._pending.extend(items)
+        scanned = producer._scanned_ts
+        if scanned is not None and (self._scanned_ts is None or scanned > self._scanned_ts):
+            self._scanned_ts = scanned
+        if producer.invalidated and not self.invalidated:
+            self.invalidated = True
+            self._invalidate_token = producer._invalidate_token
 
     def check_history(self, oldest: Entry | None) -> None:
         """286 ChangeStreamHistoryLost if the source no longer reaches back to the start."""

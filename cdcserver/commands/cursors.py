@@ -39,15 +39,27 @@ async def aggregate(server, conn, cmd, db):
         start = spec.start_at_operation_time
     else:
         start = log.start_for_new_stream()
-    pipeline = ChangeStreamPipeline(spec, start, history=log, images=server.images)
+    group, pipeline = server.cursors.hub.group_for(
+        spec,
+        start,
+        log,
+        lambda: ChangeStreamPipeline(spec, start, history=log, images=server.images),
+    )
     pipeline.check_history(log.oldest_entry())
     if spec.scope == "collection":
         ns = f"{db}.{spec.coll}"
     else:
         ns = f"{db}.$cmd.aggregate"
-    cursor = ChangeStreamCursor(server.cursors.new_id(), ns, pipeline, log, start)
-    batch = cursor.first_batch(batch_size)
-    if not batch.invalidated:
+    cursor = ChangeStreamCursor(server.cursors.new_id(), ns, pipeline, group)
+    group.members.append(cursor)
+    try:
+        batch = cursor.first_batch(batch_size)
+    except MongoError:
+        cursor.close()
+        raise
+    if batch.invalidated:
+        cursor.close()
+    else:
         server.cursors.add(cursor)
     server.events_delivered += len(batch.events)
     return {"cursor": cursor_reply(cursor.id, ns, batch, first=True)}
