@@ -249,13 +249,7 @@ class ResumeTokenData:
             if version >= 2:
                 b.append_null()
         if self._identifier_parts is not None:
-            op, by_key, doc = self._identifier_parts
-            head, (value, count) = _identifier_head_keystring(op, by_key)
-            b.out += head
-            b.value |= value << b.count
-            b.count += count
-            b._append_fields(doc, 0)
-            b.out.append(0)
+            _append_identifier_parts(b, *self._identifier_parts)
         elif self._event_identifier is not None:
             b.append_document(self._event_identifier)
         if self.fragment_num is not None:
@@ -269,11 +263,47 @@ class ResumeTokenData:
 
     def to_document(self) -> dict[str, Any]:
         """The `_id` of an event / a postBatchResumeToken: `{_data[, _typeBits]}`."""
-        b = self._encode()
-        type_bits = b.serialize()
-        if type_bits is None:
-            return {"_data": b.out.hex().upper()}
-        return {"_data": b.out.hex().upper(), "_typeBits": Binary(type_bits, 0)}
+        return _token_document(self._encode())
+
+
+def _token_document(b: keystring.Builder) -> dict[str, Any]:
+    type_bits = b.serialize()
+    if type_bits is None:
+        return {"_data": b.out.hex().upper()}
+    return {"_data": b.out.hex().upper(), "_typeBits": Binary(type_bits, 0)}
+
+
+def _append_identifier_parts(b: keystring.Builder, op: str, by_key: bool, doc: bytes) -> None:
+    """`{operationType: op, documentKey|operationDescription: doc}`: a cached head, then the
+    document's fields."""
+    head, (value, count) = _identifier_head_keystring(op, by_key)
+    b.out += head
+    b.value |= value << b.count
+    b.count += count
+    b._append_fields(doc, 0)
+    b.out.append(0)
+
+
+def event_token(
+    cluster_time: Timestamp,
+    operation_type: str,
+    uuid: bytes,
+    document_key: bytes,
+    txn_op_index: int = 0,
+) -> dict[str, Any]:
+    """`ResumeTokenData.for_event(...).to_document()` for the per-event case (a v2 token of an
+    event with a collection UUID and a raw documentKey), without building the object."""
+    prefix, bits = _token_prefix(DEFAULT_TOKEN_VERSION, EVENT_TOKEN, txn_op_index, False)
+    b = keystring.Builder(
+        b"".join((
+            _TS_STRUCT.pack(keystring.TIMESTAMP, cluster_time.time, cluster_time.inc),
+            prefix, _UUID_HEADER, uuid,
+        )),
+        bits,
+    )
+    _append_identifier_parts(b, operation_type, True, document_key)
+    b.out.append(keystring.END)
+    return _token_document(b)
 
 
 _UUID_HEADER = bytes((keystring.BINDATA, 16, 4))

@@ -135,18 +135,23 @@ class ChangeStreamTransform:
                 event["txnNumber"] = entry["txnNumber"]
             if "lsid" in entry:
                 event["lsid"] = entry["lsid"]
-        token = ResumeTokenData.for_event(
-            ts,
-            operation_type,
-            uuid=uuid,
-            document_key=None if document_key is None else _raw(document_key),
-            operation_description=(
-                None if operation_description is None else _raw(operation_description)
-            ),
-            txn_op_index=txn_op_index or 0,
-            version=self._version(ts),
-        )
-        event["_id"] = token.to_document()
+        version = self._version(ts)
+        if version == 2 and uuid is not None and document_key is not None:
+            event["_id"] = resume_token.event_token(  # the per-CRUD-event fast path
+                ts, operation_type, uuid, _raw(document_key), txn_op_index or 0
+            )
+        else:
+            event["_id"] = ResumeTokenData.for_event(
+                ts,
+                operation_type,
+                uuid=uuid,
+                document_key=None if document_key is None else _raw(document_key),
+                operation_description=(
+                    None if operation_description is None else _raw(operation_description)
+                ),
+                txn_op_index=txn_op_index or 0,
+                version=version,
+            ).to_document()
         event["operationType"] = operation_type
         event["clusterTime"] = ts
         if self.expanded and uuid is not None and show_uuid:

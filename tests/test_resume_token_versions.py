@@ -69,3 +69,19 @@ def test_version_sorts_before_token_type_across_versions():
 def test_sort_key_normalises_lower_case_client_tokens():
     a = event(Timestamp(5, 1), 2)
     assert rt.sort_key({"_data": a["_data"].lower()}) == rt.sort_key(a)
+
+
+def test_the_per_event_fast_path_encodes_like_the_token_data():
+    import bson
+    from bson.int64 import Int64
+
+    keys = [{"_id": 1}, {"_id": "x\x00y"}, {"_id": Int64(5)}, {"_id": 1.5, "sk": {"a": [1, 2]}}]
+    for key in keys:
+        for txn in (0, 3, (1 << 30) + 1):
+            for op in ("insert", "update", "replace", "delete"):
+                ts = Timestamp(1_700_000_000, txn + 1)
+                raw = bson.encode(key)
+                expected = rt.ResumeTokenData.for_event(
+                    ts, op, uuid=UUID, document_key=raw, txn_op_index=txn
+                ).to_document()
+                assert rt.event_token(ts, op, UUID, raw, txn) == expected
