@@ -65,13 +65,12 @@ class ChangeStreamPipeline:
         self.start = start
         self.filter = OplogFilter(spec)
         self.history = history
-        self.images = images
         self.transform = ChangeStreamTransform(spec)
         self.check_invalidate = CheckInvalidate(spec)
+        # The point to skip to: the client's token, a high-water mark at startAtOperationTime,
+        # or nothing for a new stream.
         client = spec.resume_token
-        if client is None and spec.start_at_operation_time is None:
-            client = None  # a new stream: nothing to skip
-        elif client is None:
+        if client is None and spec.start_at_operation_time is not None:
             client = ResumeTokenData.high_water_mark(start, resume_token.DEFAULT_TOKEN_VERSION)
         self.check_resumability = CheckResumability(client)
         if images is None and (
@@ -80,6 +79,7 @@ class ChangeStreamPipeline:
             from pipeline_stages.image_source import MemoryImageSource
 
             images = MemoryImageSource()  # no source of images: every lookup finds nothing
+        self.images = images
         self.add_pre_image = (
             AddPreImage(spec, images) if spec.full_document_before_change != "off" else None
         )
