@@ -18,6 +18,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     set_name: str = "cdcserver"
     idle_cursor_timeout_s: float = 600.0
     max_connections: int = 10_000
+    # configureFailPoint (failCommand, failGetMoreAfterCursorCheckout) for resume tests; false
+    # removes the command (CommandNotFound), as on a mongod without enableTestCommands.
+    enable_fail_points: bool = True
 
 
 class SourceConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -36,6 +39,28 @@ class StoreConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     noop_interval_s: float = 10.0
 
 
+class UpstreamConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    # A live replica set to tail and serve (`--upstream`); empty: not this mode. See
+    # config.example.toml [upstream] and cdcserver/sources/mongo.py.
+    uri: str = ""
+    batch_size: int = 1000
+    max_await_ms: int = 1000
+    window_entries: int = 100_000
+    window_bytes: int = 256 * 1024 * 1024
+    history_batch: int = 1000
+    history_keep: int = 20_000
+    history_segments: int = 16
+    history_idle_s: float = 60.0
+    majority_poll_ms: float = 2.0
+    backoff_initial_ms: float = 50.0
+    backoff_max_ms: float = 5000.0
+    oldest_refresh_s: float = 5.0
+    lookup_timeout_ms: float = 2000.0
+    uuid_cache_s: float = 1.0
+    # Extra pymongo client options (beyond the URI's), e.g. {serverSelectionTimeoutMS = 5000}.
+    client_options: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
+
+
 class LogConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     level: str = "info"
     format: str = "text"  # text | json
@@ -45,6 +70,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     store: StoreConfig = msgspec.field(default_factory=StoreConfig)
     source: SourceConfig = msgspec.field(default_factory=SourceConfig)
+    upstream: UpstreamConfig = msgspec.field(default_factory=UpstreamConfig)
     log: LogConfig = msgspec.field(default_factory=LogConfig)
 
 

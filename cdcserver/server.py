@@ -20,6 +20,7 @@ from cdcserver import wire
 from cdcserver.commands import crud as _crud  # noqa: F401  (the embedded store's commands)
 from cdcserver.commands import cursors as _cursors  # noqa: F401  (registers commands)
 from cdcserver.commands import ddl as _ddl  # noqa: F401
+from cdcserver.commands import failpoints
 from cdcserver.commands import handshake as _handshake  # noqa: F401
 from cdcserver.commands.registry import run_command
 from cdcserver.config import Config
@@ -165,6 +166,7 @@ async def serve_forever(config: Config, oplog: OplogLog) -> None:
     )
     state.cursors.idle_timeout_s = config.server.idle_cursor_timeout_s
     state.follow = config.source.follow
+    failpoints.set_enabled(state, config.server.enable_fail_points)
     server = Server(state, config.server.max_connections)
     await server.start(config.server.host, config.server.port)
     stop = asyncio.Event()

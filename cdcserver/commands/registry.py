@@ -14,6 +14,7 @@ from typing import Any
 from bson.binary import Binary
 from bson.int64 import Int64
 
+from cdcserver.commands import failpoints
 from cdcserver.context import ConnectionState, ServerState
 from pipeline_stages.errors import MongoError
 
@@ -23,14 +24,10 @@ Handler = Callable[[ServerState, ConnectionState, dict[str, Any], str], Awaitabl
 COMMANDS: dict[str, Handler] = {}
 
 # error_codes.yml categories RetriableError, NetworkError and NeedRetargettingError, plus the
-# codes error_labels.cpp adds: resumable for a change stream (reference §6.3).
-RESUMABLE_CODES = frozenset(
-    {
-        6, 7, 89, 91, 133, 134, 189, 234, 262, 317, 358, 384, 402, 9001, 10107, 11600, 11602,
-        13435, 13436, 63, 150, 13388,
-    }
-)
-NON_RESUMABLE_CODES = frozenset({280, 286})
+# codes error_labels.cpp adds: resumable for a change stream (reference §6.3). (63 left the
+# NeedRetargetting category in 6.1: OBSOLETE_StaleShardVersion.)
+RESUMABLE_CODES = failpoints.RESUMABLE_CHANGE_STREAM_CODES
+NON_RESUMABLE_CODES = failpoints.NON_RESUMABLE_CHANGE_STREAM_ERROR
 _ZERO_SIGNATURE = {"hash": Binary(bytes(20), 0), "keyId": Int64(0)}
 
 
@@ -85,6 +82,8 @@ def error_reply(
 ) -> dict[str, Any]:
     reply = err.to_reply()
     labels = list(err.labels)
+    if isinstance(err, failpoints.FailPointError):
+        change_stream = False  # a fail point's labels are final
     if change_stream:
         if err.code in RESUMABLE_CODES and "ResumableChangeStreamError" not in labels:
             labels.append("ResumableChangeStreamError")
@@ -105,17 +104,27 @@ async def run_command(
     # Decided before running: a failed change-stream getMore closes its cursor.
     change_stream = is_change_stream_command(name, cmd, server)
     try:
+        # Fail points (configureFailPoint) first: block, close the connection, or fail.
+        pending = failpoints.before_command(server, conn, name, cmd, db, COMMANDS)
+        if pending is not None:
+            await pending
         if handler is None:
             raise MongoError(59, f"no such command: '{name}'")
         reply = await handler(server, conn, cmd, db)
     except MongoError as err:
         return error_reply(server, err, change_stream)
+    except failpoints.CloseConnection:
+        raise  # the listener drops the connection without a reply
     except Exception as exc:
         # A bug or an input no handler anticipated: that request fails; the connection and
         # everyone else go on.
         log.exception("command %r failed", name)
         err = MongoError(1, f"{name} failed: {type(exc).__name__}: {exc}")
         return error_reply(server, err, change_stream)
+    failpoints.after_command(server, conn, name, cmd, db, COMMANDS, reply)
     reply["ok"] = 1.0
     reply.update(cluster_time_fields(server))
     return reply
+
+
+command("configureFailPoint")(failpoints.configure_fail_point)

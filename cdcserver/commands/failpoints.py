@@ -1,0 +1,562 @@
+"""Fail points, as mongod offers them with test commands enabled: `configureFailPoint` (admin)
+for `failCommand` and `failGetMoreAfterCursorCheckout`.
+
+Users test their consumers' resume logic with them: a network error (`closeConnection`), a
+`ResumableChangeStreamError` (`failGetMoreAfterCursorCheckout`), `CursorNotFound`, a slow server
+(`blockConnection`)... The drivers' specification tests use them the same way.
+
+Every fail point starts `off`. `[server] enable_fail_points = false` removes the command (it then
+answers CommandNotFound, as a mongod without `enableTestCommands` does). cdcserver has no
+authentication, so there is no privilege to check.
+
+mongod's semantics, reproduced here (src/mongo/db/commands.cpp, error_labels.cpp,
+getmore_cmd.cpp, util/fail_point.cpp):
+
+- `mode`: `"alwaysOn"`, `"off"`, `{times: n}` (n activations, then off), `{skip: n}` (let n
+  matching commands through, then always on), `{activationProbability: p}`.
+- `failCommand` applies to a command named (or aliased) in `data.failCommands` (or every command
+  with `failAllCommands`), never to `configureFailPoint`, and only when `appName`, `threadName`
+  ("conn<id>") and `namespace` match when given, and not to internal clients (a hello with
+  `internalClient`) unless `failInternalCommands`. It is evaluated before the command runs,
+  and activates only with `closeConnection`, `blockConnection` or `errorCode`: it blocks
+  `blockTimeMS` first, then closes the connection without a reply, or fails with `errorCode`
+  ("Failing command via 'failCommand' failpoint"). A `writeConcernError` (without those) is
+  appended to the successful reply of a command that takes a write concern.
+- `errorLabels`, when given, replace the labels mongod would add (`[]`: none). Otherwise the
+  labels are mongod's (ErrorLabelBuilder): TransientTransactionError, RetryableWriteError,
+  ResumableChangeStreamError for the aggregate that opens a change stream (not for a getMore:
+  `failCommand` fires before the cursor is checked out, so mongod cannot tell it serves a change
+  stream), NonResumableChangeStreamError for 280/286.
+- `failGetMoreAfterCursorCheckout` fails a getMore after its cursor is checked out (same
+  `appName`/`namespace`/internal-client filters, on the cursor's namespace) with `errorCode`
+  (default InternalError) "Hit the 'failGetMoreAfterCursorCheckout' failpoint"; the cursor is
+  deleted, and a change-stream cursor's error carries ResumableChangeStreamError.
+- NotPrimary-category errors carry the server's `topologyVersion`, as a replica-set member's do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from bson.int64 import Int64
+
+from pipeline_stages.errors import CODE_NAMES, MongoError
+
+log = logging.getLogger("cdcserver")
+
+FAIL_COMMAND = "failCommand"
+FAIL_GET_MORE = "failGetMoreAfterCursorCheckout"
+FAIL_POINT_NAMES = (FAIL_COMMAND, FAIL_GET_MORE)
+FAIL_COMMAND_MESSAGE = "Failing command via 'failCommand' failpoint"
+FAIL_GET_MORE_MESSAGE = "Hit the 'failGetMoreAfterCursorCheckout' failpoint"
+
+# src/mongo/base/error_codes.yml (8.0) categories, for the codes in them.
+NETWORK_ERROR = frozenset({6, 7, 89, 317, 384, 9001})
+RETRIABLE_ERROR = frozenset(
+    {6, 7, 89, 91, 134, 189, 262, 317, 358, 384, 402, 9001, 10107, 11600, 11602, 13435, 13436,
+     50915}
+)
+NEED_RETARGETTING_ERROR = frozenset({150, 13388})
+NOT_PRIMARY_ERROR = frozenset({189, 10107, 11602, 13435, 13436})
+SNAPSHOT_ERROR = frozenset({239, 246, 250, 272})
+NON_RESUMABLE_CHANGE_STREAM_ERROR = frozenset({280, 286})
+# error_labels.cpp isResumableChangeStreamError: these codes, on an aggregate/getMore serving a
+# change stream.
+RESUMABLE_CHANGE_STREAM_CODES = (
+    RETRIABLE_ERROR | NETWORK_ERROR | NEED_RETARGETTING_ERROR | frozenset({133, 234})
+)
+# isTransientTransactionError's explicit list (WriteConflict, LockTimeout,
+# PreparedTransactionInProgress, ShardCannotRefreshDueToLocksHeld, StaleDbVersion, ...).
+_TRANSIENT_CODES = frozenset({112, 24, 267, 343, 249})
+_COMMIT_OR_ABORT = frozenset({"commitTransaction", "abortTransaction"})
+_HELLO = frozenset({"hello", "isMaster", "ismaster"})
+# Commands that take a write concern (a failCommand `writeConcernError` applies to them).
+_WRITE_CONCERN_COMMANDS = frozenset(
+    {"insert", "update", "delete", "findAndModify", "findandmodify", "create", "drop",
+     "dropDatabase", "renameCollection", "createIndexes", "dropIndexes", "deleteIndexes",
+     "collMod", "commitTransaction", "abortTransaction"}
+)
+
+# Names of the codes fail points are commonly given (error_codes.yml), beyond CODE_NAMES.
+_MORE_CODE_NAMES = {
+    6: "HostUnreachable", 7: "HostNotFound", 24: "LockTimeout", 63: "OBSOLETE_StaleShardVersion",
+    64: "WriteConcernTimeout", 79: "UnknownReplWriteConcern", 89: "NetworkTimeout",
+    91: "ShutdownInProgress", 100: "UnsatisfiableWriteConcern",
+    133: "FailedToSatisfyReadPreference",
+    134: "ReadConcernMajorityNotAvailableYet", 150: "StaleEpoch", 189: "PrimarySteppedDown",
+    216: "ElectionInProgress", 239: "SnapshotTooOld", 244: "NOT_YET_AVAILABLE_TransactionAborted",
+    246: "SnapshotUnavailable", 262: "ExceededTimeLimit", 266: "FailPointSetFailed",
+    267: "PreparedTransactionInProgress", 317: "ConnectionPoolExpired", 384: "ConnectionError",
+    402: "ResourceExhausted", 9001: "SocketException", 10058: "LegacyNotPrimary",
+    10107: "NotWritablePrimary", 11600: "InterruptedAtShutdown", 11601: "Interrupted",
+    11602: "InterruptedDueToReplStateChange", 13388: "StaleConfig",
+    13435: "NotPrimaryNoSecondaryOk", 13436: "NotPrimaryOrSecondary",
+    50915: "BackupCursorOpenConflictWithCheckpoint",
+}
+
+
+def code_name(code: int) -> str:
+    name = CODE_NAMES.get(code) or _MORE_CODE_NAMES.get(code)
+    return name or f"Location{code}"
+
+
+class CloseConnection(ConnectionResetError):
+    """`closeConnection`: the server drops the connection without answering (the listener
+    treats it as the peer going away)."""
+
+
+class NamedError(MongoError):
+    """A MongoError whose codeName also knows the codes fail points are given."""
+
+    @property
+    def code_name(self) -> str:
+        return code_name(self.code)
+
+
+class FailPointError(NamedError):
+    """An error injected by a fail point: its labels are final (no others are added)."""
+
+    def __init__(
+        self, code: int, errmsg: str, labels: list[str], extra: Mapping[str, Any] | None = None
+    ) -> None:
+        super().__init__(code, errmsg, labels)
+        self.extra = dict(extra or {})
+
+    def to_reply(self) -> dict[str, object]:
+        reply = super().to_reply()
+        labels = reply.pop("errorLabels", None)
+        reply.update(self.extra)
+        if labels:
+            reply["errorLabels"] = labels
+        return reply
+
+
+# -- mode -----------------------------------------------------------------------------------------
+
+
+def _whole(mode: Mapping[str, Any], key: str) -> int:
+    value = mode[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        from pipeline_stages.value_string import type_name
+
+        raise MongoError(
+            14, f'Expected field "{key}" to have numeric type, but found {type_name(value)}'
+        )
+    if isinstance(value, float) and not value.is_integer():
+        raise MongoError(
+            2, f'Expected field "{key}" to have a value exactly representable as a 64-bit '
+            f"integer, but found {key}: {value}"
+        )
+    number = int(value)
+    if number < 0:
+        raise MongoError(2, f"'{key}' option to 'mode' must be positive")
+    if number > 2**31 - 1:
+        raise MongoError(2, f"'{key}' option to 'mode' is too large")
+    return number
+
+
+@dataclass
+class FailPoint:
+    name: str
+    mode: str = "off"  # off | alwaysOn | times | skip | random
+    value: float = 0  # times left, skips left, or the activation probability
+    data: dict[str, Any] = field(default_factory=dict)
+    times_entered: int = 0
+
+    @property
+    def on(self) -> bool:
+        return self.mode != "off"
+
+    def configure(self, cmd: Mapping[str, Any]) -> None:
+        """FailPoint::parseBSON, then set (the count of activations is kept, as mongod's)."""
+        if "mode" not in cmd:
+            raise MongoError(20, "When setting a failpoint, you must supply a 'mode'")
+        mode = cmd["mode"]
+        value: float = 0
+        if isinstance(mode, str):
+            if mode not in ("off", "alwaysOn"):
+                raise MongoError(2, f"unknown mode: {mode}")
+        elif isinstance(mode, Mapping):
+            if "times" in mode:
+                value, mode = _whole(mode, "times"), "times"
+            elif "skip" in mode:
+                value, mode = _whole(mode, "skip"), "skip"
+            elif "activationProbability" in mode:
+                p = mode["activationProbability"]
+                if isinstance(p, bool) or not isinstance(p, (int, float)):
+                    raise MongoError(
+                        14, "'activationProbability' option to 'mode' must be a double"
+                    )
+                if not 0 <= p <= 1:
+                    raise MongoError(
+                        2, "'activationProbability' option to 'mode' must be between 0 and 1"
+                    )
+                value, mode = float(p), "random"
+            else:
+                raise MongoError(
+                    2, "mode must be 'alwaysOn', 'off', or a document with 'times', 'skip', "
+                    "or 'activationProbability'"
+                )
+        else:
+            raise MongoError(14, "'mode' must be a string or JSON object")
+        data = cmd.get("data", {})
+        if not isinstance(data, Mapping):
+            raise MongoError(14, "the 'data' field must be a BSON object")
+        self.mode, self.value, self.data = mode, value, dict(data)
+        if mode == "times" and value == 0:
+            self.mode = "off"
+
+    def fire(self) -> bool:
+        """One evaluation by a command that matches the fail point's filters."""
+        if self.mode == "off":
+            return False
+        if self.mode == "skip":
+            if self.value > 0:
+                self.value -= 1
+                return False
+        elif self.mode == "random":
+            if random.random() >= self.value:
+                return False
+        elif self.mode == "times":
+            self.value -= 1
+            if self.value <= 0:
+                self.mode = "off"
+        self.times_entered += 1
+        return True
+
+    def describe(self) -> dict[str, Any]:
+        mode: Any = self.mode
+        if mode == "times":
+            mode = {"times": int(self.value)}
+        elif mode == "skip":
+            mode = {"skip": int(self.value)}
+        elif mode == "random":
+            mode = {"activationProbability": self.value}
+        return {"mode": mode, "data": self.data, "timesEntered": Int64(self.times_entered)}
+
+
+class FailPoints:
+    """The fail points of one server."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.points = {name: FailPoint(name) for name in FAIL_POINT_NAMES}
+
+    @property
+    def active(self) -> bool:
+        return any(p.on for p in self.points.values())
+
+    def reset(self) -> None:
+        for point in self.points.values():
+            point.mode, point.value, point.data = "off", 0, {}
+
+
+def fail_points(server: Any) -> FailPoints:
+    """The server's fail points (kept on the ServerState, made on first use)."""
+    points = server.__dict__.get("fail_points")
+    if points is None:
+        points = server.__dict__["fail_points"] = FailPoints()
+    return points
+
+
+def set_enabled(server: Any, enabled: bool) -> None:
+    """Config `[server] enable_fail_points`: false removes configureFailPoint."""
+    points = fail_points(server)
+    points.enabled = enabled
+    if not enabled:
+        points.reset()
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+
+async def configure_fail_point(server, conn, cmd, db):
+    points = fail_points(server)
+    if not points.enabled:
+        raise MongoError(59, "no such command: 'configureFailPoint'")
+    if db != "admin":
+        raise MongoError(13, "configureFailPoint may only be run against the admin database.")
+    name = cmd.get("configureFailPoint")
+    point = points.points.get(name) if isinstance(name, str) else None
+    if point is None:
+        raise NamedError(266, f"{name} not found")
+    entered = point.times_entered
+    point.configure(cmd)
+    log.info("fail point %s set to %s", name, point.describe())
+    return {"count": entered}
+
+
+# -- what a command meets -------------------------------------------------------------------------
+
+
+def command_namespace(name: str, cmd: Mapping[str, Any], db: str) -> str:
+    """The namespace mongod's invocation reports (`data.namespace` is compared to it)."""
+    if name == "getMore":
+        coll = cmd.get("collection")
+        return f"{db}.{coll}" if isinstance(coll, str) else f"{db}.$cmd"
+    first = cmd.get(name)
+    if isinstance(first, str) and first:
+        return f"{db}.{first}"
+    return f"{db}.$cmd"
+
+
+def _same_command(wanted: Any, name: str, commands: Mapping[str, Any]) -> bool:
+    if not isinstance(wanted, str):
+        return False
+    if wanted == name:
+        return True
+    handler = commands.get(wanted)
+    return handler is not None and handler is commands.get(name)
+
+
+def _filters_pass(data: Mapping[str, Any], conn: Any, ns: str) -> bool:
+    """shouldActivateFailCommandFailPoint, without the command-name test."""
+    if "threadName" in data and data.get("threadName") != f"conn{conn.id}":
+        return False
+    if "appName" in data:
+        metadata = conn.client_metadata or {}
+        application = metadata.get("application") if isinstance(metadata, Mapping) else None
+        app = application.get("name", "") if isinstance(application, Mapping) else ""
+        if data.get("appName") != app:
+            return False
+    if "namespace" in data and data.get("namespace") != ns:
+        return False
+    internal = getattr(conn, "internal_client", False)
+    return not (internal and data.get("failInternalCommands") is not True)
+
+
+def _fail_command_matches(
+    data: Mapping[str, Any], conn: Any, name: str, ns: str, commands: Mapping[str, Any]
+) -> bool:
+    # An unknown command is CommandNotFound before any fail point; configureFailPoint is never
+    # failed.
+    if name not in commands or name == "configureFailPoint":
+        return False
+    if not _filters_pass(data, conn, ns):
+        return False
+    if "failAllCommands" in data:
+        return True
+    wanted = data.get("failCommands")
+    if not isinstance(wanted, list):
+        return False
+    return any(_same_command(w, name, commands) for w in wanted)
+
+
+def _int_field(data: Mapping[str, Any], key: str) -> int | None:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return int(value)
+
+
+def _is_change_stream_aggregate(name: str, cmd: Mapping[str, Any]) -> bool:
+    if name != "aggregate":
+        return False
+    pipeline = cmd.get("pipeline")
+    return (
+        isinstance(pipeline, list) and bool(pipeline) and isinstance(pipeline[0], Mapping)
+        and "$changeStream" in pipeline[0]
+    )
+
+
+def error_labels(
+    name: str,
+    cmd: Mapping[str, Any],
+    code: int | None,
+    wc_code: int | None = None,
+    *,
+    change_stream: bool = False,
+    internal_client: bool = False,
+) -> list[str]:
+    """mongod's ErrorLabelBuilder (error_labels.cpp): the labels of an error reply.
+
+    `change_stream`: the command serves a change stream (an aggregate whose pipeline starts
+    with `$changeStream`, or a getMore whose checked-out cursor is one).
+    """
+    labels: list[str] = []
+    has_txn = cmd.get("txnNumber") is not None
+    in_txn = has_txn and "autocommit" in cmd
+    commit_or_abort = name in _COMMIT_OR_ABORT
+    transient = False
+    if code is not None and in_txn and code != 358:
+        if code in _TRANSIENT_CODES or code in SNAPSHOT_ERROR or code in NEED_RETARGETTING_ERROR:
+            transient = True
+        elif commit_or_abort:
+            transient = code == 251 and wc_code is None
+        else:
+            transient = code in RETRIABLE_ERROR or code == 251
+    retryable = False
+    if transient:
+        labels.append("TransientTransactionError")
+    elif not internal_client and ((has_txn and not in_txn) or (in_txn and commit_or_abort)):
+        retryable = (code is not None and code in RETRIABLE_ERROR) or (
+            wc_code is not None and wc_code in RETRIABLE_ERROR
+        )
+        if retryable:
+            labels.append("RetryableWriteError")
+    resumable = (
+        not transient and not retryable and change_stream and name in ("aggregate", "getMore")
+        and code is not None and wc_code is None and code in RESUMABLE_CHANGE_STREAM_CODES
+    )
+    if resumable:
+        labels.append("ResumableChangeStreamError")
+    elif code in NON_RESUMABLE_CHANGE_STREAM_ERROR:
+        labels.append("NonResumableChangeStreamError")
+    return labels
+
+
+def _topology_version(server: Any, code: int | None) -> dict[str, Any]:
+    if code in NOT_PRIMARY_ERROR:
+        return {"topologyVersion": {"processId": server.process_id, "counter": Int64(0)}}
+    return {}
+
+
+def _injected_error(
+    server: Any, conn: Any, name: str, cmd: Mapping[str, Any], code: int, message: str,
+    data: Mapping[str, Any], change_stream: bool,
+) -> FailPointError:
+    override = data.get("errorLabels")
+    if isinstance(override, list):
+        labels = [str(label) for label in override]
+    else:
+        labels = error_labels(
+            name, cmd, code, change_stream=change_stream,
+            internal_client=getattr(conn, "internal_client", False),
+        )
+    extra = dict(_topology_version(server, code))
+    info = data.get("errorExtraInfo")
+    if isinstance(info, Mapping):
+        extra.update(info)
+    return FailPointError(code, message, labels, extra)
+
+
+def before_command(
+    server: Any, conn: Any, name: str, cmd: Mapping[str, Any], db: str,
+    commands: Mapping[str, Any],
+) -> Awaitable[None] | None:
+    """Consult the fail points before a command runs: close the connection
+    (`CloseConnection`) or fail (`FailPointError`) now, or return what to await first (a
+    `blockConnection`, then maybe one of those). None (no fail point on): run the command."""
+    if name in _HELLO and isinstance(cmd.get("internalClient"), Mapping):
+        conn.internal_client = True
+    points = server.__dict__.get("fail_points")
+    if points is None or not points.enabled:
+        return None
+    fail_command = points.points[FAIL_COMMAND]
+    if fail_command.on:
+        pending = _evaluate_fail_command(server, conn, name, cmd, db, commands, fail_command)
+        if pending is not None:
+            return pending
+    fail_get_more = points.points[FAIL_GET_MORE]
+    if fail_get_more.on and name == "getMore":
+        _evaluate_fail_get_more(server, conn, name, cmd, db, fail_get_more)
+    return None
+
+
+def _evaluate_fail_command(server, conn, name, cmd, db, commands, point):
+    data = point.data
+    close = data.get("closeConnection") is True
+    block = data.get("blockConnection") is True
+    code = _int_field(data, "errorCode")
+    if not (close or block or code is not None):
+        return None
+    ns = command_namespace(name, cmd, db)
+    if not _fail_command_matches(data, conn, name, ns, commands) or not point.fire():
+        return None
+    if block:
+        return _block_then_fail(server, conn, name, cmd, data, close, code)
+    _fail(server, conn, name, cmd, data, close, code)
+    return None
+
+
+async def _block_then_fail(server, conn, name, cmd, data, close, code) -> None:
+    block_ms = _int_field(data, "blockTimeMS")
+    if block_ms is None:
+        raise MongoError(72, "must specify 'blockTimeMS' when 'blockConnection' is true")
+    if block_ms < 0:
+        raise MongoError(72, "'blockTimeMS' must be non-negative")
+    log.info("blocking %s for %d ms via 'failCommand' failpoint", name, block_ms)
+    max_time_ms = _int_field(cmd, "maxTimeMS") if name != "getMore" else None
+    if max_time_ms and max_time_ms < block_ms:  # opCtx->sleepFor honours maxTimeMS
+        await asyncio.sleep(max_time_ms / 1000)
+        raise MongoError(50, "operation exceeded time limit")
+    await asyncio.sleep(block_ms / 1000)
+    _fail(server, conn, name, cmd, data, close, code)
+
+
+def _fail(server, conn, name, cmd, data, close, code) -> None:
+    if close:
+        log.info("failing %s via 'failCommand' failpoint: closing connection %d", name, conn.id)
+        raise CloseConnection(FAIL_COMMAND_MESSAGE)
+    if code is not None:
+        log.info("failing %s via 'failCommand' failpoint: returning %d", name, code)
+        raise _injected_error(
+            server, conn, name, cmd, code, FAIL_COMMAND_MESSAGE, data,
+            change_stream=_is_change_stream_aggregate(name, cmd),
+        )
+
+
+def _evaluate_fail_get_more(server, conn, name, cmd, db, point) -> None:
+    cursor_id = cmd.get("getMore")
+    coll = cmd.get("collection")
+    if isinstance(cursor_id, bool) or not isinstance(cursor_id, int) or not isinstance(coll, str):
+        return
+    ns = f"{db}.{coll}"
+    cursor = server.cursors.cursors.get(int(cursor_id))
+    change_stream = cursor is not None
+    if cursor is None:  # the embedded store's find/aggregate cursors
+        cursor = server.result_cursors.get(int(cursor_id))
+    # Checked out: it exists, belongs to this namespace and is not in use.
+    if cursor is None or getattr(cursor, "ns", ns) != ns or getattr(cursor, "busy", False):
+        return
+    if not _filters_pass(point.data, conn, ns) or not point.fire():
+        return
+    # getMore's cursorDeleter: a getMore failing after checkout deletes its cursor.
+    if change_stream:
+        server.cursors.kill(int(cursor_id))
+    else:
+        server.result_cursors.pop(int(cursor_id), None)
+    code = _int_field(point.data, "errorCode")
+    code = 1 if code is None else code
+    log.info("failing getMore of cursor %d via 'failGetMoreAfterCursorCheckout'", cursor_id)
+    labels = error_labels(
+        name, cmd, code, change_stream=change_stream,
+        internal_client=getattr(conn, "internal_client", False),
+    )
+    extra = _topology_version(server, code)
+    raise FailPointError(code, FAIL_GET_MORE_MESSAGE, labels, extra)
+
+
+def after_command(
+    server: Any, conn: Any, name: str, cmd: Mapping[str, Any], db: str,
+    commands: Mapping[str, Any], reply: dict[str, Any],
+) -> None:
+    """A `writeConcernError` fail point on a successful command that takes a write concern:
+    mongod appends it (and the fail point's non-empty `errorLabels`, or its own) to the reply."""
+    points = server.__dict__.get("fail_points")
+    if points is None or not points.enabled or name not in _WRITE_CONCERN_COMMANDS:
+        return
+    point = points.points[FAIL_COMMAND]
+    if not point.on or "writeConcernError" not in point.data:
+        return
+    data = point.data
+    ns = command_namespace(name, cmd, db)
+    if not _fail_command_matches(data, conn, name, ns, commands) or not point.fire():
+        return
+    wce = data["writeConcernError"]
+    reply["writeConcernError"] = wce
+    override = data.get("errorLabels")
+    if isinstance(override, list):
+        labels = [str(label) for label in override]
+    else:
+        wc_code = _int_field(wce, "code") if isinstance(wce, Mapping) else None
+        labels = error_labels(
+            name, cmd, None, wc_code, internal_client=getattr(conn, "internal_client", False)
+        )
+    if labels:
+        reply["errorLabels"] = labels

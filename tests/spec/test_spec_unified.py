@@ -1,0 +1,117 @@
+"""The drivers' specification tests for change streams, run with pymongo against cdcserver.
+
+Files: `specifications/change-streams/tests/unified/*.json` (89 tests) and the optional
+change-stream files beside them: retryable-reads `changeStreams-*.json`, collection-management
+`*-pre_and_post_images.json`, client-side-operations-timeout `change-streams.json`, and the
+unified-test-format `poc-change-streams.json`. They come from the shared corpus
+(`../shared/corpus/specifications`, see its PROVENANCE.md).
+
+Every test whose runOnRequirements cdcserver (MongoDB 8.0.12, replica set) satisfies runs and
+must pass; a test that cannot apply is skipped with its reason (unmet runOnRequirements, or a
+pymongo limitation listed in PYMONGO_LIMITS); a failure that is a known bug outside this
+directory is an xfail(strict=True) naming it (KNOWN_BUGS).
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+from pymongo.errors import PyMongoError
+from unified_runner import Runner, SkipTest, load_file
+
+SPECS = pathlib.Path(__file__).resolve().parents[3] / "shared" / "corpus" / "specifications"
+
+FILES = [
+    *sorted((SPECS / "change-streams" / "tests" / "unified").glob("*.json")),
+    *sorted((SPECS / "retryable-reads" / "tests" / "unified").glob("changeStreams-*.json")),
+    *sorted((SPECS / "collection-management" / "tests").glob("*pre_and_post_images.json")),
+    SPECS / "client-side-operations-timeout" / "tests" / "change-streams.json",
+    SPECS / "unified-test-format" / "tests" / "valid-pass" / "poc-change-streams.json",
+]
+
+# Tests that cannot apply with pymongo: (file path under SPECS, description) -> reason. A
+# file-wide entry uses "*" as the description.
+_CSOT = "client-side-operations-timeout/tests/change-streams.json"
+_NO_CSOT_VALIDATION = (
+    "pymongo 4.20 has no timeoutMS option for watch() (its CSOT is `with pymongo.timeout()`, "
+    "which the runner puts around each call on the stream) and does not check maxAwaitTimeMS "
+    "against it; pymongo's own unified runner skips all CSOT change-stream tests ('CSOT not "
+    "implemented for watch()')"
+)
+PYMONGO_LIMITS: dict[tuple[str, str], str] = {
+    (_CSOT, "error if maxAwaitTimeMS is greater than timeoutMS"):
+        _NO_CSOT_VALIDATION,
+    (_CSOT, "error if maxAwaitTimeMS is equal to timeoutMS"):
+        _NO_CSOT_VALIDATION,
+}
+
+# Known failures caused by code outside tests/spec: (file path under SPECS, description) -> the
+# bug and the file that has it.
+KNOWN_BUGS: dict[tuple[str, str], str] = {
+    ("change-streams/tests/unified/change-streams-showExpandedEvents.json",
+     "when showExpandedEvents is true, create events on views are reported"):
+        "cdcserver/commands/ddl.py `create` refuses `viewOn` (BadValue: \"'viewOn' (views, time "
+        "series, queryable encryption) is not supported by cdcserver's embedded store yet\"); "
+        "mongod 8.0 creates the view and writes a `create` oplog entry (o: {create, viewOn, "
+        "pipeline}) that a showExpandedEvents stream reports as a create event",
+}
+
+
+def _key(path: pathlib.Path) -> str:
+    return path.relative_to(SPECS).as_posix()
+
+
+def _cases() -> list:
+    cases = []
+    for path in FILES:
+        if not path.is_file():
+            continue
+        spec = load_file(path)
+        for index, test in enumerate(spec["tests"]):
+            key = (_key(path), test["description"])
+            marks = []
+            bug = KNOWN_BUGS.get(key)
+            if bug:
+                marks.append(pytest.mark.xfail(strict=True, reason=bug))
+            case_id = f"{path.relative_to(SPECS).parts[0]}/{path.stem}: {test['description']}"
+            cases.append(pytest.param(path, index, marks=marks, id=case_id))
+    return cases
+
+
+_SPEC_CACHE: dict[pathlib.Path, dict] = {}
+
+
+def _spec(path: pathlib.Path) -> dict:
+    if path not in _SPEC_CACHE:
+        _SPEC_CACHE[path] = load_file(path)
+    return _SPEC_CACHE[path]
+
+
+@pytest.mark.skipif(not SPECS.is_dir(), reason=f"{SPECS} (the shared corpus) is not present")
+@pytest.mark.parametrize(("path", "index"), _cases())
+def test_spec(path, index, deployment, spec_internal_client):
+    spec = _spec(path)
+    test = spec["tests"][index]
+    limit = PYMONGO_LIMITS.get((_key(path), test["description"])) or PYMONGO_LIMITS.get(
+        (_key(path), "*")
+    )
+    # CSOT tests measure time against blocked commands with margins of 20-50 ms; like pymongo's
+    # own runner, give them three attempts (a loaded machine can miss a margin once).
+    attempts = 3 if _key(path).startswith("client-side-operations-timeout/") else 1
+    try:
+        if limit:
+            # Only a test that applies to cdcserver can be excused by a pymongo limitation.
+            reason = deployment.unmet_all(spec.get("runOnRequirements")) or deployment.unmet_all(
+                test.get("runOnRequirements")
+            )
+            raise SkipTest(reason or limit)
+        for attempt in range(attempts):
+            try:
+                Runner(deployment, spec_internal_client).run(spec, test)
+                break
+            except (AssertionError, PyMongoError):
+                if attempt == attempts - 1:
+                    raise
+    except SkipTest as exc:
+        pytest.skip(str(exc))
