@@ -42,6 +42,8 @@ class ServerState:
             self.store = getattr(self.log, "store", None)
         if self.images is None and self.store is not None:
             self.images = self.store.images
+        if self.images is None:  # a live upstream looks images up there
+            self.images = getattr(self.log, "images", None)
 
     @property
     def me(self) -> str:

@@ -22,6 +22,7 @@ from cdcserver.commands import cursors as _cursors  # noqa: F401  (registers com
 from cdcserver.commands import ddl as _ddl  # noqa: F401
 from cdcserver.commands import failpoints
 from cdcserver.commands import handshake as _handshake  # noqa: F401
+from cdcserver.commands import proxy as _proxy  # noqa: F401  (`serve --upstream` forwarding)
 from cdcserver.commands.registry import run_command
 from cdcserver.config import Config
 from cdcserver.context import ConnectionState, ServerState

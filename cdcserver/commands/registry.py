@@ -13,6 +13,7 @@ from typing import Any
 
 from bson.binary import Binary
 from bson.int64 import Int64
+from bson.raw_bson import RawBSONDocument
 
 from cdcserver.commands import failpoints
 from cdcserver.context import ConnectionState, ServerState
@@ -101,6 +102,9 @@ async def run_command(
     name = next(iter(cmd), "")
     db = cmd.get("$db", "admin")
     handler = COMMANDS.get(name)
+    proxy = COMMANDS.get("$proxy")  # `serve --upstream`: what cdcserver does not answer itself
+    if proxy is not None and proxy.forwards(server, name, cmd):
+        handler = proxy
     # Decided before running: a failed change-stream getMore closes its cursor.
     change_stream = is_change_stream_command(name, cmd, server)
     try:
@@ -111,6 +115,8 @@ async def run_command(
         if handler is None:
             raise MongoError(59, f"no such command: '{name}'")
         reply = await handler(server, conn, cmd, db)
+        if isinstance(reply, RawBSONDocument):
+            return reply  # forwarded: the upstream's reply as it came (its ok, its times)
     except MongoError as err:
         return error_reply(server, err, change_stream)
     except failpoints.CloseConnection:
