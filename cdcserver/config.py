@@ -37,6 +37,9 @@ class StoreConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     synchronous: str = "full"  # off | normal | full | extra
     oplog_size_mb: int = 1024
     noop_interval_s: float = 10.0
+    # A transaction's applyOps is split into entries chained with partialTxn past these.
+    txn_oplog_entry_bytes: int = 16 * 1024 * 1024
+    txn_oplog_entry_ops: int = 2_147_483_647
 
 
 class UpstreamConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

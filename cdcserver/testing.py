@@ -15,6 +15,22 @@ RSS is measurable with :meth:`SubprocessServer.rss_kib`, its log is a file). Eit
 port is chosen by the OS (``--port 0``), so there is no race for a free port, and the
 server is stopped (its connections and cursors closed) when the test ends.
 
+Without oplog files a server serves the embedded store: write to it with any driver and
+``watch()`` the writes (``cdcserver_embedded`` / ``cdcserver_uri``: in memory;
+``cdcserver_embedded_durable``: SQLite in ``tmp_path``; ``cdcserver_factory(data_dir=...,
+mode="subprocess")``: a ``cdcserver serve --data-dir`` process)::
+
+    def test_my_consumer(cdcserver_uri):
+        client = pymongo.MongoClient(cdcserver_uri)
+        with client.shop.orders.watch() as stream:
+            client.shop.orders.insert_one({"_id": 1})
+            assert stream.next()["operationType"] == "insert"
+
+:func:`record_oplog` / :class:`OplogRecorder` write a server's oplog (read over the wire from
+``local.oplog.rs``) to a BSON file that ``cdcserver serve --oplog FILE`` and ``cdcserver
+replay --oplog FILE`` replay later; ``pytest --cdcserver-record-oplog DIR`` records the oplog
+of every embedded server the fixtures started, one file per test.
+
 The in-process server runs the real :class:`cdcserver.server.Server` on a uvloop loop in a
 daemon thread; :meth:`ThreadServer.call` runs a function on that loop (its state belongs to
 it), :attr:`ThreadServer.state` is the live :class:`~cdcserver.context.ServerState`.
@@ -54,12 +70,20 @@ PathLike = str | os.PathLike[str]
 
 __all__ = [
     "HOST",
+    "EmbeddedServer",
+    "OplogRecorder",
     "RunningServer",
     "SubprocessServer",
     "ThreadServer",
     "append_oplog",
+    "cdcserver_embedded",
+    "cdcserver_embedded_durable",
     "cdcserver_factory",
+    "cdcserver_record_oplog",
     "cdcserver_sample",
+    "cdcserver_uri",
+    "read_oplog",
+    "record_oplog",
     "rss_kib",
     "start_server",
     "write_oplog",
@@ -252,6 +276,60 @@ class ThreadServer(RunningServer):
             self.loop.close()
 
 
+class EmbeddedServer(ThreadServer):
+    """The embedded store served in this process: in memory, or durable in ``data_dir``.
+
+    :attr:`store` is the live :class:`~cdcserver.embedded.store.Store` (it belongs to the
+    server's loop thread: read it between requests, or through :meth:`call`). ``store_options``
+    go to the store (``oplog_size_bytes``, ``synchronous``, ...). The periodic no-op writer is
+    off unless ``noop_interval_s`` is given, so a test's oplog holds only its own writes.
+    """
+
+    def __init__(
+        self,
+        data_dir: PathLike | None = None,
+        *,
+        noop_interval_s: float = 0.0,
+        max_connections: int = 10_000,
+        **store_options: Any,
+    ) -> None:
+        from cdcserver.embedded.store import Store
+        from cdcserver.sources.embedded import EmbeddedOplog
+
+        self.data_dir = pathlib.Path(data_dir) if data_dir is not None else None
+        self.store = Store(str(data_dir) if data_dir is not None else None, **store_options)
+        try:
+            self.oplog = EmbeddedOplog(self.store, noop_interval_s=noop_interval_s)
+            super().__init__(
+                make_log=lambda: self.oplog,
+                follow=noop_interval_s > 0,
+                max_connections=max_connections,
+            )
+        except BaseException:
+            self.store.close()
+            raise
+
+    def client(self, **kwargs: Any) -> Any:
+        """A pymongo client connected directly to this server."""
+        from pymongo import MongoClient
+
+        kwargs.setdefault("serverSelectionTimeoutMS", 5000)
+        return MongoClient(self.direct_uri, **kwargs)
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Every oplog entry, decoded (UUIDs as Binary, datetimes naive)."""
+        raw = self.store.oplog_entries() if self._stopped else self.call(self.store.oplog_entries)
+        return [bson.decode(r) for r in raw]
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        try:
+            super().stop()
+        finally:
+            self.store.close()
+
+
 def _new_loop() -> asyncio.AbstractEventLoop:
     try:
         import uvloop
@@ -270,16 +348,18 @@ class SubprocessServer(RunningServer):
 
     def __init__(
         self,
-        oplog_paths: Iterable[PathLike],
+        oplog_paths: Iterable[PathLike] = (),
         *,
         follow: bool = True,
+        data_dir: PathLike | None = None,
         log_path: PathLike | None = None,
         extra_args: Iterable[str] = (),
         env: Mapping[str, str] | None = None,
     ) -> None:
         self.oplog_paths = [pathlib.Path(p) for p in oplog_paths]
-        if not self.oplog_paths:
-            raise ValueError("give at least one oplog file")
+        self.data_dir = pathlib.Path(data_dir) if data_dir is not None else None
+        if self.oplog_paths and self.data_dir is not None:
+            raise ValueError("give oplog files or a data directory, not both")
         self._own_log = log_path is None
         if log_path is None:
             fd, log_path = tempfile.mkstemp(prefix="cdcserver-", suffix=".log")
@@ -287,10 +367,16 @@ class SubprocessServer(RunningServer):
         self.log_path = pathlib.Path(log_path)
         args = [
             sys.executable, "-m", "cdcserver.cli", "serve", "--host", HOST, "--port", "0",
-            "--oplog", *map(str, self.oplog_paths), *extra_args,
         ]
-        if follow:
-            args.append("--follow")
+        if self.oplog_paths:
+            args += ["--oplog", *map(str, self.oplog_paths)]
+            if follow:
+                args.append("--follow")
+        elif self.data_dir is not None:  # the embedded store, durable
+            args += ["--data-dir", str(self.data_dir)]
+        else:  # the embedded store, in memory
+            args.append("--in-memory")
+        args += list(extra_args)
         self.args = args
         self._log_file = open(self.log_path, "wb")  # noqa: SIM115  (closed in stop)
         self.process = subprocess.Popen(
@@ -329,6 +415,12 @@ class SubprocessServer(RunningServer):
     def rss_kib(self) -> int:
         return rss_kib(self.pid)
 
+    def kill(self) -> int:
+        """SIGKILL: no shutdown of any kind (a crash). Returns the exit status."""
+        if self.process.poll() is None:
+            self.process.kill()
+        return self.process.wait()
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -346,14 +438,102 @@ class SubprocessServer(RunningServer):
 def start_server(
     oplog_paths: PathLike | Iterable[PathLike] = (), *, mode: str = "thread", **options: Any
 ) -> RunningServer:
-    """Start a server (``mode`` ``"thread"`` or ``"subprocess"``); the caller stops it."""
+    """Start a server (``mode`` ``"thread"`` or ``"subprocess"``); the caller stops it.
+
+    With oplog files it serves them; without, it serves the embedded store: in memory, or
+    durable in ``data_dir=...``.
+    """
     if isinstance(oplog_paths, (str, os.PathLike)):
         oplog_paths = [oplog_paths]
+    oplog_paths = list(oplog_paths)
     if mode == "thread":
+        if not oplog_paths and "make_log" not in options:
+            options.pop("follow", None)
+            return EmbeddedServer(options.pop("data_dir", None), **options)
         return ThreadServer(oplog_paths, **options)
     if mode == "subprocess":
         return SubprocessServer(oplog_paths, **options)
     raise ValueError(f"mode must be 'thread' or 'subprocess', not {mode!r}")
+
+
+# -- recording an oplog ---------------------------------------------------------------------------
+
+
+def _client_for(source: Any) -> tuple[Any, bool]:
+    """(a pymongo client, whether it is ours to close) for a server, a URI or a client."""
+    from pymongo import MongoClient
+
+    if isinstance(source, RunningServer):
+        return MongoClient(source.direct_uri, serverSelectionTimeoutMS=5000), True
+    if isinstance(source, str):
+        return MongoClient(source, serverSelectionTimeoutMS=5000), True
+    return source, False
+
+
+def read_oplog(source: Any, *, since: Any = None) -> list[RawBSONDocument]:
+    """The entries of a server's ``local.oplog.rs`` (those after the Timestamp ``since``, or
+    all), read over the wire in natural order: works with any cdcserver (embedded or not)
+    and with a real replica-set member."""
+    from bson.codec_options import CodecOptions
+
+    client, own = _client_for(source)
+    try:
+        oplog = client.get_database(
+            "local", codec_options=CodecOptions(document_class=RawBSONDocument)
+        )["oplog.rs"]
+        query = {} if since is None else {"ts": {"$gt": since}}
+        return list(oplog.find(query).sort("$natural", 1))
+    finally:
+        if own:
+            client.close()
+
+
+def record_oplog(source: Any, path: PathLike, *, since: Any = None) -> pathlib.Path:
+    """Write a server's oplog (after ``since``, or all of it) to ``path``: concatenated BSON
+    (mongodump's ``oplog.bson``), or Extended JSON lines for a ``.json``/``.jsonl`` path.
+    ``cdcserver serve --oplog PATH`` and ``cdcserver replay --oplog PATH`` replay it."""
+    return write_oplog(path, read_oplog(source, since=since))
+
+
+class OplogRecorder:
+    """Records what a server's oplog gains while the block runs (or, with
+    ``from_start=True``, all of it) to a file when the block ends::
+
+        with OplogRecorder(server, tmp_path / "run.bson") as rec:
+            ...                                   # the test's writes
+        events = replay_events([str(rec.path)], cmd, "db")
+    """
+
+    def __init__(self, source: Any, path: PathLike, *, from_start: bool = False) -> None:
+        self.source = source
+        self.path = pathlib.Path(path)
+        self.from_start = from_start
+        self.since: Any = None
+        self.count = 0
+
+    def __enter__(self) -> OplogRecorder:
+        if not self.from_start:
+            last = read_oplog_last(self.source)
+            self.since = last["ts"] if last is not None else None
+        return self
+
+    def save(self) -> pathlib.Path:
+        entries = read_oplog(self.source, since=self.since)
+        self.count = len(entries)
+        return write_oplog(self.path, entries)
+
+    def __exit__(self, *exc: object) -> None:
+        self.save()
+
+
+def read_oplog_last(source: Any) -> Mapping[str, Any] | None:
+    """The newest entry of a server's oplog (``find().sort({$natural: -1}).limit(1)``)."""
+    client, own = _client_for(source)
+    try:
+        return client.local["oplog.rs"].find_one({}, sort=[("$natural", -1)])
+    finally:
+        if own:
+            client.close()
 
 
 # -- fixtures -------------------------------------------------------------------------------------
@@ -363,12 +543,49 @@ try:
 except ImportError:  # pragma: no cover - the plugin is only loaded by pytest
     pytest = None  # type: ignore[assignment]
 
+RECORD_OPTION = "--cdcserver-record-oplog"
+
+
+def _record_path(directory: str, nodeid: str, n: int) -> pathlib.Path:
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_") or "test"
+    return pathlib.Path(directory) / (f"{name}.bson" if n == 0 else f"{name}.{n}.bson")
+
+
 if pytest is not None:
 
+    def pytest_addoption(parser: Any) -> None:
+        parser.addoption(
+            RECORD_OPTION,
+            metavar="DIR",
+            default=os.environ.get("CDCSERVER_RECORD_OPLOG") or None,
+            help="write the oplog of every embedded cdcserver a test started (cdcserver.testing "
+            "fixtures) to DIR/<test id>.bson when the test ends, for `cdcserver serve --oplog` "
+            "or `cdcserver replay` (default: $CDCSERVER_RECORD_OPLOG)",
+        )
+
+    def _record_dir(request: Any) -> str | None:
+        try:
+            return request.config.getoption(RECORD_OPTION)
+        except ValueError:  # the option was not registered (plugin loaded late)
+            return os.environ.get("CDCSERVER_RECORD_OPLOG") or None
+
+    def _stop_all(request: Any, started: list[RunningServer]) -> None:
+        directory = _record_dir(request)
+        n = 0
+        for server in reversed(started):
+            if directory and not server.oplog_paths:  # an embedded store: record it
+                with contextlib.suppress(Exception):
+                    pathlib.Path(directory).mkdir(parents=True, exist_ok=True)
+                    record_oplog(server, _record_path(directory, request.node.nodeid, n))
+                    n += 1
+            with contextlib.suppress(Exception):
+                server.stop()
+
     @pytest.fixture
-    def cdcserver_factory() -> Iterator[Callable[..., RunningServer]]:
+    def cdcserver_factory(request: Any) -> Iterator[Callable[..., RunningServer]]:
         """``start(oplog_paths, mode="thread"|"subprocess", follow=True, ...)`` -> a running
-        server; every server started is stopped when the test ends."""
+        server; every server started is stopped when the test ends. Without oplog files it
+        starts the embedded store (in memory, or durable with ``data_dir=...``)."""
         started: list[RunningServer] = []
 
         def start(oplog_paths: Any = (), **options: Any) -> RunningServer:
@@ -377,9 +594,41 @@ if pytest is not None:
             return server
 
         yield start
-        for server in reversed(started):
-            with contextlib.suppress(Exception):
-                server.stop()
+        _stop_all(request, started)
+
+    @pytest.fixture
+    def cdcserver_embedded(request: Any) -> Iterator[EmbeddedServer]:
+        """An embedded-store server in memory (in this process) on a free port; write to it
+        with any driver through ``.uri`` and ``watch()`` the writes."""
+        server = EmbeddedServer()
+        yield server
+        _stop_all(request, [server])
+
+    @pytest.fixture
+    def cdcserver_embedded_durable(
+        request: Any, tmp_path: pathlib.Path
+    ) -> Iterator[EmbeddedServer]:
+        """An embedded-store server persisting to SQLite in ``tmp_path / "cdcserver-data"``
+        (``.data_dir``): start another ``EmbeddedServer(server.data_dir)`` after stopping it
+        to test what survives a restart."""
+        server = EmbeddedServer(tmp_path / "cdcserver-data")
+        yield server
+        _stop_all(request, [server])
+
+    @pytest.fixture
+    def cdcserver_uri(cdcserver_embedded: EmbeddedServer) -> str:
+        """The URI of an in-memory embedded-store server (``cdcserver_embedded``)."""
+        return cdcserver_embedded.uri
+
+    @pytest.fixture
+    def cdcserver_record_oplog(tmp_path: pathlib.Path) -> Callable[..., pathlib.Path]:
+        """``record(server_or_uri, path=None, since=None)`` writes the server's oplog to a
+        BSON file (default ``tmp_path / "oplog.bson"``) and returns its path."""
+
+        def record(source: Any, path: PathLike | None = None, since: Any = None) -> pathlib.Path:
+            return record_oplog(source, path or tmp_path / "oplog.bson", since=since)
+
+        return record
 
     @pytest.fixture
     def cdcserver_sample(

@@ -1,6 +1,10 @@
 """CRUD commands of the embedded store: insert, update, delete, findAndModify, find (+ getMore,
 killCursors), count, distinct, aggregate without `$changeStream`.
 
+`find` / `count` / `aggregate` on `local.oplog.rs` read the server's oplog whatever its source,
+with tailable + awaitData cursors (`oplog_find.py`); `find` on `config.system.preimages` reads
+the store's pre-images in mongod's schema.
+
 Replies are shaped as a replica-set primary's (mongod 8.0): write replies carry `n`,
 `electionId`, `opTime`, `writeErrors` (index, code, errmsg[, keyPattern, keyValue]), and for
 updates `upserted` and `nModified`.
@@ -20,6 +24,7 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
+from cdcserver.commands import oplog_find
 from cdcserver.commands.handshake import _ELECTION_ID
 from cdcserver.commands.registry import command, int_arg
 from cdcserver.embedded import engine
@@ -27,6 +32,7 @@ from cdcserver.embedded.store import (
     Collection,
     DocumentValidationError,
     DuplicateKeyError,
+    LoggedWrite,
     OpSession,
     Store,
     Txn,
@@ -87,8 +93,20 @@ class _Retry:
     session: OpSession | None
     done: dict[int, Any] = field(default_factory=dict)
 
-    def result(self, stmt_id: int) -> Any:
-        return self.done.get(stmt_id, _NOT_DONE)
+    def result(self, stmt_id: int, command: str = "insert") -> Any:
+        """What the statement answered when it ran (`_NOT_DONE` if it did not)."""
+        done = self.done.get(stmt_id, _NOT_DONE)
+        if isinstance(done, LoggedWrite):  # known from the oplog only (after a restart)
+            if command == "update":
+                return (1, 0, done.doc_id) if done.op == "i" else (1, 1, None)
+            if command == "findAndModify":
+                raise MongoError(
+                    217,
+                    "Incomplete history detected for transaction or retryable write: the "
+                    "findAndModify result is not available after a restart of the server",
+                )
+            return 1
+        return done
 
     def record(self, stmt_id: int, result: Any) -> None:
         if self.session is not None:
@@ -366,10 +384,27 @@ def upsert_document(
     return _id_first(new)
 
 
+def _id_lookup(q: Mapping[str, Any]) -> tuple[bool, Any]:
+    """(True, value) for a filter that is `{_id: value}` / `{_id: {$eq: value}}` with a scalar
+    value: the document is found by its key, without a scan."""
+    if len(q) != 1 or "_id" not in q:
+        return False, None
+    value = q["_id"]
+    if isinstance(value, Mapping) and list(value) == ["$eq"]:
+        value = value["$eq"]
+    if isinstance(value, (Mapping, list, bson.regex.Regex)) or hasattr(value, "pattern"):
+        return False, None
+    return True, value
+
+
 def matching(store: Store, c: Collection | None, q: Mapping[str, Any], one: bool) -> list[dict]:
     if c is None:
         engine.matches(q, {})  # still validate the filter
         return []
+    by_id, value = _id_lookup(q)
+    if by_id:
+        doc = store.documents(c).get(id_key(value))
+        return [doc] if doc is not None and engine.matches(q, doc) else []
     out = []
     for doc in list(store.documents(c).values()):
         if engine.matches(q, doc):
@@ -433,7 +468,7 @@ async def update(server, conn, cmd, db):
     with store.batch():
         retry = _retry_state(store, cmd)
         for i, spec in enumerate(updates):
-            done = retry.result(i)
+            done = retry.result(i, "update")
             try:
                 if done is _NOT_DONE:
                     done = run_update_statement(
@@ -561,7 +596,7 @@ async def find_and_modify(server, conn, cmd, db):
                          "returns the deleted document")
     with store.batch():
         retry = _retry_state(store, cmd)
-        done = retry.result(0)
+        done = retry.result(0, "findAndModify")
         if done is not _NOT_DONE:
             return done
         pre = _sorted_find(store, db, coll, q, sort)
@@ -658,7 +693,10 @@ def _reap(server: Any, table: dict[int, ResultCursor]) -> None:
     """Forget cursors idle longer than the idle timeout (mongod: 10 minutes)."""
     limit = getattr(server.cursors, "idle_timeout_s", 600.0)
     now = time.monotonic()
-    for cid in [cid for cid, c in table.items() if now - c.last_used > limit]:
+    for cid in [
+        cid for cid, c in table.items()
+        if now - c.last_used > limit and not getattr(c, "busy", False)
+    ]:
         del table[cid]
 
 
@@ -677,12 +715,34 @@ async def get_more(server, conn, cmd, db):
             f"namespace {cursor.ns}",
         )
     batch_size = _int(cmd, "batchSize", "getMore", 0) or None
+    if isinstance(cursor, oplog_find.OplogCursor):
+        return await _oplog_get_more(table, cursor, cmd, batch_size)
     batch = _take(cursor, batch_size)
     cursor.last_used = time.monotonic()
     done = cursor.pos >= len(cursor.docs)
     if done:
         table.pop(cid, None)
     return {"cursor": {"nextBatch": batch, "id": Int64(0 if done else cid), "ns": cursor.ns}}
+
+
+async def _oplog_get_more(
+    table: dict[int, Any], cursor: oplog_find.OplogCursor, cmd: Mapping[str, Any],
+    batch_size: int | None,
+) -> dict[str, Any]:
+    if cursor.busy:  # mongod's CursorManager::pinCursor
+        raise MongoError(292, f"cursor id {cursor.id} is already in use")
+    cursor.busy = True
+    try:
+        batch = await cursor.get_more(batch_size, _int(cmd, "maxTimeMS", "getMore", None))
+    except MongoError:
+        table.pop(cursor.id, None)
+        raise
+    finally:
+        cursor.busy = False
+        cursor.last_used = time.monotonic()
+    if cursor.done:
+        table.pop(cursor.id, None)
+    return oplog_find.reply(cursor, batch, first=False)
 
 
 @command("$killCursor")
@@ -733,8 +793,16 @@ def run_find(
 
 @command("find")
 async def find(server, conn, cmd, db):
+    if oplog_find.is_oplog(db, cmd.get("find")):
+        return await find_oplog(server, cmd)
     store = get_store(server)
     coll = coll_arg(cmd, "find")
+    tailable, _ = oplog_find.validate_tailable(cmd)
+    if tailable:  # the store has no capped collections
+        raise MongoError(
+            2, f"error processing query: ns={db}.{coll}Tree: $and\nSort: {{}}\nProj: {{}}\n "
+            "tailable cursor requested on non capped collection",
+        )
     filter_doc = _doc_arg(cmd, "filter", "find")
     projection = _doc_arg(cmd, "projection", "find")
     skip = _int(cmd, "skip", "find")
@@ -749,18 +817,87 @@ async def find(server, conn, cmd, db):
         if batch_size < 0:
             raise MongoError(51024, "BSON field 'batchSize' value must be >= 0, actual value "
                              f"'{batch_size}'")
-    docs = run_find(store, db, coll, filter_doc, projection, cmd.get("sort"), skip, limit)
+    if db == "config" and coll == "system.preimages" and store.get(db, coll) is None:
+        docs = find_pre_images(store, filter_doc, projection, skip, limit)
+    else:
+        docs = run_find(store, db, coll, filter_doc, projection, cmd.get("sort"), skip, limit)
     return cursor_first_batch(server, f"{db}.{coll}", docs, batch_size,
                               single_batch=cmd.get("singleBatch") is True)
 
 
+def find_pre_images(
+    store: Store, filter_doc: Mapping[str, Any] | None, projection: Mapping[str, Any] | None,
+    skip: int, limit: int,
+) -> list[dict[str, Any]]:
+    """`config.system.preimages`, where mongod keeps the pre-images of collections with
+    `changeStreamPreAndPostImages` (read by other change-stream servers, e.g. a cdcserver
+    with this one as its upstream). `{_id: ...}` and `{_id: {$in: [...]}}` are looked up by
+    key; other filters are matched on every document."""
+    from pipeline_stages.image_source import _pre_image_key
+
+    filter_doc = filter_doc or {}
+    wanted = filter_doc.get("_id") if list(filter_doc) == ["_id"] else None
+    if isinstance(wanted, Mapping) and list(wanted) == ["$in"] and isinstance(
+        wanted["$in"], list
+    ):
+        keys = [_pre_image_key(v) for v in wanted["$in"] if isinstance(v, Mapping)]
+        docs = store.pre_image_documents(keys)
+    elif isinstance(wanted, Mapping) and "nsUUID" in wanted:
+        docs = store.pre_image_documents([_pre_image_key(wanted)])
+    else:
+        docs = [d for d in store.pre_image_documents() if engine.matches(filter_doc, d)]
+    docs = docs[skip:]
+    if limit:
+        docs = docs[:limit]
+    if projection:
+        docs = [project(store, "config", "system.preimages", d, projection) for d in docs]
+    return docs
+
+
+async def find_oplog(server: Any, cmd: Mapping[str, Any]) -> dict[str, Any]:
+    """`find` on `local.oplog.rs`: the server's own oplog, whatever its source (the embedded
+    store's, a recorded one), with tailable / awaitData cursors as on mongod."""
+    filter_doc = _doc_arg(cmd, "filter", "find")
+    projection = _doc_arg(cmd, "projection", "find")
+    skip = _int(cmd, "skip", "find")
+    limit = _int(cmd, "limit", "find")
+    if skip < 0:
+        raise MongoError(51024, f"BSON field 'skip' value must be >= 0, actual value '{skip}'")
+    if limit < 0:
+        raise MongoError(51024, f"BSON field 'limit' value must be >= 0, actual value '{limit}'")
+    batch_size = cmd.get("batchSize")
+    if batch_size is not None:
+        batch_size = _int(cmd, "batchSize", "find")
+        if batch_size < 0:
+            raise MongoError(51024, "BSON field 'batchSize' value must be >= 0, actual value "
+                             f"'{batch_size}'")
+    table = _cursors(server)
+    _reap(server, table)
+    cid = server.cursors.new_id()
+    while cid in table:
+        cid = server.cursors.new_id()
+    cursor = oplog_find.open_cursor(
+        server.log, cid, cmd, filter_doc, projection, skip, limit
+    )
+    batch = await cursor.fill(DEFAULT_BATCH if batch_size is None else batch_size)
+    if cmd.get("singleBatch") is True:
+        cursor.exhausted = True
+    if not cursor.done:
+        table[cid] = cursor
+    return oplog_find.reply(cursor, batch, first=True)
+
+
 @command("count")
 async def count(server, conn, cmd, db):
-    store = get_store(server)
-    coll = coll_arg(cmd, "count")
     query = _doc_arg(cmd, "query", "count")
     skip = _int(cmd, "skip", "count")
     limit = abs(_int(cmd, "limit", "count"))
+    if oplog_find.is_oplog(db, cmd.get("count")):
+        if not query and not skip and not limit:
+            return {"n": len(server.log)}
+        return {"n": len(await oplog_find.scan(server.log, query, max(skip, 0), limit))}
+    store = get_store(server)
+    coll = coll_arg(cmd, "count")
     docs = run_find(store, db, coll, query, {"_id": 1}, None, max(skip, 0), limit)
     return {"n": len(docs)}
 
@@ -791,8 +928,10 @@ async def distinct(server, conn, cmd, db):
 
 @command("$aggregate")
 async def aggregate(server, conn, cmd, db):
-    store = get_store(server)
     target = cmd.get("aggregate")
+    if oplog_find.is_oplog(db, target):
+        return await _aggregate_oplog(server, cmd)
+    store = get_store(server)
     pipeline = cmd.get("pipeline")
     if not isinstance(pipeline, list):
         raise MongoError(14, f"BSON field 'aggregate.pipeline' is the wrong type "
@@ -827,6 +966,39 @@ async def aggregate(server, conn, cmd, db):
             _write_out(store, db, out_stage, results)
         results = []
     return cursor_first_batch(server, f"{db}.{target}", results, batch_size)
+
+
+async def _aggregate_oplog(server: Any, cmd: Mapping[str, Any]) -> dict[str, Any]:
+    """`aggregate` on `local.oplog.rs`: a leading `$match` selects entries as `find` does
+    (bounds on `ts`), the rest of the pipeline runs on the query engine."""
+    import mongomock
+
+    pipeline = cmd.get("pipeline")
+    if not isinstance(pipeline, list):
+        raise MongoError(14, f"BSON field 'aggregate.pipeline' is the wrong type "
+                         f"'{type_name(pipeline)}', expected type 'array'")
+    cursor_doc = cmd.get("cursor")
+    if not isinstance(cursor_doc, Mapping):
+        raise MongoError(
+            9, "The 'cursor' option is required, except for aggregate with the explain argument"
+        )
+    batch_size = None
+    if cursor_doc.get("batchSize") is not None:
+        batch_size = _int(cursor_doc, "batchSize", "aggregate.cursor")
+    stages = list(pipeline)
+    filter_doc: Mapping[str, Any] = {}
+    if stages and isinstance(stages[0], Mapping) and list(stages[0]) == ["$match"]:
+        filter_doc = stages.pop(0)["$match"]
+    for stage in stages:
+        if isinstance(stage, Mapping) and ("$out" in stage or "$merge" in stage):
+            raise MongoError(2, "cdcserver does not write aggregation results from the oplog")
+    entries = await oplog_find.scan(server.log, filter_doc)
+    if not stages:
+        results: list[Any] = list(entries)
+    else:
+        database = mongomock.MongoClient()[oplog_find.OPLOG_DB]
+        results = engine.run_pipeline(oplog_find.decoded(entries), database, stages)
+    return cursor_first_batch(server, oplog_find.OPLOG_NS, results, batch_size)
 
 
 def _write_out(store: Store, db: str, stage: Mapping[str, Any], results: list[Any]) -> None:

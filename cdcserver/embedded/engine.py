@@ -253,12 +253,25 @@ def apply_modifiers(
         for _, op, path, value in steps:
             if op == "$setOnInsert":
                 op = "$set"
+            if op == "$pop" and not _path_exists(new, path):
+                continue  # mongod: $pop on a missing field is a no-op (mongomock raises)
             mcoll._apply_update_document(new, query, {op: {path: normalize(value)}}, is_insert)
     except MongoError:
         raise
     except Exception as exc:  # noqa: BLE001
         raise engine_error(exc) from None
     return new
+
+
+def _path_exists(doc: Any, path: str) -> bool:
+    for part in path.split("."):
+        if isinstance(doc, Mapping) and part in doc:
+            doc = doc[part]
+        elif isinstance(doc, list) and part.isdigit() and int(part) < len(doc):
+            doc = doc[int(part)]
+        else:
+            return False
+    return True
 
 
 def apply_pipeline_update(

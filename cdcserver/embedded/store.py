@@ -45,6 +45,7 @@ from pipeline_stages.image_source import (
     matches_document_key,
     pre_image_id,
 )
+from pipeline_stages.oplog_entry import decode_entry
 
 try:  # mongod's $v:2 diff, written by update_diff.py
     from cdcserver.embedded.update_diff import (  # type: ignore[attr-defined]
@@ -61,11 +62,15 @@ CODE_NAMES.setdefault(66, "ImmutableField")
 CODE_NAMES.setdefault(67, "CannotCreateIndex")
 CODE_NAMES.setdefault(85, "IndexOptionsConflict")
 CODE_NAMES.setdefault(86, "IndexKeySpecsConflict")
+CODE_NAMES.setdefault(217, "IncompleteTransactionHistory")
 CODE_NAMES.setdefault(225, "TransactionTooOld")
 CODE_NAMES.setdefault(256, "TransactionCommitted")
 CODE_NAMES.setdefault(40323, "Location40323")
 
 ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
+TXN_OPLOG_ENTRY_OPS = 2**31 - 1  # maxNumberOfTransactionOperationsInSingleOplogEntry
+_BSON_ARRAY_ELEMENT_OVERHEAD = 8  # TransactionOperations::ApplyOpsInfo
+_REPL_OPERATION_OVERHEAD = 256  # ~sizeof(DurableReplOperation) + its stmtId vector
 NULL_OP_TIME = {"ts": Timestamp(0, 0), "t": Int64(-1)}
 MAX_BSON = 16 * 1024 * 1024
 # CollectionOptions::toBSON's order (mongod 8.0), used for create entries and listCollections.
@@ -296,11 +301,22 @@ class OpSession:
     prev_ts: Timestamp | None = None
 
 
+@dataclass(frozen=True)
+class LoggedWrite:
+    """A retryable write statement known from its oplog entry only (the store was restarted
+    since): what mongod rebuilds a retried statement's result from (`config.transactions`
+    points it at the entry)."""
+
+    op: str  # i | u | d
+    doc_id: Any
+
+
 @dataclass
 class Txn:
     """A multi-document transaction in progress: its writes are applied to the working set at
-    once (no isolation from other sessions), logged as one `applyOps` entry at commit, and
-    undone on abort. Document changes reach SQLite only at commit."""
+    once (no isolation from other sessions), logged at commit as one `applyOps` entry (or a
+    `partialTxn` chain of them when large, as mongod does), and undone on abort. Document
+    changes reach SQLite only at commit."""
 
     lsid: dict[str, Any]
     txn_number: int
@@ -354,7 +370,13 @@ class Store(EntryList):
         *,
         synchronous: str = "full",
         oplog_size_bytes: int = 1024 * 1024 * 1024,
+        txn_oplog_entry_bytes: int = MAX_BSON,
+        txn_oplog_entry_ops: int = TXN_OPLOG_ENTRY_OPS,
     ) -> None:
+        # How mongod splits a transaction into applyOps entries: BSONObjMaxUserSize and the
+        # maxNumberOfTransactionOperationsInSingleOplogEntry server parameter.
+        self.txn_oplog_entry_bytes = txn_oplog_entry_bytes
+        self.txn_oplog_entry_ops = txn_oplog_entry_ops
         self.client = mongomock.MongoClient()
         self.server_store = self.client._store
         self.catalog: dict[tuple[str, str], Collection] = {}
@@ -362,7 +384,6 @@ class Store(EntryList):
         self.oplog_size_bytes = oplog_size_bytes
         super().__init__()  # EntryList: the oplog's bytes, timestamps, decoded window
         self._oplog_bytes = 0
-        self._first = 0  # index of the oldest kept entry in _raw/_ts (truncation is lazy)
         self._pending: list[tuple[Timestamp, bytes]] = []
         self._last_ts = Timestamp(0, 0)
         self._depth = 0
@@ -371,6 +392,8 @@ class Store(EntryList):
         # lsid id -> (txnNumber, {stmtId: result})
         self.retryable: dict[bytes, tuple[int, dict[int, Any]]] = {}
         self._pre_image_ts: dict[bytes, Timestamp] = {}
+        # key -> (_id, operationTime) of each config.system.preimages document
+        self._pre_image_meta: dict[bytes, tuple[dict[str, Any], datetime.datetime]] = {}
         self.txn: Txn | None = None  # the transaction of the command running now
         self.txns: dict[bytes, Txn] = {}  # lsid id -> its latest transaction
         self.persist = Persistence(data_dir, synchronous) if data_dir else None
@@ -397,10 +420,35 @@ class Store(EntryList):
             self._oplog_bytes += len(raw)
         if self._ts:
             self._last_ts = self._ts[-1]
+        self._load_retryable()
         for key, ts_value, raw in self.persist.pre_images():
             doc = bson.decode(raw, _DECODE)
             self.images._pre_images[bytes(key)] = doc["preImage"]
             self._pre_image_ts[bytes(key)] = int_ts(ts_value)
+            self._pre_image_meta[bytes(key)] = (doc["_id"], doc["operationTime"])
+
+    def _load_retryable(self) -> None:
+        """Retryable writes stay at most once across a restart: each session's latest
+        `txnNumber` and the statements its oplog entries record."""
+        for raw in self._raw:
+            if raw[5:10] != b"lsid\x00":  # `lsid` is the first field when present
+                continue
+            entry = decode_entry(raw)
+            lsid, number, stmt = entry.get("lsid"), entry.get("txnNumber"), entry.get("stmtId")
+            op = entry.get("op")
+            if lsid is None or number is None or stmt is None or op not in ("i", "u", "d"):
+                continue
+            sid = bytes(lsid["id"])
+            known = self.retryable.get(sid)
+            if known is None or known[0] < int(number):
+                known = (int(number), {})
+                self.retryable[sid] = known
+            elif known[0] > int(number):
+                continue
+            doc_key = entry["o2"] if op == "u" else entry["o"]
+            for stmt_id in stmt if isinstance(stmt, list) else [stmt]:
+                known[1][int(stmt_id)] = LoggedWrite(op, doc_key.get("_id"))
+            known[1]["__prev__"] = entry["ts"]
 
     def close(self) -> None:
         if self.persist is not None:
@@ -450,6 +498,7 @@ class Store(EntryList):
         oldest = self._ts[0]
         for key in [k for k, doc in self._pre_image_ts.items() if doc < oldest]:
             self.images._pre_images.pop(key, None)
+            self._pre_image_meta.pop(key, None)
             del self._pre_image_ts[key]
         if self.persist is not None:
             self.persist.truncate_oplog(oldest)
@@ -515,6 +564,9 @@ class Store(EntryList):
 
     def oplog_entries(self) -> list[bytes]:
         return list(self._raw)
+
+    def oplog_count(self) -> int:
+        return len(self._raw)
 
     def noop(self, msg: str = "periodic noop") -> None:
         with self.batch():
@@ -859,20 +911,51 @@ class Store(EntryList):
         key = _pre_image_key(doc["_id"])
         self.images._pre_images[key] = pre
         self._pre_image_ts[key] = ts
+        self._pre_image_meta[key] = (doc["_id"], wall)
         if self.persist is not None:
             self.persist.put_pre_image(key, ts, bson.encode(doc))
+
+    def pre_image_documents(self, keys: Sequence[bytes] | None = None) -> list[dict[str, Any]]:
+        """`config.system.preimages` as mongod holds it (`{_id: {nsUUID, ts, applyOpsIndex},
+        operationTime, preImage}`, in `_id` order): all, or those with the given keys."""
+        if keys is None:
+            keys = list(self._pre_image_meta)
+        out = []
+        for key in keys:
+            meta = self._pre_image_meta.get(key)
+            image = self.images._pre_images.get(key)
+            if meta is None or image is None:
+                continue
+            out.append({"_id": meta[0], "operationTime": meta[1], "preImage": image})
+        out.sort(key=lambda d: (bytes(d["_id"]["nsUUID"]), d["_id"]["ts"],
+                                d["_id"]["applyOpsIndex"]))
+        return out
 
     # -- transactions ---------------------------------------------------------------------------
 
     def commit_transaction(self, txn: Txn) -> None:
-        """Log the transaction's writes as one `applyOps` entry and make them durable."""
+        """Log the transaction's writes as `applyOps` entries (one, or a chain linked by
+        `prevOpTime` whose entries but the last carry `partialTxn: true` and the last
+        `count`, as mongod splits a large transaction) and make them durable."""
         if txn.state != "in progress":
             return
         txn.state = "committed"
         if not txn.ops:
             return
         session = OpSession(txn.lsid, txn.txn_number)
-        ts, wall = self.log("c", "admin.$cmd", {"applyOps": txn.ops}, session=session)
+        wall = _now_ms()
+        chunks = pack_transaction(txn.ops, self.txn_oplog_entry_ops, self.txn_oplog_entry_bytes)
+        # op index in the transaction -> (ts of the entry holding it, its index there)
+        where: list[tuple[Timestamp, int]] = []
+        for k, ops in enumerate(chunks):
+            o: dict[str, Any] = {"applyOps": ops}
+            last = k == len(chunks) - 1
+            if not last:
+                o["partialTxn"] = True
+            elif k > 0:
+                o["count"] = Int64(len(txn.ops))
+            ts, _ = self.log("c", "admin.$cmd", o, session=session, wall=wall)
+            where.extend((ts, i) for i in range(len(ops)))
         if self.persist is not None:
             for uuid, key, raw in txn.persist:
                 if raw is None:
@@ -880,7 +963,8 @@ class Store(EntryList):
                 else:
                     self.persist.put_document(uuid, key, raw)
         for c, index, pre in txn.pre_images:
-            self._save_pre_image(c, ts, wall, pre, index)
+            ts, in_entry = where[index]
+            self._save_pre_image(c, ts, wall, pre, in_entry)
 
     def abort_transaction(self, txn: Txn) -> None:
         """Undo the transaction's writes in the working set (nothing was logged or stored)."""
@@ -929,6 +1013,38 @@ class Store(EntryList):
         if diff is None:
             diff = simple_diff(pre, post)
         return {"$v": 2, "diff": diff}
+
+
+def durable_op_size(op: Mapping[str, Any]) -> int:
+    """mongod's DurableOplogEntry::getDurableReplOperationSize: the operation's in-memory
+    size (its `ns`, `o` and `o2`, plus the struct itself, approximated by a constant)."""
+    size = _REPL_OPERATION_OVERHEAD + len(op["ns"]) + len(bson.encode(op["o"]))
+    if op.get("o2") is not None:
+        size += len(bson.encode(op["o2"]))
+    return size
+
+
+def pack_transaction(
+    ops: list[dict[str, Any]], max_ops: int, max_bytes: int
+) -> list[list[dict[str, Any]]]:
+    """The transaction's operations in applyOps entries, as mongod's
+    packOperationsIntoApplyOps fills them: an entry takes operations while it has fewer than
+    `max_ops` and the next one keeps its running size (each operation's BSON plus 8 bytes of
+    array-element overhead) within `max_bytes`; an entry always takes at least one."""
+    chunks: list[list[dict[str, Any]]] = []
+    i = 0
+    while i < len(ops):
+        chunk: list[dict[str, Any]] = []
+        total = 0
+        while i < len(ops) and len(chunk) < max_ops:
+            op = ops[i]
+            if chunk and total + durable_op_size(op) > max_bytes:
+                break
+            total += len(bson.encode(op)) + _BSON_ARRAY_ELEMENT_OVERHEAD
+            chunk.append(op)
+            i += 1
+        chunks.append(chunk)
+    return chunks
 
 
 def _value(v: Any) -> str:
