@@ -430,3 +430,22 @@ def test_validator_enforced(client):
     db.command("collMod", "v", validationAction="warn")
     db.v.insert_one({"_id": 4, "qty": -1})
     assert db.v.count_documents({}) == 3
+
+
+def test_pop_of_a_missing_field_is_a_no_op(coll):
+    coll.insert_one({"_id": 1, "s": {}})
+    r = coll.update_one({"_id": 1}, {"$pop": {"a": 1, "s.b": -1}})
+    assert (r.matched_count, r.modified_count) == (1, 0)
+    assert coll.find_one() == {"_id": 1, "s": {}}
+
+
+def test_writes_by_id_find_numerically_equal_ids(coll):
+    from bson.int64 import Int64
+
+    coll.insert_many([{"_id": 1.0, "k": "double"}, {"_id": "1", "k": "string"}])
+    assert coll.update_one({"_id": Int64(1)}, {"$set": {"x": 1}}).modified_count == 1
+    assert coll.update_one({"_id": {"$eq": 1}}, {"$inc": {"x": 1}}).modified_count == 1
+    assert coll.find_one({"_id": 1}) == {"_id": 1.0, "k": "double", "x": 2}
+    assert coll.delete_one({"_id": "1"}).deleted_count == 1
+    assert coll.delete_one({"_id": 2}).deleted_count == 0
+    assert [d["_id"] for d in coll.find()] == [1.0]

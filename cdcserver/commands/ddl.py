@@ -9,6 +9,7 @@ from typing import Any
 from bson.binary import Binary
 from bson.int64 import Int64
 
+from cdcserver.commands import oplog_find
 from cdcserver.commands.crud import coll_arg, cursor_first_batch, get_store
 from cdcserver.commands.registry import COMMANDS, command
 from cdcserver.embedded import engine
@@ -410,11 +411,13 @@ async def list_collections(server, conn, cmd, db):
     filter_doc = cmd.get("filter") or {}
     name_only = cmd.get("nameOnly") is True
     out = []
-    for c in store.collections_of(db):
-        info = collection_info(c)
+    infos = [collection_info(c) for c in store.collections_of(db)]
+    if db == oplog_find.OPLOG_DB:
+        infos.append(oplog_find.collection_info(server.log))
+    for info in infos:
         if filter_doc and not engine.matches(filter_doc, info):
             continue
-        out.append({"name": c.name, "type": "collection"} if name_only else info)
+        out.append({"name": info["name"], "type": "collection"} if name_only else info)
     batch_size = None
     if isinstance(cmd.get("cursor"), Mapping) and cmd["cursor"].get("batchSize") is not None:
         batch_size = int(cmd["cursor"]["batchSize"])

@@ -51,4 +51,4 @@ class EmbeddedOplog(OplogLog):
         return set(self.store.catalog)
 
     def __len__(self) -> int:
-        return len(self.store.oplog_entries())
+        return self.store.oplog_count()
