@@ -60,8 +60,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config.store.in_memory = True
     if args.data_dir:
         config.store.data_dir = args.data_dir
+    if args.upstream:
+        config.upstream.uri = args.upstream
     _setup_logging(config.log.level, config.log.format)
-    if config.source.oplog or args.sample:
+    if config.upstream.uri:
+        oplog = open_upstream(config)
+    elif config.source.oplog or args.sample:
         paths = config.source.oplog or [sample_oplog_path()]
         try:
             oplog = FileOplog(paths)
@@ -79,6 +83,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return run_server(config, oplog)
 
 
+def open_upstream(config: Config):
+    """A live replica set's oplog (`--upstream URI`); other commands are forwarded to it."""
+    import dataclasses
+
+    from cdcserver.commands import proxy  # noqa: F401  (registers the forwarding)
+    from cdcserver.sources.mongo import UpstreamOplog, UpstreamOptions
+
+    fields = {f.name for f in dataclasses.fields(UpstreamOptions)}
+    values = {k: getattr(config.upstream, k) for k in fields if hasattr(config.upstream, k)}
+    config.source.follow = True  # runs the tail
+    log.info("upstream %s", config.upstream.uri.split("@")[-1])  # no credentials in the log
+    source = UpstreamOplog(UpstreamOptions(**values))
+    source.prime()  # the first streams can start at once
+    return source
+
+
 def open_embedded(config: Config):
     """The embedded store's oplog source (durable in `store.data_dir`, or in memory)."""
     from cdcserver.embedded.store import Store
@@ -89,6 +109,8 @@ def open_embedded(config: Config):
         None if sc.in_memory else sc.data_dir,
         synchronous=sc.synchronous,
         oplog_size_bytes=sc.oplog_size_mb * 1024 * 1024,
+        txn_oplog_entry_bytes=sc.txn_oplog_entry_bytes,
+        txn_oplog_entry_ops=sc.txn_oplog_entry_ops,
     )
     if not sc.in_memory:
         log.info("embedded store in %s", sc.data_dir)
@@ -175,6 +197,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_spark_replay(args: argparse.Namespace) -> int:
+    _setup_logging("info", "text")
+    from cdcserver.spark.replay import run_args  # needs pyspark: imported only here
+
+    return run_args(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cdcserver", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -193,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         "--data-dir", help="embedded store data directory (default ./cdcserver-data)"
     )
     serve.add_argument(
+        "--upstream", metavar="URI",
+        help="tail a live replica set's oplog and serve its change streams (a sidecar); "
+        "other commands are forwarded to it",
+    )
+    serve.add_argument(
         "--sample", action="store_true",
         help="serve the small recorded oplog shipped with cdcserver",
     )
@@ -208,6 +242,14 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("--options", help="$changeStream options, as a JSON object")
     replay.add_argument("--out", help="output file (default: stdout)")
     replay.set_defaults(func=cmd_replay)
+
+    spark_replay = sub.add_parser(
+        "spark-replay", help="the same replay on Apache Spark (needs the spark extra)"
+    )
+    from cdcserver.spark.replay import add_arguments  # pyspark is imported only to run it
+
+    add_arguments(spark_replay)
+    spark_replay.set_defaults(func=cmd_spark_replay)
 
     args = parser.parse_args(argv)
     return args.func(args)
