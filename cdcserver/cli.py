@@ -160,6 +160,8 @@ def replay_events(paths: list[str], cmd: dict[str, Any], db: str):
         last = entries[-1]["ts"]
         pipeline.push(entries, scanned_to=last)
         yield pipeline.next_batch(None).events, len(entries)
+        while pipeline.pending_count:  # a batch stops at the 16 MiB reply budget
+            yield pipeline.next_batch(None).events, 0
         position = type(last)(last.time, last.inc + 1)
         if pipeline.invalidated:
             break

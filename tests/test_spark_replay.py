@@ -615,8 +615,19 @@ def test_many_entries_in_three_shards(spark, tmp_path, per_shard, split_size):
     assert count == summary.events
 
 
+@pytest.fixture
+def restore_logging():
+    """The CLI points the root logger at the stderr of the moment (pytest's capture, closed
+    after the test): put back what was there."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
 @pytest.mark.spark
-def test_cli(spark, generated, tmp_path, capsys):
+def test_cli(spark, generated, tmp_path, capsys, restore_logging):
     from cdcserver.cli import main
 
     out = tmp_path / "cli"
