@@ -71,6 +71,25 @@ def _int(cmd: Mapping[str, Any], name: str, where: str, default: int = 0) -> int
     return int_arg(cmd, name, where, default)
 
 
+def find_arguments(cmd: Mapping[str, Any]) -> tuple[Any, Any, int, int, int | None]:
+    """`find`'s filter, projection, skip, limit and batchSize, checked as mongod checks them."""
+    filter_doc = _doc_arg(cmd, "filter", "find")
+    projection = _doc_arg(cmd, "projection", "find")
+    skip = _int(cmd, "skip", "find")
+    limit = _int(cmd, "limit", "find")
+    if skip < 0:
+        raise MongoError(51024, f"BSON field 'skip' value must be >= 0, actual value '{skip}'")
+    if limit < 0:
+        raise MongoError(51024, f"BSON field 'limit' value must be >= 0, actual value '{limit}'")
+    batch_size = cmd.get("batchSize")
+    if batch_size is not None:
+        batch_size = _int(cmd, "batchSize", "find")
+        if batch_size < 0:
+            raise MongoError(51024, "BSON field 'batchSize' value must be >= 0, actual value "
+                             f"'{batch_size}'")
+    return filter_doc, projection, skip, limit, batch_size
+
+
 def _doc_arg(cmd: Mapping[str, Any], name: str, where: str) -> dict[str, Any] | None:
     value = cmd.get(name)
     if value is None:
@@ -803,20 +822,7 @@ async def find(server, conn, cmd, db):
             2, f"error processing query: ns={db}.{coll}Tree: $and\nSort: {{}}\nProj: {{}}\n "
             "tailable cursor requested on non capped collection",
         )
-    filter_doc = _doc_arg(cmd, "filter", "find")
-    projection = _doc_arg(cmd, "projection", "find")
-    skip = _int(cmd, "skip", "find")
-    limit = _int(cmd, "limit", "find")
-    if skip < 0:
-        raise MongoError(51024, f"BSON field 'skip' value must be >= 0, actual value '{skip}'")
-    if limit < 0:
-        raise MongoError(51024, f"BSON field 'limit' value must be >= 0, actual value '{limit}'")
-    batch_size = cmd.get("batchSize")
-    if batch_size is not None:
-        batch_size = _int(cmd, "batchSize", "find")
-        if batch_size < 0:
-            raise MongoError(51024, "BSON field 'batchSize' value must be >= 0, actual value "
-                             f"'{batch_size}'")
+    filter_doc, projection, skip, limit, batch_size = find_arguments(cmd)
     if db == "config" and coll == "system.preimages" and store.get(db, coll) is None:
         docs = find_pre_images(store, filter_doc, projection, skip, limit)
     else:
@@ -857,20 +863,7 @@ def find_pre_images(
 async def find_oplog(server: Any, cmd: Mapping[str, Any]) -> dict[str, Any]:
     """`find` on `local.oplog.rs`: the server's own oplog, whatever its source (the embedded
     store's, a recorded one), with tailable / awaitData cursors as on mongod."""
-    filter_doc = _doc_arg(cmd, "filter", "find")
-    projection = _doc_arg(cmd, "projection", "find")
-    skip = _int(cmd, "skip", "find")
-    limit = _int(cmd, "limit", "find")
-    if skip < 0:
-        raise MongoError(51024, f"BSON field 'skip' value must be >= 0, actual value '{skip}'")
-    if limit < 0:
-        raise MongoError(51024, f"BSON field 'limit' value must be >= 0, actual value '{limit}'")
-    batch_size = cmd.get("batchSize")
-    if batch_size is not None:
-        batch_size = _int(cmd, "batchSize", "find")
-        if batch_size < 0:
-            raise MongoError(51024, "BSON field 'batchSize' value must be >= 0, actual value "
-                             f"'{batch_size}'")
+    filter_doc, projection, skip, limit, batch_size = find_arguments(cmd)
     table = _cursors(server)
     _reap(server, table)
     cid = server.cursors.new_id()
