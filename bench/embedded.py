@@ -24,23 +24,11 @@ import time
 
 import bson
 from pymongo import MongoClient, WriteConcern
+from workload import document  # bench/ is the script's directory
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from cdcserver.testing import SubprocessServer  # noqa: E402
-
-
-def _doc(i: int) -> dict:
-    return {
-        "_id": i,
-        "name": f"user{i}",
-        "email": f"user{i}@example.com",
-        "n": i % 100,
-        "score": i * 0.5,
-        "tags": ["alpha", "beta", "gamma"],
-        "address": {"street": f"{i} Main St", "city": "Springfield", "zip": f"{i % 99999:05d}"},
-        "pad": "x" * 120,
-    }
 
 
 def raw_sqlite(directory: str, docs: list[bytes], synchronous: str) -> float:
@@ -81,7 +69,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="best of N for each figure")
     args = parser.parse_args()
 
-    docs = [_doc(i) for i in range(args.docs)]
+    docs = [document(i) for i in range(args.docs)]
     raws = [bson.encode(d) for d in docs]
     size = sum(len(r) for r in raws) / len(raws)
     print(f"{args.docs} documents of ~{size:.0f} bytes, SQLite synchronous={args.synchronous}")

@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import os
 import pathlib
-import statistics
 import sys
 import tempfile
 import time
@@ -30,6 +29,7 @@ import bson
 from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from pymongo import AsyncMongoClient, MongoClient, message
+from workload import document, p50_p99  # bench/ is the script's directory
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
@@ -38,19 +38,6 @@ from oplog_builders import Oplog  # noqa: E402
 from cdcserver.testing import SubprocessServer, write_oplog  # noqa: E402
 
 NS = "bench.items"
-
-
-def _doc(i: int) -> dict:
-    return {
-        "_id": i,
-        "name": f"user{i}",
-        "email": f"user{i}@example.com",
-        "n": i % 100,
-        "score": i * 0.5,
-        "tags": ["alpha", "beta", "gamma"],
-        "address": {"street": f"{i} Main St", "city": "Springfield", "zip": f"{i % 99999:05d}"},
-        "pad": "x" * 120,
-    }
 
 
 class Capture:
@@ -95,7 +82,7 @@ def throughput(tmp: pathlib.Path, n: int, batch_size: int | None) -> None:
     oplog = Oplog()
     first = oplog.create(NS)["ts"]
     for i in range(n):
-        oplog.insert(NS, _doc(i))
+        oplog.insert(NS, document(i))
     path = write_oplog(tmp / "throughput.bson", oplog.entries)
     with SubprocessServer([path], follow=False) as server, MongoClient(server.uri) as client:
         coll = client.bench.items
@@ -193,8 +180,7 @@ def latency(tmp: pathlib.Path, cursor_counts: list[int], events: int, await_ms: 
             server_cpu = cpu_seconds(server.pid) - server_cpu
             client_cpu = time.process_time() - client_cpu
             samples.sort()
-            p50 = statistics.median(samples)
-            p99 = samples[min(len(samples) - 1, int(len(samples) * 0.99))]
+            p50, p99 = p50_p99(samples)
             print(
                 f"latency, {cursors:>4} cursors (maxAwaitTimeMS {await_ms}): "
                 f"p50 {p50 * 1000:6.1f} ms, p99 {p99 * 1000:6.1f} ms"

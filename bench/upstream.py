@@ -27,29 +27,16 @@ import os
 import pathlib
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
 from pymongo import AsyncMongoClient, MongoClient
+from workload import document, p50_p99  # bench/ is the script's directory
 
 HOST = "127.0.0.1"
 NS_DB, NS_COLL = "bench", "items"
-
-
-def _doc(i: int) -> dict:
-    return {
-        "_id": i,
-        "name": f"user{i}",
-        "email": f"user{i}@example.com",
-        "n": i % 100,
-        "score": i * 0.5,
-        "tags": ["alpha", "beta", "gamma"],
-        "address": {"street": f"{i} Main St", "city": "Springfield", "zip": f"{i % 99999:05d}"},
-        "pad": "x" * 120,
-    }
 
 
 def free_port() -> int:
@@ -130,7 +117,7 @@ def throughput(a: Process, b: Process, n: int, counts: list[int], rounds: int) -
         start = ca.admin.command("ping")["operationTime"]
         coll = ca[NS_DB][NS_COLL]
         for i in range(0, n, 1000):
-            coll.insert_many([_doc(j) for j in range(i, min(n, i + 1000))])
+            coll.insert_many([document(j) for j in range(i, min(n, i + 1000))])
     wait_caught_up(b.uri, a.uri)
     for streams in counts:
         per_stream = max(500, n // streams)
@@ -187,8 +174,7 @@ def lag(a: Process, b: Process, counts: list[int], writes: int) -> None:
             cpu_client = time.process_time()
             cpu_server = cpu_seconds(server.proc.pid)
             samples = sorted(asyncio.run(_lag(server.uri, a.uri, streams, per, name)))
-            p50 = statistics.median(samples)
-            p99 = samples[min(len(samples) - 1, int(len(samples) * 0.99))]
+            p50, p99 = p50_p99(samples)
             print(
                 f"lag, {streams:>4} streams on {name}: p50 {p50 * 1000:6.1f} ms, "
                 f"p99 {p99 * 1000:6.1f} ms ({per} writes, {len(samples)} deliveries; CPU s: "
