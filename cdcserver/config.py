@@ -21,6 +21,13 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # configureFailPoint (failCommand, failGetMoreAfterCursorCheckout) for resume tests; false
     # removes the command (CommandNotFound), as on a mongod without enableTestCommands.
     enable_fail_points: bool = True
+    # Largest message a client may send (mongod's maxMessageSizeBytes); larger frames close
+    # that connection.
+    max_message_bytes: int = 48_000_000
+    # Close a connection that sends nothing for this long (0: never).
+    idle_connection_timeout_s: float = 0.0
+    # On SIGTERM/SIGINT: how long in-flight requests (awaitData getMores) get to finish.
+    shutdown_grace_s: float = 5.0
 
 
 class SourceConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -64,6 +71,54 @@ class UpstreamConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     client_options: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
 
 
+class ScramCredentials(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    # RFC 5802 stored credentials, base64; `cdcserver hash-password` makes them.
+    iteration_count: int
+    salt: str
+    stored_key: str
+    server_key: str
+
+
+class RoleConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    role: str  # read | readWrite | readAnyDatabase | readWriteAnyDatabase | root | ...
+    db: str = "admin"
+
+
+class UserConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    user: str
+    db: str = "admin"  # the authentication database
+    roles: list[RoleConfig] = msgspec.field(default_factory=list)
+    scram_sha_256: ScramCredentials | None = None
+    scram_sha_1: ScramCredentials | None = None
+
+
+class AuthConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    # Off: every client may run every command (bind to 127.0.0.1 then).
+    enabled: bool = False
+    mechanisms: list[str] = msgspec.field(
+        default_factory=lambda: ["SCRAM-SHA-256", "SCRAM-SHA-1"]
+    )
+    users: list[UserConfig] = msgspec.field(default_factory=list)
+
+
+class TlsConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    # TLS on the wire listener: PEM certificate chain and its key (one file may hold both).
+    enabled: bool = False
+    certificate_file: str = ""
+    key_file: str = ""
+    # CA bundle to verify client certificates against; empty: none asked for.
+    ca_file: str = ""
+    # With ca_file: refuse clients that present no certificate.
+    require_client_certificate: bool = False
+
+
+class MetricsConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    # Prometheus text exposition at http://host:port/metrics (port 0: any free port, logged).
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = 9216
+
+
 class LogConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     level: str = "info"
     format: str = "text"  # text | json
@@ -75,6 +130,9 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     source: SourceConfig = msgspec.field(default_factory=SourceConfig)
     upstream: UpstreamConfig = msgspec.field(default_factory=UpstreamConfig)
     log: LogConfig = msgspec.field(default_factory=LogConfig)
+    auth: AuthConfig = msgspec.field(default_factory=AuthConfig)
+    tls: TlsConfig = msgspec.field(default_factory=TlsConfig)
+    metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
 
 
 class ConfigError(ValueError):
