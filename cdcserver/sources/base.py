@@ -83,7 +83,10 @@ class EntryList:
         super().__init__()
         self._raw: list[bytes] = []
         self._ts: list[Timestamp] = []
-        self._decoded: dict[Timestamp, Entry] = {}
+        # Keyed by the entry's bytes object, not its Timestamp: bson's Timestamp hash is
+        # time ^ inc, which collides across neighbouring entries (long probe chains of
+        # Python-level __eq__ calls); a bytes object caches its hash, and a hit is an identity.
+        self._decoded: dict[bytes, Entry] = {}
 
     def latest_ts(self) -> Timestamp | None:
         return self._ts[-1] if self._ts else None
@@ -97,10 +100,10 @@ class EntryList:
         cache = self._decoded
         out = []
         for k in range(i, min(i + limit, len(ts_list))):
-            ts = ts_list[k]
-            entry = cache.get(ts)
+            raw = raw_list[k]
+            entry = cache.get(raw)
             if entry is None:
-                entry = cache[ts] = decode_entry(raw_list[k])
+                entry = cache[raw] = decode_entry(raw)
                 if len(cache) > DECODED_WINDOW:
                     del cache[next(iter(cache))]  # the oldest decoded
             out.append(entry)

@@ -181,7 +181,7 @@ class _Segment(EntryList):
         for ts, raw, entry in items:
             self._raw.append(raw)
             self._ts.append(ts)
-            self._decoded[ts] = entry
+            self._decoded[raw] = entry
             if len(self._decoded) > DECODED_WINDOW:
                 del self._decoded[next(iter(self._decoded))]
         if items:
@@ -563,7 +563,7 @@ class UpstreamOplog(EntryList, OplogLog):
             raw_list.append(raw)
             ts_list.append(ts)
             size += len(raw)
-            cache[ts] = entry
+            cache[raw] = entry
             if len(cache) > DECODED_WINDOW:
                 del cache[next(iter(cache))]
             op = entry.get("op")
