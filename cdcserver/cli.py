@@ -43,25 +43,23 @@ def _setup_logging(level: str, fmt: str) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    # Flags override CDCSERVER_* variables, which override the file; all checked alike.
+    flags = {
+        "server.host": args.host or None,
+        "server.port": args.port,
+        "source.oplog": list(args.oplog) if args.oplog else None,
+        "source.follow": True if args.follow else None,
+        "store.in_memory": True if args.in_memory else None,
+        "store.data_dir": args.data_dir or None,
+        "upstream.uri": args.upstream or None,
+    }
     try:
-        config = load_config(args.config)
+        config = load_config(
+            args.config, overrides={k: v for k, v in flags.items() if v is not None}
+        )
     except ConfigError as exc:
         print(f"cdcserver: {exc}", file=sys.stderr)
         return 2
-    if args.host:
-        config.server.host = args.host
-    if args.port is not None:
-        config.server.port = args.port
-    if args.oplog:
-        config.source.oplog = list(args.oplog)
-    if args.follow:
-        config.source.follow = True
-    if args.in_memory:
-        config.store.in_memory = True
-    if args.data_dir:
-        config.store.data_dir = args.data_dir
-    if args.upstream:
-        config.upstream.uri = args.upstream
     _setup_logging(config.log.level, config.log.format)
     if config.upstream.uri:
         oplog = open_upstream(config)
@@ -206,6 +204,95 @@ def cmd_spark_replay(args: argparse.Namespace) -> int:
     return run_args(args)
 
 
+def _summary(config: Config) -> str:
+    """One line on what `serve` would do with this config."""
+    if config.upstream.uri:
+        source = "upstream " + config.upstream.uri.split("@")[-1]  # no credentials
+    elif config.source.oplog:
+        source = f"{len(config.source.oplog)} oplog file(s)"
+    elif config.store.in_memory:
+        source = "embedded store in memory"
+    else:
+        source = f"embedded store in {config.store.data_dir}"
+    metrics = config.metrics
+    return (
+        f"listen {config.server.host}:{config.server.port}, {source}, "
+        f"auth {'on' if config.auth.enabled else 'off'}, "
+        f"tls {'on' if config.tls.enabled else 'off'}, "
+        f"metrics {f'{metrics.host}:{metrics.port}' if metrics.enabled else 'off'}"
+    )
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    from cdcserver.config import check_config
+
+    config, errors = check_config(args.file)
+    if errors or config is None:
+        for error in errors:
+            print(f"{args.file}: {error}")
+        print(f"{len(errors)} error{'s' if len(errors) != 1 else ''}")
+        return 2
+    print(f"OK: {args.file}: {_summary(config)}")
+    return 0
+
+
+def ping_uri(config: Config) -> str:
+    """The URI that reaches this config's listener from the same host (the HEALTHCHECK)."""
+    host = config.server.host
+    if host in ("0.0.0.0", ""):  # a wildcard listener answers on loopback
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    # A liveness probe on loopback: the certificate names another host, so it is not checked.
+    tls = "?tls=true&tlsInsecure=true" if config.tls.enabled else ""
+    return f"mongodb://{host}:{config.server.port}/{tls}"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).split(", Timeout: ")[0]  # pymongo appends its topology description
+    return " ".join(text.split())
+
+
+def cmd_ping(args: argparse.Namespace) -> int:
+    """Exit 0 when the server answers `ping`, 1 (and why, on one line) otherwise."""
+    uri = args.uri
+    if uri is None:
+        try:
+            config = load_config(args.config)
+        except ConfigError as exc:
+            print(f"cdcserver ping: {_one_line(exc)}", file=sys.stderr)
+            return 1
+        if config.server.port == 0:
+            print("cdcserver ping: server.port is 0 (any free port): give --uri",
+                  file=sys.stderr)
+            return 1
+        uri = ping_uri(config)
+    from pymongo import MongoClient  # only here: keeps the other commands' start fast
+    from pymongo.errors import PyMongoError
+
+    timeout_ms = max(1, int(args.timeout * 1000))
+    where = uri.partition("://")[2].rpartition("@")[2].split("/")[0]  # no credentials
+    try:
+        client: MongoClient[dict[str, Any]] = MongoClient(
+            uri, directConnection=True, serverSelectionTimeoutMS=timeout_ms,
+            connectTimeoutMS=timeout_ms, socketTimeoutMS=timeout_ms, appname="cdcserver ping",
+        )
+    except (PyMongoError, ValueError, TypeError) as exc:
+        print(f"cdcserver ping: bad URI: {_one_line(exc)}", file=sys.stderr)
+        return 1
+    try:
+        client.admin.command("ping")
+    except PyMongoError as exc:
+        print(f"cdcserver ping: {_one_line(exc)}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    print(f"ok {where}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cdcserver", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -252,6 +339,27 @@ def main(argv: list[str] | None = None) -> int:
 
     add_arguments(spark_replay)
     spark_replay.set_defaults(func=cmd_spark_replay)
+
+    check = sub.add_parser(
+        "check-config",
+        help="validate a config file (with CDCSERVER_* overrides); print every error",
+    )
+    check.add_argument("file", help="TOML config file")
+    check.set_defaults(func=cmd_check_config)
+
+    ping = sub.add_parser(
+        "ping", help="exit 0 when a server answers ping, 1 otherwise (a health check)"
+    )
+    target = ping.add_mutually_exclusive_group()
+    target.add_argument(
+        "--uri",
+        help="MongoDB URI, TLS and auth options as usual (default: mongodb://127.0.0.1:27017)",
+    )
+    target.add_argument(
+        "--config", help="reach the listener this config file (and CDCSERVER_*) describes"
+    )
+    ping.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    ping.set_defaults(func=cmd_ping)
 
     args = parser.parse_args(argv)
     return args.func(args)

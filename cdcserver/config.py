@@ -7,6 +7,14 @@ Errors name the key and the expected type (msgspec's `Expected `int`, got `str` 
 
 from __future__ import annotations
 
+import base64
+import binascii
+import datetime
+import os
+import typing
+from collections.abc import Mapping
+from typing import Any
+
 import msgspec
 
 
@@ -136,20 +144,390 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class ConfigError(ValueError):
-    pass
+    """Every problem found in a configuration, each naming its key (`errors`)."""
+
+    def __init__(self, errors: list[str] | str, source: str | None = None) -> None:
+        self.errors = [errors] if isinstance(errors, str) else list(errors)
+        self.source = source
+        prefix = f"{source}: " if source else ""
+        if len(self.errors) == 1:
+            text = prefix + self.errors[0]
+        else:
+            text = f"{prefix}{len(self.errors)} errors\n" + "\n".join(
+                f"  {e}" for e in self.errors
+            )
+        super().__init__(text)
 
 
-def load_config(path: str | None) -> Config:
-    if path is None:
-        return Config()
+# Environment overrides: CDCSERVER_<SECTION>_<KEY>=<TOML value or plain string>.
+ENV_PREFIX = "CDCSERVER_"
+# Lists of tables are too structured for one variable: only a file sets them.
+FILE_ONLY_KEYS = frozenset({"auth.users"})
+_TOML_TYPES = (datetime.datetime, datetime.date, datetime.time)
+
+
+def sections() -> dict[str, type[msgspec.Struct]]:
+    """Section name ([server], [store], ...) -> its Struct."""
+    return {f.name: f.type for f in msgspec.structs.fields(Config)}
+
+
+def _env_value(raw: str, field_type: Any) -> Any:
+    """A TOML value where the text is one (numbers, booleans, arrays, inline tables), else
+    the text itself; a `str` key takes the text as is unless it is a quoted TOML string."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise ConfigError(f"{path}: {exc.strerror or exc}") from None
+        parsed = msgspec.toml.decode(f"v = {raw}\n".encode())
+    except msgspec.DecodeError:
+        return raw
+    if set(parsed) != {"v"}:  # text with newlines that happened to parse as more keys
+        return raw
+    value = parsed["v"]
+    if field_type is str and not isinstance(value, str):
+        return raw
+    return value
+
+
+def env_overrides(
+    env: Mapping[str, str],
+) -> tuple[dict[str, dict[str, Any]], dict[str, str], list[str]]:
+    """The overrides that `env` sets: ({section: {key: value}}, {"section.key": variable},
+    errors). Only variables whose SECTION part names a section are read (others, such as
+    CDCSERVER_SPARK_MILLION, belong to someone else); among those an unknown key is an error."""
+    known = sections()
+    by_length = sorted(known, key=len, reverse=True)  # longest section name wins
+    values: dict[str, dict[str, Any]] = {}
+    origins: dict[str, str] = {}
+    errors: list[str] = []
+    for variable in sorted(env):
+        if not variable.upper().startswith(ENV_PREFIX):
+            continue
+        rest = variable[len(ENV_PREFIX):].lower()
+        section = next((s for s in by_length if rest.startswith(s + "_")), None)
+        if section is None:
+            continue
+        key = rest[len(section) + 1:]
+        fields = {f.name: f for f in msgspec.structs.fields(known[section])}
+        if key not in fields:
+            errors.append(
+                f"{variable}: [{section}] has no key {key!r}"
+                f" (keys: {', '.join(sorted(fields))})"
+            )
+            continue
+        if f"{section}.{key}" in FILE_ONLY_KEYS:
+            errors.append(f"{variable}: {section}.{key} can only be set in the config file")
+            continue
+        values.setdefault(section, {})[key] = _env_value(env[variable], fields[key].type)
+        origins[f"{section}.{key}"] = variable
+    return values, origins, errors
+
+
+def _struct_of(tp: Any) -> type[msgspec.Struct] | None:
+    """The Struct in `tp` (itself, or the non-None side of `Struct | None`)."""
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return tp
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if len(args) == 1 and type(None) in typing.get_args(tp):
+        return _struct_of(args[0])
+    return None
+
+
+def _convert(value: Any, tp: Any) -> Any:
+    return msgspec.convert(value, tp, str_keys=True, builtin_types=_TOML_TYPES)
+
+
+_DROP = object()  # _check's "nothing valid here"
+
+
+def _check(value: Any, tp: Any, path: str, errors: list[tuple[str, str]]) -> Any:
+    """Validate `value` against `tp`, recording every error (msgspec stops at the first, so
+    Structs and lists of Structs are walked key by key). Returns the value with the invalid
+    keys left out (_DROP when nothing of it stands), so the rest can be checked for meaning."""
+    struct = _struct_of(tp)
+    if struct is not None and isinstance(value, dict):
+        fields = {f.name: f for f in msgspec.structs.fields(struct)}
+        kept = {}
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key not in fields:
+                what = "section" if not path else "key"
+                errors.append((where, f"unknown {what} (expected one of: "
+                                      f"{', '.join(sorted(fields))})"))
+                continue
+            clean = _check(item, fields[key].type, where, errors)
+            if clean is not _DROP:
+                kept[key] = clean
+        for name, f in fields.items():
+            if f.required and name not in value:
+                errors.append((f"{path}.{name}" if path else name, "required key missing"))
+        if any(f.required and n not in kept for n, f in fields.items()):
+            return _DROP  # without a required key the table itself cannot stand
+        return kept
+    if typing.get_origin(tp) is list and isinstance(value, list):
+        (item_type,) = typing.get_args(tp)
+        if _struct_of(item_type) is not None:
+            items = (_check(item, item_type, f"{path}[{i}]", errors)
+                     for i, item in enumerate(value))
+            return [item for item in items if item is not _DROP]
     try:
-        return msgspec.toml.decode(data, type=Config)
+        _convert(value, tp)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+        message, _, at = str(exc).partition(" - at `$")
+        errors.append((path + at.rstrip("`"), message))
+        return _DROP
+    return value
+
+
+# What startup needs beyond types. Keep in step with the code that uses each option.
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_FORMATS = ("text", "json")
+SYNCHRONOUS = ("off", "normal", "full", "extra")  # SQLite's PRAGMA synchronous
+MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-1")
+# MongoDB's built-in roles; those granted only on the admin database (mongod has no
+# readAnyDatabase@shop).
+DB_ROLES = frozenset({"read", "readWrite", "dbAdmin", "dbOwner", "userAdmin"})
+ADMIN_ROLES = frozenset({
+    "readAnyDatabase", "readWriteAnyDatabase", "userAdminAnyDatabase", "dbAdminAnyDatabase",
+    "clusterAdmin", "clusterManager", "clusterMonitor", "hostManager", "backup", "restore",
+    "root", "enableSharding", "directShardOperations", "searchCoordinator", "__system",
+})
+# Lower bounds of numeric keys: (bound, inclusive).
+_MINIMUM: dict[str, tuple[float, bool]] = {
+    "server.idle_cursor_timeout_s": (0, False),
+    "server.max_connections": (1, True),
+    "server.max_message_bytes": (1, True),
+    "server.idle_connection_timeout_s": (0, True),
+    "server.shutdown_grace_s": (0, True),
+    "store.oplog_size_mb": (1, True),
+    "store.noop_interval_s": (0, True),
+    "store.txn_oplog_entry_bytes": (1, True),
+    "store.txn_oplog_entry_ops": (1, True),
+    "upstream.batch_size": (1, True),
+    "upstream.max_await_ms": (0, True),
+    "upstream.window_entries": (1, True),
+    "upstream.window_bytes": (1, True),
+    "upstream.history_batch": (1, True),
+    "upstream.history_keep": (1, True),
+    "upstream.history_segments": (1, True),
+    "upstream.history_idle_s": (0, False),
+    "upstream.majority_poll_ms": (0, False),
+    "upstream.backoff_initial_ms": (0, False),
+    "upstream.backoff_max_ms": (0, False),
+    "upstream.oldest_refresh_s": (0, False),
+    "upstream.lookup_timeout_ms": (0, False),
+    "upstream.uuid_cache_s": (0, True),
+}
+
+
+def _port_ok(port: int) -> bool:
+    return 0 <= port <= 65535
+
+
+def _check_credentials(creds: ScramCredentials, key_bytes: int, path: str,
+                       errors: list[tuple[str, str]]) -> None:
+    if creds.iteration_count < 1:
+        errors.append((f"{path}.iteration_count", "must be at least 1"))
+    for name in ("salt", "stored_key", "server_key"):
+        try:
+            raw = base64.b64decode(getattr(creds, name), validate=True)
+        except (binascii.Error, ValueError):
+            errors.append((f"{path}.{name}", "not valid base64"))
+            continue
+        if name != "salt" and len(raw) != key_bytes:
+            errors.append((f"{path}.{name}", f"must decode to {key_bytes} bytes, not {len(raw)}"))
+
+
+def _check_uri(uri: str) -> str | None:
+    if not uri.startswith(("mongodb://", "mongodb+srv://")):
+        return "not a mongodb:// or mongodb+srv:// URI"
+    if uri.startswith("mongodb+srv://"):
+        # parse_uri would resolve the SRV record here; the host part is all we can check.
+        host = uri[len("mongodb+srv://"):].split("/")[0].rpartition("@")[2]
+        if not host or ":" in host or "," in host:
+            return "mongodb+srv:// takes one host name, without a port"
+        return None
+    from pymongo.uri_parser import parse_uri  # only when there is a URI to check
+
+    try:
+        parse_uri(uri)
+    except Exception as exc:  # pymongo's InvalidURI, ConfigurationError, ValueError...
+        return str(exc)
+    return None
+
+
+def semantic_errors(config: Config) -> list[tuple[str, str]]:
+    """What a well-typed config can still get wrong (values startup would refuse), as
+    (key, message) pairs."""
+    errors: list[tuple[str, str]] = []
+    sv, st, src, up = config.server, config.store, config.source, config.upstream
+    for path, (bound, inclusive) in _MINIMUM.items():
+        section, key = path.split(".")
+        value = getattr(getattr(config, section), key)
+        if value < bound or (value == bound and not inclusive):
+            errors.append((path, f"must be {'at least' if inclusive else 'more than'} "
+                                 f"{bound:g}, got {value}"))
+    if not _port_ok(sv.port):
+        errors.append(("server.port", f"must be 0..65535, got {sv.port}"))
+    if not sv.host:
+        errors.append(("server.host", "must not be empty"))
+    if sv.advertised_host:
+        _, colon, port = sv.advertised_host.rpartition(":")
+        if not colon or not port.isdigit() or not _port_ok(int(port)):
+            errors.append(("server.advertised_host", "must be host:port"))
+    if not sv.set_name:
+        errors.append(("server.set_name", "must not be empty"))
+    if st.synchronous not in SYNCHRONOUS:
+        errors.append(("store.synchronous",
+                       f"must be one of {' | '.join(SYNCHRONOUS)}, got {st.synchronous!r}"))
+    embedded = not up.uri and not src.oplog
+    if embedded and not st.in_memory:
+        if not st.data_dir:
+            errors.append(("store.data_dir", "must not be empty (or set store.in_memory)"))
+        elif os.path.exists(st.data_dir) and not os.path.isdir(st.data_dir):
+            errors.append(("store.data_dir", f"{st.data_dir} exists and is not a directory"))
+    for i, path in enumerate(src.oplog):
+        if not os.path.isfile(path):
+            errors.append((f"source.oplog[{i}]", f"no such file: {path}"))
+    if up.uri:
+        problem = _check_uri(up.uri)
+        if problem:
+            errors.append(("upstream.uri", problem))
+    if up.backoff_max_ms < up.backoff_initial_ms:
+        errors.append(("upstream.backoff_max_ms", "must not be less than backoff_initial_ms"))
+    if up.client_options:
+        from pymongo.common import validate
+
+        for option, value in up.client_options.items():
+            try:
+                validate(option, value)
+            except Exception as exc:  # ConfigurationError, ValueError, TypeError
+                errors.append((f"upstream.client_options.{option}", str(exc)))
+    if config.log.level.lower() not in LOG_LEVELS:
+        errors.append(("log.level",
+                       f"must be one of {' | '.join(LOG_LEVELS)}, got {config.log.level!r}"))
+    if config.log.format not in LOG_FORMATS:
+        errors.append(("log.format",
+                       f"must be one of {' | '.join(LOG_FORMATS)}, got {config.log.format!r}"))
+    errors.extend(_auth_errors(config.auth))
+    tls = config.tls
+    if tls.enabled:
+        if not tls.certificate_file:
+            errors.append(("tls.certificate_file", "required when tls.enabled is true"))
+        for key in ("certificate_file", "key_file", "ca_file"):
+            path = getattr(tls, key)
+            if path and not os.path.isfile(path):
+                errors.append((f"tls.{key}", f"no such file: {path}"))
+        if tls.require_client_certificate and not tls.ca_file:
+            errors.append(("tls.require_client_certificate",
+                           "needs tls.ca_file to verify client certificates against"))
+    m = config.metrics
+    if not _port_ok(m.port):
+        errors.append(("metrics.port", f"must be 0..65535, got {m.port}"))
+    elif m.enabled and m.port and m.port == sv.port and m.host == sv.host:
+        errors.append(("metrics.port", f"{m.host}:{m.port} is also server's listener"))
+    return errors
+
+
+def _auth_errors(auth: AuthConfig) -> list[tuple[str, str]]:
+    errors: list[tuple[str, str]] = []
+    for i, mech in enumerate(auth.mechanisms):
+        if mech not in MECHANISMS:
+            errors.append((f"auth.mechanisms[{i}]",
+                           f"must be one of {' | '.join(MECHANISMS)}, got {mech!r}"))
+    if auth.enabled and not auth.mechanisms:
+        errors.append(("auth.mechanisms", "must not be empty when auth.enabled is true"))
+    if auth.enabled and not auth.users:
+        errors.append(("auth.users", "auth.enabled is true but no user is configured"))
+    seen: set[tuple[str, str]] = set()
+    for i, user in enumerate(auth.users):
+        at = f"auth.users[{i}]"
+        if not user.user:
+            errors.append((f"{at}.user", "must not be empty"))
+        if (user.user, user.db) in seen:
+            errors.append((f"{at}.user", f"{user.user}@{user.db} is configured twice"))
+        seen.add((user.user, user.db))
+        usable = [
+            mech for mech, creds in (("SCRAM-SHA-256", user.scram_sha_256),
+                                     ("SCRAM-SHA-1", user.scram_sha_1))
+            if creds is not None and mech in auth.mechanisms
+        ]
+        if not usable:
+            errors.append((at, f"user {user.user!r} has no credentials for any of "
+                               f"auth.mechanisms (make them with `cdcserver hash-password`)"))
+        if user.scram_sha_256 is not None:
+            _check_credentials(user.scram_sha_256, 32, f"{at}.scram_sha_256", errors)
+        if user.scram_sha_1 is not None:
+            _check_credentials(user.scram_sha_1, 20, f"{at}.scram_sha_1", errors)
+        for j, role in enumerate(user.roles):
+            where = f"{at}.roles[{j}]"
+            if role.role in ADMIN_ROLES:
+                if role.db != "admin":
+                    errors.append((where, f"role {role.role!r} exists only on db 'admin'"))
+            elif role.role not in DB_ROLES:
+                errors.append((where, f"unknown role {role.role!r} (built-in roles: "
+                                      f"{', '.join(sorted(DB_ROLES | ADMIN_ROLES))})"))
+            if not role.db:
+                errors.append((f"{where}.db", "must not be empty"))
+    return errors
+
+
+def check_config(
+    path: str | None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> tuple[Config | None, list[str]]:
+    """Read `path` (None: defaults), apply `env`'s CDCSERVER_<SECTION>_<KEY> variables (None:
+    os.environ) and then `overrides` ({"section.key": value}: command-line flags), and check
+    it all. Returns the Config (None when it cannot be built) and every error, each naming
+    its key (and the variable or flag that set it)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except OSError as exc:
+            return None, [f"cannot read {path}: {exc.strerror or exc}"]
+        try:
+            data = msgspec.toml.decode(raw)
+        except msgspec.DecodeError as exc:
+            return None, [f"invalid TOML: {exc}"]
+    env_values, origins, messages = env_overrides(os.environ if env is None else env)
+    for section, values in env_values.items():
+        if isinstance(data.get(section), dict):
+            data[section].update(values)
+        else:  # absent (or not a table: then the variable's value stands alone)
+            data[section] = dict(values)
+    for dotted, value in (overrides or {}).items():
+        section, _, key = dotted.partition(".")
+        target = data.get(section)
+        if not isinstance(target, dict):
+            target = data[section] = {}
+        target[key] = value
+        origins[dotted] = "command line"
+
+    def name(key: str) -> str:
+        base = key.split("[")[0]
+        base = ".".join(base.split(".")[:2])
+        origin = origins.get(base)
+        return f"{key} (from {origin})" if origin else key
+
+    found: list[tuple[str, str]] = []
+    clean = _check(data, Config, "", found)
+    messages += [f"{name(key)}: {message}" for key, message in found]
+    try:
+        config = _convert({} if clean is _DROP else clean, Config)
+    except msgspec.ValidationError as exc:  # a gap in _check: still say what and where
+        return None, [*messages, str(exc)]
+    messages += [f"{name(key)}: {message}" for key, message in semantic_errors(config)]
+    return config, messages
+
+
+def load_config(
+    path: str | None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """The config from `path`, environment overrides and then `overrides` (see
+    check_config); ConfigError lists every problem at once."""
+    config, errors = check_config(path, env, overrides)
+    if errors or config is None:
+        raise ConfigError(errors, path)
+    return config
