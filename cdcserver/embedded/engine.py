@@ -21,6 +21,7 @@ from mongomock import aggregate as mm_aggregate
 from mongomock import filtering as mm_filtering
 from mongomock import helpers as mm_helpers
 
+from cdcserver.embedded import modifiers
 from pipeline_stages.errors import MongoError
 
 UPDATE_OPERATORS = frozenset(
@@ -29,8 +30,10 @@ UPDATE_OPERATORS = frozenset(
         "$currentDate", "$addToSet", "$pop", "$pull", "$pullAll", "$push", "$bit",
     }
 )
-# Operators mongomock 4.x does not implement (it would misread them as a replacement).
-_UNSUPPORTED = frozenset({"$mul", "$bit"})
+_OWN = frozenset({"$inc", "$mul", "$bit", "$rename"})  # applied by modifiers.py
+# Operators that create their path when it is missing (the others are no-ops then).
+_CREATING = frozenset({"$set", "$setOnInsert", "$push", "$addToSet", "$currentDate", "$min",
+                       "$max"})
 _POSITIONAL_FILTERED = re.compile(r"^\$\[([a-z][a-zA-Z0-9]*)?\]$")
 
 
@@ -114,8 +117,30 @@ def _path_key(path: str) -> tuple[tuple[int, Any], ...]:
 
 
 def validate_modifiers(update: Mapping[str, Any]) -> None:
-    """The checks mongod's update parser makes before applying anything."""
-    seen: list[str] = []
+    """The checks mongod's update parser makes before applying anything, in its order: per
+    operator and field, the path, the operator's argument (the leaf node's init), then
+    conflicts with the paths before it ($rename: its source, then its destination)."""
+    seen: list[list[str]] = []
+
+    def updatable(path: str) -> None:  # fieldchecker::isUpdatable
+        if path == "":
+            raise MongoError(56, "An empty update path is not valid.")
+        if "" in path.split("."):
+            raise MongoError(
+                56, f"An update path '{path}' contains an empty field name, which is not allowed."
+            )
+
+    def add(path: str) -> None:
+        parts = path.split(".")
+        for other in seen:
+            n = min(len(other), len(parts))
+            if other[:n] == parts[:n]:
+                at = ".".join(parts[:n])
+                raise MongoError(
+                    40, f"Updating the path '{path}' would create a conflict at '{at}'"
+                )
+        seen.append(parts)
+
     for op, fields in update.items():
         if op not in UPDATE_OPERATORS:
             raise MongoError(
@@ -130,20 +155,17 @@ def validate_modifiers(update: Mapping[str, Any]) -> None:
                 f"{_type_name(fields)} instead. For example: {{$mod: {{<field>: ...}}}} not "
                 f"{{{op}: {_short(fields)}}}",
             )
-        paths = list(fields)
-        if op == "$rename":
-            paths += [v for v in fields.values() if isinstance(v, str)]
-        for path in paths:
-            if path == "":
-                raise MongoError(56, "An empty update path is not valid.")
-            for other in seen:
-                a, b = other.split("."), path.split(".")
-                n = min(len(a), len(b))
-                if a[:n] == b[:n]:
-                    raise MongoError(
-                        40, f"Updating the path '{path}' would create a conflict at '{other}'"
-                    )
-            seen.append(path)
+        for path, value in fields.items():
+            updatable(path)
+            if op == "$rename":  # a placeholder at the source, the RenameNode at the target
+                add(path)
+                if isinstance(value, str):
+                    updatable(value)
+                modifiers.check_rename(path, value)
+                add(value)
+                continue
+            modifiers.check_argument(op, path, value)
+            add(path)
 
 
 def _type_name(value: Any) -> str:
@@ -237,10 +259,11 @@ def apply_modifiers(
     filters = _parse_array_filters(array_filters)
     steps: list[tuple[tuple, str, str, Any]] = []
     for op, fields in update.items():
-        if op in _UNSUPPORTED:
-            raise MongoError(2, f"{op} is not supported by cdcserver's embedded store (mongomock)")
         for path, value in fields.items():
             if op == "$setOnInsert" and not is_insert:
+                continue
+            if op == "$rename":  # RenameNode lives at the destination path
+                steps.append((_path_key(value), op, path, value))
                 continue
             concrete = [path]
             if "$[" in path:
@@ -253,14 +276,44 @@ def apply_modifiers(
         for _, op, path, value in steps:
             if op == "$setOnInsert":
                 op = "$set"
+            if op in _OWN and "$" in path.split("."):
+                path = _resolve_positional(new, query, path)
+            if op in ("$inc", "$mul"):
+                modifiers.apply_arithmetic(new, op, path, value)
+                continue
+            if op == "$bit":
+                modifiers.apply_bit(new, path, value)
+                continue
+            if op == "$rename":
+                modifiers.apply_rename(new, path, value)
+                continue
             if op == "$pop" and not _path_exists(new, path):
                 continue  # mongod: $pop on a missing field is a no-op (mongomock raises)
+            if op in _CREATING and "$" not in path.split("."):
+                modifiers.check_creatable(new, path)
             mcoll._apply_update_document(new, query, {op: {path: normalize(value)}}, is_insert)
     except MongoError:
         raise
     except Exception as exc:  # noqa: BLE001
         raise engine_error(exc) from None
     return new
+
+
+def _resolve_positional(doc: dict[str, Any], query: Mapping[str, Any], path: str) -> str:
+    """`a.$.b` with `$` the index of the first element of `a` the query matched (as mongod
+    records it while matching)."""
+    parts = path.split(".")
+    at = parts.index("$")
+    prefix = ".".join(parts[:at])
+    relevant = {k: v for k, v in query.items() if k == prefix or k.startswith(prefix + ".")}
+    array = modifiers.get_path(doc, prefix)
+    if relevant and isinstance(array, list):
+        for index, element in enumerate(array):
+            probe = copy.deepcopy(doc)
+            modifiers.set_path(probe, prefix, [element])
+            if matches(relevant, probe):
+                return ".".join([*parts[:at], str(index), *parts[at + 1:]])
+    raise MongoError(2, "The positional operator did not find the match needed from the query.")
 
 
 def _path_exists(doc: Any, path: str) -> bool:
