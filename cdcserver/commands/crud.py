@@ -12,9 +12,10 @@ updates `upserted` and `nModified`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -456,23 +457,44 @@ def run_update_statement(
     if multi and kind == "replacement":
         raise MongoError(9, "multi update is not supported for replacement-style update")
     c = store.get(db, coll)
+    if c is None:
+        store.check_not_view(db, coll)  # 166, as mongod refuses writes to a view
     docs = matching(store, c, q, one=not multi)
     n = modified = 0
     session = None if multi else retry.session
     for pre in docs:
-        post = compute_update(store, db, coll, pre, q, u, kind, array_filters)
         assert c is not None
-        if store.update_document(c, pre, post, kind=kind, update=u, session=session,
-                                 stmt_id=stmt_id, array_filters=array_filters,
-                                 validate=validate):
-            modified += 1
+        with executor_errors("update"):
+            post = compute_update(store, db, coll, pre, q, u, kind, array_filters)
+            if store.update_document(c, pre, post, kind=kind, update=u, session=session,
+                                     stmt_id=stmt_id, array_filters=array_filters,
+                                     validate=validate):
+                modified += 1
         n += 1
     if n or not upsert:
         return n, modified, None
-    new = upsert_document(store, db, coll, q, u, kind, array_filters)
+    with executor_errors("update"):
+        new = upsert_document(store, db, coll, q, u, kind, array_filters)
     c = store.ensure_collection(db, coll)
     store.insert_document(c, new, session, stmt_id, validate=validate)
     return 1, 0, new["_id"]
+
+
+# Errors raised while the update runs on a document (not those of parsing it), which mongod
+# 8 raises through its plan executor, with this context; duplicate keys and validation
+# failures of `update` come from the write itself, unwrapped.
+_UNWRAPPED_IN_UPDATE = (11000, 121)
+
+
+@contextlib.contextmanager
+def executor_errors(command_name: str) -> Iterator[None]:
+    try:
+        yield
+    except MongoError as err:
+        if command_name != "update" or err.code not in _UNWRAPPED_IN_UPDATE:
+            err.errmsg = f"Plan executor error during {command_name} :: caused by :: {err.errmsg}"
+            err.args = (err.errmsg,)
+        raise
 
 
 @command("update")
@@ -540,6 +562,8 @@ async def delete(server, conn, cmd, db):
                                          f"Got {limit}")
                     q = engine.normalize(_doc_arg(spec, "q", "delete.deletes") or {})
                     c = store.get(db, coll)
+                    if c is None:
+                        store.check_not_view(db, coll)
                     docs = matching(store, c, q, one=limit == 1)
                     session = retry.session if limit == 1 else None
                     for pre in docs:
@@ -618,6 +642,8 @@ async def find_and_modify(server, conn, cmd, db):
         done = retry.result(0, "findAndModify")
         if done is not _NOT_DONE:
             return done
+        if store.get(db, coll) is None:
+            store.check_not_view(db, coll)
         pre = _sorted_find(store, db, coll, q, sort)
         c = store.get(db, coll)
         if remove:
@@ -633,17 +659,19 @@ async def find_and_modify(server, conn, cmd, db):
             array_filters = cmd.get("arrayFilters")
             if pre is not None:
                 assert c is not None
-                post = compute_update(store, db, coll, pre, q, u, kind, array_filters)
-                store.update_document(c, pre, post, kind=kind, update=u, session=retry.session,
-                                      stmt_id=0, array_filters=array_filters,
-                                      validate=validate)
+                with executor_errors("findAndModify"):
+                    post = compute_update(store, db, coll, pre, q, u, kind, array_filters)
+                    store.update_document(c, pre, post, kind=kind, update=u,
+                                          session=retry.session, stmt_id=0,
+                                          array_filters=array_filters, validate=validate)
                 value = post if new else pre
                 reply = {"lastErrorObject": {"n": 1, "updatedExisting": True},
                          "value": project(store, db, coll, value, fields)}
             elif upsert:
-                doc = upsert_document(store, db, coll, q, u, kind, array_filters)
-                c = store.ensure_collection(db, coll)
-                store.insert_document(c, doc, retry.session, 0, validate=validate)
+                with executor_errors("findAndModify"):
+                    doc = upsert_document(store, db, coll, q, u, kind, array_filters)
+                    c = store.ensure_collection(db, coll)
+                    store.insert_document(c, doc, retry.session, 0, validate=validate)
                 reply = {
                     "lastErrorObject": {"n": 1, "updatedExisting": False, "upserted": doc["_id"]},
                     "value": project(store, db, coll, doc, fields) if new else None,
@@ -793,6 +821,9 @@ def run_find(
     sort: Any, skip: int, limit: int,
 ) -> list[dict[str, Any]]:
     if store.get(db, coll) is None:
+        resolved = store.resolve_view(db, coll)
+        if resolved is not None:
+            return run_find_on_view(store, db, resolved, filter_doc, projection, sort, skip, limit)
         engine.matches(filter_doc or {}, {})
         return []
     try:
@@ -808,6 +839,60 @@ def run_find(
         raise
     except Exception as exc:  # noqa: BLE001
         raise engine.engine_error(exc) from None
+
+
+def view_documents(store: Store, db: str, resolved: tuple[str, list[Any]],
+                   stages: list[Any]) -> list[Any]:
+    """A view's documents: its (resolved) pipeline, then `stages`, over the collection it
+    reads."""
+    base, pipeline = resolved
+    docs = run_find(store, db, base, None, None, None, 0, 0)
+    full = [engine.normalize(dict(s)) for s in [*pipeline, *stages]]
+    if not full:
+        return docs
+    return engine.run_pipeline(docs, store.mongomock_collection(db, base).database, full)
+
+
+def run_find_on_view(
+    store: Store, db: str, resolved: tuple[str, list[Any]],
+    filter_doc: Mapping[str, Any] | None, projection: Any, sort: Any, skip: int, limit: int,
+) -> list[dict[str, Any]]:
+    """`find` on a view, as mongod runs it: an aggregation of the view's pipeline followed by
+    `$match`, `$sort`, `$skip`, `$limit` and `$project` (query_request_conversion)."""
+    stages: list[Any] = []
+    if filter_doc:
+        stages.append({"$match": dict(filter_doc)})
+    sort_list = _sort_list(sort)
+    if sort_list:
+        stages.append({"$sort": dict(sort_list)})
+    if skip:
+        stages.append({"$skip": skip})
+    if limit:
+        stages.append({"$limit": limit})
+    if projection:
+        stages.append({"$project": dict(projection)})
+    return view_documents(store, db, resolved, stages)
+
+
+def _distinct_values(docs: list[Any], key: str) -> list[Any]:
+    """The distinct values at dotted path `key` (array elements counted one by one), equal as
+    mongod compares them (KeyString)."""
+    from cdcserver.embedded.store import id_key
+
+    def at(value: Any, parts: list[str]) -> list[Any]:
+        if not parts:
+            return list(value) if isinstance(value, list) else [value]
+        if isinstance(value, Mapping):
+            return at(value[parts[0]], parts[1:]) if parts[0] in value else []
+        if isinstance(value, list):
+            return [v for element in value for v in at(element, parts)]
+        return []
+
+    seen: dict[bytes, Any] = {}
+    for doc in docs:
+        for value in at(doc, key.split(".")):
+            seen.setdefault(id_key(value), value)
+    return list(seen.values())
 
 
 @command("find")
@@ -909,7 +994,12 @@ async def distinct(server, conn, cmd, db):
         )
     query = _doc_arg(cmd, "query", "distinct")
     if store.get(db, coll) is None:
-        return {"values": []}
+        resolved = store.resolve_view(db, coll)
+        if resolved is None:
+            return {"values": []}
+        # mongod runs distinct on a view as an aggregation ($match, then the values)
+        stages = [{"$match": dict(query)}] if query else []
+        return {"values": _distinct_values(view_documents(store, db, resolved, stages), key)}
     try:
         values = store.mongomock_collection(db, coll).distinct(
             key, engine.normalize(query) if query else None

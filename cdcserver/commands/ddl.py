@@ -6,15 +6,27 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import bson
 from bson.binary import Binary
 from bson.int64 import Int64
 
+from cdcserver.commands import cursors as _cursors  # noqa: F401  (its "aggregate" is wrapped)
 from cdcserver.commands import oplog_find
 from cdcserver.commands.crud import coll_arg, cursor_first_batch, get_store
 from cdcserver.commands.registry import COMMANDS, command
 from cdcserver.embedded import engine
-from cdcserver.embedded.store import ID_INDEX, Collection, Store, bson_string, ordered_options
+from cdcserver.embedded.store import (
+    ID_INDEX,
+    SYSTEM_VIEWS,
+    VIEW_MAX_DEPTH,
+    Collection,
+    Store,
+    bson_string,
+    ordered_options,
+    validate_collection_name,
+)
 from pipeline_stages.errors import MongoError
+from pipeline_stages.spec import is_change_stream_aggregate
 from pipeline_stages.value_string import type_name
 
 # Options `create` accepts and stores (others are refused as unknown fields).
@@ -51,12 +63,14 @@ def _check_pre_post(value: Any) -> None:
 async def create(server, conn, cmd, db):
     store = get_store(server)
     coll = coll_arg(cmd, "create")
+    if "viewOn" in cmd or "pipeline" in cmd:
+        return _create_view(store, cmd, db, coll)
     options: dict[str, Any] = {}
     for k, v in cmd.items():
         if k == "create" or k in _GENERIC:
             continue
-        if k in ("viewOn", "pipeline", "timeseries", "encryptedFields"):
-            raise MongoError(2, f"'{k}' (views, time series, queryable encryption) is not "
+        if k in ("timeseries", "encryptedFields"):
+            raise MongoError(2, f"'{k}' (time series, queryable encryption) is not "
                              "supported by cdcserver's embedded store yet")
         if k not in _CREATE_OPTIONS:
             raise MongoError(40415, f"BSON field 'create.{k}' is an unknown field.")
@@ -69,9 +83,250 @@ async def create(server, conn, cmd, db):
         if existing is not None:
             if ordered_options(options) == existing.options:
                 return {}
-            raise MongoError(48, f"Collection {db}.{coll} already exists.")
+            raise _exists_with_other_options(existing)
+        view = store.view(db, coll)
+        if view is not None:
+            raise MongoError(48, f"namespace {db}.{coll} already exists, but is a view on "
+                             f"{db}.{view['viewOn']} rather than {db}")
         store.create_collection(db, coll, options)
     return {}
+
+
+def _exists_with_other_options(existing: Collection) -> MongoError:
+    # Kept as this store has answered so far (tests/test_embedded.py); mongod 8.0's
+    # checkCollectionOptions says "namespace D.C already exists, but with different options:".
+    return MongoError(48, f"Collection {existing.ns} already exists.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Views (mongod's create_collection.cpp _createView, views/view_graph.cpp, views/util.cpp)
+
+# Aggregation stages mongod 8.0 knows (a view's pipeline is parsed, so an unknown one is 40324).
+_STAGES = {
+    "$addFields", "$bucket", "$bucketAuto", "$changeStream", "$changeStreamSplitLargeEvent",
+    "$collStats", "$count", "$currentOp", "$densify", "$documents", "$facet", "$fill",
+    "$geoNear", "$graphLookup", "$group", "$indexStats", "$limit", "$listLocalSessions",
+    "$listSampledQueries", "$listSearchIndexes", "$listSessions", "$lookup", "$match", "$merge",
+    "$out", "$planCacheStats", "$project", "$querySettings", "$redact", "$replaceRoot",
+    "$replaceWith", "$sample", "$search", "$searchMeta", "$set", "$setWindowFields",
+    "$shardedDataDistribution", "$skip", "$sort", "$sortByCount", "$unionWith", "$unset",
+    "$unwind", "$vectorSearch", "$_internalUnpackBucket",
+}
+# Stages whose DocumentSource writes (constraints().writesPersistentData()).
+_WRITING_STAGES = ("$out", "$merge")
+# Stages that read no collection (constraints().isIndependentOfAnyCollection).
+_COLLECTIONLESS_STAGES = (
+    "$currentOp", "$documents", "$listLocalSessions", "$listSessions", "$querySettings",
+    "$shardedDataDistribution",
+)
+# ICU collation defaults mongod fills in (CollationSpec::toBSON) for a locale's default options.
+_COLLATION_DEFAULTS = {
+    "caseLevel": False, "caseFirst": "off", "strength": 3, "numericOrdering": False,
+    "alternate": "non-ignorable", "maxVariable": "punct", "normalization": False,
+    "backwards": False, "version": "57.1",
+}
+
+
+def _view_argument_errors(cmd: Mapping[str, Any], name: str) -> None:
+    """The IDL type checks of `viewOn` / `pipeline` in create and collMod."""
+    if "viewOn" in cmd and not isinstance(cmd["viewOn"], str):
+        raise MongoError(14, f"BSON field '{name}.viewOn' is the wrong type "
+                         f"'{type_name(cmd['viewOn'])}', expected type 'string'")
+    if "pipeline" in cmd and not isinstance(cmd["pipeline"], list):
+        raise MongoError(14, f"BSON field '{name}.pipeline' is the wrong type "
+                         f"'{type_name(cmd['pipeline'])}', expected type 'array'")
+    if cmd.get("viewOn") == "":
+        raise MongoError(2, "'viewOn' cannot be empty")
+
+
+def _involved_namespaces(pipeline: list[Any]) -> list[str]:
+    """Collections a pipeline reads besides its own (LiteParsedPipeline's involved
+    namespaces): `$lookup` / `$graphLookup` `from`, `$unionWith`, and those of sub-pipelines."""
+    out: list[str] = []
+    for stage in pipeline:
+        if not isinstance(stage, Mapping) or not stage:
+            continue
+        name, arg = next(iter(stage.items()))
+        if name in ("$lookup", "$graphLookup") and isinstance(arg, Mapping):
+            if isinstance(arg.get("from"), str):
+                out.append(arg["from"])
+            if isinstance(arg.get("pipeline"), list):
+                out.extend(_involved_namespaces(arg["pipeline"]))
+        elif name == "$unionWith":
+            if isinstance(arg, str):
+                out.append(arg)
+            elif isinstance(arg, Mapping):
+                if isinstance(arg.get("coll"), str):
+                    out.append(arg["coll"])
+                if isinstance(arg.get("pipeline"), list):
+                    out.extend(_involved_namespaces(arg["pipeline"]))
+        elif name == "$facet" and isinstance(arg, Mapping):
+            for sub in arg.values():
+                if isinstance(sub, list):
+                    out.extend(_involved_namespaces(sub))
+    return out
+
+
+def _validate_view_pipeline(db: str, name: str, pipeline: list[Any]) -> None:
+    """view_catalog_helpers::validatePipeline: the pipeline parses, and holds no stage that
+    writes, no `$changeStream` and no collection-less stage."""
+    for stage in pipeline:
+        if not isinstance(stage, Mapping):
+            raise MongoError(14, "Each element of the 'pipeline' array must be an object")
+        if len(stage) != 1:
+            raise MongoError(40323, "A pipeline stage specification object must contain "
+                             "exactly one field.")
+        stage_name = next(iter(stage))
+        if stage_name not in _STAGES:
+            raise MongoError(40324, f"Unrecognized pipeline stage name: '{stage_name}'")
+    context = f"Invalid pipeline for view {db}.{name} :: caused by :: "
+    for i, stage in enumerate(pipeline):
+        stage_name = next(iter(stage))
+        if stage_name in _WRITING_STAGES:
+            raise MongoError(167, f"{context}The aggregation stage {stage_name} in location {i} "
+                             f"of the pipeline cannot be used in the view definition of "
+                             f"{db}.{name} because it writes to disk")
+    if pipeline and next(iter(pipeline[0])) == "$changeStream":
+        raise MongoError(167, f"{context}$changeStream cannot be used in a view definition")
+    for stage in pipeline:
+        stage_name = next(iter(stage))
+        if stage_name in _COLLECTIONLESS_STAGES:
+            raise MongoError(73, f"{context}'{stage_name}' cannot be used in a view definition")
+
+
+def _validate_view_graph(
+    store: Store, db: str, name: str, view_on: str, pipeline: list[Any]
+) -> None:
+    """ViewGraph::insertAndValidate: no cycle through the new definition (5
+    GraphContainsCycle, with mongod's path), and no chain of views deeper than 20."""
+
+    def refs(view: str) -> list[str]:
+        if view == name:
+            return [*_involved_namespaces(pipeline), view_on]
+        definition = store.view(db, view)
+        if definition is None:
+            return []
+        return [*_involved_namespaces(definition.get("pipeline", [])), definition["viewOn"]]
+
+    path: list[str] = [name]
+    heights: dict[str, int] = {}
+
+    def children_height(node: str, depth: int) -> int:
+        if depth > VIEW_MAX_DEPTH:
+            raise MongoError(149, "View depth limit exceeded; maximum depth is "
+                             f"{VIEW_MAX_DEPTH}")
+        best = 0
+        for child in refs(node):
+            if child == name:
+                trail = [*path, child]
+                raise MongoError(5, "View cycle detected: " + f"{db}.{trail[-1]}" + "".join(
+                    f" => {db}.{n}" for n in reversed(trail)))
+            if child not in heights:
+                path.append(child)
+                heights[child] = children_height(child, depth + 1)
+                path.pop()
+            best = max(best, heights[child])
+        return best + 1
+
+    below = children_height(name, 0) - 1
+
+    def parents_height(node: str, depth: int) -> int:
+        if depth > VIEW_MAX_DEPTH:
+            raise MongoError(149, "View depth limit exceeded; maximum depth is "
+                             f"{VIEW_MAX_DEPTH}")
+        best = 0
+        for view in store.views_of(db):
+            view_name = view["_id"][len(db) + 1:]
+            if view_name != name and node in refs(view_name):
+                best = max(best, parents_height(view_name, depth + 1))
+        return best + 1
+
+    if parents_height(name, 0) + below - 1 > VIEW_MAX_DEPTH:
+        raise MongoError(149, f"View depth limit exceeded; maximum depth is {VIEW_MAX_DEPTH}")
+
+
+def _full_collation(collation: Any) -> dict[str, Any] | None:
+    """The collation a view stores: none for `simple`, else the spec with ICU's defaults."""
+    if collation is None:
+        return None
+    if not isinstance(collation, Mapping):
+        raise MongoError(14, "BSON field 'create.collation' is the wrong type "
+                         f"'{type_name(collation)}', expected type 'object'")
+    if not isinstance(collation.get("locale"), str):
+        raise MongoError(40414, "BSON field 'locale' is missing but a required field")
+    if collation["locale"] == "simple":
+        return None
+    return {"locale": collation["locale"],
+            **{k: collation.get(k, v) for k, v in _COLLATION_DEFAULTS.items()}}
+
+
+def _pipeline_string(pipeline: list[Any]) -> str:
+    """A pipeline as mongod prints the BSON array (an object keyed "0", "1", ...)."""
+    return bson_string({str(i): stage for i, stage in enumerate(pipeline)})
+
+
+def _create_view(store: Store, cmd: Mapping[str, Any], db: str, coll: str) -> dict[str, Any]:
+    _view_argument_errors(cmd, "create")
+    if "viewOn" not in cmd:
+        raise MongoError(72, "'pipeline' requires 'viewOn' to also be specified")
+    for k in cmd:
+        if k in ("create", "viewOn", "pipeline") or k in _GENERIC:
+            continue
+        if k == "idIndex":
+            raise MongoError(72, "'idIndex' is not allowed with 'viewOn': "
+                             + bson_string(cmd[k]))
+        if k == "clusteredIndex":
+            raise MongoError(6026500, "The 'clusteredIndex' option is not supported with views")
+        if k not in _CREATE_OPTIONS:
+            raise MongoError(40415, f"BSON field 'create.{k}' is an unknown field.")
+    view_on: str = cmd["viewOn"]
+    pipeline = [dict(s) if isinstance(s, Mapping) else s for s in cmd.get("pipeline") or []]
+    collation = _full_collation(cmd.get("collation"))
+    if coll == SYSTEM_VIEWS:
+        raise MongoError(73, f"Cannot create a view called '{coll}': this is a reserved system "
+                         "namespace")
+    with store.batch():
+        existing = store.get(db, coll)
+        if existing is not None:
+            raise _exists_with_other_options(existing)
+        view = store.view(db, coll)
+        if view is not None:
+            if view["viewOn"] != view_on:
+                raise MongoError(48, f"namespace {db}.{coll} already exists, but is a view on "
+                                 f"{db}.{view['viewOn']} rather than {db}.{view_on}")
+            if bson.encode({"p": view.get("pipeline", [])}) != bson.encode({"p": pipeline}):
+                raise MongoError(48, f"namespace {db}.{coll} already exists, but with pipeline "
+                                 f"{_pipeline_string(view.get('pipeline', []))} rather than "
+                                 f"{_pipeline_string(pipeline)}")
+            if view.get("collation") != collation:
+                raise MongoError(48, f"namespace {db}.{coll} already exists, but with "
+                                 f"collation: {bson_string(view.get('collation') or {})} "
+                                 f"rather than {bson_string(cmd.get('collation') or {})}")
+            return {}
+        pre_post = cmd.get("changeStreamPreAndPostImages")
+        if pre_post is not None:
+            _check_pre_post(pre_post)
+            if pre_post["enabled"]:
+                raise MongoError(72, "option not supported on a view: "
+                                 "changeStreamPreAndPostImages")
+        validate_collection_name(db, coll)
+        _validate_view_pipeline(db, coll, pipeline)
+        _validate_view_graph(store, db, coll, view_on, pipeline)
+        _check_collation_matches(store, db, coll, view_on, pipeline, collation)
+        store.put_view(db, coll, view_on, pipeline, collation)
+    return {}
+
+
+def _check_collation_matches(
+    store: Store, db: str, name: str, view_on: str, pipeline: list[Any],
+    collation: dict[str, Any] | None,
+) -> None:
+    """ViewsForDatabase::_validateCollation: a view reads only views of its own collation."""
+    for ref in [*_involved_namespaces(pipeline), view_on]:
+        other = store.view(db, ref)
+        if other is not None and other.get("collation") != collation:
+            raise MongoError(167, f"View {db}.{name} has conflicting collation with view "
+                             f"{db}.{ref}")
 
 
 @command("drop")
@@ -80,6 +335,8 @@ async def drop(server, conn, cmd, db):
     coll = coll_arg(cmd, "drop")
     with store.batch():
         c = store.drop_collection(db, coll)
+        if c is None and store.drop_view(db, coll):
+            return {"ns": f"{db}.{coll}"}  # mongod's _dropView: no nIndexesWas
     if c is None:
         return {}
     return {"nIndexesWas": len(c.indexes), "ns": f"{db}.{coll}"}
@@ -117,11 +374,15 @@ async def rename_collection(server, conn, cmd, db):
     with store.batch():
         src = store.get(src_db, src_coll)
         if src is None:
+            if store.view(src_db, src_coll) is not None:
+                raise MongoError(166, f"cannot rename view: {source}")
             raise MongoError(26, f"Source collection {source} does not exist")
         if source == target:
             raise MongoError(20, "Can't rename a collection to itself")
         if store.get(to_db, to_coll) is not None and not drop_target:
             raise MongoError(48, "Target namespace exists")
+        if store.view(to_db, to_coll) is not None:
+            raise MongoError(48, f"a view already exists with that name: {target}")
         store.rename_collection(src, to_db, to_coll, drop_target)
     return {}
 
@@ -204,6 +465,7 @@ async def create_indexes(server, conn, cmd, db):
         c = store.get(db, coll)
         created = c is None
         if c is None:
+            store.check_not_view(db, coll)
             c = store.create_collection(db, coll)
         before = len(c.indexes)
         new: list[dict[str, Any]] = []
@@ -259,6 +521,7 @@ async def drop_indexes(server, conn, cmd, db):
     with store.batch():
         c = store.get(db, coll)
         if c is None:
+            store.check_not_view(db, coll)
             raise _ns_not_found(f"{db}.{coll}")
         was = len(c.indexes)
         names: list[str]
@@ -299,6 +562,7 @@ async def list_indexes(server, conn, cmd, db):
     coll = coll_arg(cmd, "listIndexes")
     c = store.get(db, coll)
     if c is None:
+        store.check_not_view(db, coll)
         raise _ns_not_found(f"{db}.{coll}")
     batch_size = None
     if isinstance(cmd.get("cursor"), Mapping) and cmd["cursor"].get("batchSize") is not None:
@@ -336,10 +600,16 @@ def _find_index(c: Collection, spec: Mapping[str, Any]) -> dict[str, Any]:
 async def coll_mod(server, conn, cmd, db):
     store = get_store(server)
     coll = coll_arg(cmd, "collMod")
+    _view_argument_errors(cmd, "collMod")
     with store.batch():
         c = store.get(db, coll)
         if c is None:
+            if store.view(db, coll) is not None:
+                return _coll_mod_view(store, cmd, db, coll)
             raise _ns_not_found(f"{db}.{coll}")
+        for k in ("pipeline", "viewOn"):
+            if k in cmd:
+                raise MongoError(72, f"option only supported on a view: {k}")
         o: dict[str, Any] = {"collMod": coll}
         new_options: dict[str, Any] = {}
         index_change = None
@@ -384,6 +654,30 @@ async def coll_mod(server, conn, cmd, db):
     return reply
 
 
+def _coll_mod_view(store: Store, cmd: Mapping[str, Any], db: str, coll: str) -> dict[str, Any]:
+    """collMod of a view: `viewOn` and `pipeline` each replace their half of the definition,
+    written as a replacement of its `system.views` document (no collMod entry: mongod's
+    coll_mod.cpp modifies the view catalog only)."""
+    for k in cmd:
+        if k in ("collMod", "viewOn", "pipeline") or k in _GENERIC:
+            continue
+        if k not in _COLLMOD_OPTIONS:
+            raise MongoError(40415, f"BSON field 'collMod.{k}' is an unknown field.")
+        raise MongoError(72, f"option not supported on a view: {k}")
+    view = store.view(db, coll)
+    assert view is not None
+    if "viewOn" not in cmd and "pipeline" not in cmd:
+        return {}
+    view_on = cmd.get("viewOn", view["viewOn"])
+    pipeline = [dict(s) if isinstance(s, Mapping) else s
+                for s in cmd.get("pipeline", view.get("pipeline", []))]
+    _validate_view_pipeline(db, coll, pipeline)
+    _validate_view_graph(store, db, coll, view_on, pipeline)
+    _check_collation_matches(store, db, coll, view_on, pipeline, view.get("collation"))
+    store.put_view(db, coll, view_on, pipeline, view.get("collation"))
+    return {}
+
+
 # ---------------------------------------------------------------------------------------------
 # listCollections / listDatabases
 
@@ -396,6 +690,27 @@ def collection_info(c: Collection) -> dict[str, Any]:
         "info": {"readOnly": False, "uuid": Binary(c.uuid, 4)},
         "idIndex": dict(ID_INDEX),
     }
+
+
+def view_info(view: Mapping[str, Any]) -> dict[str, Any]:
+    """A view as listCollections shows it: its definition, read-only, no uuid, no idIndex."""
+    _, _, name = str(view["_id"]).partition(".")
+    options = {k: view[k] for k in ("viewOn", "pipeline", "collation") if k in view}
+    return {"name": name, "type": "view", "options": options, "info": {"readOnly": True}}
+
+
+# A change stream on a view: mongod 8.0 refuses it when it takes the collection (views
+# forbidden), before any of the stream's own work.
+_CHANGE_STREAM_AGGREGATE = COMMANDS["aggregate"]
+
+
+@command("aggregate")
+async def aggregate_refusing_views(server, conn, cmd, db):
+    store = getattr(server, "store", None)
+    target = cmd.get("aggregate")
+    if store is not None and isinstance(target, str) and is_change_stream_aggregate(cmd):
+        store.check_not_view(db, target)
+    return await _CHANGE_STREAM_AGGREGATE(server, conn, cmd, db)
 
 
 # The oplog-derived versions (handshake.py), used when serving a recorded oplog.
@@ -412,12 +727,14 @@ async def list_collections(server, conn, cmd, db):
     name_only = cmd.get("nameOnly") is True
     out = []
     infos = [collection_info(c) for c in store.collections_of(db)]
+    # mongod lists the collections, then the views (list_collections.cpp)
+    infos.extend(view_info(v) for v in sorted(store.views_of(db), key=lambda v: v["_id"]))
     if db == oplog_find.OPLOG_DB:
         infos.append(oplog_find.collection_info(server.log))
     for info in infos:
         if filter_doc and not engine.matches(filter_doc, info):
             continue
-        out.append({"name": info["name"], "type": "collection"} if name_only else info)
+        out.append({"name": info["name"], "type": info["type"]} if name_only else info)
     batch_size = None
     if isinstance(cmd.get("cursor"), Mapping) and cmd["cursor"].get("batchSize") is not None:
         batch_size = int(cmd["cursor"]["batchSize"])

@@ -56,7 +56,10 @@ except ImportError:  # pragma: no cover - until update_diff.py lands
     modifier_update_diff = None
     pipeline_update_diff = None
 
+CODE_NAMES.setdefault(5, "GraphContainsCycle")
 CODE_NAMES.setdefault(27, "IndexNotFound")
+CODE_NAMES.setdefault(149, "ViewDepthLimitExceeded")
+CODE_NAMES.setdefault(167, "OptionNotSupportedOnView")
 CODE_NAMES.setdefault(56, "EmptyFieldName")
 CODE_NAMES.setdefault(66, "ImmutableField")
 CODE_NAMES.setdefault(67, "CannotCreateIndex")
@@ -68,6 +71,8 @@ CODE_NAMES.setdefault(256, "TransactionCommitted")
 CODE_NAMES.setdefault(40323, "Location40323")
 
 ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
+SYSTEM_VIEWS = "system.views"
+VIEW_MAX_DEPTH = 20  # ViewGraph::kMaxViewDepth
 TXN_OPLOG_ENTRY_OPS = 2**31 - 1  # maxNumberOfTransactionOperationsInSingleOplogEntry
 _BSON_ARRAY_ELEMENT_OVERHEAD = 8  # TransactionOperations::ApplyOpsInfo
 _REPL_OPERATION_OVERHEAD = 256  # ~sizeof(DurableReplOperation) + its stmtId vector
@@ -613,7 +618,77 @@ class Store(EntryList):
 
     def ensure_collection(self, db: str, coll: str) -> Collection:
         c = self.catalog.get((db, coll))
-        return c if c is not None else self.create_collection(db, coll)
+        if c is not None:
+            return c
+        self.check_not_view(db, coll)
+        return self.create_collection(db, coll)
+
+    # -- views ----------------------------------------------------------------------------------
+    # As on mongod, a view is a document `{_id: "<db>.<view>", viewOn, pipeline[, collation]}`
+    # of the collection `<db>.system.views` (created with the first view); creating, modifying
+    # and dropping a view insert, replace and delete that document, which is all the oplog
+    # records (and what change streams turn into create/modify/drop events).
+
+    def view(self, db: str, name: str) -> dict[str, Any] | None:
+        """The definition of the view `db.name`, or None."""
+        system_views = self.catalog.get((db, SYSTEM_VIEWS))
+        if system_views is None:
+            return None
+        return self.documents(system_views).get(id_key(f"{db}.{name}"))
+
+    def views_of(self, db: str) -> list[dict[str, Any]]:
+        system_views = self.catalog.get((db, SYSTEM_VIEWS))
+        if system_views is None:
+            return []
+        prefix = db + "."
+        return [d for d in self.documents(system_views).values()
+                if isinstance(d.get("_id"), str) and d["_id"].startswith(prefix)]
+
+    def check_not_view(self, db: str, coll: str) -> None:
+        """166 CommandNotSupportedOnView, as mongod refuses writes and collection commands on a
+        view."""
+        if self.view(db, coll) is not None:
+            raise MongoError(166, f"Namespace {db}.{coll} is a view, not a collection")
+
+    def put_view(
+        self, db: str, name: str, view_on: str, pipeline: list[Any],
+        collation: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Create or redefine a (validated) view: an insert into `system.views`, or a
+        replacement of its document (mongod's ViewsForDatabase::_upsertIntoCatalog)."""
+        doc: dict[str, Any] = {"_id": f"{db}.{name}", "viewOn": view_on, "pipeline": pipeline}
+        if collation:
+            doc["collation"] = dict(collation)
+        system_views = self.catalog.get((db, SYSTEM_VIEWS))
+        if system_views is None:  # mongod creates it in its own write unit, before the insert
+            system_views = self.create_collection(db, SYSTEM_VIEWS)
+        old = self.documents(system_views).get(id_key(doc["_id"]))
+        if old is None:
+            self.insert_document(system_views, doc)
+        else:
+            self.update_document(system_views, old, doc, kind="replacement", update=doc)
+
+    def drop_view(self, db: str, name: str) -> bool:
+        system_views = self.catalog.get((db, SYSTEM_VIEWS))
+        old = self.view(db, name)
+        if system_views is None or old is None:
+            return False
+        self.delete_document(system_views, old)
+        return True
+
+    def resolve_view(self, db: str, name: str) -> tuple[str, list[Any]] | None:
+        """(the collection a view reads, the pipeline that reads it: the innermost view's
+        stages first), or None when `db.name` is no view (view_catalog_helpers::resolveView)."""
+        pipeline: list[Any] = []
+        current = name
+        for _ in range(VIEW_MAX_DEPTH):
+            view = self.view(db, current)
+            if view is None:
+                return (current, pipeline) if current != name else None
+            pipeline = [*view.get("pipeline", []), *pipeline]
+            current = view["viewOn"]
+        raise MongoError(149, "View depth too deep or view cycle detected; maximum depth is "
+                         f"{VIEW_MAX_DEPTH}")
 
     def drop_collection(self, db: str, coll: str) -> Collection | None:
         c = self.catalog.pop((db, coll), None)

@@ -48,14 +48,7 @@ PYMONGO_LIMITS: dict[tuple[str, str], str] = {
 
 # Known failures caused by code outside tests/spec: (file path under SPECS, description) -> the
 # bug and the file that has it.
-KNOWN_BUGS: dict[tuple[str, str], str] = {
-    ("change-streams/tests/unified/change-streams-showExpandedEvents.json",
-     "when showExpandedEvents is true, create events on views are reported"):
-        "cdcserver/commands/ddl.py `create` refuses `viewOn` (BadValue: \"'viewOn' (views, time "
-        "series, queryable encryption) is not supported by cdcserver's embedded store yet\"); "
-        "mongod 8.0 creates the view and writes a `create` oplog entry (o: {create, viewOn, "
-        "pipeline}) that a showExpandedEvents stream reports as a create event",
-}
+KNOWN_BUGS: dict[tuple[str, str], str] = {}
 
 
 def _key(path: pathlib.Path) -> str:
