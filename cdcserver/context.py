@@ -36,6 +36,10 @@ class ServerState:
     # The embedded store (`cdcserver.embedded.store.Store`) when the source is its own oplog.
     store: Any = None
     result_cursors: dict = field(default_factory=dict)  # find/aggregate cursors of the store
+    auth: Any = None  # cdcserver.auth.ServerAuth when [auth] has users or is enabled
+    max_message_bytes: int = 48_000_000  # hello's maxMessageSizeBytes; larger frames close
+    metrics: Any = None  # `cdcserver.metrics.Metrics` when the metrics endpoint is on
+    shutting_down: bool = False  # SIGTERM: new commands get 91 ShutdownInProgress
 
     def __post_init__(self) -> None:
         if self.store is None:
@@ -60,3 +64,6 @@ class ConnectionState:
     peer: str
     compressor: str | None = None  # negotiated by hello.compression
     client_metadata: dict | None = None
+    auth: Any = None  # cdcserver.auth.ConnectionAuth once it authenticates
+    command: str | None = None  # the command being run (graceful shutdown waits for it)
+    awaited_s: float = 0.0  # time the command spent waiting for events (not its own work)

@@ -11,12 +11,17 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import signal
+import ssl
+import time
 from typing import Any
 
 from bson.codec_options import CodecOptions, DatetimeConversion
 
 from cdcserver import wire
+from cdcserver.auth import ServerAuth
+from cdcserver.commands import auth as _auth  # noqa: F401  (saslStart, saslContinue, ...)
 from cdcserver.commands import crud as _crud  # noqa: F401  (the embedded store's commands)
 from cdcserver.commands import cursors as _cursors  # noqa: F401  (registers commands)
 from cdcserver.commands import ddl as _ddl  # noqa: F401
@@ -26,6 +31,7 @@ from cdcserver.commands import proxy as _proxy  # noqa: F401  (`serve --upstream
 from cdcserver.commands.registry import run_command
 from cdcserver.config import Config
 from cdcserver.context import ConnectionState, ServerState
+from cdcserver.logs import SLOW_MS, log_slow_command, slow_log
 from cdcserver.sources.base import OplogLog
 
 log = logging.getLogger("cdcserver")
@@ -33,19 +39,37 @@ log = logging.getLogger("cdcserver")
 # Commands arrive as plain dicts (tz-aware dates keep their instant exactly).
 REQUEST_CODEC = CodecOptions(tz_aware=True, datetime_conversion=DatetimeConversion.DATETIME_AUTO)
 _request_ids = itertools.count(1)
+_SLOW_S = SLOW_MS / 1000
+_HELLO = frozenset({"hello", "isMaster", "ismaster"})
+
+
+class StartupError(Exception):
+    """The server could not start (a port in use...): the message names the config key."""
 
 
 class Server:
-    def __init__(self, state: ServerState, max_connections: int = 10_000) -> None:
+    def __init__(
+        self,
+        state: ServerState,
+        max_connections: int = 10_000,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        idle_timeout_s: float = 0.0,
+    ) -> None:
         self.state = state
         self.max_connections = max_connections
+        self.ssl_context = ssl_context  # TLS on the listener ([tls])
+        self.idle_timeout_s = idle_timeout_s  # close a connection silent this long (0: never)
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._background: list[asyncio.Task[Any]] = []
+        self._connections: dict[int, ConnectionState] = {}
 
     async def start(self, host: str, port: int) -> int:
         """Listen; returns the bound port (useful with port 0)."""
-        self._server = await asyncio.start_server(self._on_connection, host, port)
+        self._server = await asyncio.start_server(
+            self._on_connection, host, port, ssl=self.ssl_context
+        )
         sock = self._server.sockets[0]
         bound = sock.getsockname()[1]
         self.state.host, self.state.port = host, bound
@@ -55,6 +79,32 @@ class Server:
             self._background.append(asyncio.create_task(follow()))
         log.info("listening on %s:%d", host, bound)
         return bound
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Graceful: stop accepting connections, have awaitData getMores answer with what they
+        have now, let requests in flight finish (up to `grace_s`), then close every connection.
+        Commands that arrive meanwhile get 91 ShutdownInProgress (commands/registry.py)."""
+        state = self.state
+        state.shutting_down = True
+        if self._server is not None:
+            self._server.close()  # the listening socket only; connections stay open
+        for cursor in state.cursors.cursors.values():
+            cursor.draining = True
+        state.log.notify()  # wakes every getMore waiting for events
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        while loop.time() < deadline and self._in_flight():
+            await asyncio.sleep(0.005)
+        left = self._in_flight()
+        if left:
+            log.warning(
+                "shutdown: %d request(s) still running after %.1fs: closing their connections",
+                len(left), grace_s, extra={"commands": left},
+            )
+        await self.close()
+
+    def _in_flight(self) -> list[str]:
+        return [c.command for c in self._connections.values() if c.command is not None]
 
     async def close(self) -> None:
         if self._server is not None:
@@ -84,7 +134,11 @@ class Server:
             return
         conn = ConnectionState(state.next_connection_id(), peer_str)
         state.connections += 1
-        log.info("connection %d accepted from %s", conn.id, peer_str)
+        self._connections[conn.id] = conn
+        log.info(
+            "connection %d accepted from %s", conn.id, peer_str,
+            extra={"conn": conn.id, "peer": peer_str},
+        )
         try:
             await self._serve(conn, reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -94,22 +148,32 @@ class Server:
         except asyncio.CancelledError:
             pass
         except Exception:
-            log.exception("connection %d failed", conn.id)
+            log.exception("connection %d failed", conn.id, extra={"conn": conn.id})
         finally:
             state.connections -= 1
+            self._connections.pop(conn.id, None)
             self._tasks.discard(task)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
-            log.info("connection %d ended", conn.id)
+            log.info("connection %d ended", conn.id, extra={"conn": conn.id, "peer": peer_str})
 
     async def _serve(
         self, conn: ConnectionState, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        frames = wire.FrameReader()
+        frames = wire.FrameReader(max_message_size=self.state.max_message_bytes)
         state = self.state
+        idle = self.idle_timeout_s
         while True:
-            data = await reader.read(256 * 1024)
+            if idle > 0:
+                try:
+                    async with asyncio.timeout(idle):
+                        data = await reader.read(256 * 1024)
+                except TimeoutError:
+                    log.info("connection %d closed: idle for %ss", conn.id, idle)
+                    return
+            else:
+                data = await reader.read(256 * 1024)
             if not data:
                 return
             for frame in frames.feed(data):
@@ -123,19 +187,36 @@ class Server:
                     await writer.drain()
                     continue
                 cmd = _command_of(request)
-                reply = await run_command(state, conn, cmd)
-                if getattr(request, "more_to_come", False):
-                    continue  # the client asked for no reply
-                # Like mongod, a compressed request gets a reply in its own compressor.
-                writer.write(
-                    wire.encode_reply(
-                        request,
-                        reply,
-                        request_id=next(_request_ids),
-                        compressor=request.compressor_id,
+                name = next(iter(cmd), "")
+                # An awaitable hello (a driver's monitor) has nothing to finish at shutdown,
+                # and its wait is not work: neither in flight nor slow.
+                awaitable = name in _HELLO and "maxAwaitTimeMS" in cmd
+                conn.command = None if awaitable else name
+                conn.awaited_s = 0.0
+                started = time.perf_counter()
+                try:
+                    reply = await run_command(state, conn, cmd)
+                    # Like mongod's durationMillis: the awaitData wait for events is left out.
+                    took = time.perf_counter() - started - conn.awaited_s
+                    if name == "getMore" and state.metrics is not None:
+                        state.metrics.get_more_seconds.observe(took)
+                    if took >= _SLOW_S and not awaitable and slow_log.isEnabledFor(logging.INFO):
+                        ns = failpoints.command_namespace(name, cmd, cmd.get("$db", "admin"))
+                        log_slow_command(took, conn.id, name, ns, reply)
+                    if getattr(request, "more_to_come", False):
+                        continue  # the client asked for no reply
+                    # Like mongod, a compressed request gets a reply in its own compressor.
+                    writer.write(
+                        wire.encode_reply(
+                            request,
+                            reply,
+                            request_id=next(_request_ids),
+                            compressor=request.compressor_id,
+                        )
                     )
-                )
-                await writer.drain()
+                    await writer.drain()
+                finally:
+                    conn.command = None
             if frames.error is not None:
                 raise frames.error  # after answering what came before it
 
@@ -159,6 +240,27 @@ def _command_of(request: wire.Request) -> dict[str, Any]:
     return request.body
 
 
+def server_for_config(state: ServerState, config: Config) -> Server:
+    """A Server with [auth], [tls] and the connection limits of `config` (raises ValueError
+    on a bad user, role or certificate)."""
+    from cdcserver.tls import server_context
+
+    auth = config.auth
+    try:
+        if auth.enabled or auth.users:
+            state.auth = ServerAuth(auth)  # users authenticate even when checks are off
+        ssl_context = server_context(config.tls)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+    state.max_message_bytes = config.server.max_message_bytes
+    return Server(
+        state,
+        config.server.max_connections,
+        ssl_context=ssl_context,
+        idle_timeout_s=config.server.idle_connection_timeout_s,
+    )
+
+
 async def serve_forever(config: Config, oplog: OplogLog) -> None:
     state = ServerState(
         log=oplog,
@@ -168,20 +270,68 @@ async def serve_forever(config: Config, oplog: OplogLog) -> None:
     state.cursors.idle_timeout_s = config.server.idle_cursor_timeout_s
     state.follow = config.source.follow
     failpoints.set_enabled(state, config.server.enable_fail_points)
-    server = Server(state, config.server.max_connections)
-    await server.start(config.server.host, config.server.port)
+    server = server_for_config(state, config)
+    endpoint = None
+    mc = config.metrics
+    if mc.enabled:  # before the wire listener: "listening on" means everything is up
+        from cdcserver.metrics import Metrics, MetricsEndpoint
+
+        state.metrics = Metrics(state)
+        endpoint = MetricsEndpoint(state.metrics)
+        try:
+            port = await endpoint.start(mc.host, mc.port)
+        except OSError as exc:
+            raise StartupError(
+                f"metrics.port: cannot listen on {mc.host}:{mc.port}: {exc.strerror or exc}"
+            ) from None
+        log.info("metrics on http://%s:%d/metrics", mc.host, port,
+                 extra={"host": mc.host, "port": port})
+    sc = config.server
+    try:
+        await server.start(sc.host, sc.port)
+    except OSError as exc:
+        if endpoint is not None:
+            await endpoint.close()
+        raise StartupError(
+            f"server.port: cannot listen on {sc.host}:{sc.port}: {exc.strerror or exc}"
+        ) from None
     stop = asyncio.Event()
+    signals: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        signals.append(signum)
+        name = signal.Signals(signum).name
+        if len(signals) > 1:
+            log.warning("%s during shutdown: exiting now", name, extra={"signal": name})
+            for handler in logging.getLogger().handlers:
+                with contextlib.suppress(Exception):
+                    handler.flush()
+            os._exit(128 + signum)  # at once: no grace, no store flush (its commits are durable)
+        log.info("%s: shutting down (grace %.1fs)", name, sc.shutdown_grace_s,
+                 extra={"signal": name})
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
     await stop.wait()
-    log.info("shutting down")
-    await server.close()
+    await server.shutdown(sc.shutdown_grace_s)
+    if endpoint is not None:
+        await endpoint.close()
+    log.info("shutdown complete")
 
 
 def run_server(config: Config, oplog: OplogLog) -> int:
     import uvloop
 
-    uvloop.run(serve_forever(config, oplog))
+    try:
+        uvloop.run(serve_forever(config, oplog))
+    except StartupError as exc:
+        log.error("cannot start: %s", exc)
+        return 48  # mongod's exit code when it cannot listen (ExitCode::netError)
+    finally:
+        store = getattr(oplog, "store", None)
+        if store is not None:
+            store.close()  # commits what is pending and closes the SQLite file
     return 0

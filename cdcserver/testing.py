@@ -187,8 +187,10 @@ class ThreadServer(RunningServer):
         follow: bool = True,
         make_log: Callable[[], OplogLog] | None = None,
         max_connections: int = 10_000,
+        config: Any = None,
         **state_options: Any,
     ) -> None:
+        self.config = config  # a cdcserver.config.Config: its [auth], [tls] and limits apply
         self.oplog_paths = [pathlib.Path(p) for p in oplog_paths]
         if not self.oplog_paths and make_log is None:
             raise ValueError("give oplog paths or make_log")
@@ -222,7 +224,12 @@ class ThreadServer(RunningServer):
         log = self._make_log() if self._make_log else FileOplog([str(p) for p in self.oplog_paths])
         state = ServerState(log=log, **self._state_options)
         state.follow = self._follow
-        server = Server(state, self._max_connections)
+        if self.config is not None:
+            from cdcserver.server import server_for_config
+
+            server = server_for_config(state, self.config)
+        else:
+            server = Server(state, self._max_connections)
         await server.start(HOST, 0)
         return server
 
@@ -291,6 +298,7 @@ class EmbeddedServer(ThreadServer):
         *,
         noop_interval_s: float = 0.0,
         max_connections: int = 10_000,
+        config: Any = None,
         **store_options: Any,
     ) -> None:
         from cdcserver.embedded.store import Store
@@ -304,6 +312,7 @@ class EmbeddedServer(ThreadServer):
                 make_log=lambda: self.oplog,
                 follow=noop_interval_s > 0,
                 max_connections=max_connections,
+                config=config,
             )
         except BaseException:
             self.store.close()
@@ -367,6 +376,7 @@ class SubprocessServer(RunningServer):
         self.log_path = pathlib.Path(log_path)
         args = [
             sys.executable, "-m", "cdcserver.cli", "serve", "--host", HOST, "--port", "0",
+            "--metrics-port", "0",  # any free port: servers side by side never collide
         ]
         if self.oplog_paths:
             args += ["--oplog", *map(str, self.oplog_paths)]

@@ -10,6 +10,7 @@ from typing import Any
 from bson.int64 import Int64
 from bson.objectid import ObjectId
 
+from cdcserver.commands import auth as auth_commands
 from cdcserver.commands.registry import command
 from cdcserver.context import ConnectionState, ServerState
 from pipeline_stages.errors import MongoError
@@ -53,7 +54,7 @@ def hello_reply(server: ServerState, conn: ConnectionState, cmd: dict[str, Any],
                 "majorityWriteDate": write_date,
             },
             "maxBsonObjectSize": 16 * 1024 * 1024,
-            "maxMessageSizeBytes": 48_000_000,
+            "maxMessageSizeBytes": server.max_message_bytes,
             "maxWriteBatchSize": 100_000,
             "localTime": _now(),
             "logicalSessionTimeoutMinutes": 30,
@@ -73,6 +74,7 @@ def hello_reply(server: ServerState, conn: ConnectionState, cmd: dict[str, Any],
             conn.compressor = agreed[0]
     if isinstance(cmd.get("client"), dict):
         conn.client_metadata = cmd["client"]
+    reply.update(auth_commands.hello_auth_fields(server, conn, cmd))
     return reply
 
 
@@ -135,7 +137,7 @@ async def get_parameter(server, conn, cmd, db):
 
 @command("connectionStatus")
 async def connection_status(server, conn, cmd, db):
-    return {"authInfo": {"authenticatedUsers": [], "authenticatedUserRoles": []}}
+    return {"authInfo": auth_commands.auth_info(conn)}
 
 
 @command("whatsmyuri")
@@ -178,6 +180,9 @@ async def server_status(server, conn, cmd, db):
 @command("listDatabases")
 async def list_databases(server, conn, cmd, db):
     names = sorted({d for d, _ in server.log.namespaces()})
+    if server.auth is not None:  # without listDatabases: the user's own databases only
+        visible = server.auth.visible_databases(conn, names)
+        names = names if visible is None else visible
     dbs = [{"name": name, "sizeOnDisk": Int64(0), "empty": False} for name in names]
     if cmd.get("nameOnly"):
         dbs = [{"name": d["name"]} for d in dbs]

@@ -93,7 +93,27 @@ def error_reply(
     if labels:
         reply["errorLabels"] = labels
     reply.update(cluster_time_fields(server))
+    if server.metrics is not None:
+        server.metrics.command_error(err.code, err.code_name)
     return reply
+
+
+# mongod's answer to hello while it shuts down (quiesce mode), which drivers take as "this
+# server is going away": they mark it unknown and resume/retry elsewhere.
+SHUTDOWN_MESSAGE = "The server is in quiesce mode and will shut down"
+
+
+def shutdown_error(name: str, cmd: dict[str, Any], change_stream: bool) -> MongoError:
+    """91 ShutdownInProgress with the labels mongod gives it (resumable for a change stream,
+    RetryableWriteError for a retryable write)."""
+    labels = failpoints.error_labels(name, cmd, 91, change_stream=change_stream)
+    return failpoints.FailPointError(91, SHUTDOWN_MESSAGE, labels)  # labels already final
+
+
+def live_cursor_ids(server: ServerState) -> set[int]:
+    """Every open cursor: change streams, the embedded store's, forwarded ones."""
+    forwarded = getattr(getattr(server.log, "_proxy_cursors", None), "table", {})
+    return {*server.cursors.cursors, *server.result_cursors, *forwarded}
 
 
 async def run_command(
@@ -108,6 +128,10 @@ async def run_command(
     # Decided before running: a failed change-stream getMore closes its cursor.
     change_stream = is_change_stream_command(name, cmd, server)
     try:
+        if server.shutting_down:
+            raise shutdown_error(name, cmd, change_stream)
+        if server.auth is not None and handler is not None:
+            server.auth.check(conn, name, cmd, db)  # 13 Unauthorized (cdcserver/auth.py)
         # Fail points (configureFailPoint) first: block, close the connection, or fail.
         pending = failpoints.before_command(server, conn, name, cmd, db, COMMANDS)
         if pending is not None:
@@ -115,6 +139,8 @@ async def run_command(
         if handler is None:
             raise MongoError(59, f"no such command: '{name}'")
         reply = await handler(server, conn, cmd, db)
+        if server.auth is not None:
+            server.auth.after_command(conn, name, cmd, reply, lambda: live_cursor_ids(server))
         if isinstance(reply, RawBSONDocument):
             return reply  # forwarded: the upstream's reply as it came (its ok, its times)
     except MongoError as err:

@@ -1,0 +1,692 @@
+"""Authentication (SCRAM-SHA-1, SCRAM-SHA-256) and authorization by roles, as mongod does them.
+
+No I/O here: `cdcserver/commands/auth.py` runs these from the wire commands, and
+`cdcserver hash-password` derives the stored credentials.
+
+SCRAM (RFC 5802 / 7677), server side, with mongod's details:
+
+* SCRAM-SHA-1's password is MongoDB's password digest, `md5("user:mongo:password")` in hex;
+  SCRAM-SHA-256's is the SASLprep'd password. Salts are hash length - 4 bytes (16 and 28).
+* The server nonce is the client's followed by the base64 of 24 random bytes.
+* After `v=ServerSignature` the conversation is not done: mongod waits for one more, empty,
+  round unless saslStart asked for `options: {skipEmptyExchange: true}`.
+* Every failure inside a step is reported to the client as 18 "Authentication failed." (the
+  detail is only logged); an unknown mechanism is 334 before any step runs.
+
+Authorization follows MongoDB's built-in roles over a small set of action types: a
+requirement is (resource, actions); a role grants actions on a resource pattern.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import hmac
+import os
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bson.binary import Binary
+from bson.int64 import Int64
+from bson.objectid import ObjectId
+from bson.regex import Regex
+from bson.timestamp import Timestamp
+
+from cdcserver.config import AuthConfig, ScramCredentials
+from pipeline_stages.errors import MongoError
+
+SCRAM_SHA_1 = "SCRAM-SHA-1"
+SCRAM_SHA_256 = "SCRAM-SHA-256"
+MECHANISMS = (SCRAM_SHA_256, SCRAM_SHA_1)
+# mongod's scramIterationCount / scramSHA256IterationCount defaults.
+DEFAULT_ITERATIONS = {SCRAM_SHA_1: 10_000, SCRAM_SHA_256: 15_000}
+_HASHES = {SCRAM_SHA_1: "sha1", SCRAM_SHA_256: "sha256"}
+
+# Codes error_codes.yml names that pipeline_stages.errors does not list.
+_CODE_NAMES = {17: "ProtocolError", 334: "MechanismUnavailable"}
+
+AUTHENTICATION_FAILED = "Authentication failed."
+
+
+class AuthError(MongoError):
+    @property
+    def code_name(self) -> str:
+        return _CODE_NAMES.get(self.code) or super().code_name
+
+
+def authentication_failed() -> AuthError:
+    return AuthError(18, AUTHENTICATION_FAILED)
+
+
+# -- credentials -------------------------------------------------------------------------------
+
+
+def mongo_password_digest(user: str, password: str) -> str:
+    """MongoDB's password digest: SCRAM-SHA-1's password (and MONGODB-CR's, once)."""
+    return hashlib.md5(f"{user}:mongo:{password}".encode()).hexdigest()  # noqa: S324
+
+
+def scram_password(mechanism: str, user: str, password: str) -> bytes:
+    if mechanism == SCRAM_SHA_1:
+        return mongo_password_digest(user, password).encode()
+    from pymongo.saslprep import saslprep  # RFC 4013, as drivers and mongod apply it
+
+    return saslprep(password).encode("utf-8")
+
+
+def _hmac(mechanism: str, key: bytes, msg: bytes) -> bytes:
+    return hmac.digest(key, msg, _HASHES[mechanism])
+
+
+def _h(mechanism: str, data: bytes) -> bytes:
+    return hashlib.new(_HASHES[mechanism], data).digest()
+
+
+def derive_credentials(
+    mechanism: str,
+    user: str,
+    password: str,
+    *,
+    salt: bytes | None = None,
+    iterations: int | None = None,
+) -> ScramCredentials:
+    """The stored credentials mongod keeps for a user (`db.system.users` `credentials`)."""
+    if mechanism not in _HASHES:
+        raise ValueError(f"unknown mechanism {mechanism!r}")
+    iterations = iterations or DEFAULT_ITERATIONS[mechanism]
+    if salt is None:
+        salt = os.urandom(hashlib.new(_HASHES[mechanism]).digest_size - 4)
+    salted = hashlib.pbkdf2_hmac(
+        _HASHES[mechanism], scram_password(mechanism, user, password), salt, iterations
+    )
+    client_key = _hmac(mechanism, salted, b"Client Key")
+    return ScramCredentials(
+        iteration_count=iterations,
+        salt=base64.b64encode(salt).decode(),
+        stored_key=base64.b64encode(_h(mechanism, client_key)).decode(),
+        server_key=base64.b64encode(_hmac(mechanism, salted, b"Server Key")).decode(),
+    )
+
+
+# -- roles and privileges ----------------------------------------------------------------------
+
+# Resources: ("cluster",), ("any",) = every normal database, ("db", D), ("ns", D, C).
+Resource = tuple[str, ...]
+
+READ = frozenset(
+    {"find", "changeStream", "listCollections", "listIndexes", "collStats", "dbStats",
+     "dbHash", "killCursors", "listSearchIndexes"}
+)
+READ_WRITE = READ | {
+    "insert", "update", "remove", "createCollection", "dropCollection", "createIndex",
+    "dropIndex", "renameCollectionSameDB", "convertToCapped",
+}
+DB_ADMIN = frozenset(
+    {"collMod", "createCollection", "dropCollection", "createIndex", "dropIndex",
+     "listCollections", "listIndexes", "dbStats", "collStats", "renameCollectionSameDB",
+     "dropDatabase", "enableProfiler", "compact", "validate", "reIndex", "killCursors"}
+)
+USER_ADMIN = frozenset({"createUser", "dropUser", "grantRole", "revokeRole", "viewUser"})
+CLUSTER_MONITOR = frozenset(
+    {"serverStatus", "listDatabases", "getParameter", "connPoolStats", "replSetGetStatus",
+     "top", "hostInfo", "getCmdLineOpts", "inprog", "listSessions"}
+)
+CLUSTER_MANAGER = frozenset(
+    {"killAnyCursor", "killop", "killAnySession", "setParameter", "configureFailPoint",
+     "listDatabases"}
+)
+
+
+@dataclass(frozen=True)
+class Grant:
+    kind: str  # "any" (normal databases), "db", "cluster", "anyResource" (root)
+    db: str
+    actions: frozenset[str]
+
+    def covers(self, resource: Resource, action: str) -> bool:
+        if self.kind == "anyResource":
+            return True
+        if action not in self.actions:
+            return False
+        what = resource[0]
+        if self.kind == "cluster":
+            return what == "cluster"
+        if what in ("cluster", "any"):
+            return what == "any" and self.kind == "any"
+        db = resource[1]
+        coll = resource[2] if what == "ns" else ""
+        if coll.startswith("system."):
+            return False  # system collections need explicit privileges in MongoDB
+        if self.kind == "any":
+            return db not in ("local", "config")
+        return db == self.db
+
+
+def _role_grants(role: str, db: str) -> list[Grant]:
+    on_db = {
+        "read": READ,
+        "readWrite": READ_WRITE,
+        "dbAdmin": DB_ADMIN,
+        "userAdmin": USER_ADMIN,
+        "dbOwner": READ_WRITE | DB_ADMIN | USER_ADMIN,
+    }
+    if role in on_db:
+        return [Grant("db", db, on_db[role])]
+    if db != "admin":
+        raise ValueError(f"role {role}@{db} does not exist (only on admin)")
+    any_db = {
+        "readAnyDatabase": READ,
+        "readWriteAnyDatabase": READ_WRITE,
+        "dbAdminAnyDatabase": DB_ADMIN,
+        "userAdminAnyDatabase": USER_ADMIN,
+    }
+    if role in any_db:
+        return [Grant("any", "", any_db[role]), Grant("cluster", "", frozenset({"listDatabases"}))]
+    cluster = {
+        "clusterMonitor": CLUSTER_MONITOR,
+        "clusterManager": CLUSTER_MANAGER,
+        "clusterAdmin": CLUSTER_MONITOR | CLUSTER_MANAGER,
+    }
+    if role in cluster:
+        return [Grant("cluster", "", cluster[role])]
+    if role == "root":
+        return [Grant("anyResource", "", frozenset())]
+    raise ValueError(f"unknown role {role!r}")
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    db: str
+    roles: tuple[tuple[str, str], ...]
+    credentials: Mapping[str, ScramCredentials]
+    grants: tuple[Grant, ...]
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.name}@{self.db}"
+
+    def is_authorized(self, resource: Resource, actions: Iterable[str]) -> bool:
+        return all(any(g.covers(resource, a) for g in self.grants) for a in actions)
+
+    def has_any_privilege_on(self, db: str) -> bool:
+        return any(
+            g.kind == "anyResource" or (g.kind == "any" and db not in ("local", "config"))
+            or (g.kind == "db" and g.db == db)
+            for g in self.grants
+        )
+
+
+class UserRegistry:
+    """The users of `[auth]`, checked once at start (unknown roles, bad credentials)."""
+
+    def __init__(self, config: AuthConfig) -> None:
+        unknown = [m for m in config.mechanisms if m not in MECHANISMS]
+        if unknown:
+            raise ValueError(f"auth.mechanisms: unsupported {unknown} (supported: {MECHANISMS})")
+        self.mechanisms = tuple(config.mechanisms)
+        self.users: dict[tuple[str, str], User] = {}
+        for i, uc in enumerate(config.users):
+            where = f"auth.users[{i}] ({uc.user}@{uc.db})"
+            creds: dict[str, ScramCredentials] = {}
+            for mech, c in ((SCRAM_SHA_256, uc.scram_sha_256), (SCRAM_SHA_1, uc.scram_sha_1)):
+                if c is None:
+                    continue
+                try:
+                    salt, stored, server = (
+                        base64.b64decode(x, validate=True) for x in (c.salt, c.stored_key,
+                                                                     c.server_key)
+                    )
+                except ValueError:
+                    raise ValueError(f"{where}: {mech} credentials are not base64") from None
+                size = hashlib.new(_HASHES[mech]).digest_size
+                if len(stored) != size or len(server) != size or not salt:
+                    raise ValueError(f"{where}: {mech} keys must be {size} bytes")
+                if c.iteration_count < 4096:
+                    raise ValueError(f"{where}: {mech} iteration_count must be >= 4096")
+                creds[mech] = c
+            if not creds:
+                raise ValueError(f"{where}: no scram_sha_256 or scram_sha_1 credentials")
+            grants: list[Grant] = []
+            for r in uc.roles:
+                try:
+                    grants.extend(_role_grants(r.role, r.db))
+                except ValueError as exc:
+                    raise ValueError(f"{where}: {exc}") from None
+            self.users[(uc.user, uc.db)] = User(
+                uc.user, uc.db, tuple((r.role, r.db) for r in uc.roles), creds, tuple(grants)
+            )
+
+    def find(self, name: str, db: str) -> User | None:
+        return self.users.get((name, db))
+
+    def mechanisms_for(self, user: User) -> list[str]:
+        """hello's saslSupportedMechs: enabled mechanisms the user has credentials for."""
+        return [m for m in MECHANISMS if m in self.mechanisms and m in user.credentials]
+
+
+# -- the SCRAM conversation --------------------------------------------------------------------
+
+
+class _StepFailed(Exception):
+    """Why a step failed (logged; the client only learns "Authentication failed.")."""
+
+
+def _decode_username(name: str) -> str:
+    return name.replace("=2C", ",").replace("=3D", "=")
+
+
+class ScramConversation:
+    """One saslStart/saslContinue conversation: `step(payload) -> (done, payload)`.
+
+    A failed step raises `AuthError` 18; the reason is kept in `failure` for the log.
+    """
+
+    def __init__(
+        self, mechanism: str, db: str, users: UserRegistry, *, skip_empty_exchange: bool = False
+    ) -> None:
+        self.mechanism = mechanism
+        self.db = db
+        self.users = users
+        self.skip_empty_exchange = skip_empty_exchange
+        self.step_count = 0
+        self.user_name = ""
+        self.user: User | None = None  # set once the conversation succeeded
+        self.done = False
+        self.failure: str | None = None
+        self._nonce = ""
+        self._auth_message = ""
+        self._credentials: ScramCredentials | None = None
+        self._candidate: User | None = None
+
+    def step(self, payload: bytes) -> tuple[bool, bytes]:
+        self.step_count += 1
+        try:
+            if self.step_count == 1:
+                return False, self._first(payload)
+            if self.step_count == 2:
+                final = self._second(payload)
+                if self.skip_empty_exchange:
+                    self.done = True
+                return self.done, final
+            if self.step_count == 3 and self._credentials is not None and not self.done:
+                self.done = True
+                return True, b""
+            raise _StepFailed(f"Invalid SCRAM authentication step: {self.step_count}")
+        except (_StepFailed, UnicodeDecodeError, ValueError) as exc:
+            self.failure = str(exc)
+            self.user = None
+            raise authentication_failed() from None
+
+    def _first(self, payload: bytes) -> bytes:
+        text = payload.decode("utf-8")
+        head, sep, rest = text.partition(",")
+        if not sep:
+            raise _StepFailed("Incorrect number of arguments for first SCRAM client message, "
+                              "got 1 expected at least 3")
+        if head.startswith("p="):
+            raise _StepFailed("Server does not support channel binding")
+        if head not in ("y", "n"):
+            raise _StepFailed(f"Incorrect SCRAM client message prefix: {head}")
+        authzid, sep, bare = rest.partition(",")
+        if not sep:
+            raise _StepFailed("Incorrect number of arguments for first SCRAM client message, "
+                              "got 2 expected at least 3")
+        if authzid and not authzid.startswith("a="):
+            raise _StepFailed(f"Incorrect SCRAM authzid: {authzid}")
+        if bare.startswith("m="):
+            raise _StepFailed("SCRAM mandatory extensions are not supported")
+        parts = [p for p in bare.split(",") if p]
+        if len(parts) < 2:
+            raise _StepFailed("Incorrect number of arguments for first SCRAM client message")
+        if not parts[0].startswith("n=") or len(parts[0]) < 3:
+            raise _StepFailed(f"Invalid SCRAM user name: {parts[0]}")
+        self.user_name = _decode_username(parts[0][2:])
+        if authzid and authzid[2:] != self.user_name:
+            raise _StepFailed(f"SCRAM user name {self.user_name} does not match authzid")
+        if not parts[1].startswith("r=") or len(parts[1]) < 6:
+            raise _StepFailed(f"Invalid SCRAM client nonce: {parts[1]}")
+        if self.mechanism not in self.users.mechanisms:
+            raise _StepFailed(f"{self.mechanism} authentication is disabled")
+        user = self.users.find(self.user_name, self.db)
+        if user is None:
+            raise _StepFailed(f"Could not find user \"{self.user_name}\" for db \"{self.db}\"")
+        creds = user.credentials.get(self.mechanism)
+        if creds is None:
+            raise _StepFailed(f"Unable to use {self.mechanism} based authentication for user "
+                              f"without any {self.mechanism} credentials registered")
+        self._candidate = user
+        self._credentials = creds
+        self._nonce = parts[1][2:] + base64.b64encode(os.urandom(24)).decode()
+        server_first = f"r={self._nonce},s={creds.salt},i={creds.iteration_count}"
+        self._auth_message = f"{bare},{server_first}"
+        return server_first.encode()
+
+    def _second(self, payload: bytes) -> bytes:
+        text = payload.decode("utf-8")
+        without_proof, sep, last = text.rpartition(",")
+        if not sep:
+            raise _StepFailed("Incorrect number of arguments for second SCRAM client message")
+        if len(last) < 3 or not last.startswith("p="):
+            raise _StepFailed(f"Incorrect SCRAM ClientProof: {last}")
+        parts = [p for p in without_proof.split(",") if p]
+        if len(parts) < 2:
+            raise _StepFailed("Incorrect number of arguments for second SCRAM client message")
+        if not parts[0].startswith("c=") or len(parts[0]) < 3:
+            raise _StepFailed(f"Incorrect SCRAM channel binding: {parts[0]}")
+        if not parts[1].startswith("r=") or parts[1][2:] != self._nonce:
+            raise _StepFailed("Unmatched SCRAM nonce received from client in second step")
+        creds = self._credentials
+        assert creds is not None
+        auth_message = f"{self._auth_message},{without_proof}".encode()
+        stored_key = base64.b64decode(creds.stored_key)
+        proof = base64.b64decode(last[2:], validate=True)
+        signature = _hmac(self.mechanism, stored_key, auth_message)
+        if len(proof) != len(signature):
+            raise _StepFailed("SCRAM authentication failed, storedKey mismatch")
+        client_key = bytes(a ^ b for a, b in zip(proof, signature, strict=True))
+        if not hmac.compare_digest(_h(self.mechanism, client_key), stored_key):
+            raise _StepFailed("SCRAM authentication failed, storedKey mismatch")
+        self.user = self._candidate
+        server_signature = _hmac(self.mechanism, base64.b64decode(creds.server_key), auth_message)
+        return b"v=" + base64.b64encode(server_signature)
+
+
+# -- which command needs what ------------------------------------------------------------------
+
+# Commands whose requiresAuth() is false in mongod: they run before authentication.
+NO_AUTH_COMMANDS = frozenset(
+    {"hello", "isMaster", "ismaster", "saslStart", "saslContinue", "authenticate", "logout",
+     "ping", "buildInfo", "buildinfo", "connectionStatus", "listCommands"}
+)
+# Commands any authenticated user may run (no privileges of their own in mongod).
+ANY_USER_COMMANDS = frozenset(
+    {"endSessions", "killSessions", "refreshSessions", "startSession", "whatsmyuri",
+     "commitTransaction", "abortTransaction", "getLastError", "listDatabases", "hostInfo",
+     "getMore", "killCursors"}
+)
+_COLLECTION_ACTIONS: dict[str, tuple[str, ...]] = {
+    "find": ("find",),
+    "count": ("find",),
+    "distinct": ("find",),
+    "listIndexes": ("listIndexes",),
+    "insert": ("insert",),
+    "update": ("update",),
+    "delete": ("remove",),
+    "create": ("createCollection",),
+    "drop": ("dropCollection",),
+    "createIndexes": ("createIndex",),
+    "dropIndexes": ("dropIndex",),
+    "deleteIndexes": ("dropIndex",),
+    "collMod": ("collMod",),
+    "collStats": ("collStats",),
+    "validate": ("validate",),
+    "listSearchIndexes": ("listSearchIndexes",),
+}
+_DB_ACTIONS: dict[str, tuple[str, ...]] = {
+    "listCollections": ("listCollections",),
+    "dropDatabase": ("dropDatabase",),
+    "dbStats": ("dbStats",),
+    "dbHash": ("dbHash",),
+}
+_CLUSTER_ACTIONS: dict[str, tuple[str, ...]] = {
+    "serverStatus": ("serverStatus",),
+    "getParameter": ("getParameter",),
+    "setParameter": ("setParameter",),
+    "configureFailPoint": ("configureFailPoint",),
+    "currentOp": ("inprog",),
+    "killOp": ("killop",),
+    "top": ("top",),
+    "getCmdLineOpts": ("getCmdLineOpts",),
+    "replSetGetStatus": ("replSetGetStatus",),
+    "connPoolStats": ("connPoolStats",),
+}
+_WRITE_STAGES = ("$out", "$merge")
+_READ_STAGES = ("$lookup", "$graphLookup", "$unionWith")
+
+Requirement = tuple[Resource, tuple[str, ...]]
+
+
+def _ns(db: str, coll: Any) -> Resource:
+    return ("ns", db, coll if isinstance(coll, str) else "")
+
+
+def _stage_target(db: str, spec: Any, key: str) -> Resource | None:
+    if isinstance(spec, str):
+        return _ns(db, spec)
+    if isinstance(spec, Mapping):
+        target = spec.get(key)
+        if isinstance(target, str):
+            return _ns(spec.get("db") if isinstance(spec.get("db"), str) else db, target)
+        if isinstance(target, Mapping) and isinstance(target.get("coll"), str):
+            tdb = target.get("db")
+            return _ns(tdb if isinstance(tdb, str) else db, target["coll"])
+    return None
+
+
+def _aggregate_requirements(cmd: Mapping[str, Any], db: str) -> list[Requirement]:
+    pipeline = cmd.get("pipeline")
+    stages = [s for s in pipeline if isinstance(s, Mapping)] if isinstance(pipeline, list) else []
+    coll = cmd.get("aggregate")
+    first = next(iter(stages[0]), "") if stages else ""
+    if first == "$changeStream":
+        spec = stages[0]["$changeStream"]
+        if db == "admin" and isinstance(spec, Mapping) and spec.get("allChangesForCluster"):
+            resource: Resource = ("any",)
+        elif isinstance(coll, str):
+            resource = _ns(db, coll)
+        else:
+            resource = ("db", db)
+        reqs: list[Requirement] = [(resource, ("find", "changeStream"))]
+    elif isinstance(coll, str):
+        reqs = [(_ns(db, coll), ("find",))]
+    else:
+        reqs = [(("db", db), ("find",))]  # collectionless ($documents...)
+    for stage in stages[1:] if first == "$changeStream" else stages:
+        name = next(iter(stage), "")
+        if name in _WRITE_STAGES:
+            key = "into" if name == "$merge" else "coll"
+            target = _stage_target(db, stage[name], key)
+            if target is not None:
+                reqs.append((target, ("insert", "remove", "update")))
+        elif name in _READ_STAGES:
+            key = "coll" if name == "$unionWith" else "from"
+            target = _stage_target(db, stage[name], key)
+            if target is not None:
+                reqs.append((target, ("find",)))
+    return reqs
+
+
+def required_privileges(name: str, cmd: Mapping[str, Any], db: str) -> list[Requirement] | None:
+    """What `cmd` needs beyond authentication; None: a command cdcserver does not know
+    (forwarded with `--upstream`), which only `root` may run."""
+    if name in ANY_USER_COMMANDS:
+        return []
+    if name == "aggregate":
+        return _aggregate_requirements(cmd, db)
+    if name in _COLLECTION_ACTIONS:
+        return [(_ns(db, cmd.get(name)), _COLLECTION_ACTIONS[name])]
+    if name in ("findAndModify", "findandmodify"):
+        actions = ["find", "update"]
+        if cmd.get("remove"):
+            actions = ["find", "remove"]
+        elif cmd.get("upsert"):
+            actions.append("insert")
+        return [(_ns(db, cmd.get(name)), tuple(actions))]
+    if name in _DB_ACTIONS:
+        return [(("db", db), _DB_ACTIONS[name])]
+    if name in _CLUSTER_ACTIONS:
+        return [(("cluster",), _CLUSTER_ACTIONS[name])]
+    if name == "renameCollection":
+        source, target = cmd.get(name), cmd.get("to")
+        if not isinstance(source, str) or not isinstance(target, str):
+            return []  # the command's own argument checks answer
+        sdb, _, scoll = source.partition(".")
+        tdb, _, tcoll = target.partition(".")
+        if sdb == tdb:
+            return [(("db", sdb), ("renameCollectionSameDB",))]
+        return [(_ns(sdb, scoll), ("find", "dropCollection")),
+                (_ns(tdb, tcoll), ("insert", "createIndex"))]
+    return None
+
+
+def is_authorized(users: Sequence[User], requirements: list[Requirement] | None) -> bool:
+    if requirements is None:
+        return any(g.kind == "anyResource" for u in users for g in u.grants)
+    return all(any(u.is_authorized(r, a) for u in users) for r, a in requirements)
+
+
+# -- mongod's BSONObj::toString, quoted in "not authorized" messages ---------------------------
+
+
+def _number(x: float) -> str:
+    if x != x or x in (float("inf"), float("-inf")):
+        return {"nan": "nan", "inf": "inf", "-inf": "-inf"}[repr(x)]
+    if x == int(x) and abs(x) < 1e16:
+        return f"{int(x)}.0"  # appendDoubleNice
+    return repr(x)
+
+
+def bson_string(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (int, Int64)):
+        return str(int(value))
+    if isinstance(value, float):
+        return _number(value)
+    if isinstance(value, Mapping):
+        if not value:
+            return "{}"
+        return "{ " + ", ".join(f"{k}: {bson_string(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return "[]"
+        return "[ " + ", ".join(bson_string(v) for v in value) + " ]"
+    if isinstance(value, uuid.UUID):
+        return f'UUID("{value}")'
+    if isinstance(value, Binary) and value.subtype == 4 and len(value) == 16:
+        return f'UUID("{uuid.UUID(bytes=bytes(value))}")'
+    if isinstance(value, (bytes, Binary)):
+        subtype = value.subtype if isinstance(value, Binary) else 0
+        return f"BinData({subtype}, {bytes(value).hex().upper()})"
+    if isinstance(value, ObjectId):
+        return f"ObjectId('{value}')"
+    if isinstance(value, Timestamp):
+        return f"Timestamp({value.time}, {value.inc})"
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.UTC)
+        ms = int(value.timestamp() * 1000)
+        return f"new Date({ms})"
+    if isinstance(value, Regex):
+        return f"/{value.pattern}/{value.flags if isinstance(value.flags, str) else ''}"
+    return str(value)
+
+
+def unauthenticated(name: str) -> AuthError:
+    return AuthError(13, f"Command {name} requires authentication")
+
+
+def unauthorized(db: str, cmd: Mapping[str, Any]) -> AuthError:
+    return AuthError(13, f"not authorized on {db} to execute command {bson_string(cmd)}")
+
+
+@dataclass
+class ConnectionAuth:
+    """A connection's authentication: its user (mongod 6.0+: one per connection) and the
+    SASL conversation under way."""
+
+    users: list[User] = field(default_factory=list)
+    conversation: ScramConversation | None = None
+    speculative: bool = False  # the last conversation began in hello (for tests and logs)
+    last_mechanism: str = ""
+
+
+class ServerAuth:
+    """The server's side: its users, whether commands are checked, and who owns each cursor
+    (only the user who opened a cursor may getMore or kill it)."""
+
+    def __init__(self, config: AuthConfig) -> None:
+        self.enabled = config.enabled
+        self.registry = UserRegistry(config)
+        self.cursor_owners: dict[int, frozenset[str]] = {}
+        self._prune_at = 1024
+
+    @staticmethod
+    def of(conn: Any) -> ConnectionAuth:
+        if conn.auth is None:
+            conn.auth = ConnectionAuth()
+        return conn.auth
+
+    def check(self, conn: Any, name: str, cmd: Mapping[str, Any], db: str) -> None:
+        """Raise mongod's 13 when `conn` may not run `cmd` (authentication on)."""
+        if not self.enabled or name in NO_AUTH_COMMANDS:
+            return
+        users = self.of(conn).users
+        if not users:
+            raise unauthenticated(name)
+        if is_authorized(users, required_privileges(name, cmd, db)):
+            if name == "getMore":
+                cursor_id = cmd.get("getMore")
+                if isinstance(cursor_id, int) and not self._owns(users, cursor_id):
+                    raise AuthError(
+                        13, f"cursor id {cursor_id} was not created by the authenticated user"
+                    )
+            elif name == "killCursors":
+                ids = cmd.get("cursors")
+                any_cursor = is_authorized(users, [(("cluster",), ("killAnyCursor",))])
+                if isinstance(ids, list) and not any_cursor and not all(
+                    self._owns(users, i) for i in ids if isinstance(i, int)
+                ):
+                    raise unauthorized(db, cmd)
+            return
+        raise unauthorized(db, cmd)
+
+    def _owns(self, users: Sequence[User], cursor_id: int) -> bool:
+        owners = self.cursor_owners.get(int(cursor_id))
+        if owners is None:
+            return True  # no such cursor: the command's own CursorNotFound answers
+        return any(u.full_name in owners for u in users)
+
+    def after_command(
+        self, conn: Any, name: str, cmd: Mapping[str, Any], reply: Mapping[str, Any],
+        live_ids: Any = None,
+    ) -> None:
+        """Note the owner of a cursor a reply opened; forget cursors that closed."""
+        cursor = reply.get("cursor") if "cursor" in reply else None
+        cursor_id = cursor.get("id") if isinstance(cursor, Mapping) else None
+        if name == "getMore":
+            if cursor_id == 0:
+                self.cursor_owners.pop(cmd.get("getMore"), None)  # type: ignore[arg-type]
+            return
+        if name == "killCursors":
+            for i in cmd.get("cursors") or []:
+                if isinstance(i, int):
+                    self.cursor_owners.pop(i, None)
+            return
+        if not isinstance(cursor_id, int) or not cursor_id:
+            return
+        users = conn.auth.users if conn.auth is not None else []
+        self.cursor_owners[int(cursor_id)] = frozenset(u.full_name for u in users)
+        if len(self.cursor_owners) > self._prune_at and live_ids is not None:
+            live = live_ids()
+            for i in [i for i in self.cursor_owners if i not in live]:
+                del self.cursor_owners[i]
+            self._prune_at = max(1024, 2 * len(self.cursor_owners))
+
+    def visible_databases(self, conn: Any, names: Iterable[str]) -> list[str] | None:
+        """listDatabases without the listDatabases action lists only the user's databases
+        (mongod's authorizedDatabases default); None: all."""
+        if not self.enabled:
+            return None
+        users = self.of(conn).users
+        if is_authorized(users, [(("cluster",), ("listDatabases",))]):
+            return None
+        return [n for n in names if any(u.has_any_privilege_on(n) for u in users)]
