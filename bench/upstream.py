@@ -58,7 +58,7 @@ class Process:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "cdcserver.cli", "serve", "--host", HOST,
-                 "--port", str(self.port), *args],
+                 "--port", str(self.port), "--metrics-port", "0", *args],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + 30

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
@@ -27,19 +26,9 @@ def sample_oplog_path() -> str:
 
 
 def _setup_logging(level: str, fmt: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        class _Json(logging.Formatter):
-            def format(self, record: logging.LogRecord) -> str:
-                return json.dumps(
-                    {"t": record.created, "level": record.levelname.lower(),
-                     "msg": record.getMessage(), "logger": record.name}
-                )
+    from cdcserver.logs import setup_logging  # text, or JSON lines (cdcserver/logs.py)
 
-        handler.setFormatter(_Json())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    setup_logging(level, fmt)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -52,6 +41,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "store.in_memory": True if args.in_memory else None,
         "store.data_dir": args.data_dir or None,
         "upstream.uri": args.upstream or None,
+        "metrics.port": args.metrics_port,
     }
     try:
         config = load_config(
@@ -293,6 +283,32 @@ def cmd_ping(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_hash_password(args: argparse.Namespace) -> int:
+    """Print a `[[auth.users]]` block; the password comes from stdin or a prompt, not argv."""
+    import getpass
+
+    from cdcserver.auth import parse_role, user_toml
+
+    try:
+        roles = [parse_role(r) for r in args.role or []]
+    except ValueError as exc:
+        print(f"cdcserver hash-password: {exc}", file=sys.stderr)
+        return 2
+    if sys.stdin.isatty():
+        password = getpass.getpass("Password: ")
+        if getpass.getpass("Again: ") != password:
+            print("cdcserver hash-password: the passwords differ", file=sys.stderr)
+            return 2
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    if not password:
+        print("cdcserver hash-password: empty password", file=sys.stderr)
+        return 2
+    counts = {"SCRAM-SHA-256": args.iterations_sha256, "SCRAM-SHA-1": args.iterations_sha1}
+    sys.stdout.write(user_toml(args.user, args.db, roles, password, iterations=counts))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cdcserver", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -314,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
         "--upstream", metavar="URI",
         help="tail a live replica set's oplog and serve its change streams (a sidecar); "
         "other commands are forwarded to it",
+    )
+    serve.add_argument(
+        "--metrics-port", type=int,
+        help="Prometheus /metrics port (default 9216; 0: any free port, logged)",
     )
     serve.add_argument(
         "--sample", action="store_true",
@@ -360,6 +380,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     ping.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
     ping.set_defaults(func=cmd_ping)
+
+    hash_password = sub.add_parser(
+        "hash-password",
+        help="print an [[auth.users]] config block with SCRAM credentials (password on stdin)",
+    )
+    hash_password.add_argument("--user", required=True)
+    hash_password.add_argument("--db", default="admin", help="authentication database")
+    hash_password.add_argument(
+        "--role", action="append", metavar="ROLE[@DB]",
+        help="e.g. read@shop, readWrite@shop, readAnyDatabase (admin), root; repeatable",
+    )
+    hash_password.add_argument("--iterations-sha256", type=int, default=15_000)
+    hash_password.add_argument("--iterations-sha1", type=int, default=10_000)
+    hash_password.set_defaults(func=cmd_hash_password)
 
     args = parser.parse_args(argv)
     return args.func(args)

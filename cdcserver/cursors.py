@@ -31,6 +31,8 @@ class ChangeStreamCursor:
     last_used: float = field(default_factory=time.monotonic)
     busy: bool = False
     closed: bool = False
+    draining: bool = False  # the server shuts down: an awaiting getMore answers now
+    awaited_s: float = 0.0  # the last getMore's wait for events (not counted as its work)
 
     def touch(self) -> None:
         self.last_used = time.monotonic()
@@ -45,15 +47,18 @@ class ChangeStreamCursor:
         size = DEFAULT_BATCH_SIZE if batch_size is None or batch_size <= 0 else batch_size
         wait_s = (DEFAULT_AWAIT_MS if max_time_ms is None else max_time_ms) / 1000
         deadline = time.monotonic() + wait_s
+        self.awaited_s = 0.0
         while True:
             self.group.pull(size, self)  # the group may be replaced (detached) in here
             if self.pipeline.pending_count or self.pipeline.invalidated:
                 return self.pipeline.next_batch(size)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            now = time.monotonic()
+            remaining = deadline - now
+            if remaining <= 0 or self.draining:
                 # An empty batch; its token is a high-water mark at what was scanned.
                 return self.pipeline.next_batch(size)
             await self.group.log.wait_for_entries(self.group.next_ts, remaining)
+            self.awaited_s += time.monotonic() - now
 
     def close(self) -> None:
         self.closed = True

@@ -158,7 +158,7 @@ class ProcessA:
         log = open(self.log_path, "ab")  # noqa: SIM115  (handed to the child)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "cdcserver.cli", "serve", "--host", HOST,
-             "--port", str(self.port), *self.args],
+             "--port", str(self.port), "--metrics-port", "0", *self.args],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )

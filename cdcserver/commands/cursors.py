@@ -96,6 +96,7 @@ async def get_more(server, conn, cmd, db):
     finally:
         cursor.busy = False
         cursor.touch()
+        conn.awaited_s = cursor.awaited_s  # not the getMore's own work (slow log, latency)
     if batch.invalidated:
         server.cursors.kill(cursor.id)
     server.events_delivered += len(batch.events)

@@ -109,6 +109,20 @@ class EntryList:
             out.append(entry)
         return out
 
+    # For the metrics (read at scrape time, never on the request path).
+    def oldest_ts(self) -> Timestamp | None:
+        return self._ts[0] if self._ts else None
+
+    def entry_count(self) -> int:
+        return len(self._ts)
+
+    def count_from(self, start: Timestamp) -> int:
+        """How many entries have `ts >= start`."""
+        return len(self._ts) - bisect.bisect_left(self._ts, start)
+
+    def decoded_count(self) -> int:
+        return len(self._decoded)
+
     def entry_at(self, ts: Timestamp) -> Entry | None:
         i = bisect.bisect_left(self._ts, ts)
         if i < len(self._ts) and self._ts[i] == ts:

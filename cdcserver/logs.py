@@ -1,0 +1,94 @@
+"""Logging: human-readable text by default, JSON lines with `[log] format = "json"`.
+
+A JSON line is one object: `ts` (ISO-8601 UTC, milliseconds), `level`, `logger`, `msg`, then the
+structured fields the server passes with `extra=` (`conn`, `peer`, `command`, `ns`,
+`durationMillis`, `errCode`, ...), then `exc` when there is a traceback.
+
+Slow operations are logged like mongod's "Slow query" (`slowms`, 100 ms by default): commands
+whose own work took longer, not counting the time an awaitData getMore waited for events.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import sys
+from typing import Any
+
+# mongod's default operationProfiling.slowOpThresholdMs.
+SLOW_MS = 100
+
+# Logged by the listener for commands slower than SLOW_MS (mongod's COMMAND component).
+slow_log = logging.getLogger("cdcserver.command")
+
+# The attributes every LogRecord has; anything else on a record came from `extra=`.
+_RECORD_ATTRS = frozenset(
+    vars(logging.LogRecord("", logging.INFO, "", 0, "", (), None)).keys()
+) | {"message", "asctime", "taskName"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = datetime.datetime.fromtimestamp(record.created, datetime.UTC)
+        doc: dict[str, Any] = {
+            "ts": ts.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in _RECORD_ATTRS and not key.startswith("_"):
+                doc[key] = value
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            doc["exc"] = record.exc_text
+        # default=str: a field that is not JSON (a Timestamp, an ObjectId) is still logged.
+        return json.dumps(doc, default=str, ensure_ascii=False)
+
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(message)s"
+
+
+def setup_logging(level: str, fmt: str) -> None:
+    """Configure the root logger for the process (stderr)."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    elif fmt == "text":
+        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+    else:
+        raise ValueError(f"log.format: expected 'text' or 'json', got {fmt!r}")
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
+def log_slow_command(
+    duration_s: float,
+    conn_id: int,
+    name: str,
+    db: str,
+    reply: Any,
+) -> None:
+    """mongod's "Slow query" line for a command that took `duration_s` of its own work."""
+    millis = int(duration_s * 1000)
+    fields: dict[str, Any] = {
+        "conn": conn_id,
+        "command": name,
+        "ns": db,
+        "durationMillis": millis,
+    }
+    ok = reply.get("ok", 1) if hasattr(reply, "get") else 1
+    if not ok:
+        fields["errCode"] = reply.get("code")
+        fields["errName"] = reply.get("codeName")
+    cursor = reply.get("cursor") if hasattr(reply, "get") else None
+    if isinstance(cursor, dict):
+        batch = cursor.get("firstBatch", cursor.get("nextBatch"))
+        if isinstance(batch, list):
+            fields["nreturned"] = len(batch)
+    slow_log.info(
+        "Slow query: conn %d %s on %s took %d ms", conn_id, name, db, millis, extra=fields
+    )

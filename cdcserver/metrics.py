@@ -1,0 +1,232 @@
+"""Prometheus metrics: one registry per server, served over HTTP on its own port.
+
+Most values are read from the server's state when Prometheus scrapes (`StateCollector`), so
+the request path pays nothing for them. Only what cannot be read afterwards is counted as it
+happens: getMore latency (a histogram observation per getMore) and command errors (a labelled
+counter, on the error path only).
+
+Exposed names (all `cdcserver_`):
+
+- `connections_current`, `connections_total`
+- `cursors_open{scope="collection|database|cluster"}`
+- `events_delivered_total`
+- `getmore_duration_seconds` (histogram; the getMore's own work: like mongod's durationMillis it
+  leaves out the time an awaitData getMore waited for events)
+- `command_errors_total{code, codeName}`
+- `oplog_read_timestamp_seconds`, `oplog_oldest_timestamp_seconds`, `oplog_entries`,
+  `oplog_lag_seconds`
+- `streams_lag_entries`, `streams_lag_seconds` (the producer furthest behind the newest entry)
+- `hub_window_entries`, `hub_producers`, `hub_queued_events`
+- `upstream_connected`, `upstream_reconnects_total`, `upstream_history_lost_total`,
+  `upstream_pending_entries`, `upstream_window_entries`, `upstream_window_bytes`,
+  `upstream_history_readers` (only with `--upstream`)
+- `shutting_down`
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from cdcserver.sources.base import EntryList
+
+if TYPE_CHECKING:
+    from cdcserver.context import ServerState
+
+log = logging.getLogger("cdcserver")
+
+GETMORE_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+SCOPES = ("collection", "database", "cluster")
+
+
+class Metrics:
+    """The registry of one server, and the instruments the request path feeds."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.get_more_seconds = Histogram(
+            "cdcserver_getmore_duration_seconds",
+            "getMore latency: the command's own work, not the awaitData wait for events",
+            buckets=GETMORE_BUCKETS,
+            registry=self.registry,
+        )
+        self.command_errors = Counter(
+            "cdcserver_command_errors",
+            "Error replies, by MongoDB error code",
+            ("code", "codeName"),
+            registry=self.registry,
+        )
+        self.registry.register(StateCollector(state))
+
+    def command_error(self, code: Any, code_name: Any) -> None:
+        self.command_errors.labels(str(code), str(code_name)).inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+class StateCollector(Collector):
+    """Reads connections, cursors, the hub and the source at scrape time."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    def describe(self) -> list[Metric]:
+        return []  # names are fixed; no collect() at registration
+
+    def collect(self) -> Iterator[Metric]:
+        state = self.state
+        yield _gauge("cdcserver_connections_current", "Open client connections",
+                     state.connections)
+        yield _counter("cdcserver_connections", "Client connections accepted",
+                       state.total_connections)
+        yield _counter("cdcserver_events_delivered", "Change events returned to clients",
+                       state.events_delivered)
+        yield _gauge("cdcserver_shutting_down", "1 while the server shuts down",
+                     1.0 if getattr(state, "shutting_down", False) else 0.0)
+
+        cursors = list(state.cursors.cursors.values())
+        by_scope = dict.fromkeys(SCOPES, 0)
+        producers: dict[int, Any] = {}
+        queued = 0
+        for cursor in cursors:
+            scope = cursor.pipeline.spec.scope
+            by_scope[scope] = by_scope.get(scope, 0) + 1
+            producers[id(cursor.group)] = cursor.group
+            queued += cursor.pipeline.pending_count
+        family = GaugeMetricFamily(
+            "cdcserver_cursors_open", "Open change-stream cursors", labels=["scope"]
+        )
+        for scope, n in by_scope.items():
+            family.add_metric([scope], n)
+        yield family
+        yield _gauge("cdcserver_hub_producers",
+                     "Pipelines reading the oplog (identical streams share one)", len(producers))
+        yield _gauge("cdcserver_hub_queued_events",
+                     "Events made and not yet returned, over all cursors", queued)
+
+        source = state.log
+        store = getattr(source, "store", None)
+        entries = source if store is None else store
+        latest = source.latest_ts()
+        if latest is not None:
+            yield _gauge("cdcserver_oplog_read_timestamp_seconds",
+                         "Timestamp (seconds) of the newest oplog entry read", latest.time)
+            yield _gauge("cdcserver_oplog_lag_seconds",
+                         "Wall clock minus the newest oplog entry's time",
+                         max(0.0, time.time() - latest.time))
+        if isinstance(entries, EntryList):
+            oldest = entries.oldest_ts()
+            if oldest is not None:
+                yield _gauge("cdcserver_oplog_oldest_timestamp_seconds",
+                             "Timestamp (seconds) of the oldest oplog entry held", oldest.time)
+            yield _gauge("cdcserver_oplog_entries", "Oplog entries held", entries.entry_count())
+            yield _gauge("cdcserver_hub_window_entries",
+                         "Decoded oplog entries kept for sharing between cursors",
+                         entries.decoded_count())
+            lag_entries = 0
+            lag_seconds = 0.0
+            if latest is not None:
+                for group in producers.values():
+                    if group.log is not source or group.next_ts > latest:
+                        continue
+                    lag_entries = max(lag_entries, entries.count_from(group.next_ts))
+                    lag_seconds = max(lag_seconds, float(latest.time - group.next_ts.time))
+            yield _gauge("cdcserver_streams_lag_entries",
+                         "Oplog entries the furthest-behind stream has not read yet", lag_entries)
+            yield _gauge("cdcserver_streams_lag_seconds",
+                         "Seconds of oplog the furthest-behind stream has not read yet",
+                         lag_seconds)
+
+        status = getattr(source, "status", None)
+        if callable(status) and hasattr(source, "reconnects"):  # a live upstream
+            st = status()
+            yield _gauge("cdcserver_upstream_connected", "1 while the upstream tail reads",
+                         1.0 if st["connected"] else 0.0)
+            yield _counter("cdcserver_upstream_reconnects", "Upstream tail reconnects",
+                           st["reconnects"])
+            yield _counter("cdcserver_upstream_history_lost",
+                           "Times the tail's position was gone from the upstream oplog",
+                           st["historyLostGaps"])
+            yield _gauge("cdcserver_upstream_pending_entries",
+                         "Entries read from the upstream, waiting for majority commit",
+                         st["pendingMajority"])
+            yield _gauge("cdcserver_upstream_window_entries",
+                         "Upstream entries in the live window", st["windowEntries"])
+            yield _gauge("cdcserver_upstream_window_bytes",
+                         "Bytes of upstream entries in the live window", st["windowBytes"])
+            yield _gauge("cdcserver_upstream_history_readers",
+                         "Readers of older upstream history", st["historyReaders"])
+
+
+class MetricsEndpoint:
+    """`GET /metrics` over HTTP/1.x on the server's event loop (one reply per connection)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self._server: asyncio.AbstractServer | None = None
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> int:
+        self._server = await asyncio.start_server(self._on_connection, host, port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+
+    async def _on_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+                return
+            request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+            parts = request_line.split()
+            method = parts[0] if parts else ""
+            path = parts[1].split("?", 1)[0] if len(parts) > 1 else ""
+            if method not in ("GET", "HEAD"):
+                status, ctype, body = "405 Method Not Allowed", "text/plain", b"GET only\n"
+            elif path in ("/metrics", "/"):
+                status, ctype = "200 OK", CONTENT_TYPE_LATEST
+                body = self.metrics.exposition()
+            else:
+                status, ctype, body = "404 Not Found", "text/plain", b"try /metrics\n"
+            header = (
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            ).encode("latin-1")
+            writer.write(header if method == "HEAD" else header + body)
+            await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        except Exception:
+            log.exception("metrics request failed")
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
