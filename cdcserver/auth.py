@@ -690,3 +690,43 @@ class ServerAuth:
         if is_authorized(users, [(("cluster",), ("listDatabases",))]):
             return None
         return [n for n in names if any(u.has_any_privilege_on(n) for u in users)]
+
+
+def parse_role(text: str) -> tuple[str, str]:
+    """`read@shop` -> ("read", "shop"); a bare role is on admin (as MongoDB's role docs)."""
+    role, _, db = text.partition("@")
+    if not role:
+        raise ValueError(f"bad role {text!r}: ROLE[@DB]")
+    db = db or "admin"
+    _role_grants(role, db)  # refuses unknown roles, and cluster roles off admin
+    return role, db
+
+
+def user_toml(
+    user: str,
+    db: str,
+    roles: Sequence[tuple[str, str]],
+    password: str,
+    *,
+    iterations: Mapping[str, int] | None = None,
+) -> str:
+    """The `[[auth.users]]` block `cdcserver hash-password` prints: stored credentials for
+    both mechanisms, never the password."""
+    def q(s: str) -> str:
+        return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    lines = ["[[auth.users]]", f"user = {q(user)}", f"db = {q(db)}"]
+    lines.append(
+        "roles = [" + ", ".join(f"{{ role = {q(r)}, db = {q(d)} }}" for r, d in roles) + "]"
+    )
+    for mech, key in ((SCRAM_SHA_256, "scram_sha_256"), (SCRAM_SHA_1, "scram_sha_1")):
+        count = (iterations or {}).get(mech)
+        c = derive_credentials(mech, user, password, iterations=count)
+        lines += [
+            f"[auth.users.{key}]",
+            f"iteration_count = {c.iteration_count}",
+            f"salt = {q(c.salt)}",
+            f"stored_key = {q(c.stored_key)}",
+            f"server_key = {q(c.server_key)}",
+        ]
+    return "\n".join(lines) + "\n"
