@@ -20,7 +20,7 @@ Exposed names (all `cdcserver_`):
 - `upstream_connected`, `upstream_reconnects_total`, `upstream_history_lost_total`,
   `upstream_pending_entries`, `upstream_window_entries`, `upstream_window_bytes`,
   `upstream_history_readers` (only with `--upstream`)
-- `shutting_down`
+- `shutting_down`, `requests_in_flight`
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -53,7 +53,9 @@ SCOPES = ("collection", "database", "cluster")
 class Metrics:
     """The registry of one server, and the instruments the request path feeds."""
 
-    def __init__(self, state: ServerState) -> None:
+    def __init__(
+        self, state: ServerState, in_flight: Callable[[], int] | None = None
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.get_more_seconds = Histogram(
             "cdcserver_getmore_duration_seconds",
@@ -67,7 +69,7 @@ class Metrics:
             ("code", "codeName"),
             registry=self.registry,
         )
-        self.registry.register(StateCollector(state))
+        self.registry.register(StateCollector(state, in_flight))
 
     def command_error(self, code: Any, code_name: Any) -> None:
         self.command_errors.labels(str(code), str(code_name)).inc()
@@ -87,8 +89,9 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
 class StateCollector(Collector):
     """Reads connections, cursors, the hub and the source at scrape time."""
 
-    def __init__(self, state: ServerState) -> None:
+    def __init__(self, state: ServerState, in_flight: Callable[[], int] | None = None) -> None:
         self.state = state
+        self.in_flight = in_flight
 
     def describe(self) -> list[Metric]:
         return []  # names are fixed; no collect() at registration
@@ -102,7 +105,10 @@ class StateCollector(Collector):
         yield _counter("cdcserver_events_delivered", "Change events returned to clients",
                        state.events_delivered)
         yield _gauge("cdcserver_shutting_down", "1 while the server shuts down",
-                     1.0 if getattr(state, "shutting_down", False) else 0.0)
+                     1.0 if state.shutting_down else 0.0)
+        if self.in_flight is not None:
+            yield _gauge("cdcserver_requests_in_flight",
+                         "Commands being run (awaitable hellos left out)", self.in_flight())
 
         cursors = list(state.cursors.cursors.values())
         by_scope = dict.fromkeys(SCOPES, 0)

@@ -93,9 +93,9 @@ class Server:
         state.log.notify()  # wakes every getMore waiting for events
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_s
-        while loop.time() < deadline and self._in_flight():
+        while loop.time() < deadline and self.in_flight():
             await asyncio.sleep(0.005)
-        left = self._in_flight()
+        left = self.in_flight()
         if left:
             log.warning(
                 "shutdown: %d request(s) still running after %.1fs: closing their connections",
@@ -103,7 +103,8 @@ class Server:
             )
         await self.close()
 
-    def _in_flight(self) -> list[str]:
+    def in_flight(self) -> list[str]:
+        """The commands being run, one per busy connection."""
         return [c.command for c in self._connections.values() if c.command is not None]
 
     async def close(self) -> None:
@@ -276,7 +277,7 @@ async def serve_forever(config: Config, oplog: OplogLog) -> None:
     if mc.enabled:  # before the wire listener: "listening on" means everything is up
         from cdcserver.metrics import Metrics, MetricsEndpoint
 
-        state.metrics = Metrics(state)
+        state.metrics = Metrics(state, in_flight=lambda: len(server.in_flight()))
         endpoint = MetricsEndpoint(state.metrics)
         try:
             port = await endpoint.start(mc.host, mc.port)
