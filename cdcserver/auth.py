@@ -29,9 +29,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import bson
 from bson.binary import Binary
 from bson.int64 import Int64
 from bson.objectid import ObjectId
+from bson.raw_bson import RawBSONDocument
 from bson.regex import Regex
 from bson.timestamp import Timestamp
 
@@ -165,6 +167,12 @@ class Grant:
         return db == self.db
 
 
+_ADMIN_ROLES = frozenset(
+    {"readAnyDatabase", "readWriteAnyDatabase", "dbAdminAnyDatabase", "userAdminAnyDatabase",
+     "clusterMonitor", "clusterManager", "clusterAdmin", "root"}
+)
+
+
 def _role_grants(role: str, db: str) -> list[Grant]:
     on_db = {
         "read": READ,
@@ -175,6 +183,8 @@ def _role_grants(role: str, db: str) -> list[Grant]:
     }
     if role in on_db:
         return [Grant("db", db, on_db[role])]
+    if role not in _ADMIN_ROLES:
+        raise ValueError(f"unknown role {role!r}")
     if db != "admin":
         raise ValueError(f"role {role}@{db} does not exist (only on admin)")
     any_db = {
@@ -656,23 +666,25 @@ class ServerAuth:
         return any(u.full_name in owners for u in users)
 
     def after_command(
-        self, conn: Any, name: str, cmd: Mapping[str, Any], reply: Mapping[str, Any],
-        live_ids: Any = None,
-    ) -> None:
-        """Note the owner of a cursor a reply opened; forget cursors that closed."""
+        self, conn: Any, name: str, cmd: Mapping[str, Any], reply: Any, live_ids: Any = None
+    ) -> Any:
+        """The reply as the user may see it (listDatabases: their databases only); notes the
+        owner of a cursor the reply opened and forgets cursors that closed."""
+        if name == "listDatabases" and self.enabled:
+            return self._filter_databases(conn, reply)
         cursor = reply.get("cursor") if "cursor" in reply else None
         cursor_id = cursor.get("id") if isinstance(cursor, Mapping) else None
         if name == "getMore":
             if cursor_id == 0:
                 self.cursor_owners.pop(cmd.get("getMore"), None)  # type: ignore[arg-type]
-            return
+            return reply
         if name == "killCursors":
             for i in cmd.get("cursors") or []:
                 if isinstance(i, int):
                     self.cursor_owners.pop(i, None)
-            return
+            return reply
         if not isinstance(cursor_id, int) or not cursor_id:
-            return
+            return reply
         users = conn.auth.users if conn.auth is not None else []
         self.cursor_owners[int(cursor_id)] = frozenset(u.full_name for u in users)
         if len(self.cursor_owners) > self._prune_at and live_ids is not None:
@@ -680,16 +692,23 @@ class ServerAuth:
             for i in [i for i in self.cursor_owners if i not in live]:
                 del self.cursor_owners[i]
             self._prune_at = max(1024, 2 * len(self.cursor_owners))
+        return reply
 
-    def visible_databases(self, conn: Any, names: Iterable[str]) -> list[str] | None:
-        """listDatabases without the listDatabases action lists only the user's databases
-        (mongod's authorizedDatabases default); None: all."""
-        if not self.enabled:
-            return None
+    def _filter_databases(self, conn: Any, reply: Any) -> Any:
+        """Without the listDatabases action a user sees only the databases they have
+        privileges on (mongod's authorizedDatabases default)."""
         users = self.of(conn).users
         if is_authorized(users, [(("cluster",), ("listDatabases",))]):
-            return None
-        return [n for n in names if any(u.has_any_privilege_on(n) for u in users)]
+            return reply
+        raw = isinstance(reply, RawBSONDocument)
+        out = bson.decode(reply.raw) if raw else reply
+        dbs = out.get("databases")
+        if isinstance(dbs, list):
+            out["databases"] = [
+                d for d in dbs if isinstance(d, Mapping)
+                and any(u.has_any_privilege_on(str(d.get("name"))) for u in users)
+            ]
+        return RawBSONDocument(bson.encode(out)) if raw else out
 
 
 def parse_role(text: str) -> tuple[str, str]:

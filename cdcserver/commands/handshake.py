@@ -180,9 +180,6 @@ async def server_status(server, conn, cmd, db):
 @command("listDatabases")
 async def list_databases(server, conn, cmd, db):
     names = sorted({d for d, _ in server.log.namespaces()})
-    if server.auth is not None:  # without listDatabases: the user's own databases only
-        visible = server.auth.visible_databases(conn, names)
-        names = names if visible is None else visible
     dbs = [{"name": name, "sizeOnDisk": Int64(0), "empty": False} for name in names]
     if cmd.get("nameOnly"):
         dbs = [{"name": d["name"]} for d in dbs]

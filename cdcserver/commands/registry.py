@@ -140,7 +140,9 @@ async def run_command(
             raise MongoError(59, f"no such command: '{name}'")
         reply = await handler(server, conn, cmd, db)
         if server.auth is not None:
-            server.auth.after_command(conn, name, cmd, reply, lambda: live_cursor_ids(server))
+            reply = server.auth.after_command(
+                conn, name, cmd, reply, lambda: live_cursor_ids(server)
+            )
         if isinstance(reply, RawBSONDocument):
             return reply  # forwarded: the upstream's reply as it came (its ok, its times)
     except MongoError as err:
