@@ -172,6 +172,10 @@ def test_writes_and_collection_commands_on_a_view_fail_with_166(db, server):
                                           to=f"{db.name}.v1", dropTarget=True)) == (
         48, f"a view already exists with that name: {db.name}.v1")
     assert _failure(lambda: db.v1.watch()) == (166, refused)
+    assert _failure(lambda: db.command({"find": "v1", "tailable": True})) == (
+        168, "Tailable cursors are not supported in aggregation.")
+    assert _failure(lambda: db.command({"find": "v1", "collation": {"locale": "fr"}})) == (
+        167, "Cannot override a view's default collation")
     assert len(server.entries()) == before  # nothing was written
     assert [d["_id"] for d in db.v1.find()] == [1, 4, 7]
 

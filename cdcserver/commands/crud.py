@@ -820,6 +820,7 @@ def run_find(
     store: Store, db: str, coll: str, filter_doc: Mapping[str, Any] | None, projection: Any,
     sort: Any, skip: int, limit: int,
 ) -> list[dict[str, Any]]:
+    engine.validate_filter(filter_doc or {})  # mongod's parse errors, before any document
     if store.get(db, coll) is None:
         resolved = store.resolve_view(db, coll)
         if resolved is not None:
@@ -902,6 +903,14 @@ async def find(server, conn, cmd, db):
     store = get_store(server)
     coll = coll_arg(cmd, "find")
     tailable, _ = oplog_find.validate_tailable(cmd)
+    view = store.view(db, coll) if store.get(db, coll) is None else None
+    if view is not None:  # mongod runs find on a view as an aggregation
+        if tailable:
+            raise MongoError(168, "Tailable cursors are not supported in aggregation.")
+        collation = cmd.get("collation")
+        view_locale = (view.get("collation") or {}).get("locale", "simple")
+        if isinstance(collation, Mapping) and collation.get("locale", view_locale) != view_locale:
+            raise MongoError(167, "Cannot override a view's default collation")
     if tailable:  # the store has no capped collections
         raise MongoError(
             2, f"error processing query: ns={db}.{coll}Tree: $and\nSort: {{}}\nProj: {{}}\n "
