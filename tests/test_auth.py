@@ -497,3 +497,32 @@ def test_bad_users_are_refused_at_start():
     ]:
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
             auth.ServerAuth(AuthConfig(enabled=True, users=[user]))
+
+
+def test_upstream_mode_checks_roles_before_forwarding():
+    """`serve --upstream`: forwarded commands run on the upstream as the URI's user, so
+    cdcserver checks its own client's roles first."""
+    from cdcserver.sources.mongo import UpstreamOplog, UpstreamOptions
+    from cdcserver.testing import ThreadServer
+
+    with EmbeddedServer() as upstream:
+        config = Config(auth=AuthConfig(enabled=True, users=USERS))
+        options = UpstreamOptions(uri=upstream.direct_uri, max_await_ms=200)
+        with ThreadServer(make_log=lambda: UpstreamOplog(options), config=config) as sidecar:
+            sidecar.run(sidecar.log.wait_ready(30), timeout=35)
+            with client_for(sidecar) as anonymous:
+                with pytest.raises(OperationFailure) as excinfo:
+                    anonymous.shop.orders.insert_one({"_id": 1})
+                assert excinfo.value.details["errmsg"] == "Command insert requires authentication"
+            with client_for(sidecar, "reader", "r-pass") as reader:
+                with pytest.raises(OperationFailure) as excinfo:
+                    reader.shop.orders.insert_one({"_id": 1})  # forwarded only if allowed
+                assert_unauthorized(excinfo, "not authorized on shop to execute command")
+                with pytest.raises(OperationFailure) as excinfo:
+                    reader.admin.command("replSetGetStatus")  # clusterMonitor's
+                assert excinfo.value.code == 13
+            with client_for(sidecar, "writer", "w-pass") as writer:
+                writer.shop.orders.insert_one({"_id": 2})  # forwarded, as the upstream's user
+            with upstream.client() as direct:
+                assert direct.shop.orders.find_one({"_id": 1}) is None
+                assert direct.shop.orders.find_one({"_id": 2}) == {"_id": 2}
