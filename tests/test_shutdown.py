@@ -189,6 +189,21 @@ def test_awaiting_get_more_is_answered_at_shutdown(tmp_path: pathlib.Path) -> No
     assert "still running after" not in server.log_text()
 
 
+class FailedCommands(pymongo.monitoring.CommandListener):
+    def __init__(self) -> None:
+        self.failures: list[dict[str, Any]] = []
+
+    def started(self, event: Any) -> None:
+        pass
+
+    def succeeded(self, event: Any) -> None:
+        pass
+
+    def failed(self, event: Any) -> None:
+        if isinstance(event.failure, dict) and "code" in event.failure:
+            self.failures.append(event.failure)
+
+
 def test_requests_during_shutdown_and_second_signal(tmp_path: pathlib.Path) -> None:
     server = SubprocessServer(
         env={"CDCSERVER_SERVER_SHUTDOWN_GRACE_S": "60"}, log_path=tmp_path / "server.log"
@@ -197,7 +212,11 @@ def test_requests_during_shutdown_and_second_signal(tmp_path: pathlib.Path) -> N
     try:
         blocked = pymongo.MongoClient(uri)
         pinger, streamer, helloer = (pymongo.MongoClient(uri) for _ in range(3))
-        for c in (pinger, streamer, helloer):
+        failures = FailedCommands()
+        writer = pymongo.MongoClient(
+            uri, event_listeners=[failures], serverSelectionTimeoutMS=300
+        )
+        for c in (pinger, streamer, helloer, writer):
             c.admin.command("ping")  # each has a pooled connection before the shutdown
         reply = streamer.shop.command(
             {"aggregate": "orders", "pipeline": [{"$changeStream": {}}], "cursor": {}}
@@ -236,13 +255,19 @@ def test_requests_during_shutdown_and_second_signal(tmp_path: pathlib.Path) -> N
         with pytest.raises(pymongo.errors.NotPrimaryError) as err:
             helloer.admin.command("hello")
         assert err.value.details["code"] == 91
+        # A retryable write: RetryableWriteError (pymongo's retry then finds no server).
+        with pytest.raises(pymongo.errors.PyMongoError):
+            writer.shop.orders.insert_one({"_id": 1})
+        assert [(f["code"], f.get("errorLabels")) for f in failures.failures] == [
+            (91, ["RetryableWriteError"])
+        ]
 
         # The blocked ping keeps the shutdown waiting; a second signal ends it at once.
         assert server.process.poll() is None
         server.process.send_signal(signal.SIGTERM)
         assert server.process.wait(GUARD_S) == 128 + signal.SIGTERM
         hold.join(GUARD_S)
-        for c in (blocked, pinger, streamer, helloer):
+        for c in (blocked, pinger, streamer, helloer, writer):
             c.close()
     finally:
         server.stop()
