@@ -163,6 +163,33 @@ def _without_missing_pops(update: dict[str, Any], doc: dict[str, Any]) -> dict[s
     return out
 
 
+def _value_at(doc: Any, path: str) -> Any:
+    for part in path.split("."):
+        doc = doc[part]
+    return doc
+
+
+def _refuse_non_arrays(update: dict[str, Any], doc: dict[str, Any]) -> None:
+    """mongod: the array operators on an existing field that is not an array are an error
+    (mongomock does nothing for `$pull` there, and raises Python errors for the others)."""
+    for op in ("$push", "$addToSet", "$pull", "$pullAll", "$pop"):
+        for path in update.get(op, {}):
+            if _exists(doc, path) and not isinstance(_value_at(doc, path), list):
+                raise mongomock.WriteError(f"{op} on a non-array")
+    # ... and so is creating a field under a scalar, or a named field in an array (28
+    # PathNotViable), which mongomock lets pass when the value would not change.
+    for op in ("$set", "$inc", "$min", "$max", "$push", "$addToSet"):
+        for path in update.get(op, {}):
+            parts = path.split(".")
+            for n in range(1, len(parts)):
+                prefix = ".".join(parts[:n])
+                value = _value_at(doc, prefix) if _exists(doc, prefix) else {}
+                if not isinstance(value, dict) and not (
+                    isinstance(value, list) and parts[n].isdigit()
+                ):
+                    raise mongomock.WriteError(f"{op} under a scalar")
+
+
 def _reference_update(coll: Any, query: Any, update: Any, many: bool, upsert: bool) -> Any:
     """mongomock's update, one matching document at a time, with the corrections above."""
     docs = list(coll.find(query))
@@ -179,6 +206,7 @@ def _reference_update(coll: Any, query: Any, update: Any, many: bool, upsert: bo
         return r.matched_count, r.modified_count, r.upserted_id
     modified = 0
     for doc in docs:
+        _refuse_non_arrays(update, doc)
         fixed = _without_missing_pops(update, doc)
         if fixed:
             modified += coll.update_one({"_id": doc["_id"]}, fixed).modified_count

@@ -36,7 +36,7 @@ def client(server):
 
 @pytest.fixture
 def coll(client, request):
-    name = request.node.name.replace("[", "_").replace("]", "_")[:60]
+    name = request.node.originalname + str(abs(hash(request.node.name)) % 10**8)
     c = client.upd[name]
     c.drop()
     return c
@@ -372,3 +372,66 @@ def test_noop_mul_writes_no_entry(server, coll):
     r = coll.update_one({"_id": 1}, {"$mul": {"a": 1, "b": 1}, "$bit": {"c": {"or": 2}}})
     assert r.modified_count == 0
     assert server.entries()[mark:] == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors mongomock gives as Python errors (or not at all), as mongod gives them
+
+
+@pytest.mark.parametrize(
+    ("update", "code", "errmsg"),
+    [
+        ({"$push": {"a": 1}}, 2, "The field 'a' must be an array but is of type int in document "
+         "{_id: 1}"),
+        ({"$addToSet": {"a": 1}}, 2, "Cannot apply $addToSet to non-array field. Field named "
+         "'a' has non-array type int"),
+        ({"$pull": {"a": 1}}, 2, "Cannot apply $pull to a non-array value"),
+        ({"$pullAll": {"a": [1]}}, 2, "Cannot apply $pull to a non-array value"),
+        ({"$pop": {"a": 1}}, 14, "Path 'a' contains an element of non-array type 'int'"),
+    ],
+)
+def test_array_operators_on_a_non_array(coll, update, code, errmsg):
+    got = _write_error(coll, {"_id": 1, "a": 5}, update)
+    assert got == {"code": code,
+                   "errmsg": f"Plan executor error during update :: caused by :: {errmsg}"}
+
+
+@pytest.mark.parametrize(
+    ("update", "code", "errmsg"),
+    [
+        ({"$pullAll": {"a": 1}}, 2, "$pullAll requires an array argument but was given a int"),
+        ({"$push": {"a": {"$each": 1}}}, 2,
+         "The argument to $each in $push must be an array but it was of type: int"),
+        ({"$pop": {"a": 2}}, 9, "$pop expects 1 or -1, found: a: 2"),
+        ({"$currentDate": {"a": "x"}}, 2, "string is not valid type for $currentDate. Please use "
+         "a boolean ('true') or a $type expression ({$type: 'timestamp/date'})."),
+    ],
+)
+def test_operator_argument_errors(coll, update, code, errmsg):
+    assert _command_error(coll, update) == {"code": code, "errmsg": errmsg}
+
+
+@pytest.mark.parametrize(
+    ("filter_doc", "errmsg"),
+    [
+        ({"a": {"$foo": 1}}, "unknown operator: $foo"),
+        ({"$foo": 1}, "unknown top level operator: $foo. If you have a field name that starts "
+         "with a '$' symbol, consider using $getField or $setField."),
+        ({"$and": 1}, "$and must be an array"),
+        ({"$or": []}, "$and/$or/$nor must be a nonempty array"),
+        ({"$nor": [1]}, "$or/$and/$nor entries need to be full objects"),
+        ({"a": {"$in": 1}}, "$in needs an array"),
+        ({"a": {"$regex": 1}}, "$regex has to be a string"),
+        ({"a": {"$size": "x"}}, "$size needs a number"),
+        ({"a": {"$elemMatch": 1}}, "$elemMatch needs an Object"),
+        ({"a": {"$mod": [1]}}, "malformed mod, not enough elements"),
+        ({"a": {"$type": "nope"}}, "Unknown type name alias: nope"),
+    ],
+)
+def test_bad_query_operators(coll, filter_doc, errmsg):
+    coll.insert_one({"_id": 1, "a": 1})
+    for run in (lambda: coll.find_one(filter_doc), lambda: coll.delete_many(filter_doc)):
+        with pytest.raises(errors.OperationFailure) as info:
+            run()
+        assert info.value.code == 2
+        assert info.value.details["errmsg"] == errmsg

@@ -31,6 +31,7 @@ UPDATE_OPERATORS = frozenset(
     }
 )
 _OWN = frozenset({"$inc", "$mul", "$bit", "$rename"})  # applied by modifiers.py
+_ARRAY_OPS = frozenset({"$push", "$addToSet", "$pull", "$pullAll", "$pop"})
 # Operators that create their path when it is missing (the others are no-ops then).
 _CREATING = frozenset({"$set", "$setOnInsert", "$push", "$addToSet", "$currentDate", "$min",
                        "$max"})
@@ -55,7 +56,91 @@ def normalize(doc: Any) -> Any:
     return mm_helpers.patch_datetime_awareness_in_document(doc)
 
 
+_FIELD_OPERATORS = frozenset({
+    "$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$exists", "$type", "$size",
+    "$all", "$elemMatch", "$regex", "$options", "$not", "$mod", "$bitsAllSet", "$bitsAllClear",
+    "$bitsAnySet", "$bitsAnyClear", "$geoWithin", "$geoIntersects", "$near", "$nearSphere",
+    "$maxDistance", "$minDistance", "$within", "$_internalSchemaType",
+})
+_TOP_LEVEL = frozenset({"$expr", "$where", "$text", "$comment", "$jsonSchema", "$alwaysTrue",
+                        "$alwaysFalse", "$sampleRate"})
+_TYPE_ALIASES = frozenset({
+    "double", "string", "object", "array", "binData", "undefined", "objectId", "bool", "date",
+    "null", "regex", "dbPointer", "javascript", "symbol", "javascriptWithScope", "int",
+    "timestamp", "long", "decimal", "minKey", "maxKey", "number",
+})
+_last_validated: list[Any] = [None]
+
+
+def validate_filter(filter_doc: Mapping[str, Any]) -> None:
+    """The parse errors mongod's MatchExpressionParser gives for the common mistakes, which
+    mongomock answers with Python errors or silently (e.g. `$regex: 1` matching nothing)."""
+    for key, value in filter_doc.items():
+        if key in ("$and", "$or", "$nor"):
+            if not isinstance(value, list):
+                raise MongoError(2, f"{key} must be an array")
+            if not value:
+                raise MongoError(2, "$and/$or/$nor must be a nonempty array")
+            for clause in value:
+                if not isinstance(clause, Mapping):
+                    raise MongoError(2, "$or/$and/$nor entries need to be full objects")
+                validate_filter(clause)
+        elif key.startswith("$"):
+            if key not in _TOP_LEVEL:
+                raise MongoError(
+                    2, f"unknown top level operator: {key}. If you have a field name that starts "
+                    "with a '$' symbol, consider using $getField or $setField.",
+                )
+        elif isinstance(value, Mapping) and value and next(iter(value)).startswith("$"):
+            _validate_operators(value)
+
+
+def _validate_operators(spec: Mapping[str, Any]) -> None:
+    for op, arg in spec.items():
+        if op not in _FIELD_OPERATORS:
+            raise MongoError(2, f"unknown operator: {op}")
+        if op in ("$in", "$nin") and not isinstance(arg, list):
+            raise MongoError(2, f"{op} needs an array")
+        elif op == "$all" and not isinstance(arg, list):
+            raise MongoError(2, "$all needs an array")
+        elif op == "$size":
+            if not modifiers.is_number(arg):
+                raise MongoError(2, "$size needs a number")
+            if arg != int(arg):
+                raise MongoError(2, "$size must be a whole number")
+            if arg < 0:
+                raise MongoError(2, "$size may not be negative")
+        elif op == "$regex" and not isinstance(arg, str) and not hasattr(arg, "pattern"):
+            raise MongoError(2, "$regex has to be a string")
+        elif op == "$options" and "$regex" not in spec:
+            raise MongoError(2, "$options needs a $regex")
+        elif op == "$elemMatch" and not isinstance(arg, Mapping):
+            raise MongoError(2, "$elemMatch needs an Object")
+        elif op == "$mod":
+            if not isinstance(arg, list):
+                raise MongoError(2, "malformed mod, needs to be an array")
+            if len(arg) < 2:
+                raise MongoError(2, "malformed mod, not enough elements")
+            if len(arg) > 2:
+                raise MongoError(2, "malformed mod, too many elements")
+        elif op == "$not":
+            if isinstance(arg, Mapping):
+                if not arg:
+                    raise MongoError(2, "$not cannot be empty")
+                _validate_operators(arg)
+            elif not hasattr(arg, "pattern"):
+                raise MongoError(2, "$not needs a regex or a document")
+        elif op == "$type":
+            for alias in arg if isinstance(arg, list) else [arg]:
+                if isinstance(alias, str) and alias not in _TYPE_ALIASES:
+                    raise MongoError(2, f"Unknown type name alias: {alias}")
+
+
 def matches(filter_doc: Mapping[str, Any] | None, doc: Mapping[str, Any]) -> bool:
+    # Validated once per filter object (a command matches one filter against many documents).
+    if filter_doc and _last_validated[0] is not filter_doc:
+        validate_filter(filter_doc)
+        _last_validated[0] = filter_doc
     try:
         return mm_filtering.filter_applies(filter_doc or {}, doc)
     except Exception as exc:  # noqa: BLE001 - the engine raises many kinds
@@ -287,6 +372,8 @@ def apply_modifiers(
             if op == "$rename":
                 modifiers.apply_rename(new, path, value)
                 continue
+            if op in _ARRAY_OPS and "$" not in path.split("."):
+                modifiers.check_array_target(new, op, path)
             if op == "$pop" and not _path_exists(new, path):
                 continue  # mongod: $pop on a missing field is a no-op (mongomock raises)
             if op in _CREATING and "$" not in path.split("."):

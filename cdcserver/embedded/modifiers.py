@@ -232,6 +232,69 @@ def check_argument(op: str, path: str, value: Any) -> None:
         bit_operations(path, value)
     if op == "$rename":
         check_rename(path, value)
+    if op == "$pop":
+        if not is_number(value):
+            raise MongoError(9, f"Expected a number in: {_element_string(path, value)}")
+        if value not in (1, -1):
+            raise MongoError(9, f"$pop expects 1 or -1, found: {_element_string(path, value)}")
+    if op == "$pullAll" and not isinstance(value, list):
+        raise MongoError(
+            2, f"$pullAll requires an array argument but was given a {type_name(value)}"
+        )
+    if op in ("$push", "$addToSet") and isinstance(value, Mapping) and "$each" in value:
+        each = value["$each"]
+        if not isinstance(each, list):
+            sep = ":" if op == "$push" else ""
+            raise MongoError(
+                2, f"The argument to $each in {op} must be an array but it was of type{sep} "
+                f"{type_name(each)}",
+            )
+    if op == "$currentDate":
+        _check_current_date(value)
+
+
+def _check_current_date(value: Any) -> None:
+    if isinstance(value, bool):
+        return
+    if not isinstance(value, Mapping):
+        raise MongoError(
+            2, f"{type_name(value)} is not valid type for $currentDate. Please use a boolean "
+            "('true') or a $type expression ({$type: 'timestamp/date'}).",
+        )
+    for name, kind in value.items():
+        if name != "$type":
+            raise MongoError(2, f"Unrecognized $currentDate option: {name}")
+        if kind not in ("date", "timestamp"):
+            raise MongoError(
+                2, "The '$type' string field is required to be 'date' or 'timestamp': "
+                "{$currentDate: {field : {$type: 'date'}}}",
+            )
+
+
+def check_array_target(doc: dict[str, Any], op: str, path: str) -> None:
+    """The errors of the array operators on a field that is not an array (mongomock raises
+    Python errors or does nothing there)."""
+    current = get_path(doc, path)
+    if current is MISSING or isinstance(current, list):
+        return
+    field = path.split(".")[-1]
+    kind = type_name(current)
+    if op == "$push":
+        raise MongoError(
+            2, f"The field '{field}' must be an array but is of type {kind} in document "
+            f"{{{_id_string(doc)}}}",
+        )
+    if op == "$addToSet":
+        raise MongoError(
+            2, "Cannot apply $addToSet to non-array field. Field named "
+            f"'{field}' has non-array type {kind}",
+        )
+    if op in ("$pull", "$pullAll"):
+        raise MongoError(2, "Cannot apply $pull to a non-array value")
+    if op == "$pop":
+        raise MongoError(
+            14, f"Path '{path}' contains an element of non-array type '{kind}'"
+        )
 
 
 def bit_operations(path: str, spec: Any) -> list[tuple[str, Any]]:
