@@ -1,7 +1,9 @@
-"""Configuration: a TOML file decoded into msgspec Structs.
+"""Configuration: a TOML file decoded into msgspec Structs, then CDCSERVER_<SECTION>_<KEY>
+environment variables, then command-line flags.
 
-Errors name the key and the expected type (msgspec's `Expected `int`, got `str` - at
-`$.server.port``), and unknown keys are refused, so a typo never passes silently.
+Every error is reported at once and names its key (msgspec's `Expected `int`, got `str``,
+walked key by key), and so are the values startup would refuse (semantic_errors); unknown
+keys are refused, so a typo never passes silently. `cdcserver check-config FILE` prints them.
 `config.example.toml` documents every option with its default.
 """
 
@@ -481,18 +483,17 @@ def check_config(
         except msgspec.DecodeError as exc:
             return None, [f"invalid TOML: {exc}"]
     env_values, origins, messages = env_overrides(os.environ if env is None else env)
+    # A section that is not a table in the file keeps its error; overrides go elsewhere.
     for section, values in env_values.items():
-        if isinstance(data.get(section), dict):
-            data[section].update(values)
-        else:  # absent (or not a table: then the variable's value stands alone)
-            data[section] = dict(values)
+        target = data.setdefault(section, {})
+        if isinstance(target, dict):
+            target.update(values)
     for dotted, value in (overrides or {}).items():
         section, _, key = dotted.partition(".")
-        target = data.get(section)
-        if not isinstance(target, dict):
-            target = data[section] = {}
-        target[key] = value
-        origins[dotted] = "command line"
+        target = data.setdefault(section, {})
+        if isinstance(target, dict):
+            target[key] = value
+            origins[dotted] = "command line"
 
     def name(key: str) -> str:
         base = key.split("[")[0]
