@@ -21,7 +21,7 @@ from mongomock import aggregate as mm_aggregate
 from mongomock import filtering as mm_filtering
 from mongomock import helpers as mm_helpers
 
-from cdcserver.embedded import modifiers
+from cdcserver.embedded import json_schema, modifiers
 from pipeline_stages.errors import MongoError
 
 UPDATE_OPERATORS = frozenset(
@@ -145,6 +145,23 @@ def matches(filter_doc: Mapping[str, Any] | None, doc: Mapping[str, Any]) -> boo
         return mm_filtering.filter_applies(filter_doc or {}, doc)
     except Exception as exc:  # noqa: BLE001 - the engine raises many kinds
         raise engine_error(exc) from None
+
+
+def validator_failure(
+    validator: Mapping[str, Any], doc: Mapping[str, Any]
+) -> tuple[bool, dict[str, Any] | None]:
+    """(failed, errInfo `details`) of a collection validator on `doc`: `$jsonSchema` is
+    evaluated by json_schema.py (with mongod's details), the rest of the validator by the
+    query engine (without details)."""
+    schema = validator.get("$jsonSchema")
+    rest = {k: v for k, v in validator.items() if k != "$jsonSchema"}
+    rules = json_schema.validate(schema, doc) if isinstance(schema, Mapping) else []
+    rest_ok = matches(rest, doc) if rest else True
+    if not rules and rest_ok:
+        return False, None
+    if rules and not rest:
+        return True, {"operatorName": "$jsonSchema", "schemaRulesNotSatisfied": rules}
+    return True, None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -148,9 +148,11 @@ def bson_string(value: Any) -> str:
 class DocumentValidationError(MongoError):
     """121 DocumentValidationFailure, with the `errInfo` mongod adds."""
 
-    def __init__(self, doc_id: Any) -> None:
+    def __init__(self, doc_id: Any, details: dict[str, Any] | None = None) -> None:
         super().__init__(121, "Document failed validation")
-        self.err_info = {"failingDocumentId": doc_id}
+        self.err_info: dict[str, Any] = {"failingDocumentId": doc_id}
+        if details is not None:
+            self.err_info["details"] = details
 
     def extra(self) -> dict[str, Any]:
         return {"errInfo": self.err_info}
@@ -217,8 +219,7 @@ class Collection:
 
     def check_valid(self, doc: Mapping[str, Any], pre: Mapping[str, Any] | None = None) -> None:
         """The collection's validator, as mongod applies it (`validationLevel` strict or
-        moderate, `validationAction` error or warn). Validators mongomock cannot evaluate
-        (`$jsonSchema`) are not enforced."""
+        moderate, `validationAction` error or warn), `$jsonSchema` included."""
         validator = self.options.get("validator")
         if not validator:
             return
@@ -226,15 +227,18 @@ class Collection:
         if level == "off" or self.options.get("validationAction", "error") != "error":
             return
         try:
-            if engine.matches(validator, doc):
+            failed, details = engine.validator_failure(validator, doc)
+            if not failed:
                 return
-            if level == "moderate" and pre is not None and not engine.matches(validator, pre):
-                return
+            if level == "moderate" and pre is not None and engine.validator_failure(
+                validator, pre
+            )[0]:
+                return  # moderate: documents already invalid may stay invalid
         except MongoError as exc:
             if "not supported" in exc.errmsg or "not implemented" in exc.errmsg:
                 return
             raise
-        raise DocumentValidationError(doc.get("_id"))
+        raise DocumentValidationError(doc.get("_id"), details)
 
     def meta_bytes(self) -> bytes:
         return bson.encode({"options": self.options, "indexes": self.indexes})
