@@ -25,7 +25,7 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
-from cdcserver.commands import oplog_find
+from cdcserver.commands import oplog_find, write_concern
 from cdcserver.commands.handshake import _ELECTION_ID
 from cdcserver.commands.registry import command, int_arg
 from cdcserver.embedded import engine
@@ -205,10 +205,11 @@ async def commit_transaction(server, conn, cmd, db):
         raise MongoError(
             13, "commitTransaction may only be run against the admin database."
         )
+    wc = write_concern.parse(cmd)
     with store.batch():
         txn = transaction_of(store, cmd)
         store.commit_transaction(txn)
-    return {}
+    return write_concern.add_to_reply({}, wc)
 
 
 @command("abortTransaction")
@@ -216,6 +217,7 @@ async def abort_transaction(server, conn, cmd, db):
     store = get_store(server)
     if db != "admin":
         raise MongoError(13, "abortTransaction may only be run against the admin database.")
+    wc = write_concern.parse(cmd)
     with store.batch():
         txn = transaction_of(store, cmd)
         if txn.state == "committed":
@@ -224,7 +226,7 @@ async def abort_transaction(server, conn, cmd, db):
             raise MongoError(251, f"Transaction with {{ txnNumber: {txn.txn_number} }} has "
                              "been aborted.", labels=["TransientTransactionError"])
         store.abort_transaction(txn)
-    return {}
+    return write_concern.add_to_reply({}, wc)
 
 
 def _finish_retry(retry: _Retry) -> None:
@@ -300,6 +302,7 @@ async def insert(server, conn, cmd, db):
     store = get_store(server)
     coll = coll_arg(cmd, "insert")
     docs = _documents(cmd, "insert", "documents")
+    wc = write_concern.parse(cmd)
     ordered = cmd.get("ordered", True) is not False
     validate = cmd.get("bypassDocumentValidation") is not True
     n, errors = 0, []
@@ -324,7 +327,7 @@ async def insert(server, conn, cmd, db):
             retry.record(stmt_id, True)
             n += 1
         _finish_retry(retry)
-    return _write_reply(store, n, errors)
+    return write_concern.add_to_reply(_write_reply(store, n, errors), wc)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -502,6 +505,7 @@ async def update(server, conn, cmd, db):
     store = get_store(server)
     coll = coll_arg(cmd, "update")
     updates = _documents(cmd, "update", "updates")
+    wc = write_concern.parse(cmd)
     ordered = cmd.get("ordered", True) is not False
     n = modified = 0
     upserted: list[dict[str, Any]] = []
@@ -532,7 +536,7 @@ async def update(server, conn, cmd, db):
     if upserted:
         reply["upserted"] = upserted
     reply["nModified"] = modified
-    return reply
+    return write_concern.add_to_reply(reply, wc)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -544,6 +548,7 @@ async def delete(server, conn, cmd, db):
     store = get_store(server)
     coll = coll_arg(cmd, "delete")
     deletes = _documents(cmd, "delete", "deletes")
+    wc = write_concern.parse(cmd)
     ordered = cmd.get("ordered", True) is not False
     n, errors = 0, []
     with store.batch():
@@ -578,7 +583,7 @@ async def delete(server, conn, cmd, db):
                 continue
             n += done
         _finish_retry(retry)
-    return _write_reply(store, n, errors)
+    return write_concern.add_to_reply(_write_reply(store, n, errors), wc)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -629,6 +634,7 @@ async def find_and_modify(server, conn, cmd, db):
     upsert = cmd.get("upsert") is True
     fields = cmd.get("fields")
     validate = cmd.get("bypassDocumentValidation") is not True
+    wc = write_concern.parse(cmd)
     if remove and u is not None:
         raise MongoError(9, "Cannot specify both an update and remove=true")
     if not remove and u is None:
@@ -680,7 +686,7 @@ async def find_and_modify(server, conn, cmd, db):
                 reply = {"lastErrorObject": {"n": 0, "updatedExisting": False}, "value": None}
         retry.record(0, reply)
         _finish_retry(retry)
-    return reply
+    return write_concern.add_to_reply(reply, wc)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,87 @@
+"""Write concern as a single-member replica-set primary (mongod 8.0) takes it.
+
+The store is the only data-bearing member, so `w: 1`, `w: "majority"` and `w: 0` are all
+satisfied when the write is (durably, `persist.py` commits before the reply); `j` is accepted.
+What one member cannot satisfy is reported the way mongod reports it: the write is applied and
+the reply is `ok: 1` with a `writeConcernError`; a malformed write concern fails the command
+before it runs (9 FailedToParse).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pipeline_stages.errors import CODE_NAMES, MongoError
+from pipeline_stages.value_string import type_name
+
+CODE_NAMES.setdefault(79, "UnknownReplWriteConcern")
+CODE_NAMES.setdefault(100, "UnsatisfiableWriteConcern")
+
+MAX_MEMBERS = 50  # kMaxReplSetMembers
+MEMBERS = 1  # data-bearing members of the (single-member) replica set
+
+
+def parse(cmd: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The command's `writeConcern` checked as mongod's WriteConcernOptions::parse checks it;
+    None when absent."""
+    wc = cmd.get("writeConcern")
+    if wc is None:
+        return None
+    if not isinstance(wc, Mapping):
+        raise MongoError(
+            14, f"BSON field 'writeConcern' is the wrong type '{type_name(wc)}', expected type "
+            "'object'",
+        )
+    if "w" in wc:
+        w = wc["w"]
+        if isinstance(w, bool) or not isinstance(w, (int, float, str)):
+            raise MongoError(9, "w has to be a number or string")
+        if not isinstance(w, str) and (w < 0 or w > MAX_MEMBERS):
+            raise MongoError(
+                9, f"w has to be a non-negative number and not greater than {MAX_MEMBERS}; "
+                f"found: {_number(w)}",
+            )
+    for name in ("j", "fsync"):
+        value = wc.get(name)
+        if value is not None and not isinstance(value, (bool, int, float)):
+            raise MongoError(9, f"{name} must be numeric or a boolean value")
+    wtimeout = wc.get("wtimeout", wc.get("wtimeoutMS"))
+    if wtimeout is not None and (isinstance(wtimeout, bool) or not isinstance(
+        wtimeout, (int, float)
+    )):
+        raise MongoError(9, "wtimeout must be a number")
+    if wc.get("j") and wc.get("fsync"):
+        raise MongoError(9, "fsync and j options cannot be used together")
+    return dict(wc)
+
+
+def _number(w: Any) -> str:
+    return str(int(w)) if float(w) == int(w) else str(w)
+
+
+def error_for(wc: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The `writeConcernError` a satisfied write gets under `wc` on a one-member set."""
+    if wc is None or "w" not in wc:
+        return None
+    w = wc["w"]
+    if isinstance(w, str):
+        if w == "majority":
+            return None
+        code, msg = 79, f"No write concern mode named '{w}' found in replica set configuration"
+    elif w <= MEMBERS:
+        return None
+    else:
+        code, msg = 100, "Not enough data-bearing nodes"
+    shown: dict[str, Any] = {"w": w}
+    if "j" in wc:
+        shown["j"] = wc["j"]
+    shown["wtimeout"] = int(wc.get("wtimeout", 0) or 0)
+    shown["provenance"] = "clientSupplied"
+    return {"code": code, "codeName": CODE_NAMES[code], "errmsg": msg,
+            "errInfo": {"writeConcern": shown}}
+
+
+def add_to_reply(reply: dict[str, Any], wc: Mapping[str, Any] | None) -> dict[str, Any]:
+    err = error_for(wc)
+    return reply if err is None else {**reply, "writeConcernError": err}
