@@ -99,6 +99,7 @@ def open_embedded(config: Config):
         oplog_size_bytes=sc.oplog_size_mb * 1024 * 1024,
         txn_oplog_entry_bytes=sc.txn_oplog_entry_bytes,
         txn_oplog_entry_ops=sc.txn_oplog_entry_ops,
+        ttl_monitor_sleep_secs=sc.ttl_monitor_sleep_secs,
     )
     if not sc.in_memory:
         log.info("embedded store in %s", sc.data_dir)

@@ -57,6 +57,7 @@ class StoreConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # A transaction's applyOps is split into entries chained with partialTxn past these.
     txn_oplog_entry_bytes: int = 16 * 1024 * 1024
     txn_oplog_entry_ops: int = 2_147_483_647
+    ttl_monitor_sleep_secs: float = 60.0  # TTL index pass interval (mongod's); 0: off
 
 
 class UpstreamConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

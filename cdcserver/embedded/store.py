@@ -16,6 +16,7 @@ durable) together when the batch ends, before the reply is sent.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime
 import threading
@@ -99,6 +100,18 @@ def ordered_options(options: Mapping[str, Any]) -> dict[str, Any]:
     if out.get("changeStreamPreAndPostImages", {}).get("enabled") is False:
         del out["changeStreamPreAndPostImages"]  # toBSON leaves out a disabled option
     return out
+
+
+BATCHED_DELETES_TARGET_DOCS = 100  # mongod's batchedDeletesTargetBatchDocs
+
+
+def _ttl_date(doc: Mapping[str, Any], path: str) -> datetime.datetime | None:
+    """The date a TTL index reads from `doc`: the field's date, or an array's earliest one."""
+    values = _path_values(doc, path.split("."))
+    dates = [v for v in values if isinstance(v, datetime.datetime)]
+    if not dates:
+        return None
+    return min(d.replace(tzinfo=None) for d in dates)
 
 
 def _now_ms() -> datetime.datetime:
@@ -382,7 +395,11 @@ class Store(EntryList):
         oplog_size_bytes: int = 1024 * 1024 * 1024,
         txn_oplog_entry_bytes: int = MAX_BSON,
         txn_oplog_entry_ops: int = TXN_OPLOG_ENTRY_OPS,
+        ttl_monitor_sleep_secs: float = 60.0,
     ) -> None:
+        # mongod's TTL monitor pass interval (ttlMonitorSleepSecs); 0 turns the monitor off.
+        self.ttl_monitor_sleep_secs = ttl_monitor_sleep_secs
+        self._ttl_task: asyncio.Task[None] | None = None
         # How mongod splits a transaction into applyOps entries: BSONObjMaxUserSize and the
         # maxNumberOfTransactionOperationsInSingleOplogEntry server parameter.
         self.txn_oplog_entry_bytes = txn_oplog_entry_bytes
@@ -461,8 +478,80 @@ class Store(EntryList):
             known[1]["__prev__"] = entry["ts"]
 
     def close(self) -> None:
+        task = self._ttl_task
+        if task is not None and not task.done():
+            with contextlib.suppress(RuntimeError):  # its loop is already closed
+                task.get_loop().call_soon_threadsafe(task.cancel)
         if self.persist is not None:
             self.persist.close()
+
+    # -- the TTL monitor ------------------------------------------------------------------------
+
+    def _start_ttl_monitor(self) -> None:
+        """Started by the first command on the server's loop (the store runs on that loop)."""
+        if self._ttl_task is not None or self.ttl_monitor_sleep_secs <= 0:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._ttl_task = loop.create_task(self._ttl_monitor())
+
+    async def _ttl_monitor(self) -> None:
+        while True:
+            await asyncio.sleep(self.ttl_monitor_sleep_secs)
+            self.ttl_pass()
+
+    def ttl_pass(self, now: datetime.datetime | None = None) -> int:
+        """One TTL monitor pass: delete the documents whose TTL index date is past
+        `expireAfterSeconds` (the earliest date of an array; non-dates never expire). As mongod
+        8.0 does it: deletes batched per index into one `applyOps` entry (without lsid) of up to
+        `batchedDeletesTargetBatchDocs` (100), a batch of one as a plain delete entry, and one
+        delete entry per document on collections with pre-images (their deletes are not
+        batched). Returns the number of documents deleted."""
+        now = (now or datetime.datetime.now(datetime.UTC)).replace(tzinfo=None)
+        deleted = 0
+        with self.batch():
+            if self.txn is not None:
+                return 0
+            for c in list(self.catalog.values()):
+                for spec in list(c.indexes[1:]):
+                    expire = spec.get("expireAfterSeconds")
+                    if expire is None or len(spec["key"]) != 1:
+                        continue
+                    field_path = next(iter(spec["key"]))
+                    limit = now - datetime.timedelta(seconds=float(expire))
+                    expired = []
+                    for doc in self.documents(c).values():
+                        when = _ttl_date(doc, field_path)
+                        if when is not None and when <= limit:
+                            expired.append((when, doc))
+                    expired.sort(key=lambda pair: pair[0])  # the index's order
+                    docs = [doc for _, doc in expired]
+                    if c.pre_images:
+                        for doc in docs:
+                            self.delete_document(c, doc)
+                    else:
+                        for i in range(0, len(docs), BATCHED_DELETES_TARGET_DOCS):
+                            self._batched_delete(c, docs[i:i + BATCHED_DELETES_TARGET_DOCS])
+                    deleted += len(docs)
+        return deleted
+
+    def _batched_delete(self, c: Collection, docs: list[dict[str, Any]]) -> None:
+        if len(docs) == 1:
+            self.delete_document(c, docs[0])
+            return
+        batch = Txn({}, -1)  # collects the deletes as a transaction collects its operations
+        self.txn = batch
+        try:
+            for doc in docs:
+                self.delete_document(c, doc)
+        finally:
+            self.txn = None
+        self.log("c", "admin.$cmd", {"applyOps": batch.ops})
+        if self.persist is not None:
+            for uuid, key, _ in batch.persist:
+                self.persist.delete_document(uuid, key)
 
     # -- batches --------------------------------------------------------------------------------
 
@@ -470,6 +559,8 @@ class Store(EntryList):
     def batch(self) -> Iterator[None]:
         """One command's writes: durable and visible together when the outermost batch ends."""
         with self._lock:
+            if self._ttl_task is None:
+                self._start_ttl_monitor()
             self._depth += 1
             try:
                 yield
