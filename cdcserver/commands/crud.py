@@ -320,6 +320,8 @@ async def insert(server, conn, cmd, db):
                     c = store.ensure_collection(db, coll)
                 store.insert_document(c, doc, retry.session, stmt_id, validate=validate)
             except MongoError as err:
+                if err.code == 112:  # a transaction's write conflict fails the command
+                    raise
                 errors.append(_write_error(i, err))
                 if ordered:
                     break
@@ -494,7 +496,9 @@ def executor_errors(command_name: str) -> Iterator[None]:
     try:
         yield
     except MongoError as err:
-        if command_name != "update" or err.code not in _UNWRAPPED_IN_UPDATE:
+        if err.code != 112 and (
+            command_name != "update" or err.code not in _UNWRAPPED_IN_UPDATE
+        ):
             err.errmsg = f"Plan executor error during {command_name} :: caused by :: {err.errmsg}"
             err.args = (err.errmsg,)
         raise
@@ -522,6 +526,8 @@ async def update(server, conn, cmd, db):
                     )
                     retry.record(i, done)
             except MongoError as err:
+                if err.code == 112:  # a transaction's write conflict fails the command
+                    raise
                 errors.append(_write_error(i, err))
                 if ordered:
                     break
@@ -577,6 +583,8 @@ async def delete(server, conn, cmd, db):
                     done = len(docs)
                     retry.record(i, done)
             except MongoError as err:
+                if err.code == 112:  # a transaction's write conflict fails the command
+                    raise
                 errors.append(_write_error(i, err))
                 if ordered:
                     break

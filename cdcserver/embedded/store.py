@@ -350,6 +350,8 @@ class Txn:
     # natural order of a collection before the transaction's first delete in it
     order: dict[int, list[bytes]] = field(default_factory=dict)
     state: str = "in progress"  # | committed | aborted
+    # (collection uuid, document key) of each document it wrote: its write locks
+    keys: set[tuple[bytes, bytes]] = field(default_factory=set)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -423,6 +425,8 @@ class Store(EntryList):
         self._pre_image_meta: dict[bytes, tuple[dict[str, Any], datetime.datetime]] = {}
         self.txn: Txn | None = None  # the transaction of the command running now
         self.txns: dict[bytes, Txn] = {}  # lsid id -> its latest transaction
+        # (collection uuid, document key) -> the transaction in progress that wrote it
+        self._owners: dict[tuple[bytes, bytes], Txn] = {}
         self.persist = Persistence(data_dir, synchronous) if data_dir else None
         if self.persist is not None:
             self._load()
@@ -972,12 +976,34 @@ class Store(EntryList):
 
     # -- document writes ------------------------------------------------------------------------
 
+    def _check_write_conflict(self, c: Collection, key: bytes) -> None:
+        """A transaction writing a document another transaction in progress has written gets
+        112 WriteConflict with TransientTransactionError, and is aborted, as on mongod (the
+        first writer wins)."""
+        owner = self._owners.get((c.uuid, key))
+        if owner is None or owner.state != "in progress" or owner is self.txn:
+            return
+        if self.txn is not None:
+            self.abort_transaction(self.txn)
+            raise MongoError(
+                112, "Write conflict during plan execution and yielding is disabled. :: Please "
+                "retry your operation or multi-document transaction.",
+                labels=["TransientTransactionError"],
+            )
+
+    def _release(self, txn: Txn) -> None:
+        for k in txn.keys:
+            if self._owners.get(k) is txn:
+                del self._owners[k]
+        txn.keys.clear()
+
     def insert_document(
         self, c: Collection, doc: dict[str, Any], session: OpSession | None = None,
         stmt_id: int | None = None, validate: bool = False,
     ) -> None:
         """Insert one document (`_id` first, normalized). Raises DuplicateKeyError."""
         key = id_key(doc["_id"])
+        self._check_write_conflict(c, key)
         docs = self.documents(c)
         if validate:
             c.check_valid(doc)
@@ -1024,6 +1050,7 @@ class Store(EntryList):
             )
         if len(post_raw) > MAX_BSON:
             raise MongoError(17419, f"Resulting document after update is larger than {MAX_BSON}")
+        self._check_write_conflict(c, id_key(pre["_id"]))
         if validate:
             c.check_valid(post, pre)
         key = id_key(pre["_id"])
@@ -1043,6 +1070,7 @@ class Store(EntryList):
         stmt_id: int | None = None,
     ) -> None:
         key = id_key(pre["_id"])
+        self._check_write_conflict(c, key)
         ts, wall = self.log("d", c.ns, {"_id": pre["_id"]}, ui=c.ui, session=session,
                             stmt_id=stmt_id)
         if c.pre_images:
@@ -1059,6 +1087,9 @@ class Store(EntryList):
         self, c: Collection, key: bytes, raw: bytes | None, pre: dict[str, Any] | None
     ) -> None:
         if self.txn is not None:
+            if self.txn.lsid:  # a transaction (not a batched write) locks what it writes
+                self.txn.keys.add((c.uuid, key))
+                self._owners[(c.uuid, key)] = self.txn
             if raw is None and id(c) not in self.txn.order:
                 self.txn.order[id(c)] = list(self.documents(c))
             self.txn.undo.append((c, key, pre))
@@ -1111,6 +1142,7 @@ class Store(EntryList):
         if txn.state != "in progress":
             return
         txn.state = "committed"
+        self._release(txn)
         if not txn.ops:
             return
         session = OpSession(txn.lsid, txn.txn_number)
@@ -1142,6 +1174,7 @@ class Store(EntryList):
         if txn.state != "in progress":
             return
         txn.state = "aborted"
+        self._release(txn)
         touched: dict[int, Collection] = {}
         for c, key, pre in reversed(txn.undo):
             if self.catalog.get((c.db, c.name)) is not c:
