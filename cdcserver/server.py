@@ -77,6 +77,9 @@ class Server:
         follow = getattr(self.state.log, "follow", None)
         if self.state.follow and follow is not None:
             self._background.append(asyncio.create_task(follow()))
+        ttl_monitor = getattr(self.state.store, "ttl_monitor", None)
+        if ttl_monitor is not None:
+            self._background.append(asyncio.create_task(ttl_monitor()))
         log.info("listening on %s:%d", host, bound)
         return bound
 

@@ -100,3 +100,20 @@ def test_change_streams_see_ttl_deletes(server, client):
         ("delete", {"_id": 1}), ("delete", {"_id": 2}),
     ]
     assert events[0]["clusterTime"] == events[1]["clusterTime"]
+
+
+def test_the_monitor_runs_on_its_own_and_stops_with_the_server():
+    # A running server's monitor (here every 50 ms) deletes an expired document by itself; a
+    # change stream sees the delete, so the test waits on the event, not on a clock.
+    s = EmbeddedServer(ttl_monitor_sleep_secs=0.05)
+    try:
+        with s.client() as c:
+            coll = c.ttl.auto
+            coll.create_index("at", expireAfterSeconds=0)
+            with coll.watch(max_await_time_ms=200) as stream:
+                coll.insert_one({"_id": 1, "at": T0})
+                ops = [stream.next()["operationType"] for _ in range(2)]
+            assert ops == ["insert", "delete"]
+            assert coll.count_documents({}) == 0
+    finally:
+        s.stop()

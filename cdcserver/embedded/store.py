@@ -401,7 +401,6 @@ class Store(EntryList):
     ) -> None:
         # mongod's TTL monitor pass interval (ttlMonitorSleepSecs); 0 turns the monitor off.
         self.ttl_monitor_sleep_secs = ttl_monitor_sleep_secs
-        self._ttl_task: asyncio.Task[None] | None = None
         # How mongod splits a transaction into applyOps entries: BSONObjMaxUserSize and the
         # maxNumberOfTransactionOperationsInSingleOplogEntry server parameter.
         self.txn_oplog_entry_bytes = txn_oplog_entry_bytes
@@ -482,26 +481,16 @@ class Store(EntryList):
             known[1]["__prev__"] = entry["ts"]
 
     def close(self) -> None:
-        task = self._ttl_task
-        if task is not None and not task.done():
-            with contextlib.suppress(RuntimeError):  # its loop is already closed
-                task.get_loop().call_soon_threadsafe(task.cancel)
         if self.persist is not None:
             self.persist.close()
 
     # -- the TTL monitor ------------------------------------------------------------------------
 
-    def _start_ttl_monitor(self) -> None:
-        """Started by the first command on the server's loop (the store runs on that loop)."""
-        if self._ttl_task is not None or self.ttl_monitor_sleep_secs <= 0:
+    async def ttl_monitor(self) -> None:
+        """mongod's TTL monitor: a pass every `ttl_monitor_sleep_secs`. The server runs it among
+        its background tasks (the store lives on the server's loop) and cancels it at close."""
+        if self.ttl_monitor_sleep_secs <= 0:
             return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        self._ttl_task = loop.create_task(self._ttl_monitor())
-
-    async def _ttl_monitor(self) -> None:
         while True:
             await asyncio.sleep(self.ttl_monitor_sleep_secs)
             self.ttl_pass()
@@ -563,8 +552,6 @@ class Store(EntryList):
     def batch(self) -> Iterator[None]:
         """One command's writes: durable and visible together when the outermost batch ends."""
         with self._lock:
-            if self._ttl_task is None:
-                self._start_ttl_monitor()
             self._depth += 1
             try:
                 yield
