@@ -20,25 +20,19 @@ requirement is (resource, actions); a role grants actions on a resource pattern.
 from __future__ import annotations
 
 import base64
-import datetime
 import hashlib
 import hmac
 import os
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import bson
-from bson.binary import Binary
-from bson.int64 import Int64
-from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
-from bson.regex import Regex
-from bson.timestamp import Timestamp
 
 from cdcserver.config import AuthConfig, ScramCredentials
 from pipeline_stages.errors import MongoError
+from pipeline_stages.value_string import bson_obj_string
 
 SCRAM_SHA_1 = "SCRAM-SHA-1"
 SCRAM_SHA_256 = "SCRAM-SHA-256"
@@ -552,60 +546,12 @@ def is_authorized(users: Sequence[User], requirements: list[Requirement] | None)
 # -- mongod's BSONObj::toString, quoted in "not authorized" messages ---------------------------
 
 
-def _number(x: float) -> str:
-    if x != x or x in (float("inf"), float("-inf")):
-        return {"nan": "nan", "inf": "inf", "-inf": "-inf"}[repr(x)]
-    if x == int(x) and abs(x) < 1e16:
-        return f"{int(x)}.0"  # appendDoubleNice
-    return repr(x)
-
-
-def bson_string(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, (int, Int64)):
-        return str(int(value))
-    if isinstance(value, float):
-        return _number(value)
-    if isinstance(value, Mapping):
-        if not value:
-            return "{}"
-        return "{ " + ", ".join(f"{k}: {bson_string(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, (list, tuple)):
-        if not value:
-            return "[]"
-        return "[ " + ", ".join(bson_string(v) for v in value) + " ]"
-    if isinstance(value, uuid.UUID):
-        return f'UUID("{value}")'
-    if isinstance(value, Binary) and value.subtype == 4 and len(value) == 16:
-        return f'UUID("{uuid.UUID(bytes=bytes(value))}")'
-    if isinstance(value, (bytes, Binary)):
-        subtype = value.subtype if isinstance(value, Binary) else 0
-        return f"BinData({subtype}, {bytes(value).hex().upper()})"
-    if isinstance(value, ObjectId):
-        return f"ObjectId('{value}')"
-    if isinstance(value, Timestamp):
-        return f"Timestamp({value.time}, {value.inc})"
-    if isinstance(value, datetime.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=datetime.UTC)
-        ms = int(value.timestamp() * 1000)
-        return f"new Date({ms})"
-    if isinstance(value, Regex):
-        return f"/{value.pattern}/{value.flags if isinstance(value.flags, str) else ''}"
-    return str(value)
-
-
 def unauthenticated(name: str) -> AuthError:
     return AuthError(13, f"Command {name} requires authentication")
 
 
 def unauthorized(db: str, cmd: Mapping[str, Any]) -> AuthError:
-    return AuthError(13, f"not authorized on {db} to execute command {bson_string(cmd)}")
+    return AuthError(13, f"not authorized on {db} to execute command {bson_obj_string(cmd)}")
 
 
 @dataclass

@@ -131,3 +131,54 @@ def type_name(value: object) -> str:
     if isinstance(value, MaxKey):
         return "maxKey"
     return type(value).__name__
+
+
+def _nice_double(x: float) -> str:
+    if x != x or x in (float("inf"), float("-inf")):
+        return {"nan": "nan", "inf": "inf", "-inf": "-inf"}[repr(x)]
+    if x == int(x) and abs(x) < 1e16:
+        return f"{int(x)}.0"  # appendDoubleNice
+    return repr(x)
+
+
+def bson_obj_string(value: object) -> str:
+    """BSONObj::toString(), as mongod quotes documents in command-level messages (duplicate
+    keys, "not authorized ... command { ... }", index specs): `{ a: 1, b: "x" }`, spaced,
+    unlike the `Document` stream above."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (int, Int64)):
+        return str(int(value))
+    if isinstance(value, float):
+        return _nice_double(value)
+    if isinstance(value, Mapping):
+        if not value:
+            return "{}"
+        return "{ " + ", ".join(f"{k}: {bson_obj_string(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return "[]"
+        return "[ " + ", ".join(bson_obj_string(v) for v in value) + " ]"
+    if isinstance(value, uuid.UUID):
+        return f'UUID("{value}")'
+    if isinstance(value, Binary) and value.subtype == 4 and len(value) == 16:
+        return f'UUID("{uuid.UUID(bytes=bytes(value))}")'
+    if isinstance(value, (bytes, Binary)):
+        subtype = value.subtype if isinstance(value, Binary) else 0
+        return f"BinData({subtype}, {bytes(value).hex().upper()})"
+    if isinstance(value, ObjectId):
+        return f"ObjectId('{value}')"
+    if isinstance(value, Timestamp):
+        return f"Timestamp({value.time}, {value.inc})"
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.UTC)
+        ms = int(value.timestamp() * 1000)
+        return f"new Date({ms})"
+    if isinstance(value, Regex):
+        return f"/{value.pattern}/{_regex_flags(value.flags)}"
+    return str(value)

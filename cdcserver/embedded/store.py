@@ -47,6 +47,7 @@ from pipeline_stages.image_source import (
     pre_image_id,
 )
 from pipeline_stages.oplog_entry import decode_entry
+from pipeline_stages.value_string import bson_obj_string
 
 try:  # mongod's $v:2 diff, written by update_diff.py
     from cdcserver.embedded.update_diff import (  # type: ignore[attr-defined]
@@ -123,39 +124,8 @@ def _now_ms() -> datetime.datetime:
 # mongod's BSONObj::toString, as DuplicateKey messages print keys
 
 
-def bson_string(value: Any) -> str:
-    from bson.objectid import ObjectId
-
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, str):
-        return '"' + value.replace('"', '\\"') + '"'
-    if isinstance(value, float):
-        return repr(value) if value != int(value) or abs(value) >= 1e16 else f"{value:.1f}"
-    if isinstance(value, int):
-        return str(int(value))
-    if isinstance(value, Mapping):
-        if not value:
-            return "{}"
-        return "{ " + ", ".join(f"{k}: {bson_string(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, (list, tuple)):
-        if not value:
-            return "[]"
-        return "[ " + ", ".join(bson_string(v) for v in value) + " ]"
-    if isinstance(value, ObjectId):
-        return f"ObjectId('{value}')"
-    if isinstance(value, datetime.datetime):
-        return f"new Date({int(bson.datetime_ms.DatetimeMS(value))})"
-    if isinstance(value, Binary) and value.subtype == 4:
-        return f'UUID("{uuid_module.UUID(bytes=bytes(value))}")'
-    if isinstance(value, (Binary, bytes)):
-        subtype = value.subtype if isinstance(value, Binary) else 0
-        return f"BinData({subtype}, {bytes(value).hex().upper()})"
-    if isinstance(value, Timestamp):
-        return f"Timestamp({value.time}, {value.inc})"
-    return str(value)
+# Documents quoted in command-level messages (duplicate keys, index specs): BSONObj::toString.
+bson_string = bson_obj_string
 
 
 class DocumentValidationError(MongoError):
