@@ -104,6 +104,8 @@ def type_name(value: object) -> str:
         return "int" if -(2**31) <= value < 2**31 else "long"
     if isinstance(value, float):
         return "double"
+    if isinstance(value, Code):  # before str: pymongo's Code is a str subclass
+        return "javascript" if value.scope is None else "javascriptWithScope"
     if isinstance(value, str):
         return "string"
     if isinstance(value, Mapping):

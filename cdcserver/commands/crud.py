@@ -26,6 +26,7 @@ from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
 from cdcserver.commands import oplog_find, write_concern
+from cdcserver.commands.arguments import array_arg, is_string
 from cdcserver.commands.handshake import _ELECTION_ID
 from cdcserver.commands.registry import command, int_arg
 from cdcserver.embedded import engine
@@ -58,7 +59,7 @@ def get_store(server: Any) -> Store:
 
 def coll_arg(cmd: Mapping[str, Any], name: str) -> str:
     value = cmd.get(name)
-    if not isinstance(value, str):
+    if not is_string(value):
         raise MongoError(
             73 if value is not None else 40414,
             f"collection name has invalid type {type_name(value)}",
@@ -457,7 +458,7 @@ def run_update_statement(
     u = spec["u"]
     multi = spec.get("multi") is True
     upsert = spec.get("upsert") is True
-    array_filters = spec.get("arrayFilters")
+    array_filters = array_arg(spec, "arrayFilters", "update.updates", of="object")
     kind = _update_kind(u)
     if multi and kind == "replacement":
         raise MongoError(9, "multi update is not supported for replacement-style update")
@@ -670,7 +671,7 @@ async def find_and_modify(server, conn, cmd, db):
                          "value": project(store, db, coll, pre, fields)}
         else:
             kind = _update_kind(u)
-            array_filters = cmd.get("arrayFilters")
+            array_filters = array_arg(cmd, "arrayFilters", "findAndModify", of="object")
             if pre is not None:
                 assert c is not None
                 with executor_errors("findAndModify"):
@@ -1008,7 +1009,7 @@ async def distinct(server, conn, cmd, db):
     store = get_store(server)
     coll = coll_arg(cmd, "distinct")
     key = cmd.get("key")
-    if not isinstance(key, str):
+    if not is_string(key):
         raise MongoError(
             14 if key is not None else 40414,
             "BSON field 'distinct.key' is missing but a required field" if key is None else
@@ -1050,7 +1051,7 @@ async def aggregate(server, conn, cmd, db):
     batch_size = None
     if isinstance(cursor_doc, Mapping) and cursor_doc.get("batchSize") is not None:
         batch_size = _int(cursor_doc, "batchSize", "aggregate.cursor")
-    if not isinstance(target, str):
+    if not is_string(target):
         raise MongoError(
             73, "{aggregate: 1} is not valid for '$match'; a collection is required."
         )
@@ -1118,7 +1119,7 @@ def _write_out(store: Store, db: str, stage: Mapping[str, Any], results: list[An
         out_db, out_coll = arg.get("db", db), arg.get("coll")
     else:
         out_db, out_coll = db, arg
-    if not isinstance(out_coll, str) or not out_coll:
+    if not is_string(out_coll) or not out_coll or not is_string(out_db):
         raise MongoError(16990, "$out only supports a string or object argument")
     tmp = store.create_collection(out_db, f"tmp.agg_out.{uuid.uuid4()}", {})
     target = store.get(out_db, out_coll)

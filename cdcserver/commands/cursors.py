@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bson.int64 import Int64
 
+from cdcserver.commands.arguments import is_string, wrong_type
 from cdcserver.commands.registry import COMMANDS, command, int_arg
 from cdcserver.cursors import ChangeStreamCursor, cursor_reply
 from pipeline_stages.errors import MongoError
@@ -77,8 +78,10 @@ async def get_more(server, conn, cmd, db):
             "expected type 'long'",
         )
     coll = cmd.get("collection")
-    if not isinstance(coll, str):
+    if coll is None:
         raise MongoError(40414, "BSON field 'getMore.collection' is missing but a required field")
+    if not is_string(coll):
+        raise wrong_type("getMore.collection", coll, "string")
     batch_size = int_arg(cmd, "batchSize", "getMore")
     max_time_ms = int_arg(cmd, "maxTimeMS", "getMore")
     other = COMMANDS.get("$getMore")  # the embedded store's find/aggregate cursors

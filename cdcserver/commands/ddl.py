@@ -12,6 +12,7 @@ from bson.int64 import Int64
 
 from cdcserver.commands import cursors as _cursors  # noqa: F401  (its "aggregate" is wrapped)
 from cdcserver.commands import oplog_find
+from cdcserver.commands.arguments import cursor_batch_size, is_string, object_arg
 from cdcserver.commands.crud import coll_arg, cursor_first_batch, get_store
 from cdcserver.commands.registry import COMMANDS, command
 from cdcserver.embedded import engine
@@ -359,7 +360,7 @@ async def rename_collection(server, conn, cmd, db):
         raise MongoError(13, "renameCollection may only be run against the admin database.")
     source, target = cmd.get("renameCollection"), cmd.get("to")
     for name, value in (("renameCollection", source), ("to", target)):
-        if not isinstance(value, str):
+        if not is_string(value):
             raise MongoError(
                 14, f"BSON field 'renameCollection.{name}' is the wrong type "
                 f"'{type_name(value)}', expected type 'string'",
@@ -419,7 +420,7 @@ def normalize_index_spec(raw: Any) -> dict[str, Any]:
                          "Index keys cannot be an empty field." if isinstance(key, Mapping)
                          else "The 'key' field is a required property of an index specification")
     name = raw.get("name")
-    if not isinstance(name, str) or not name:
+    if not is_string(name) or not name:
         raise MongoError(9, "The 'name' field is a required property of an index specification")
     for k in raw:
         if k not in ("key", "name", "v", "_id", "dropDups") and k not in _INDEX_OPTIONS:
@@ -564,9 +565,7 @@ async def list_indexes(server, conn, cmd, db):
     if c is None:
         store.check_not_view(db, coll)
         raise _ns_not_found(f"{db}.{coll}")
-    batch_size = None
-    if isinstance(cmd.get("cursor"), Mapping) and cmd["cursor"].get("batchSize") is not None:
-        batch_size = int(cmd["cursor"]["batchSize"])
+    batch_size = cursor_batch_size(cmd, "listIndexes")
     return cursor_first_batch(server, f"{db}.$cmd.listIndexes.{coll}",
                               [dict(s) for s in c.indexes], batch_size)
 
@@ -588,7 +587,7 @@ def _find_index(c: Collection, spec: Mapping[str, Any]) -> dict[str, Any]:
             raise MongoError(27, f"cannot find index {spec['name']} for ns {c.ns}")
         return found
     if "keyPattern" in spec:
-        key = dict(spec["keyPattern"])
+        key = dict(object_arg(spec, "keyPattern", "collMod.index") or {})
         found = next((s for s in c.indexes if dict(s["key"]) == key), None)
         if found is None:
             raise MongoError(27, f"cannot find index {bson_string(key)} for ns {c.ns}")
@@ -723,7 +722,7 @@ async def list_collections(server, conn, cmd, db):
     if getattr(server, "store", None) is None and _OPLOG_LIST_COLLECTIONS is not None:
         return await _OPLOG_LIST_COLLECTIONS(server, conn, cmd, db)
     store = get_store(server)
-    filter_doc = cmd.get("filter") or {}
+    filter_doc = object_arg(cmd, "filter", "listCollections") or {}
     name_only = cmd.get("nameOnly") is True
     out = []
     infos = [collection_info(c) for c in store.collections_of(db)]
@@ -735,9 +734,7 @@ async def list_collections(server, conn, cmd, db):
         if filter_doc and not engine.matches(filter_doc, info):
             continue
         out.append({"name": info["name"], "type": info["type"]} if name_only else info)
-    batch_size = None
-    if isinstance(cmd.get("cursor"), Mapping) and cmd["cursor"].get("batchSize") is not None:
-        batch_size = int(cmd["cursor"]["batchSize"])
+    batch_size = cursor_batch_size(cmd, "listCollections")
     return cursor_first_batch(server, f"{db}.$cmd.listCollections", out, batch_size)
 
 
@@ -762,7 +759,7 @@ async def list_databases(server, conn, cmd, db):
         size = _db_size(store, name) + 4096 * max(1, len(store.collections_of(name)))
         total += size
         dbs.append({"name": name, "sizeOnDisk": Int64(size), "empty": False})
-    filter_doc = cmd.get("filter")
+    filter_doc = object_arg(cmd, "filter", "listDatabases")
     if filter_doc:
         dbs = [d for d in dbs if engine.matches(filter_doc, d)]
     if cmd.get("nameOnly"):

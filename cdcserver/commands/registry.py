@@ -15,7 +15,7 @@ from bson.binary import Binary
 from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 
-from cdcserver.commands import failpoints
+from cdcserver.commands import arguments, failpoints
 from cdcserver.context import ConnectionState, ServerState
 from pipeline_stages.errors import MongoError
 
@@ -33,19 +33,9 @@ _ZERO_SIGNATURE = {"hash": Binary(bytes(20), 0), "keyId": Int64(0)}
 
 
 def int_arg(cmd: Any, name: str, where: str, default: Any = None) -> Any:
-    """A numeric command argument as int (`default` when absent or null), or mongod's 14."""
-    value = cmd.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        from pipeline_stages.value_string import type_name
-
-        raise MongoError(
-            14,
-            f"BSON field '{where}.{name}' is the wrong type '{type_name(value)}', expected types "
-            "'[long, int, decimal, double]'",
-        )
-    return int(value)
+    """A numeric command argument (IDL `safeInt64`) as int (`default` when absent or null), or
+    mongod's 14; NaN and infinities convert as mongod's safeNumberLong does."""
+    return arguments.safe_int_arg(cmd, name, where, default)
 
 
 def command(*names: str) -> Callable[[Handler], Handler]:
@@ -121,7 +111,8 @@ async def run_command(
 ) -> dict[str, Any]:
     name = next(iter(cmd), "")
     db = cmd.get("$db", "admin")
-    handler = COMMANDS.get(name)
+    # "$"-names are internal hooks between handlers, not commands a client may call.
+    handler = COMMANDS.get(name) if not name.startswith("$") else None
     proxy = COMMANDS.get("$proxy")  # `serve --upstream`: what cdcserver does not answer itself
     if proxy is not None and proxy.forwards(server, name, cmd):
         handler = proxy
@@ -138,6 +129,7 @@ async def run_command(
             await pending
         if handler is None:
             raise MongoError(59, f"no such command: '{name}'")
+        arguments.check_session_arguments(cmd)  # lsid, txnNumber...: typed for every command
         reply = await handler(server, conn, cmd, db)
         if server.auth is not None:
             reply = server.auth.after_command(

@@ -9,9 +9,11 @@ before it runs (9 FailedToParse).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
+from cdcserver.commands.arguments import safe_long
 from pipeline_stages.errors import CODE_NAMES, MongoError
 from pipeline_stages.value_string import type_name
 
@@ -57,6 +59,8 @@ def parse(cmd: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def _number(w: Any) -> str:
+    if isinstance(w, float) and not math.isfinite(w):
+        return str(safe_long(w))  # mongod prints safeNumberLong's clamp of ±inf
     return str(int(w)) if float(w) == int(w) else str(w)
 
 

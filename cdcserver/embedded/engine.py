@@ -11,11 +11,14 @@ and turns mongomock's exceptions into MongoDB errors.
 from __future__ import annotations
 
 import copy
+import decimal
 import re
 from collections.abc import Mapping
 from typing import Any
 
 import mongomock
+from bson.code import Code
+from bson.decimal128 import Decimal128
 from bson.objectid import ObjectId
 from mongomock import aggregate as mm_aggregate
 from mongomock import filtering as mm_filtering
@@ -106,9 +109,10 @@ def _validate_operators(spec: Mapping[str, Any]) -> None:
         elif op == "$size":
             if not modifiers.is_number(arg):
                 raise MongoError(2, "$size needs a number")
-            if arg != int(arg):
+            whole = arg.to_decimal() if isinstance(arg, Decimal128) else decimal.Decimal(arg)
+            if not whole.is_finite() or whole != whole.to_integral_value():  # NaN, ±inf too
                 raise MongoError(2, "$size must be a whole number")
-            if arg < 0:
+            if whole < 0:
                 raise MongoError(2, "$size may not be negative")
         elif op == "$regex" and not isinstance(arg, str) and not hasattr(arg, "pattern"):
             raise MongoError(2, "$regex has to be a string")
@@ -132,6 +136,8 @@ def _validate_operators(spec: Mapping[str, Any]) -> None:
                 raise MongoError(2, "$not needs a regex or a document")
         elif op == "$type":
             for alias in arg if isinstance(arg, list) else [arg]:
+                if isinstance(alias, Code):  # a str subclass, but not a BSON string
+                    raise MongoError(14, "type must be represented as a number or a string")
                 if isinstance(alias, str) and alias not in _TYPE_ALIASES:
                     raise MongoError(2, f"Unknown type name alias: {alias}")
 
@@ -192,9 +198,27 @@ def rewrite_pipeline(pipeline: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _fit_longs(value: Any) -> Any:
+    """Integers past the 64-bit range as doubles: mongod's arithmetic ($sum, $add...) turns an
+    overflowing long into a double, where Python's ints just grow (and would not encode)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value) if not -(2**63) <= value < 2**63 else value
+    if isinstance(value, dict):
+        for k, v in value.items():
+            fitted = _fit_longs(v)
+            if fitted is not v:  # copy only what changes (the common case copies nothing)
+                value = {**value, k: fitted}
+        return value
+    if isinstance(value, list):
+        fitted_list = [_fit_longs(v) for v in value]
+        return value if all(a is b for a, b in zip(fitted_list, value)) else fitted_list
+    return value
+
+
 def run_pipeline(docs: list[dict[str, Any]], database: Any, pipeline: list[Any]) -> list[Any]:
     try:
-        return list(mm_aggregate.process_pipeline(docs, database, rewrite_pipeline(pipeline), None))
+        out = list(mm_aggregate.process_pipeline(docs, database, rewrite_pipeline(pipeline), None))
+        return [_fit_longs(d) for d in out]
     except MongoError:
         raise
     except Exception as exc:  # noqa: BLE001
