@@ -12,10 +12,11 @@ updates `upserted` and `nModified`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,7 @@ from cdcserver.embedded.store import (
     OpSession,
     Store,
     Txn,
+    TxnBlocked,
     id_key,
 )
 from pipeline_stages.errors import MongoError
@@ -121,11 +123,7 @@ class _Retry:
             if command == "update":
                 return (1, 0, done.doc_id) if done.op == "i" else (1, 1, None)
             if command == "findAndModify":
-                raise MongoError(
-                    217,
-                    "Incomplete history detected for transaction or retryable write: the "
-                    "findAndModify result is not available after a restart of the server",
-                )
+                return done  # its reply is rebuilt from config.image_collection
             return 1
         return done
 
@@ -141,7 +139,8 @@ _NO_USER_DIGEST = Binary(hashlib.sha256(b"").digest(), 0)
 def _retry_state(store: Store, cmd: Mapping[str, Any]) -> _Retry:
     lsid, txn = cmd.get("lsid"), cmd.get("txnNumber")
     if cmd.get("autocommit") is False:
-        store.txn = transaction_of(store, cmd)
+        _check_txn_namespace(cmd)
+        store.enter_snapshot(transaction_of(store, cmd))
         return _Retry(None)
     if not isinstance(lsid, Mapping) or txn is None:
         return _Retry(None)
@@ -183,9 +182,18 @@ def transaction_of(store: Store, cmd: Mapping[str, Any]) -> Txn:
             f"newer transaction {txn.txn_number} has already started.",
         )
     if txn is None or number > txn.txn_number:
+        if cmd.get("startTransaction") is not True and not (
+            cmd.get("commitTransaction") or cmd.get("abortTransaction")
+        ):  # TransactionParticipant::_continueMultiDocumentTransaction
+            raise MongoError(
+                251, f"Given transaction number {number} does not match any in-progress "
+                "transactions. The active transaction number is "
+                f"{txn.txn_number if txn is not None else -1}",
+                labels=["TransientTransactionError"],
+            )
         if txn is not None and txn.state == "in progress":
             store.abort_transaction(txn)
-        txn = Txn(_full_lsid(lsid), number)
+        txn = store.begin_transaction(_full_lsid(lsid), number)
         store.txns[sid] = txn
     elif cmd.get("startTransaction") is True and txn.state != "in progress":
         raise MongoError(
@@ -242,6 +250,91 @@ def _lsid_str(lsid: Mapping[str, Any]) -> str:
         return f"{uuid.UUID(bytes=bytes(lsid['id']))} - {bytes(lsid.get('uid', b'')).hex()}"
     except Exception:  # noqa: BLE001
         return str(lsid)
+
+
+def _check_txn_namespace(cmd: Mapping[str, Any]) -> None:
+    """mongod's CommandHelpers::canUseTransactions checks of the namespace."""
+    db = cmd.get("$db")
+    coll = next(iter(cmd.values()), None)
+    if db == "local":
+        raise MongoError(263, "Cannot run command against the 'local' database in a "
+                         "transaction.")
+    if db == "config":
+        raise MongoError(263, "Cannot run command against the config database in a "
+                         "transaction.")
+    if coll in ("system.views", "system.profile"):
+        raise MongoError(263, f"Cannot run command against the '{db}.{coll}' collection in a "
+                         "transaction.")
+
+
+@contextlib.contextmanager
+def snapshot_reads(store: Store, cmd: Mapping[str, Any]) -> Iterator[None]:
+    """A read in a transaction sees the transaction's snapshot and its own writes (mongod's
+    read concern "snapshot" for transactions); other reads see committed documents."""
+    if cmd.get("autocommit") is not False:
+        yield
+        return
+    _check_txn_namespace(cmd)
+    with store.batch():
+        store.enter_snapshot(transaction_of(store, cmd))
+        yield
+
+
+def _txn_write_error(store: Store) -> bool:
+    """In a transaction, a write error ends the batch and aborts the transaction (mongod's
+    handleError in write_ops_exec)."""
+    txn = store.txn
+    if txn is not None and txn.lsid:
+        store.abort_transaction(txn)
+        return True
+    return False
+
+
+@dataclass
+class _Progress:
+    """How far a write command got, kept while it waits for a transaction to end."""
+
+    retry: _Retry | None = None
+    next: int = 0  # the statement to run (again, after a wait)
+    # a multi-document statement that waited: the documents it matched, those it wrote, and
+    # its counts so far
+    keys: list[bytes] | None = None
+    done: set[bytes] = field(default_factory=set)
+    n: int = 0
+    modified: int = 0
+
+    def retry_state(self, store: Store, cmd: Mapping[str, Any]) -> _Retry:
+        if self.retry is None or cmd.get("autocommit") is False:
+            self.retry = _retry_state(store, cmd)
+        return self.retry
+
+    def statement_done(self, i: int) -> None:
+        self.next, self.keys, self.n, self.modified = i + 1, None, 0, 0
+        self.done.clear()
+
+
+async def _run_writes(store: Store, cmd: Mapping[str, Any], run: Callable[[], Any]) -> Any:
+    """Run a write command's `run` in a batch. A write outside transactions that meets a
+    document or unique key an open transaction has written waits (no polling) until that
+    transaction commits or aborts, then `run` goes on from the statement that waited: mongod's
+    writeConflictRetry, bounded by the command's maxTimeMS (50 MaxTimeMSExpired)."""
+    loop = asyncio.get_running_loop()
+    max_ms = cmd.get("maxTimeMS")
+    deadline = None
+    if isinstance(max_ms, (int, float)) and not isinstance(max_ms, bool) and max_ms > 0:
+        deadline = loop.time() + float(max_ms) / 1000
+    while True:
+        try:
+            with store.batch():
+                return run()
+        except TxnBlocked as blocked:
+            timeout = None if deadline is None else deadline - loop.time()
+            try:
+                if timeout is not None and timeout <= 0:
+                    raise TimeoutError
+                await asyncio.wait_for(blocked.txn.ended.wait(), timeout)
+            except TimeoutError:
+                raise MongoError(50, "operation exceeded time limit") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,29 +400,36 @@ async def insert(server, conn, cmd, db):
     ordered = cmd.get("ordered", True) is not False
     validate = cmd.get("bypassDocumentValidation") is not True
     n, errors = 0, []
-    with store.batch():
-        retry = _retry_state(store, cmd)
+    progress = _Progress()
+
+    def run() -> None:
+        nonlocal n
+        retry = progress.retry_state(store, cmd)
         c: Collection | None = store.get(db, coll)
-        for i, raw in enumerate(docs):
-            stmt_id = i
-            if retry.result(stmt_id) is not _NOT_DONE:
+        try:
+            for i in range(progress.next, len(docs)):
+                progress.next = stmt_id = i
+                if retry.result(stmt_id) is not _NOT_DONE:
+                    n += 1
+                    continue
+                try:
+                    doc = prepare_insert(docs[i])
+                    if c is None:
+                        c = store.ensure_collection(db, coll)
+                    store.insert_document(c, doc, retry.session, stmt_id, validate=validate)
+                except MongoError as err:
+                    if err.code == 112:  # a transaction's write conflict fails the command
+                        raise
+                    errors.append(_write_error(i, err))
+                    if ordered or _txn_write_error(store):
+                        break
+                    continue
+                retry.record(stmt_id, True)
                 n += 1
-                continue
-            try:
-                doc = prepare_insert(raw)
-                if c is None:
-                    c = store.ensure_collection(db, coll)
-                store.insert_document(c, doc, retry.session, stmt_id, validate=validate)
-            except MongoError as err:
-                if err.code == 112:  # a transaction's write conflict fails the command
-                    raise
-                errors.append(_write_error(i, err))
-                if ordered:
-                    break
-                continue
-            retry.record(stmt_id, True)
-            n += 1
-        _finish_retry(retry)
+        finally:
+            _finish_retry(retry)
+
+    await _run_writes(store, cmd, run)
     return write_concern.add_to_reply(_write_reply(store, n, errors), wc)
 
 
@@ -444,7 +544,7 @@ def matching(store: Store, c: Collection | None, q: Mapping[str, Any], one: bool
 
 def run_update_statement(
     store: Store, db: str, coll: str, spec: Mapping[str, Any], retry: _Retry, stmt_id: int,
-    validate: bool = True,
+    validate: bool = True, progress: _Progress | None = None,
 ) -> tuple[int, int, Any]:
     """(n, nModified, upserted _id or None) of one update statement."""
     if not isinstance(spec, Mapping):
@@ -465,8 +565,7 @@ def run_update_statement(
     c = store.get(db, coll)
     if c is None:
         store.check_not_view(db, coll)  # 166, as mongod refuses writes to a view
-    docs = matching(store, c, q, one=not multi)
-    n = modified = 0
+    docs, n, modified = _multi_matching(store, c, q, multi, progress)
     session = None if multi else retry.session
     for pre in docs:
         assert c is not None
@@ -477,6 +576,9 @@ def run_update_statement(
                                      validate=validate):
                 modified += 1
         n += 1
+        if multi and progress is not None:
+            progress.done.add(id_key(pre["_id"]))
+            progress.n, progress.modified = n, modified
     if n or not upsert:
         return n, modified, None
     with executor_errors("update"):
@@ -484,6 +586,26 @@ def run_update_statement(
     c = store.ensure_collection(db, coll)
     store.insert_document(c, new, session, stmt_id, validate=validate)
     return 1, 0, new["_id"]
+
+
+def _multi_matching(
+    store: Store, c: Collection | None, q: Mapping[str, Any], multi: bool,
+    progress: _Progress | None,
+) -> tuple[list[dict[str, Any]], int, int]:
+    """The documents a statement writes, and its counts so far. A multi-document statement
+    that waited for a transaction goes on with the documents it matched and has not written,
+    as they are now and if they still match (as mongod's update and delete stages re-check a
+    document after a write conflict)."""
+    if progress is None or not multi:
+        return matching(store, c, q, one=not multi), 0, 0
+    if progress.keys is None or c is None:
+        docs = matching(store, c, q, one=False)
+        progress.keys = [id_key(d["_id"]) for d in docs]
+        return docs, 0, 0
+    current = store.documents(c)
+    docs = [d for k in progress.keys if k not in progress.done
+            and (d := current.get(k)) is not None and engine.matches(q, d)]
+    return docs, progress.n, progress.modified
 
 
 # Errors raised while the update runs on a document (not those of parsing it), which mongod
@@ -515,30 +637,41 @@ async def update(server, conn, cmd, db):
     n = modified = 0
     upserted: list[dict[str, Any]] = []
     errors: list[dict[str, Any]] = []
-    with store.batch():
-        retry = _retry_state(store, cmd)
-        for i, spec in enumerate(updates):
-            done = retry.result(i, "update")
-            try:
-                if done is _NOT_DONE:
-                    done = run_update_statement(
-                        store, db, coll, spec, retry, i,
-                        validate=cmd.get("bypassDocumentValidation") is not True,
-                    )
-                    retry.record(i, done)
-            except MongoError as err:
-                if err.code == 112:  # a transaction's write conflict fails the command
-                    raise
-                errors.append(_write_error(i, err))
-                if ordered:
-                    break
-                continue
-            sn, sm, up = done
-            n += sn
-            modified += sm
-            if up is not None:
-                upserted.append({"index": i, "_id": up})
-        _finish_retry(retry)
+    progress = _Progress()
+
+    def run() -> None:
+        nonlocal n, modified
+        retry = progress.retry_state(store, cmd)
+        try:
+            for i in range(progress.next, len(updates)):
+                progress.next = i
+                done = retry.result(i, "update")
+                try:
+                    if done is _NOT_DONE:
+                        done = run_update_statement(
+                            store, db, coll, updates[i], retry, i,
+                            validate=cmd.get("bypassDocumentValidation") is not True,
+                            progress=progress,
+                        )
+                        retry.record(i, done)
+                except MongoError as err:
+                    if err.code == 112:  # a transaction's write conflict fails the command
+                        raise
+                    progress.statement_done(i)
+                    errors.append(_write_error(i, err))
+                    if ordered or _txn_write_error(store):
+                        break
+                    continue
+                progress.statement_done(i)
+                sn, sm, up = done
+                n += sn
+                modified += sm
+                if up is not None:
+                    upserted.append({"index": i, "_id": up})
+        finally:
+            _finish_retry(retry)
+
+    await _run_writes(store, cmd, run)
     reply = _write_reply(store, n, errors)
     if upserted:
         reply["upserted"] = upserted
@@ -558,40 +691,52 @@ async def delete(server, conn, cmd, db):
     wc = write_concern.parse(cmd)
     ordered = cmd.get("ordered", True) is not False
     n, errors = 0, []
-    with store.batch():
-        retry = _retry_state(store, cmd)
-        for i, spec in enumerate(deletes):
-            done = retry.result(i)
-            try:
-                if done is _NOT_DONE:
-                    if not isinstance(spec, Mapping) or "q" not in spec:
-                        raise MongoError(
-                            40414, "BSON field 'delete.deletes.q' is missing but a required field"
-                        )
-                    limit = _int(spec, "limit", "delete.deletes")
-                    if limit not in (0, 1):
-                        raise MongoError(9, f"The limit field in delete objects must be 0 or 1. "
-                                         f"Got {limit}")
-                    q = engine.normalize(_doc_arg(spec, "q", "delete.deletes") or {})
-                    c = store.get(db, coll)
-                    if c is None:
-                        store.check_not_view(db, coll)
-                    docs = matching(store, c, q, one=limit == 1)
-                    session = retry.session if limit == 1 else None
-                    for pre in docs:
-                        assert c is not None
-                        store.delete_document(c, pre, session, i)
-                    done = len(docs)
-                    retry.record(i, done)
-            except MongoError as err:
-                if err.code == 112:  # a transaction's write conflict fails the command
-                    raise
-                errors.append(_write_error(i, err))
-                if ordered:
-                    break
-                continue
-            n += done
-        _finish_retry(retry)
+    progress = _Progress()
+
+    def run() -> None:
+        nonlocal n
+        retry = progress.retry_state(store, cmd)
+        try:
+            for i in range(progress.next, len(deletes)):
+                progress.next = i
+                spec = deletes[i]
+                done = retry.result(i)
+                try:
+                    if done is _NOT_DONE:
+                        if not isinstance(spec, Mapping) or "q" not in spec:
+                            raise MongoError(40414, "BSON field 'delete.deletes.q' is missing "
+                                             "but a required field")
+                        limit = _int(spec, "limit", "delete.deletes")
+                        if limit not in (0, 1):
+                            raise MongoError(9, "The limit field in delete objects must be 0 "
+                                             f"or 1. Got {limit}")
+                        q = engine.normalize(_doc_arg(spec, "q", "delete.deletes") or {})
+                        c = store.get(db, coll)
+                        if c is None:
+                            store.check_not_view(db, coll)
+                        docs, done, _ = _multi_matching(store, c, q, limit == 0, progress)
+                        session = retry.session if limit == 1 else None
+                        for pre in docs:
+                            assert c is not None
+                            store.delete_document(c, pre, session, i)
+                            done += 1
+                            progress.done.add(id_key(pre["_id"]))
+                            progress.n = done
+                        retry.record(i, done)
+                except MongoError as err:
+                    if err.code == 112:  # a transaction's write conflict fails the command
+                        raise
+                    progress.statement_done(i)
+                    errors.append(_write_error(i, err))
+                    if ordered or _txn_write_error(store):
+                        break
+                    continue
+                progress.statement_done(i)
+                n += done
+        finally:
+            _finish_retry(retry)
+
+    await _run_writes(store, cmd, run)
     return write_concern.add_to_reply(_write_reply(store, n, errors), wc)
 
 
@@ -635,14 +780,12 @@ async def find_and_modify(server, conn, cmd, db):
     store = get_store(server)
     name = next(iter(cmd))
     coll = coll_arg(cmd, name)
-    q = engine.normalize(_doc_arg(cmd, "query", "findAndModify") or {})
-    sort = _doc_arg(cmd, "sort", "findAndModify")
+    _doc_arg(cmd, "query", "findAndModify")  # checked here, in mongod's order
+    _doc_arg(cmd, "sort", "findAndModify")
     remove = cmd.get("remove") is True
     u = cmd.get("update")
     new = cmd.get("new") is True
     upsert = cmd.get("upsert") is True
-    fields = cmd.get("fields")
-    validate = cmd.get("bypassDocumentValidation") is not True
     wc = write_concern.parse(cmd)
     if remove and u is not None:
         raise MongoError(9, "Cannot specify both an update and remove=true")
@@ -652,50 +795,105 @@ async def find_and_modify(server, conn, cmd, db):
         raise MongoError(9, "Cannot specify both upsert=true and remove=true" if upsert
                          else "Cannot specify both new=true and remove=true; 'remove' always "
                          "returns the deleted document")
-    with store.batch():
-        retry = _retry_state(store, cmd)
+    progress = _Progress()
+
+    def run() -> dict[str, Any]:
+        retry = progress.retry_state(store, cmd)
         done = retry.result(0, "findAndModify")
+        if isinstance(done, LoggedWrite):
+            return _replayed_find_and_modify(store, db, coll, retry, done, cmd)
         if done is not _NOT_DONE:
             return done
-        if store.get(db, coll) is None:
-            store.check_not_view(db, coll)
-        pre = _sorted_find(store, db, coll, q, sort)
-        c = store.get(db, coll)
-        if remove:
-            if pre is None:
-                reply = {"lastErrorObject": {"n": 0}, "value": None}
-            else:
-                assert c is not None
-                store.delete_document(c, pre, retry.session, 0)
-                reply = {"lastErrorObject": {"n": 1},
-                         "value": project(store, db, coll, pre, fields)}
-        else:
-            kind = _update_kind(u)
-            array_filters = array_arg(cmd, "arrayFilters", "findAndModify", of="object")
-            if pre is not None:
-                assert c is not None
-                with executor_errors("findAndModify"):
-                    post = compute_update(store, db, coll, pre, q, u, kind, array_filters)
-                    store.update_document(c, pre, post, kind=kind, update=u,
-                                          session=retry.session, stmt_id=0,
-                                          array_filters=array_filters, validate=validate)
-                value = post if new else pre
-                reply = {"lastErrorObject": {"n": 1, "updatedExisting": True},
-                         "value": project(store, db, coll, value, fields)}
-            elif upsert:
-                with executor_errors("findAndModify"):
-                    doc = upsert_document(store, db, coll, q, u, kind, array_filters)
-                    c = store.ensure_collection(db, coll)
-                    store.insert_document(c, doc, retry.session, 0, validate=validate)
-                reply = {
-                    "lastErrorObject": {"n": 1, "updatedExisting": False, "upserted": doc["_id"]},
-                    "value": project(store, db, coll, doc, fields) if new else None,
-                }
-            else:
-                reply = {"lastErrorObject": {"n": 0, "updatedExisting": False}, "value": None}
+        try:
+            reply = _find_and_modify_once(store, db, coll, cmd, retry)
+        finally:
+            _finish_retry(retry)
         retry.record(0, reply)
-        _finish_retry(retry)
+        return reply
+
+    reply = await _run_writes(store, cmd, run)
     return write_concern.add_to_reply(reply, wc)
+
+
+def _find_and_modify_once(
+    store: Store, db: str, coll: str, cmd: Mapping[str, Any], retry: _Retry
+) -> dict[str, Any]:
+    q = engine.normalize(_doc_arg(cmd, "query", "findAndModify") or {})
+    sort = _doc_arg(cmd, "sort", "findAndModify")
+    remove = cmd.get("remove") is True
+    u = cmd.get("update")
+    new = cmd.get("new") is True
+    upsert = cmd.get("upsert") is True
+    fields = cmd.get("fields")
+    validate = cmd.get("bypassDocumentValidation") is not True
+    if store.get(db, coll) is None:
+        store.check_not_view(db, coll)
+    pre = _sorted_find(store, db, coll, q, sort)
+    c = store.get(db, coll)
+    if remove:
+        if pre is None:
+            reply = {"lastErrorObject": {"n": 0}, "value": None}
+        else:
+            assert c is not None
+            store.delete_document(c, pre, retry.session, 0, retry_image="preImage")
+            reply = {"lastErrorObject": {"n": 1},
+                     "value": project(store, db, coll, pre, fields)}
+    else:
+        kind = _update_kind(u)
+        array_filters = array_arg(cmd, "arrayFilters", "findAndModify", of="object")
+        if pre is not None:
+            assert c is not None
+            with executor_errors("findAndModify"):
+                post = compute_update(store, db, coll, pre, q, u, kind, array_filters)
+                store.update_document(c, pre, post, kind=kind, update=u,
+                                      session=retry.session, stmt_id=0,
+                                      array_filters=array_filters, validate=validate,
+                                      retry_image="postImage" if new else "preImage")
+            value = post if new else pre
+            reply = {"lastErrorObject": {"n": 1, "updatedExisting": True},
+                     "value": project(store, db, coll, value, fields)}
+        elif upsert:
+            with executor_errors("findAndModify"):
+                doc = upsert_document(store, db, coll, q, u, kind, array_filters)
+                c = store.ensure_collection(db, coll)
+                store.insert_document(c, doc, retry.session, 0, validate=validate)
+            reply = {
+                "lastErrorObject": {"n": 1, "updatedExisting": False, "upserted": doc["_id"]},
+                "value": project(store, db, coll, doc, fields) if new else None,
+            }
+        else:
+            reply = {"lastErrorObject": {"n": 0, "updatedExisting": False}, "value": None}
+    return reply
+
+
+def _replayed_find_and_modify(
+    store: Store, db: str, coll: str, retry: _Retry, done: LoggedWrite, cmd: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A retried findAndModify known from its oplog entry only (the server restarted since):
+    its reply rebuilt as mongod rebuilds it, from the entry (an upsert) or from the image its
+    `needsRetryImage` points at in config.image_collection."""
+    session = retry.session
+    assert session is not None
+    fields = cmd.get("fields")
+    if done.op == "i":  # an upsert: the inserted document is the entry's `o`
+        value = None
+        if cmd.get("new") is True:
+            entry = store.entry_at(done.ts) if done.ts is not None else None
+            value = project(store, db, coll, entry["o"], fields) if entry else None
+        return {"lastErrorObject": {"n": 1, "updatedExisting": False, "upserted": done.doc_id},
+                "value": value}
+    image = store.retry_image(session.lsid["id"], session.txn_number, done.ts)
+    if image is None or done.needs_retry_image is None:
+        raise MongoError(
+            217, f"Retrying a findAndModify operation with session id {_lsid_str(session.lsid)} "
+            f"and txn number {session.txn_number} after it has been executed but the "
+            f"{'post' if done.needs_retry_image == 'postImage' else 'pre'}-image is no "
+            "longer available",
+        )
+    last_error: dict[str, Any] = {"n": 1}
+    if done.op == "u":
+        last_error["updatedExisting"] = True
+    return {"lastErrorObject": last_error, "value": project(store, db, coll, image, fields)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -935,7 +1133,9 @@ async def find(server, conn, cmd, db):
     if db == "config" and coll == "system.preimages" and store.get(db, coll) is None:
         docs = find_pre_images(store, filter_doc, projection, skip, limit)
     else:
-        docs = run_find(store, db, coll, filter_doc, projection, cmd.get("sort"), skip, limit)
+        with snapshot_reads(store, cmd):
+            docs = run_find(store, db, coll, filter_doc, projection, cmd.get("sort"), skip,
+                            limit)
     return cursor_first_batch(server, f"{db}.{coll}", docs, batch_size,
                               single_batch=cmd.get("singleBatch") is True)
 
@@ -991,6 +1191,11 @@ async def find_oplog(server: Any, cmd: Mapping[str, Any]) -> dict[str, Any]:
 
 @command("count")
 async def count(server, conn, cmd, db):
+    if cmd.get("autocommit") is False:
+        raise MongoError(
+            263, "Cannot run 'count' in a multi-document transaction. Please see "
+            "http://dochub.mongodb.org/core/transaction-count for a recommended alternative.",
+        )
     query = _doc_arg(cmd, "query", "count")
     skip = _int(cmd, "skip", "count")
     limit = abs(_int(cmd, "limit", "count"))
@@ -1025,9 +1230,12 @@ async def distinct(server, conn, cmd, db):
         stages = [{"$match": dict(query)}] if query else []
         return {"values": _distinct_values(view_documents(store, db, resolved, stages), key)}
     try:
-        values = store.mongomock_collection(db, coll).distinct(
-            key, engine.normalize(query) if query else None
-        )
+        with snapshot_reads(store, cmd):
+            values = store.mongomock_collection(db, coll).distinct(
+                key, engine.normalize(query) if query else None
+            )
+    except MongoError:
+        raise
     except Exception as exc:  # noqa: BLE001
         raise engine.engine_error(exc) from None
     return {"values": list(values)}
@@ -1065,9 +1273,10 @@ async def aggregate(server, conn, cmd, db):
         if isinstance(stage, Mapping) and ("$out" in stage or "$merge" in stage):
             raise MongoError(40601, f"{next(iter(stage))} can only be the final stage in the "
                              "pipeline")
-    docs = run_find(store, db, target, None, None, None, 0, 0)
-    mcoll = store.mongomock_collection(db, target)
-    results = engine.run_pipeline(docs, mcoll.database, pipeline)
+    with snapshot_reads(store, cmd):
+        docs = run_find(store, db, target, None, None, None, 0, 0)
+        mcoll = store.mongomock_collection(db, target)
+        results = engine.run_pipeline(docs, mcoll.database, pipeline)
     if out_stage is not None:
         with store.batch():
             _write_out(store, db, out_stage, results)

@@ -25,6 +25,8 @@ CREATE TABLE IF NOT EXISTS documents (
 );
 CREATE TABLE IF NOT EXISTS oplog (ts INTEGER PRIMARY KEY, entry BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS preimages (key BLOB PRIMARY KEY, ts INTEGER NOT NULL, doc BLOB NOT NULL);
+-- config.image_collection: a retryable findAndModify's image, one per session (its lsid id)
+CREATE TABLE IF NOT EXISTS retry_images (lsid BLOB PRIMARY KEY, doc BLOB NOT NULL);
 """
 
 SYNCHRONOUS = ("off", "normal", "full", "extra")
@@ -122,6 +124,12 @@ class Persistence:
             (key, ts_int(ts), doc),
         )
 
+    def put_retry_image(self, lsid_id: bytes, doc: bytes) -> None:
+        self.begin()
+        self.db.execute(
+            "INSERT OR REPLACE INTO retry_images (lsid, doc) VALUES (?, ?)", (lsid_id, doc)
+        )
+
     # -- loading --------------------------------------------------------------------------------
 
     def collections(self) -> list[tuple[str, str, bytes, bytes]]:
@@ -137,3 +145,6 @@ class Persistence:
 
     def pre_images(self) -> Iterator[tuple[bytes, int, bytes]]:
         yield from self.db.execute("SELECT key, ts, doc FROM preimages")
+
+    def retry_images(self) -> Iterator[tuple[bytes, bytes]]:
+        yield from self.db.execute("SELECT lsid, doc FROM retry_images")

@@ -17,6 +17,7 @@ durable) together when the batch ends, before the reply is sent.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import datetime
 import threading
@@ -25,7 +26,7 @@ import uuid as uuid_module
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import product
-from typing import Any
+from typing import Any, NoReturn
 
 import bson
 import mongomock
@@ -302,26 +303,72 @@ class LoggedWrite:
 
     op: str  # i | u | d
     doc_id: Any
+    ts: Timestamp | None = None  # the entry's
+    needs_retry_image: str | None = None  # the entry's `needsRetryImage` (findAndModify)
 
 
-@dataclass
+@dataclass(eq=False)
 class Txn:
-    """A multi-document transaction in progress: its writes are applied to the working set at
-    once (no isolation from other sessions), logged at commit as one `applyOps` entry (or a
-    `partialTxn` chain of them when large, as mongod does), and undone on abort. Document
-    changes reach SQLite only at commit."""
+    """A multi-document transaction in progress, isolated as mongod's are (read concern
+    "snapshot"): it sees what was committed when it started plus its own writes; nobody else
+    sees its writes before it commits.
+
+    Its writes go to its own overlay (its latest version of each document it wrote, None once
+    deleted), never to the working set, which holds committed documents only. We chose this
+    over keeping committed pre-versions next to uncommitted documents in the working set: every
+    read outside transactions (the common case, and change streams' `updateLookup`) stays on
+    the working set untouched, and an abort only drops the overlay. The transaction's own
+    commands read a view built for it (`Store._view`): the working set, minus what was
+    committed since its snapshot (`Store._history`), plus its overlay. At commit the overlay is
+    applied to the working set and logged as one `applyOps` entry (or a `partialTxn` chain of
+    them when large, as mongod does); its documents reach SQLite then.
+
+    An instance without `lsid` collects the deletes of one batched (TTL) delete, which are
+    applied at once."""
 
     lsid: dict[str, Any]
     txn_number: int
     ops: list[dict[str, Any]] = field(default_factory=list)
-    undo: list[tuple[Collection, bytes, dict[str, Any] | None]] = field(default_factory=list)
     persist: list[tuple[bytes, bytes, bytes | None]] = field(default_factory=list)
     pre_images: list[tuple[Collection, int, dict[str, Any]]] = field(default_factory=list)
-    # natural order of a collection before the transaction's first delete in it
-    order: dict[int, list[bytes]] = field(default_factory=dict)
     state: str = "in progress"  # | committed | aborted
+    snapshot: int = 0  # the store's commit sequence number when it started
+    # collection uuid -> document key -> (its version here or None once deleted, whether it is
+    # a record the transaction inserted: last in natural order)
+    overlay: dict[bytes, dict[bytes, tuple[dict[str, Any] | None, bool]]] = field(
+        default_factory=dict
+    )
+    colls: dict[bytes, Collection] = field(default_factory=dict)
     # (collection uuid, document key) of each document it wrote: its write locks
     keys: set[tuple[bytes, bytes]] = field(default_factory=set)
+    # (collection uuid, unique index name, index key) its writes added or removed: locked too
+    index_keys: set[tuple[bytes, str, bytes]] = field(default_factory=set)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)  # set at commit or abort
+    expiry: asyncio.TimerHandle | None = None  # transactionLifetimeLimitSeconds
+
+
+class TxnBlocked(Exception):  # noqa: N818 - a signal to the command, never a reply
+    """A write outside transactions met a document (or unique index key) that an open
+    transaction has written. mongod's writeConflictRetry makes such a write wait until the
+    transaction commits or aborts, then retry; this is raised before the statement changed
+    anything, so the command can await `txn.ended` and go on from that statement."""
+
+    def __init__(self, txn: Txn) -> None:
+        super().__init__("write blocked by an open transaction")
+        self.txn = txn
+
+
+@dataclass
+class _Version:
+    """A committed version that a write replaced while a transaction that started before it was
+    open: what that transaction's snapshot still sees."""
+
+    seq: int
+    uuid: bytes
+    key: bytes
+    before: dict[str, Any] | None  # None: the write inserted the document
+    deleted: bool  # the write deleted it; it goes back after `pred` (its predecessor then)
+    pred: bytes | None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,6 +415,7 @@ class Store(EntryList):
         txn_oplog_entry_bytes: int = MAX_BSON,
         txn_oplog_entry_ops: int = TXN_OPLOG_ENTRY_OPS,
         ttl_monitor_sleep_secs: float = 60.0,
+        transaction_lifetime_limit_seconds: float = 60.0,
     ) -> None:
         # mongod's TTL monitor pass interval (ttlMonitorSleepSecs); 0 turns the monitor off.
         self.ttl_monitor_sleep_secs = ttl_monitor_sleep_secs
@@ -396,6 +444,20 @@ class Store(EntryList):
         self.txns: dict[bytes, Txn] = {}  # lsid id -> its latest transaction
         # (collection uuid, document key) -> the transaction in progress that wrote it
         self._owners: dict[tuple[bytes, bytes], Txn] = {}
+        # (collection uuid, unique index name, index key) -> the transaction in progress
+        # that added or removed it
+        self._index_owners: dict[tuple[bytes, str, bytes], Txn] = {}
+        self._live: dict[int, Txn] = {}  # id -> each transaction in progress
+        self._seq = 0  # commit sequence number: +1 per committed write (a transaction: +1)
+        self._history: list[_Version] = []  # kept while an older snapshot is open
+        self._last_write: dict[tuple[bytes, bytes], int] = {}  # seq of each in _history
+        # collection uuid -> (its mongomock store, its working-set documents) while the running
+        # transaction's view stands in for them (until its command's batch ends)
+        self._views: dict[bytes, tuple[Any, Any]] = {}
+        # mongod's transactionLifetimeLimitSeconds: older transactions are aborted; 0: never
+        self.transaction_lifetime_limit_seconds = transaction_lifetime_limit_seconds
+        # lsid id -> its `config.image_collection` document (retryable findAndModify images)
+        self.retry_images: dict[bytes, dict[str, Any]] = {}
         self.persist = Persistence(data_dir, synchronous) if data_dir else None
         if self.persist is not None:
             self._load()
@@ -420,6 +482,8 @@ class Store(EntryList):
             self._oplog_bytes += len(raw)
         if self._ts:
             self._last_ts = self._ts[-1]
+        for sid, raw in self.persist.retry_images():
+            self.retry_images[bytes(sid)] = bson.decode(raw, _DECODE)
         self._load_retryable()
         for key, ts_value, raw in self.persist.pre_images():
             doc = bson.decode(raw, _DECODE)
@@ -447,7 +511,9 @@ class Store(EntryList):
                 continue
             doc_key = entry["o2"] if op == "u" else entry["o"]
             for stmt_id in stmt if isinstance(stmt, list) else [stmt]:
-                known[1][int(stmt_id)] = LoggedWrite(op, doc_key.get("_id"))
+                known[1][int(stmt_id)] = LoggedWrite(
+                    op, doc_key.get("_id"), entry["ts"], entry.get("needsRetryImage")
+                )
             known[1]["__prev__"] = entry["ts"]
 
     def close(self) -> None:
@@ -485,7 +551,9 @@ class Store(EntryList):
                     field_path = next(iter(spec["key"]))
                     limit = now - datetime.timedelta(seconds=float(expire))
                     expired = []
-                    for doc in self.documents(c).values():
+                    for key, doc in self.documents(c).items():
+                        if (c.uuid, key) in self._owners:
+                            continue  # mongod's pass meets a write conflict: a later pass
                         when = _ttl_date(doc, field_path)
                         if when is not None and when <= limit:
                             expired.append((when, doc))
@@ -529,6 +597,7 @@ class Store(EntryList):
                 self._depth -= 1
                 if self._depth == 0:
                     self.txn = None
+                    self._restore_views()
                     self._commit()
 
     def _commit(self) -> None:
@@ -586,6 +655,7 @@ class Store(EntryList):
         session: OpSession | None = None,
         stmt_id: int | None = None,
         wall: datetime.datetime | None = None,
+        needs_retry_image: str | None = None,
     ) -> tuple[Timestamp, datetime.datetime]:
         if self.txn is not None and op in ("i", "u", "d"):
             inner: dict[str, Any] = {"op": op, "ns": ns, "ui": ui, "o": o}
@@ -606,6 +676,8 @@ class Store(EntryList):
         entry["o"] = o
         if o2 is not None:
             entry["o2"] = o2
+        if needs_retry_image is not None:
+            entry["needsRetryImage"] = needs_retry_image
         if session is not None and stmt_id is not None:
             entry["stmtId"] = stmt_id
         entry["ts"] = ts
@@ -640,6 +712,11 @@ class Store(EntryList):
         return self.server_store[c.db][c.name]
 
     def documents(self, c: Collection) -> dict[bytes, dict[str, Any]]:
+        txn = self.txn
+        if txn is not None and txn.lsid and c.uuid not in self._views and (
+            c.uuid in txn.overlay or self._history
+        ):
+            self._swap_view(c, txn)
         return self._cs(c)._documents
 
     def mongomock_collection(self, db: str, coll: str) -> mongomock.Collection:
@@ -908,6 +985,10 @@ class Store(EntryList):
         self, c: Collection, key: bytes, old: Mapping[str, Any] | None, new: Mapping[str, Any]
     ) -> list[tuple[dict[bytes, bytes], list[bytes], list[bytes]]]:
         """Raise DuplicateKey if `new` (replacing `old`) collides; returns the index edits."""
+        txn = self._txn()
+        if txn is not None:
+            self._check_unique_in_txn(txn, c, key, new)
+            return []
         edits = []
         for spec in c.indexes[1:]:
             table = c.unique.get(spec["name"])
@@ -916,6 +997,9 @@ class Store(EntryList):
             old_keys = [k for k, _ in index_entries(spec, old)] if old is not None else []
             new_entries = index_entries(spec, new)
             for k, key_value in new_entries:
+                owner = self._index_owners.get((c.uuid, spec["name"], k))
+                if owner is not None and owner.state == "in progress":
+                    raise TxnBlocked(owner)
                 holder = table.get(k)
                 if holder is not None and holder != key:
                     raise DuplicateKeyError(c.ns, spec["name"], dict(spec["key"]), key_value)
@@ -933,26 +1017,72 @@ class Store(EntryList):
 
     # -- document writes ------------------------------------------------------------------------
 
+    def _txn(self) -> Txn | None:
+        """The transaction the running command belongs to (not a batched delete)."""
+        txn = self.txn
+        return txn if txn is not None and txn.lsid else None
+
+    def _write_conflict(self, txn: Txn) -> NoReturn:
+        self.abort_transaction(txn)
+        raise MongoError(
+            112, "Write conflict during plan execution and yielding is disabled. :: Please "
+            "retry your operation or multi-document transaction.",
+            labels=["TransientTransactionError"],
+        )
+
     def _check_write_conflict(self, c: Collection, key: bytes) -> None:
-        """A transaction writing a document another transaction in progress has written gets
-        112 WriteConflict with TransientTransactionError, and is aborted, as on mongod (the
-        first writer wins)."""
+        """As on mongod: a transaction writing a document that another transaction in progress
+        has written (the first writer wins), or that was committed after its snapshot, gets
+        112 WriteConflict with TransientTransactionError and is aborted; a write outside
+        transactions waits for the other transaction to end (TxnBlocked)."""
+        txn = self._txn()
         owner = self._owners.get((c.uuid, key))
-        if owner is None or owner.state != "in progress" or owner is self.txn:
-            return
-        if self.txn is not None:
-            self.abort_transaction(self.txn)
-            raise MongoError(
-                112, "Write conflict during plan execution and yielding is disabled. :: Please "
-                "retry your operation or multi-document transaction.",
-                labels=["TransientTransactionError"],
-            )
+        if owner is not None and owner is not txn and owner.state == "in progress":
+            if txn is None:
+                raise TxnBlocked(owner)
+            self._write_conflict(txn)
+        if txn is not None and self._last_write.get((c.uuid, key), -1) > txn.snapshot:
+            self._write_conflict(txn)
+
+    def _check_unique_in_txn(
+        self, txn: Txn, c: Collection, key: bytes, new: Mapping[str, Any]
+    ) -> None:
+        """Unique indexes as the transaction sees them: committed keys it has not changed, and
+        its own documents' keys. A key another open transaction holds, or one committed after
+        its snapshot, is a write conflict (as WiredTiger reports it to mongod)."""
+        entries = txn.overlay.get(c.uuid, {})
+        for spec in c.indexes[1:]:
+            table = c.unique.get(spec["name"])
+            if table is None:
+                continue
+            for k, key_value in index_entries(spec, new):
+                owner = self._index_owners.get((c.uuid, spec["name"], k))
+                if owner is not None and owner is not txn and owner.state == "in progress":
+                    self._write_conflict(txn)
+                holders = {table[k]} if k in table else set()
+                holders.update(
+                    other for other, (doc, _) in entries.items()
+                    if doc is not None and any(e == k for e, _ in index_entries(spec, doc))
+                )
+                holders.discard(key)
+                for holder in holders:
+                    if holder in entries:
+                        doc = entries[holder][0]
+                        if doc is None or all(e != k for e, _ in index_entries(spec, doc)):
+                            continue  # the transaction changed or deleted that document
+                    elif self._last_write.get((c.uuid, holder), -1) > txn.snapshot:
+                        self._write_conflict(txn)
+                    raise DuplicateKeyError(c.ns, spec["name"], dict(spec["key"]), key_value)
 
     def _release(self, txn: Txn) -> None:
         for k in txn.keys:
             if self._owners.get(k) is txn:
                 del self._owners[k]
         txn.keys.clear()
+        for ik in txn.index_keys:
+            if self._index_owners.get(ik) is txn:
+                del self._index_owners[ik]
+        txn.index_keys.clear()
 
     def insert_document(
         self, c: Collection, doc: dict[str, Any], session: OpSession | None = None,
@@ -973,9 +1103,7 @@ class Store(EntryList):
                              f"max size: {MAX_BSON}")
         self.log("i", c.ns, doc, ui=c.ui, o2={"_id": doc["_id"]}, session=session,
                  stmt_id=stmt_id)
-        self._cs(c)[key] = doc
-        self._apply_edits(edits, key)
-        self._persist_doc(c, key, raw, None)
+        self._put(c, key, None, doc, raw, edits)
 
     def update_document(
         self,
@@ -989,6 +1117,7 @@ class Store(EntryList):
         session: OpSession | None = None,
         stmt_id: int | None = None,
         validate: bool = False,
+        retry_image: str | None = None,
     ) -> bool:
         """Replace `pre` by `post`; False (and nothing written) when nothing changed."""
         pre_raw, post_raw = bson.encode(pre), bson.encode(post)
@@ -1013,43 +1142,93 @@ class Store(EntryList):
         key = id_key(pre["_id"])
         edits = self._check_unique(c, key, pre, post)
         o = self._update_o(pre, post, kind, update, array_filters)
+        image = self._retry_image_kind(session, retry_image)
         ts, wall = self.log("u", c.ns, o, ui=c.ui, o2={"_id": post["_id"]}, session=session,
-                            stmt_id=stmt_id)
+                            stmt_id=stmt_id, needs_retry_image=image)
         if c.pre_images:
             self._save_pre_image(c, ts, wall, pre)
-        self._cs(c)[key] = post
-        self._apply_edits(edits, key)
-        self._persist_doc(c, key, post_raw, pre)
+        if image is not None and session is not None:
+            self._save_retry_image(session, ts, image, pre if image == "preImage" else post)
+        self._put(c, key, pre, post, post_raw, edits)
         return True
 
     def delete_document(
         self, c: Collection, pre: dict[str, Any], session: OpSession | None = None,
-        stmt_id: int | None = None,
+        stmt_id: int | None = None, retry_image: str | None = None,
     ) -> None:
         key = id_key(pre["_id"])
         self._check_write_conflict(c, key)
+        image = self._retry_image_kind(session, retry_image)
         ts, wall = self.log("d", c.ns, {"_id": pre["_id"]}, ui=c.ui, session=session,
-                            stmt_id=stmt_id)
+                            stmt_id=stmt_id, needs_retry_image=image)
         if c.pre_images:
             self._save_pre_image(c, ts, wall, pre)
-        self._persist_doc(c, key, None, pre)  # first: a transaction notes the natural order
-        del self._cs(c)[key]
-        self._apply_edits(
-            [(c.unique[s["name"]], [k for k, _ in index_entries(s, pre)], [])
-             for s in c.indexes[1:] if s["name"] in c.unique],
-            key,
-        )
+        if image is not None and session is not None:
+            self._save_retry_image(session, ts, image, pre)
+        self._put(c, key, pre, None, None, self._index_edits(c, pre, None))
+
+    def _index_edits(
+        self, c: Collection, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
+    ) -> list[tuple[dict[bytes, bytes], list[bytes], list[bytes]]]:
+        """The unique index edits of replacing `old` by `new` (either may be None), unchecked."""
+        return [
+            (c.unique[s["name"]],
+             [k for k, _ in index_entries(s, old)] if old is not None else [],
+             [k for k, _ in index_entries(s, new)] if new is not None else [])
+            for s in c.indexes[1:] if s["name"] in c.unique
+        ]
+
+    def _put(
+        self, c: Collection, key: bytes, pre: dict[str, Any] | None,
+        doc: dict[str, Any] | None, raw: bytes | None, edits: list,
+    ) -> None:
+        """One checked document write (None: delete): into the running transaction's overlay,
+        or into the working set (and SQLite), remembered for older open snapshots."""
+        txn = self._txn()
+        if txn is not None:
+            self._txn_put(txn, c, key, doc)
+            return
+        self._seq += 1
+        cs = self._cs(c)
+        self._remember(c, key, pre, doc is None, cs._documents)
+        if doc is None:
+            del cs[key]
+        else:
+            cs[key] = doc
+        self._apply_edits(edits, key)
+        self._persist_doc(c, key, raw, pre)
+
+    def _txn_put(self, txn: Txn, c: Collection, key: bytes, doc: dict[str, Any] | None) -> None:
+        self._swap_view(c, txn)
+        view = self._cs(c)._documents
+        entries = txn.overlay.setdefault(c.uuid, {})
+        txn.colls[c.uuid] = c
+        old = view.get(key)
+        _, new_record = entries.get(key, (None, False))
+        if doc is None:
+            view.pop(key, None)
+        elif old is None:  # an insert: a new record, last in natural order
+            new_record = True
+            entries.pop(key, None)
+            view[key] = doc
+        else:
+            view[key] = doc
+        entries[key] = (doc, new_record)
+        txn.keys.add((c.uuid, key))
+        self._owners[(c.uuid, key)] = txn
+        for spec in c.indexes[1:]:  # unique keys it adds or removes are its own until it ends
+            if spec["name"] not in c.unique:
+                continue
+            for version in (old, doc):
+                for k, _ in index_entries(spec, version) if version is not None else []:
+                    ik = (c.uuid, spec["name"], k)
+                    txn.index_keys.add(ik)
+                    self._index_owners[ik] = txn
 
     def _persist_doc(
         self, c: Collection, key: bytes, raw: bytes | None, pre: dict[str, Any] | None
     ) -> None:
-        if self.txn is not None:
-            if self.txn.lsid:  # a transaction (not a batched write) locks what it writes
-                self.txn.keys.add((c.uuid, key))
-                self._owners[(c.uuid, key)] = self.txn
-            if raw is None and id(c) not in self.txn.order:
-                self.txn.order[id(c)] = list(self.documents(c))
-            self.txn.undo.append((c, key, pre))
+        if self.txn is not None:  # a batched delete: to SQLite at its end
             self.txn.persist.append((c.uuid, key, raw))
             return
         if self.persist is None:
@@ -1092,15 +1271,113 @@ class Store(EntryList):
 
     # -- transactions ---------------------------------------------------------------------------
 
+    def begin_transaction(self, lsid: dict[str, Any], txn_number: int) -> Txn:
+        """A new transaction. Its snapshot is what is committed now; mongod's reaper aborts it
+        once it outlives transactionLifetimeLimitSeconds (a timer on the server's loop)."""
+        txn = Txn(lsid, txn_number, snapshot=self._seq)
+        self._live[id(txn)] = txn
+        if self.transaction_lifetime_limit_seconds > 0:
+            with contextlib.suppress(RuntimeError):  # no running loop: the store used directly
+                txn.expiry = asyncio.get_running_loop().call_later(
+                    self.transaction_lifetime_limit_seconds, self._expire, txn
+                )
+        return txn
+
+    def _expire(self, txn: Txn) -> None:
+        with self.batch():
+            self.abort_transaction(txn)
+
+    def enter_snapshot(self, txn: Txn) -> None:
+        """The running command belongs to `txn`: until its batch ends, its reads see the
+        transaction's snapshot and own writes, and its writes go to the overlay."""
+        self.txn = txn
+        uuids = set(txn.overlay) | {v.uuid for v in self._history if v.seq > txn.snapshot}
+        if uuids:
+            for c in list(self.catalog.values()):
+                if c.uuid in uuids:
+                    self._swap_view(c, txn)
+
+    def _swap_view(self, c: Collection, txn: Txn) -> None:
+        if c.uuid in self._views:
+            return
+        cs = self._cs(c)
+        self._views[c.uuid] = (cs, cs._documents)
+        cs._documents = self._view(c, txn)
+
+    def _restore_views(self) -> None:
+        for cs, docs in self._views.values():
+            cs._documents = docs
+        self._views.clear()
+
+    def _view(self, c: Collection, txn: Txn) -> Any:
+        """`c`'s documents as `txn` sees them, in natural order."""
+        docs = self._cs(c)._documents
+        view = type(docs)(docs)
+        later = [v for v in self._history if v.uuid == c.uuid and v.seq > txn.snapshot]
+        for v in reversed(later):  # undo the commits its snapshot does not see, newest first
+            if v.before is None:
+                view.pop(v.key, None)
+            elif not v.deleted or v.key in view:
+                view[v.key] = v.before
+            else:
+                items = list(view.items())
+                at = 0
+                if v.pred is not None:
+                    at = next((i + 1 for i, (k, _) in enumerate(items) if k == v.pred),
+                              len(items))
+                items.insert(at, (v.key, v.before))
+                view = type(docs)(items)
+        for key, (doc, new_record) in txn.overlay.get(c.uuid, {}).items():
+            if doc is None:
+                view.pop(key, None)
+            else:
+                view[key] = doc
+                if new_record:
+                    view.move_to_end(key)
+        return view
+
+    def _remember(
+        self, c: Collection, key: bytes, before: dict[str, Any] | None, deleted: bool,
+        docs: Mapping[bytes, Any],
+    ) -> None:
+        """Keep the committed version a write (numbered `self._seq`) replaces, while open
+        transactions started before it."""
+        if not self._live:
+            return
+        pred = None
+        if deleted:
+            for k in docs:
+                if k == key:
+                    break
+                pred = k
+        self._history.append(_Version(self._seq, c.uuid, key, before, deleted, pred))
+        self._last_write[(c.uuid, key)] = self._seq
+
+    def _end(self, txn: Txn, state: str) -> None:
+        txn.state = state
+        self._release(txn)
+        self._live.pop(id(txn), None)
+        if txn.expiry is not None:
+            txn.expiry.cancel()
+        txn.ended.set()
+        if not self._live:
+            self._history.clear()
+            self._last_write.clear()
+            return
+        oldest = min(t.snapshot for t in self._live.values())
+        if self._history and self._history[0].seq <= oldest:
+            self._history = [v for v in self._history if v.seq > oldest]
+            self._last_write = {(v.uuid, v.key): v.seq for v in self._history}
+
     def commit_transaction(self, txn: Txn) -> None:
         """Log the transaction's writes as `applyOps` entries (one, or a chain linked by
         `prevOpTime` whose entries but the last carry `partialTxn: true` and the last
-        `count`, as mongod splits a large transaction) and make them durable."""
+        `count`, as mongod splits a large transaction), apply its overlay to the working set
+        and make it durable."""
         if txn.state != "in progress":
             return
-        txn.state = "committed"
-        self._release(txn)
         if not txn.ops:
+            self._end(txn, "committed")
             return
         session = OpSession(txn.lsid, txn.txn_number)
         wall = _now_ms()
@@ -1116,41 +1393,79 @@ class Store(EntryList):
                 o["count"] = Int64(len(txn.ops))
             ts, _ = self.log("c", "admin.$cmd", o, session=session, wall=wall)
             where.extend((ts, i) for i in range(len(ops)))
-        if self.persist is not None:
-            for uuid, key, raw in txn.persist:
-                if raw is None:
-                    self.persist.delete_document(uuid, key)
+        self._seq += 1
+        for uuid, entries in txn.overlay.items():
+            c = txn.colls[uuid]
+            if self.catalog.get((c.db, c.name)) is not c:
+                continue  # dropped since
+            docs = self._cs(c)._documents
+            for key, (doc, new_record) in entries.items():
+                old = docs.get(key)
+                if old is None and doc is None:
+                    continue
+                self._remember(c, key, old, doc is None, docs)
+                self._apply_edits(self._index_edits(c, old, doc), key)
+                if doc is None:
+                    del docs[key]
                 else:
-                    self.persist.put_document(uuid, key, raw)
+                    docs[key] = doc
+                    if new_record:
+                        docs.move_to_end(key)
+                if self.persist is not None:
+                    if doc is None or (new_record and old is not None):
+                        self.persist.delete_document(uuid, key)  # a new record: a new row
+                    if doc is not None:
+                        self.persist.put_document(uuid, key, bson.encode(doc))
         for c, index, pre in txn.pre_images:
             ts, in_entry = where[index]
             self._save_pre_image(c, ts, wall, pre, in_entry)
+        self._end(txn, "committed")
 
     def abort_transaction(self, txn: Txn) -> None:
-        """Undo the transaction's writes in the working set (nothing was logged or stored)."""
+        """Drop the transaction's writes: they never reached the working set, the oplog or
+        SQLite."""
         if txn.state != "in progress":
             return
-        txn.state = "aborted"
-        self._release(txn)
-        touched: dict[int, Collection] = {}
-        for c, key, pre in reversed(txn.undo):
-            if self.catalog.get((c.db, c.name)) is not c:
-                continue  # dropped since
-            docs = self.documents(c)
-            if pre is None:
-                docs.pop(key, None)
-            else:
-                self._cs(c)[key] = pre
-            touched[id(c)] = c
-        for c in touched.values():
-            order = txn.order.get(id(c))
-            if order is not None:  # put restored documents back in their places
-                docs = self.documents(c)
-                rest = [k for k in docs if k not in set(order)]
-                items = [(k, docs[k]) for k in order if k in docs] + [(k, docs[k]) for k in rest]
-                docs.clear()
-                docs.update(items)
-            self._rebuild_unique(c)
+        self._end(txn, "aborted")
+
+    # -- retryable findAndModify images ---------------------------------------------------------
+
+    def _retry_image_kind(self, session: OpSession | None, kind: str | None) -> str | None:
+        """mongod 8.0 keeps a retryable findAndModify's pre- or post-image in
+        `config.image_collection` (and marks the entry with `needsRetryImage`); not in a
+        transaction (its oplog entries are applyOps)."""
+        return kind if session is not None and self._txn() is None else None
+
+    def _save_retry_image(
+        self, session: OpSession, ts: Timestamp, kind: str, image: dict[str, Any]
+    ) -> None:
+        doc = {"_id": session.lsid, "txnNum": Int64(session.txn_number), "ts": ts,
+               "imageKind": kind, "image": image, "invalidated": False}
+        sid = bytes(session.lsid["id"])
+        self.retry_images[sid] = doc
+        if self.persist is not None:
+            self.persist.put_retry_image(sid, bson.encode(doc))
+
+    def retry_image(self, lsid_id: bytes, txn_number: int, ts: Timestamp | None) -> Any:
+        """The image a retried findAndModify answers with, or None when it is gone (a newer
+        statement of the session replaced it)."""
+        doc = self.retry_images.get(bytes(lsid_id))
+        if doc is None or int(doc["txnNum"]) != txn_number or doc.get("invalidated"):
+            return None
+        if ts is not None and doc["ts"] != ts:
+            return None
+        return doc["image"]
+
+    def entry_at(self, ts: Timestamp) -> dict[str, Any] | None:
+        """The oplog entry with this `ts`, decoded, if still in the oplog."""
+        i = bisect.bisect_left(self._ts, ts)
+        if i < len(self._ts) and self._ts[i] == ts:
+            return decode_entry(self._raw[i])
+        return None
+
+    def image_collection(self) -> list[dict[str, Any]]:
+        """`config.image_collection` as mongod holds it."""
+        return list(self.retry_images.values())
 
     @staticmethod
     def _update_o(
