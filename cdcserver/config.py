@@ -133,6 +133,8 @@ class MetricsConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class LogConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     level: str = "info"
     format: str = "text"  # text | json
+    # Commands slower than this are logged as "Slow query" (mongod's slowms).
+    slow_ms: int = 100
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -292,6 +294,7 @@ _MINIMUM: dict[str, tuple[float, bool]] = {
     "server.idle_connection_timeout_s": (0, True),
     "server.shutdown_grace_s": (0, True),
     "store.oplog_size_mb": (1, True),
+    "log.slow_ms": (0, True),
     "store.noop_interval_s": (0, True),
     "store.txn_oplog_entry_bytes": (1, True),
     "store.txn_oplog_entry_ops": (1, True),

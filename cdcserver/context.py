@@ -31,6 +31,7 @@ class ServerState:
     compressors: tuple[str, ...] = ("zstd", "snappy", "zlib")
     follow: bool = False  # tail the source (a growing recorded oplog)
     connections: int = 0
+    slow_s: float = 0.1  # "Slow query" log threshold ([log] slow_ms)
     total_connections: int = 0
     events_delivered: int = 0
     # The embedded store (`cdcserver.embedded.store.Store`) when the source is its own oplog.

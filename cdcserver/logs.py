@@ -16,10 +16,8 @@ import logging
 import sys
 from typing import Any
 
-# mongod's default operationProfiling.slowOpThresholdMs.
-SLOW_MS = 100
-
-# Logged by the listener for commands slower than SLOW_MS (mongod's COMMAND component).
+# Logged by the listener for commands slower than [log] slow_ms (mongod's COMMAND component;
+# its operationProfiling.slowOpThresholdMs, 100 by default).
 slow_log = logging.getLogger("cdcserver.command")
 
 # The attributes every LogRecord has; anything else on a record came from `extra=`.

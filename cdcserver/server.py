@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import logging
 import os
@@ -31,7 +32,7 @@ from cdcserver.commands import proxy as _proxy  # noqa: F401  (`serve --upstream
 from cdcserver.commands.registry import run_command
 from cdcserver.config import Config
 from cdcserver.context import ConnectionState, ServerState
-from cdcserver.logs import SLOW_MS, log_slow_command, slow_log
+from cdcserver.logs import log_slow_command, slow_log
 from cdcserver.sources.base import OplogLog
 
 log = logging.getLogger("cdcserver")
@@ -39,7 +40,6 @@ log = logging.getLogger("cdcserver")
 # Commands arrive as plain dicts (tz-aware dates keep their instant exactly).
 REQUEST_CODEC = CodecOptions(tz_aware=True, datetime_conversion=DatetimeConversion.DATETIME_AUTO)
 _request_ids = itertools.count(1)
-_SLOW_S = SLOW_MS / 1000
 _HELLO = frozenset({"hello", "isMaster", "ismaster"})
 
 
@@ -204,7 +204,8 @@ class Server:
                     took = time.perf_counter() - started - conn.awaited_s
                     if name == "getMore" and state.metrics is not None:
                         state.metrics.get_more_seconds.observe(took)
-                    if took >= _SLOW_S and not awaitable and slow_log.isEnabledFor(logging.INFO):
+                    slow = took >= state.slow_s and not awaitable
+                    if slow and slow_log.isEnabledFor(logging.INFO):
                         ns = failpoints.command_namespace(name, cmd, cmd.get("$db", "admin"))
                         log_slow_command(took, conn.id, name, ns, reply)
                     if getattr(request, "more_to_come", False):
@@ -257,6 +258,7 @@ def server_for_config(state: ServerState, config: Config) -> Server:
     except ValueError as exc:
         raise StartupError(str(exc)) from None
     state.max_message_bytes = config.server.max_message_bytes
+    state.slow_s = config.log.slow_ms / 1000
     return Server(
         state,
         config.server.max_connections,
@@ -291,6 +293,10 @@ async def serve_forever(config: Config, oplog: OplogLog) -> None:
         log.info("metrics on http://%s:%d/metrics", mc.host, port,
                  extra={"host": mc.host, "port": port})
     sc = config.server
+    # What startup made (modules, a recorded oplog's index of bytes and timestamps) lives as
+    # long as the process: frozen, the cyclic GC stops rescanning it on every full collection
+    # (measured: ~20% of the change-stream delivery time with a 50k-entry file).
+    gc.freeze()
     try:
         await server.start(sc.host, sc.port)
     except OSError as exc:
