@@ -329,12 +329,15 @@ async def _run_writes(store: Store, cmd: Mapping[str, Any], run: Callable[[], An
                 return run()
         except TxnBlocked as blocked:
             timeout = None if deadline is None else deadline - loop.time()
+            store.waiting_writes += 1
             try:
                 if timeout is not None and timeout <= 0:
                     raise TimeoutError
                 await asyncio.wait_for(blocked.txn.ended.wait(), timeout)
             except TimeoutError:
                 raise MongoError(50, "operation exceeded time limit") from None
+            finally:
+                store.waiting_writes -= 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,7 +424,7 @@ async def insert(server, conn, cmd, db):
                     if err.code == 112:  # a transaction's write conflict fails the command
                         raise
                     errors.append(_write_error(i, err))
-                    if ordered or _txn_write_error(store):
+                    if _txn_write_error(store) or ordered:
                         break
                     continue
                 retry.record(stmt_id, True)
@@ -659,7 +662,7 @@ async def update(server, conn, cmd, db):
                         raise
                     progress.statement_done(i)
                     errors.append(_write_error(i, err))
-                    if ordered or _txn_write_error(store):
+                    if _txn_write_error(store) or ordered:
                         break
                     continue
                 progress.statement_done(i)
@@ -728,7 +731,7 @@ async def delete(server, conn, cmd, db):
                         raise
                     progress.statement_done(i)
                     errors.append(_write_error(i, err))
-                    if ordered or _txn_write_error(store):
+                    if _txn_write_error(store) or ordered:
                         break
                     continue
                 progress.statement_done(i)
@@ -802,8 +805,13 @@ async def find_and_modify(server, conn, cmd, db):
         done = retry.result(0, "findAndModify")
         if isinstance(done, LoggedWrite):
             return _replayed_find_and_modify(store, db, coll, retry, done, cmd)
-        if done is not _NOT_DONE:
+        if isinstance(done, Mapping):
             return done
+        if done is not _NOT_DONE:  # the statement was another command's (insert, update...)
+            raise MongoError(
+                40606, f"findAndModify retry request: {cmd} is not compatible with previous "
+                "write in the transaction",
+            )
         try:
             reply = _find_and_modify_once(store, db, coll, cmd, retry)
         finally:

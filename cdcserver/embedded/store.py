@@ -456,6 +456,7 @@ class Store(EntryList):
         self._views: dict[bytes, tuple[Any, Any]] = {}
         # mongod's transactionLifetimeLimitSeconds: older transactions are aborted; 0: never
         self.transaction_lifetime_limit_seconds = transaction_lifetime_limit_seconds
+        self.waiting_writes = 0  # writes waiting now for a transaction to end
         # lsid id -> its `config.image_collection` document (retryable findAndModify images)
         self.retry_images: dict[bytes, dict[str, Any]] = {}
         self.persist = Persistence(data_dir, synchronous) if data_dir else None
