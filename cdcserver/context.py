@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import os
 from dataclasses import dataclass, field
@@ -41,6 +42,9 @@ class ServerState:
     max_message_bytes: int = 48_000_000  # hello's maxMessageSizeBytes; larger frames close
     metrics: Any = None  # `cdcserver.metrics.Metrics` when the metrics endpoint is on
     shutting_down: bool = False  # SIGTERM: new commands get 91 ShutdownInProgress
+    # Set with shutting_down: wakes awaitable hellos, which then fail with 91 as mongod's do in
+    # quiesce mode (a driver's monitor marks the server Unknown at once).
+    quiescing: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         if self.store is None:

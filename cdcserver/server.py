@@ -89,6 +89,7 @@ class Server:
         Commands that arrive meanwhile get 91 ShutdownInProgress (commands/registry.py)."""
         state = self.state
         state.shutting_down = True
+        state.quiescing.set()
         if self._server is not None:
             self._server.close()  # the listening socket only; connections stay open
         for cursor in state.cursors.cursors.values():

@@ -210,11 +210,15 @@ def test_requests_during_shutdown_and_second_signal(tmp_path: pathlib.Path) -> N
     )
     uri = server.direct_uri
     try:
-        blocked = pymongo.MongoClient(uri)
-        pinger, streamer, helloer = (pymongo.MongoClient(uri) for _ in range(3))
+        # These clients' monitors poll rarely: a streaming monitor's awaitable hello gets 91 at
+        # once at shutdown (checked below), which would mark the server Unknown in each client
+        # before the commands this test sends on their open connections.
+        quiet = {"serverMonitoringMode": "poll", "heartbeatFrequencyMS": 600_000}
+        blocked = pymongo.MongoClient(uri, **quiet)
+        pinger, streamer, helloer = (pymongo.MongoClient(uri, **quiet) for _ in range(3))
         failures = FailedCommands()
         writer = pymongo.MongoClient(
-            uri, event_listeners=[failures], serverSelectionTimeoutMS=300
+            uri, event_listeners=[failures], serverSelectionTimeoutMS=300, **quiet
         )
         for c in (pinger, streamer, helloer, writer):
             c.admin.command("ping")  # each has a pooled connection before the shutdown
@@ -234,6 +238,22 @@ def test_requests_during_shutdown_and_second_signal(tmp_path: pathlib.Path) -> N
         )
         hold.start()
         _wait_metric(server, "cdcserver_requests_in_flight", 1)
+        # A driver monitor's awaitable hello, waiting 60 s for a topology change: shutdown
+        # answers it at once with 91 (mongod's quiesce mode), not after its wait.
+        monitor = pymongo.MongoClient(uri, socketTimeoutMS=120_000, **quiet)
+        version = monitor.admin.command("hello")["topologyVersion"]
+        awaited: list[BaseException] = []
+
+        def awaitable_hello() -> None:
+            try:
+                monitor.admin.command(
+                    {"hello": 1, "topologyVersion": version, "maxAwaitTimeMS": 60_000}
+                )
+            except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+                awaited.append(exc)
+
+        waiting = threading.Thread(target=awaitable_hello, daemon=True)
+        waiting.start()
 
         server.process.send_signal(signal.SIGTERM)
         _wait_metric(server, "cdcserver_shutting_down", 1)
@@ -255,6 +275,11 @@ def test_requests_during_shutdown_and_second_signal(tmp_path: pathlib.Path) -> N
         with pytest.raises(pymongo.errors.NotPrimaryError) as err:
             helloer.admin.command("hello")
         assert err.value.details["code"] == 91
+        waiting.join(GUARD_S)
+        assert not waiting.is_alive()
+        assert isinstance(awaited[0], pymongo.errors.NotPrimaryError)
+        assert awaited[0].details["code"] == 91
+        monitor.close()
         # A retryable write: RetryableWriteError (pymongo's retry then finds no server).
         with pytest.raises(pymongo.errors.PyMongoError):
             writer.shop.orders.insert_one({"_id": 1})

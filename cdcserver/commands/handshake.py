@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import sys
 from typing import Any
@@ -91,7 +92,12 @@ async def _hello(server, conn, cmd, db, legacy):
                 f"BSON field '{next(iter(cmd))}.maxAwaitTimeMS' is the wrong type "
                 f"'{type_name(wait)}', expected types '[long, int, decimal, double]'",
             )
-        await asyncio.sleep(min(max(int(wait), 0), 60_000) / 1000)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                server.quiescing.wait(), min(max(int(wait), 0), 60_000) / 1000
+            )
+        if server.shutting_down:
+            raise MongoError(91, "The server is in quiesce mode and will shut down")
     return hello_reply(server, conn, cmd, legacy)
 
 
