@@ -100,6 +100,7 @@ def open_embedded(config: Config):
         txn_oplog_entry_bytes=sc.txn_oplog_entry_bytes,
         txn_oplog_entry_ops=sc.txn_oplog_entry_ops,
         ttl_monitor_sleep_secs=sc.ttl_monitor_sleep_secs,
+        transaction_lifetime_limit_seconds=sc.transaction_lifetime_limit_seconds,
     )
     if not sc.in_memory:
         log.info("embedded store in %s", sc.data_dir)

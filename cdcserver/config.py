@@ -58,6 +58,7 @@ class StoreConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     txn_oplog_entry_bytes: int = 16 * 1024 * 1024
     txn_oplog_entry_ops: int = 2_147_483_647
     ttl_monitor_sleep_secs: float = 60.0  # TTL index pass interval (mongod's); 0: off
+    transaction_lifetime_limit_seconds: float = 60.0  # older transactions abort; 0: never
 
 
 class UpstreamConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -298,6 +299,7 @@ _MINIMUM: dict[str, tuple[float, bool]] = {
     "store.noop_interval_s": (0, True),
     "store.txn_oplog_entry_bytes": (1, True),
     "store.txn_oplog_entry_ops": (1, True),
+    "store.transaction_lifetime_limit_seconds": (0, True),
     "upstream.batch_size": (1, True),
     "upstream.max_await_ms": (0, True),
     "upstream.window_entries": (1, True),
