@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+from collections import OrderedDict
 
 from bson.timestamp import Timestamp
 
@@ -86,7 +87,9 @@ class EntryList:
         # Keyed by the entry's bytes object, not its Timestamp: bson's Timestamp hash is
         # time ^ inc, which collides across neighbouring entries (long probe chains of
         # Python-level __eq__ calls); a bytes object caches its hash, and a hit is an identity.
-        self._decoded: dict[bytes, Entry] = {}
+        # An OrderedDict, not a dict: evicting a plain dict's first key scans past every
+        # deleted slot before it (measured ~1.5 us per entry at this window size).
+        self._decoded: OrderedDict[bytes, Entry] = OrderedDict()
 
     def latest_ts(self) -> Timestamp | None:
         return self._ts[-1] if self._ts else None
@@ -105,7 +108,7 @@ class EntryList:
             if entry is None:
                 entry = cache[raw] = decode_entry(raw)
                 if len(cache) > DECODED_WINDOW:
-                    del cache[next(iter(cache))]  # the oldest decoded
+                    cache.popitem(last=False)  # the oldest decoded
             out.append(entry)
         return out
 
