@@ -186,6 +186,14 @@ def test_slow_query_log(served: tuple[EmbeddedServer, int], caplog: Any) -> None
         # An awaitData getMore that waits 300 ms for events did no slow work.
         with client.shop.orders.watch(max_await_time_ms=300) as stream:
             assert stream.try_next() is None
+        # Nor does a tailable awaitData find on the oplog that waits 300 ms for entries.
+        tail = client.local["oplog.rs"].find(
+            {"ts": {"$gt": client.admin.command("ping")["operationTime"]}},
+            cursor_type=pymongo.CursorType.TAILABLE_AWAIT,
+        ).max_await_time_ms(300)
+        assert next(tail, None) is None  # the find's first batch: empty, at once
+        assert next(tail, None) is None and tail.alive  # a getMore that waited, empty
+        tail.close()
     slow = [r for r in caplog.records if r.name == "cdcserver.command"]
     assert [r.command for r in slow] == ["ping"]  # type: ignore[attr-defined]
     record = slow[0]

@@ -235,6 +235,7 @@ class OplogCursor:
     exhausted: bool = False
     busy: bool = False
     last_used: float = field(default_factory=time.monotonic)
+    awaited_s: float = 0.0  # the last getMore's wait for entries
 
     def __post_init__(self) -> None:
         self.position = self.bounds.hi if self.reverse else self.bounds.lo
@@ -311,6 +312,7 @@ class OplogCursor:
         return out
 
     async def get_more(self, batch_size: int | None, max_time_ms: int | None) -> list[Any]:
+        self.awaited_s = 0.0  # this getMore's wait for entries: not its work (slow log)
         batch = await self.fill(batch_size)
         if batch or not (self.tailable and self.await_data) or self.done:
             return batch
@@ -320,7 +322,9 @@ class OplogCursor:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return batch
+            waited_from = time.monotonic()
             await self.log.wait_for_entries(self.position, remaining)
+            self.awaited_s += time.monotonic() - waited_from
             batch = await self.fill(batch_size)
             if batch or self.done:
                 return batch
