@@ -984,7 +984,9 @@ async def get_more(server, conn, cmd, db):
         )
     batch_size = _int(cmd, "batchSize", "getMore", 0) or None
     if isinstance(cursor, oplog_find.OplogCursor):
-        return await _oplog_get_more(table, cursor, cmd, batch_size)
+        reply = await _oplog_get_more(table, cursor, cmd, batch_size)
+        conn.awaited_s = cursor.awaited_s  # its wait for entries is not its work (slow log)
+        return reply
     batch = _take(cursor, batch_size)
     cursor.last_used = time.monotonic()
     done = cursor.pos >= len(cursor.docs)
