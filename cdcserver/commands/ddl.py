@@ -561,11 +561,11 @@ async def drop_indexes(server, conn, cmd, db):
 async def list_indexes(server, conn, cmd, db):
     store = get_store(server)
     coll = coll_arg(cmd, "listIndexes")
+    batch_size = cursor_batch_size(cmd, "listIndexes")  # parsed (IDL) before the lookup
     c = store.get(db, coll)
     if c is None:
         store.check_not_view(db, coll)
         raise _ns_not_found(f"{db}.{coll}")
-    batch_size = cursor_batch_size(cmd, "listIndexes")
     return cursor_first_batch(server, f"{db}.$cmd.listIndexes.{coll}",
                               [dict(s) for s in c.indexes], batch_size)
 
