@@ -293,6 +293,14 @@ def event_token(
 ) -> dict[str, Any]:
     """`ResumeTokenData.for_event(...).to_document()` for the per-event case (a v2 token of an
     event with a collection UUID and a raw documentKey), without building the object."""
+    pre, head, bits_value = _event_token_head(operation_type, txn_op_index)
+    if not bits_value and type(document_key) is bytes:
+        # The common documentKey `{_id: int32 | ObjectId | string}` sets no type bit: the token
+        # is one concatenation and has no _typeBits.
+        key = _simple_key_keystring(document_key)
+        if key is not None:
+            ts = _TS_STRUCT.pack(keystring.TIMESTAMP, cluster_time.time, cluster_time.inc)
+            return {"_data": b"".join((ts, pre, uuid, head, key, _KEY_END)).hex().upper()}
     prefix, bits = _token_prefix(DEFAULT_TOKEN_VERSION, EVENT_TOKEN, txn_op_index, False)
     b = keystring.Builder(
         b"".join((
@@ -308,6 +316,34 @@ def event_token(
 
 _UUID_HEADER = bytes((keystring.BINDATA, 16, 4))
 _TS_STRUCT = struct.Struct(">BII")
+# End of the documentKey, end of the eventIdentifier, end of the KeyString.
+_KEY_END = bytes((0, 0, keystring.END))
+
+
+@functools.lru_cache(maxsize=1024)
+def _event_token_head(operation_type: str, txn_op_index: int) -> tuple[bytes, bytes, int]:
+    """(KeyString from version up to the UUID's bytes, from the UUID up to the documentKey's
+    fields, type bits value of both): what `event_token` puts around the UUID."""
+    prefix, (value, count) = _token_prefix(DEFAULT_TOKEN_VERSION, EVENT_TOKEN, txn_op_index, False)
+    head, (head_value, _) = _identifier_head_keystring(operation_type, True)
+    return prefix + _UUID_HEADER, head, value | (head_value << count)
+
+
+def _simple_key_keystring(raw: bytes) -> bytes | None:
+    """KeyString of the fields of `{_id: int32 | ObjectId | string without NUL}` (what
+    `Builder._append_fields` writes, and none of them sets a type bit), else None."""
+    if raw[5:9] != b"_id\x00":
+        return None
+    t, n = raw[4], len(raw)
+    if t == 0x10 and n == 14:
+        return b"\x1e_id\x00" + keystring.int_body(_I32.unpack_from(raw, 9)[0])
+    if t == 0x07 and n == 22:
+        return b"\x64_id\x00\x64" + raw[9:21]
+    if t == 0x02 and n == 14 + _I32.unpack_from(raw, 9)[0]:
+        s = raw[13:-2]
+        if 0 not in s:
+            return b"\x3c_id\x00\x3c" + s + b"\x00"
+    return None
 
 
 @functools.lru_cache(maxsize=1024)

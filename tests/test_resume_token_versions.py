@@ -74,8 +74,15 @@ def test_sort_key_normalises_lower_case_client_tokens():
 def test_the_per_event_fast_path_encodes_like_the_token_data():
     import bson
     from bson.int64 import Int64
+    from bson.objectid import ObjectId
 
-    keys = [{"_id": 1}, {"_id": "x\x00y"}, {"_id": Int64(5)}, {"_id": 1.5, "sk": {"a": [1, 2]}}]
+    keys = [
+        {"_id": 1}, {"_id": "x\x00y"}, {"_id": Int64(5)}, {"_id": 1.5, "sk": {"a": [1, 2]}},
+        # the concatenation fast path's shapes, and near misses that take the general one
+        {"_id": -(1 << 31)}, {"_id": 0}, {"_id": 300}, {"_id": ObjectId()}, {"_id": ""},
+        {"_id": "é\u00ff"}, {"_id": 1, "x": 2}, {"_id": ObjectId(), "sk": 1}, {"id": 1},
+        {"_id": "ab", "c": "d"},
+    ]
     for key in keys:
         for txn in (0, 3, (1 << 30) + 1):
             for op in ("insert", "update", "replace", "delete"):
