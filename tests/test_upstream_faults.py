@@ -429,7 +429,8 @@ def test_proxy_with_upstream_down_is_a_retryable_error(servers, tmp_path):
         cb.shop.px.insert_one({"_id": 1})
         a.kill()
         with pytest.raises(errors.OperationFailure) as down:
-            cb.shop.command({"insert": "px", "documents": [{"_id": 2}], "txnNumber": 1,
+            cb.shop.command({"insert": "px", "documents": [{"_id": 2}],
+                             "txnNumber": __import__("bson").Int64(1),  # a long, as in IDL
                              "lsid": {"id": __import__("bson").Binary(b"0" * 16, 4)}})
         assert down.value.code in (6, 89)
         assert down.value.has_error_label("RetryableWriteError")
