@@ -52,10 +52,10 @@ from cdcserver.testing import HOST, EmbeddedServer
 RAW = CodecOptions(document_class=RawBSONDocument)
 FUZZ_DB = "fz"
 SENTINEL_DB = "fuzz_sentinel"  # never a fuzzed command's database: its stream must survive
-# CDCSERVER_FUZZ_EXAMPLES=2000 pytest tests/test_command_fuzz.py hunts with fresh random inputs;
+# FUZZ_EXAMPLES=2000 pytest tests/test_command_fuzz.py hunts with fresh random inputs;
 # by default the run is small and derandomized (the same inputs every time).
-HUNT = "CDCSERVER_FUZZ_EXAMPLES" in os.environ
-EXAMPLES = int(os.environ.get("CDCSERVER_FUZZ_EXAMPLES", "40"))
+HUNT = "FUZZ_EXAMPLES" in os.environ
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "40"))
 HANG_GUARD_MS = 20_000  # a socket timeout against a hang, never a performance expectation
 
 # "$proxy" is the upstream forwarder's hook (only consulted with `serve --upstream`).

@@ -208,13 +208,19 @@ def _decompress(compressor: int, payload: bytes) -> bytes:
     return payload
 
 
-def _check_message(op_code: int, rest: bytes) -> None:
+def _check_message(header: bytes, op_code: int, rest: bytes) -> None:
     """A reply the server sent: well formed, and no InternalError in it."""
-    if op_code == OP_COMPRESSED:  # answered compressed in kind
+    compressed = op_code == OP_COMPRESSED
+    if compressed:  # answered compressed in kind
         op_code, size, compressor = struct.unpack_from("<iiB", rest)
         rest = _decompress(compressor, rest[9:])
         assert len(rest) == size
     if op_code == OP_MSG:
+        (flags,) = struct.unpack_from("<I", rest)
+        if flags & 1:  # answered with a checksum, as asked with one: it must be right
+            crc = struct.unpack_from("<I", rest, len(rest) - 4)[0]
+            assert compressed or crc32c(header + rest[:-4]) == crc
+            rest = rest[:-4]
         assert rest[4] == 0  # a body section
         check_reply({}, bson.decode(rest[5:]))
     else:
@@ -236,7 +242,7 @@ def answered_or_closed(sock: socket.socket) -> str:
         rest = _recv_exact(sock, length - 16)
         if rest is None:
             return "closed"
-        _check_message(op_code, rest)
+        _check_message(header, op_code, rest)
         if response_to == PING_ID:
             return "answered"
 
