@@ -26,7 +26,7 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
-from cdcserver.commands import oplog_find, write_concern
+from cdcserver.commands import oplog_find, txn_rules, write_concern
 from cdcserver.commands.arguments import array_arg, is_string
 from cdcserver.commands.handshake import _ELECTION_ID
 from cdcserver.commands.registry import command, int_arg
@@ -205,6 +205,22 @@ def transaction_of(store: Store, cmd: Mapping[str, Any]) -> Txn:
         raise MongoError(251, f"Transaction with {{ txnNumber: {number} }} has been aborted.",
                          labels=["TransientTransactionError"])
     return txn
+
+
+def _abort_failed_transaction(server: Any, cmd: Mapping[str, Any]) -> None:
+    """A command failed inside its transaction: abort that transaction (the very lsid and
+    txnNumber; a stale txnNumber's error leaves the newer transaction alone)."""
+    store = getattr(server, "store", None)
+    lsid, number = cmd.get("lsid"), cmd.get("txnNumber")
+    if not isinstance(store, Store) or not isinstance(lsid, Mapping) or number is None:
+        return
+    txn = store.txns.get(bytes(lsid.get("id", b"")))
+    if txn is not None and txn.txn_number == int(number) and txn.state == "in progress":
+        with store.batch():
+            store.abort_transaction(txn)
+
+
+txn_rules.ERROR_HOOKS.append(_abort_failed_transaction)
 
 
 @command("commitTransaction")

@@ -15,7 +15,7 @@ from bson.binary import Binary
 from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 
-from cdcserver.commands import arguments, failpoints
+from cdcserver.commands import arguments, failpoints, txn_rules
 from cdcserver.context import ConnectionState, ServerState
 from pipeline_stages.errors import MongoError
 
@@ -118,6 +118,7 @@ async def run_command(
         handler = proxy
     # Decided before running: a failed change-stream getMore closes its cursor.
     change_stream = is_change_stream_command(name, cmd, server)
+    checked_out = False  # past the checks mongod makes before checking out the session
     try:
         if server.shutting_down:
             raise shutdown_error(name, cmd, change_stream)
@@ -130,6 +131,9 @@ async def run_command(
         if handler is None:
             raise MongoError(59, f"no such command: '{name}'")
         arguments.check_session_arguments(cmd)  # lsid, txnNumber...: typed for every command
+        if handler is not proxy:
+            txn_rules.check_allowed(name, cmd)  # 263, before the session is checked out
+            checked_out = True
         reply = await handler(server, conn, cmd, db)
         if server.auth is not None:
             reply = server.auth.after_command(
@@ -138,6 +142,8 @@ async def run_command(
         if isinstance(reply, RawBSONDocument):
             return reply  # forwarded: the upstream's reply as it came (its ok, its times)
     except MongoError as err:
+        if checked_out:
+            txn_rules.failed_in_transaction(server, name, cmd)
         return error_reply(server, err, change_stream)
     except failpoints.CloseConnection:
         raise  # the listener drops the connection without a reply
