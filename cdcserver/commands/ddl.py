@@ -3,7 +3,7 @@ createIndexes, dropIndexes, listIndexes, collMod, listCollections, listDatabases
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import bson
@@ -13,7 +13,13 @@ from bson.int64 import Int64
 from cdcserver.commands import cursors as _cursors  # noqa: F401  (its "aggregate" is wrapped)
 from cdcserver.commands import oplog_find
 from cdcserver.commands.arguments import cursor_batch_size, is_string, object_arg
-from cdcserver.commands.crud import coll_arg, cursor_first_batch, get_store
+from cdcserver.commands.crud import (
+    _run_writes,
+    coll_arg,
+    cursor_first_batch,
+    get_store,
+    snapshot_reads,
+)
 from cdcserver.commands.registry import COMMANDS, command
 from cdcserver.embedded import engine
 from cdcserver.embedded.store import (
@@ -48,6 +54,18 @@ def _ns_not_found(ns: str) -> MongoError:
     return MongoError(26, f"ns does not exist: {ns}")
 
 
+async def _exclusive_lock(
+    store: Store, cmd: Mapping[str, Any], colls: Callable[[], list[Collection | None]]
+) -> None:
+    """Wait, as mongod's DDL waits for the collection's exclusive lock, until no open
+    transaction has written or created these collections (within maxTimeMS, else 50)."""
+    await _run_writes(store, cmd, lambda: store.check_ddl_lock([c for c in colls() if c]))
+
+
+def _in_txn(cmd: Mapping[str, Any]) -> bool:
+    return cmd.get("autocommit") is False
+
+
 # ---------------------------------------------------------------------------------------------
 # create / drop / rename / dropDatabase
 
@@ -65,6 +83,8 @@ async def create(server, conn, cmd, db):
     store = get_store(server)
     coll = coll_arg(cmd, "create")
     if "viewOn" in cmd or "pipeline" in cmd:
+        if _in_txn(cmd):
+            raise MongoError(263, "Cannot create a view in a multi-document transaction.")
         return _create_view(store, cmd, db, coll)
     options: dict[str, Any] = {}
     for k, v in cmd.items():
@@ -79,12 +99,16 @@ async def create(server, conn, cmd, db):
             _check_pre_post(v)
             v = {"enabled": v["enabled"]}
         options[k] = v
-    with store.batch():
+    if _in_txn(cmd) and coll.startswith("system."):
+        raise MongoError(263, f"Cannot create system collection {db}.{coll} within a "
+                         "transaction.")
+    # In a transaction: the transaction's snapshot, and its create goes into its applyOps.
+    with store.batch(), snapshot_reads(store, cmd):
         existing = store.get(db, coll)
         if existing is not None:
-            if ordered_options(options) == existing.options:
+            if ordered_options(options) == existing.options and not _in_txn(cmd):
                 return {}
-            raise _exists_with_other_options(existing)
+            raise _exists_with_other_options(existing)  # in a transaction, always (48)
         view = store.view(db, coll)
         if view is not None:
             raise MongoError(48, f"namespace {db}.{coll} already exists, but is a view on "
@@ -334,6 +358,7 @@ def _check_collation_matches(
 async def drop(server, conn, cmd, db):
     store = get_store(server)
     coll = coll_arg(cmd, "drop")
+    await _exclusive_lock(store, cmd, lambda: [store.get(db, coll)])
     with store.batch():
         c = store.drop_collection(db, coll)
         if c is None and store.drop_view(db, coll):
@@ -348,6 +373,7 @@ async def drop_database(server, conn, cmd, db):
     store = get_store(server)
     if db in ("admin", "config", "local"):
         raise MongoError(20, f"Cannot drop '{db}' database while replication is active")
+    await _exclusive_lock(store, cmd, lambda: list(store.collections_of(db)))
     with store.batch():
         dropped = store.drop_database(db)
     return {"dropped": db} if dropped else {}
@@ -372,6 +398,9 @@ async def rename_collection(server, conn, cmd, db):
     if not to_coll:
         raise MongoError(73, f"Invalid target namespace: {target}")
     drop_target = cmd.get("dropTarget") is True
+    await _exclusive_lock(
+        store, cmd, lambda: [store.get(src_db, src_coll), store.get(to_db, to_coll)]
+    )
     with store.batch():
         src = store.get(src_db, src_coll)
         if src is None:
@@ -462,9 +491,13 @@ async def create_indexes(server, conn, cmd, db):
     if not raw:
         raise MongoError(2, "Must specify at least one index to create")
     specs = [normalize_index_spec(r) for r in raw]
-    with store.batch():
+    in_txn = _in_txn(cmd)
+    with store.batch(), snapshot_reads(store, cmd):
         c = store.get(db, coll)
         created = c is None
+        # mongod builds indexes in a transaction only on a collection the transaction creates
+        # (runCreateIndexesOnNewCollection), and only while it is empty.
+        new_in_txn = in_txn and (c is None or c.created_by is store.txn)
         if c is None:
             store.check_not_view(db, coll)
             c = store.create_collection(db, coll)
@@ -499,6 +532,14 @@ async def create_indexes(server, conn, cmd, db):
                     "Index already exists with a different name: " + same_key["name"],
                 )
             new.append(spec)
+        if new and in_txn:
+            if not new_in_txn:
+                raise MongoError(263, f"Cannot create new indexes on existing collection "
+                                 f"{db}.{coll} in a multi-document transaction.")
+            if store.documents(c):
+                raise MongoError(263, f"Cannot create new indexes on non-empty collection "
+                                 f"{db}.{coll} in a multi-document transaction.")
+            created = True  # mongod answers so for a collection the transaction created
         if new:
             store.create_indexes(c, new)
     reply: dict[str, Any] = {
@@ -519,6 +560,7 @@ async def drop_indexes(server, conn, cmd, db):
     name = next(iter(cmd))
     coll = coll_arg(cmd, name)
     which = cmd.get("index")
+    await _exclusive_lock(store, cmd, lambda: [store.get(db, coll)])
     with store.batch():
         c = store.get(db, coll)
         if c is None:
@@ -600,6 +642,7 @@ async def coll_mod(server, conn, cmd, db):
     store = get_store(server)
     coll = coll_arg(cmd, "collMod")
     _view_argument_errors(cmd, "collMod")
+    await _exclusive_lock(store, cmd, lambda: [store.get(db, coll)])
     with store.batch():
         c = store.get(db, coll)
         if c is None:

@@ -187,6 +187,9 @@ class Collection:
     indexes: list[dict[str, Any]] = field(default_factory=lambda: [dict(ID_INDEX)])
     # unique index name -> index key bytes -> document key
     unique: dict[str, dict[bytes, bytes]] = field(default_factory=dict)
+    # the transaction in progress that created it (mongod's UncommittedCatalogUpdates): it is
+    # durable and others may write to it only once that transaction commits
+    created_by: Txn | None = None
 
     @property
     def ns(self) -> str:
@@ -658,7 +661,9 @@ class Store(EntryList):
         wall: datetime.datetime | None = None,
         needs_retry_image: str | None = None,
     ) -> tuple[Timestamp, datetime.datetime]:
-        if self.txn is not None and op in ("i", "u", "d"):
+        if self.txn is not None and (op in ("i", "u", "d") or (op == "c" and self.txn.lsid)):
+            # DDL in a transaction (create, createIndexes on a new collection) is one of the
+            # transaction's operations, logged in its applyOps as mongod's OpObserver does
             inner: dict[str, Any] = {"op": op, "ns": ns, "ui": ui, "o": o}
             if o2 is not None:
                 inner["o2"] = o2
@@ -733,7 +738,7 @@ class Store(EntryList):
         return sorted((c for (d, _), c in self.catalog.items() if d == db), key=lambda c: c.name)
 
     def _save_meta(self, c: Collection) -> None:
-        if self.persist is not None:
+        if self.persist is not None and c.created_by is None:  # else at its commit
             self.persist.put_collection(c.db, c.name, c.uuid, c.meta_bytes())
 
     def create_collection(
@@ -742,6 +747,10 @@ class Store(EntryList):
         validate_collection_name(db, coll)
         options = ordered_options(options or {})
         c = Collection(db, coll, uuid_module.uuid4().bytes, options)
+        txn = self._txn()
+        if txn is not None:
+            c.created_by = txn
+            txn.colls[c.uuid] = c
         self.catalog[(db, coll)] = c
         cs = self._cs(c)
         cs.drop()
@@ -1038,12 +1047,25 @@ class Store(EntryList):
         transactions waits for the other transaction to end (TxnBlocked)."""
         txn = self._txn()
         owner = self._owners.get((c.uuid, key))
+        creator = c.created_by
+        if creator is not None and creator is not txn and creator.state == "in progress":
+            owner = creator  # a collection another transaction is creating
         if owner is not None and owner is not txn and owner.state == "in progress":
             if txn is None:
                 raise TxnBlocked(owner)
             self._write_conflict(txn)
         if txn is not None and self._last_write.get((c.uuid, key), -1) > txn.snapshot:
             self._write_conflict(txn)
+
+    def check_ddl_lock(self, colls: Sequence[Collection]) -> None:
+        """mongod's DDL takes a collection's exclusive lock, which waits for every transaction
+        holding an intent lock on it (one that wrote or created it) to end: TxnBlocked, so the
+        command waits as outside writes do."""
+        for txn in list(self._live.values()):
+            if txn.lsid and txn.state == "in progress" and any(
+                c.uuid in txn.colls for c in colls
+            ):
+                raise TxnBlocked(txn)
 
     def _check_unique_in_txn(
         self, txn: Txn, c: Collection, key: bytes, new: Mapping[str, Any]
@@ -1377,6 +1399,11 @@ class Store(EntryList):
         and make it durable."""
         if txn.state != "in progress":
             return
+        for c in txn.colls.values():
+            if c.created_by is txn:  # its collections become everyone's, and durable
+                c.created_by = None
+                if self.catalog.get((c.db, c.name)) is c:
+                    self._save_meta(c)
         if not txn.ops:
             self._end(txn, "committed")
             return
@@ -1427,6 +1454,11 @@ class Store(EntryList):
         SQLite."""
         if txn.state != "in progress":
             return
+        for c in txn.colls.values():
+            if c.created_by is txn and self.catalog.get((c.db, c.name)) is c:
+                del self.catalog[(c.db, c.name)]  # never logged, never persisted
+                self._cs(c).drop()
+                self.server_store[c.db]._collections.pop(c.name, None)
         self._end(txn, "aborted")
 
     # -- retryable findAndModify images ---------------------------------------------------------
