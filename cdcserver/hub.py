@@ -64,18 +64,25 @@ class StreamGroup:
     def pull(self, want: int, member: ChangeStreamCursor) -> None:
         """Read the oplog until `member` has `want` events queued or the oplog is exhausted;
         every member gets what the producer made."""
-        producer = self.producer
-        while member.pipeline.pending_count < want and not producer.invalidated:
-            entries = self.log.read_from(self.next_ts, READ_CHUNK)
-            if not entries:
+        while member.pipeline.pending_count < want and not self.producer.invalidated:
+            if not self.step(member, READ_CHUNK):
                 break
-            last = entries[-1]["ts"]
-            producer.push(entries, scanned_to=last)
-            self.next_ts = next_ts(last)
-            items = producer.take_pending()
-            for m in self.members:
-                m.pipeline.share(items, producer)
-            self._detach_laggards(member)
+
+    def step(self, member: ChangeStreamCursor, chunk: int) -> bool:
+        """Read up to `chunk` entries for every member (`member` is the one reading); False
+        when there was nothing to read."""
+        producer = self.producer
+        entries = self.log.read_from(self.next_ts, chunk)
+        if not entries:
+            return False
+        last = entries[-1]["ts"]
+        producer.push(entries, scanned_to=last)
+        self.next_ts = next_ts(last)
+        items = producer.take_pending()
+        for m in self.members:
+            m.pipeline.share(items, producer)
+        self._detach_laggards(member)
+        return True
 
     def _detach_laggards(self, reader: ChangeStreamCursor) -> None:
         for m in list(self.members):

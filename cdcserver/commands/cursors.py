@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from bson.int64 import Int64
 
 from cdcserver.commands.arguments import is_string, wrong_type
 from cdcserver.commands.registry import COMMANDS, command, int_arg
-from cdcserver.cursors import ChangeStreamCursor, cursor_reply
+from cdcserver.cursors import DEFAULT_BATCH_SIZE, ChangeStreamCursor, cursor_reply
 from pipeline_stages.errors import MongoError
 from pipeline_stages.pipeline import ChangeStreamPipeline
 from pipeline_stages.spec import is_change_stream_aggregate, parse_aggregate
@@ -62,6 +64,7 @@ async def aggregate(server, conn, cmd, db):
         cursor.close()
     else:
         server.cursors.add(cursor)
+        _prefetch_after(server, cursor, batch_size, len(batch.events))
     server.events_delivered += len(batch.events)
     return {"cursor": cursor_reply(cursor.id, ns, batch, first=True)}
 
@@ -102,8 +105,43 @@ async def get_more(server, conn, cmd, db):
         conn.awaited_s = cursor.awaited_s  # not the getMore's own work (slow log, latency)
     if batch.invalidated:
         server.cursors.kill(cursor.id)
+    else:
+        _prefetch_after(server, cursor, batch_size, len(batch.events))
     server.events_delivered += len(batch.events)
     return {"cursor": cursor_reply(cursor.id, cursor.ns, batch, first=False)}
+
+
+# Oplog entries read per prefetch step: small, so the reply being sent (and every other
+# connection) is served between steps.
+PREFETCH_STEP = 100
+
+
+def _prefetch_after(server, cursor: ChangeStreamCursor, batch_size: int | None, sent: int) -> None:
+    """After a full batch, prepare the next one while the client reads this one.
+
+    The client works through a batch before it sends the next getMore; filling the cursor's
+    queue meanwhile (on the event loop, between I/O) overlaps the two instead of running them
+    one after the other. The getMore then finds its events queued: what it returns is what it
+    would have produced itself, since the queue is filled from the same oplog in the same order.
+    """
+    size = DEFAULT_BATCH_SIZE if batch_size is None or batch_size <= 0 else batch_size
+    if sent < size:
+        return  # the stream caught up with the oplog: nothing to get ahead of
+    asyncio.get_running_loop().call_soon(_prefetch_step, server, cursor, size)
+
+
+def _prefetch_step(server, cursor: ChangeStreamCursor, size: int) -> None:
+    if cursor.closed or cursor.busy or cursor.draining or server.shutting_down:
+        return  # a getMore (which reads for itself) or the end of the cursor
+    pipeline = cursor.pipeline
+    if pipeline.pending_count >= size or pipeline.invalidated:
+        return
+    try:
+        if not cursor.group.step(cursor, PREFETCH_STEP):
+            return  # the end of the oplog for now
+    except Exception:  # noqa: BLE001 - the getMore reads the same entries and reports it
+        return
+    asyncio.get_running_loop().call_soon(_prefetch_step, server, cursor, size)
 
 
 @command("killCursors")
