@@ -182,10 +182,9 @@ def transaction_of(store: Store, cmd: Mapping[str, Any]) -> Txn:
             f"newer transaction {txn.txn_number} has already started.",
         )
     if txn is None or number > txn.txn_number:
-        if cmd.get("startTransaction") is not True:
-            # TransactionParticipant::_continueMultiDocumentTransaction; commit and abort too
-            # (a transaction whose first command was refused never started: jstests
-            # core/txns/commands_not_allowed_in_txn.js)
+        if cmd.get("startTransaction") is not True and not (
+            cmd.get("commitTransaction") or cmd.get("abortTransaction")
+        ):  # TransactionParticipant::_continueMultiDocumentTransaction
             raise MongoError(
                 251, f"Given transaction number {number} does not match any in-progress "
                 "transactions. The active transaction number is "
