@@ -22,7 +22,7 @@ from bson.timestamp import Timestamp
 
 from pipeline_stages import resume_token
 from pipeline_stages.errors import MongoError
-from pipeline_stages.oplog_entry import Entry, split_ns
+from pipeline_stages.oplog_entry import Entry, EntryDocument, split_ns
 from pipeline_stages.resume_token import ResumeTokenData
 from pipeline_stages.spec import ChangeStreamSpec
 from pipeline_stages.update_description import legacy_update_description, update_description
@@ -66,7 +66,7 @@ def _without(doc: Mapping[str, Any], *names: str) -> dict[str, Any]:
 def _update_shape(o: Mapping[str, Any]) -> tuple[Any, bool]:
     """(`o.$v`, whether `o` is a replacement) without decoding a raw replacement document:
     mongod writes `$v` first in update entries and `_id` first in replacements."""
-    if isinstance(o, RawBSONDocument):
+    if type(o) is EntryDocument or isinstance(o, RawBSONDocument):  # exact type: no ABC check
         raw = o.raw
         if raw[5:9] == b"_id\x00":
             return None, True
@@ -77,7 +77,9 @@ def _update_shape(o: Mapping[str, Any]) -> tuple[Any, bool]:
 
 
 def _raw(doc: Mapping[str, Any]) -> bytes:
-    return doc.raw if isinstance(doc, RawBSONDocument) else bson.encode(doc)
+    if type(doc) is EntryDocument or isinstance(doc, RawBSONDocument):  # exact type: no ABC check
+        return doc.raw
+    return bson.encode(doc)
 
 
 class ChangeStreamTransform:
