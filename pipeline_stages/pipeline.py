@@ -172,19 +172,32 @@ class ChangeStreamPipeline:
         op_filter = self.filter.matches_transaction_op
         transform = self.transform.transform
         prefilter = self.prefilter
+        history = self.history
         events: list[dict[str, Any]] = []
-        last_ts = None
+        last = None
+        before_start = True  # `ts` ascends: once one entry is at/after start, all the rest are
         for entry in entries:
-            ts = entry["ts"]
-            last_ts = ts
-            if ts < start or not matches(entry):
+            last = entry
+            if before_start:
+                if entry["ts"] < start:
+                    continue
+                before_start = False
+            if not matches(entry):
                 continue
-            for op in unwind(entry, op_filter, self.history):
+            if entry.get("op") != "c":  # unwind() passes anything but a command through as is
+                if prefilter is not None and not _may_match(prefilter, entry):
+                    continue
+                event = transform(entry)
+                if event is not None:
+                    events.append(event)
+                continue
+            for op in unwind(entry, op_filter, history):
                 if prefilter is not None and not _may_match(prefilter, op):
                     continue
                 event = transform(op)
                 if event is not None:
                     events.append(event)
+        last_ts = None if last is None else last["ts"]
         if scanned_to is None or (last_ts is not None and last_ts > scanned_to):
             scanned_to = last_ts
         if scanned_to is not None and (self._scanned_ts is None or scanned_to > self._scanned_ts):
@@ -201,9 +214,10 @@ class ChangeStreamPipeline:
             events = self.add_pre_image.process(events)
         if self.add_post_image is not None:
             events = self.add_post_image.process(events)
-        else:
+        elif self.add_pre_image is not None:
             for event in events:
                 strip_internal_fields(event)
+        # else: without image stages the transform adds no internal field to strip.
         if self.ensure_token is not None:
             events = self.ensure_token.process(events)
         if not self.spec.show_expanded_events:
