@@ -90,3 +90,23 @@ def encode_in_order(doc: Any, codec_options: CodecOptions | None = None) -> byte
     if codec_options is None:
         return bson.encode({"": doc})[6:-1]
     return bson.encode({"": doc}, codec_options=codec_options)[6:-1]
+
+
+def encode_many_in_order(docs: list[Any]) -> list[bytes]:
+    """`[encode_in_order(d) for d in docs]` in one encoder call.
+
+    Each `bson.encode` call pays ~1 us of its own (codec options are converted on every call),
+    more than encoding a typical event: encode `{"": [docs...]}` once (array elements are
+    embedded documents, written as they are) and cut each element out: after its type byte
+    and its key (the index as digits, NUL) comes the document with its own length.
+    """
+    data = bson.encode({"": docs})
+    out = []
+    pos = 10  # total length, 0x04, "" NUL, the array's length
+    index_of = data.index
+    for _ in range(len(docs)):
+        pos = index_of(0, pos + 1) + 1  # past the type byte and the key
+        end = pos + int.from_bytes(data[pos : pos + 4], "little")
+        out.append(data[pos:end])
+        pos = end
+    return out

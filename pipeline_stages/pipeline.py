@@ -27,7 +27,7 @@ from pipeline_stages.check_invalidate import CheckInvalidate
 from pipeline_stages.check_resumability import CheckResumability, check_history
 from pipeline_stages.ensure_resume_token_present import EnsureResumeTokenPresent
 from pipeline_stages.image_source import ImageSource
-from pipeline_stages.oplog_entry import Entry, encode_in_order, split_ns
+from pipeline_stages.oplog_entry import Entry, encode_in_order, encode_many_in_order, split_ns
 from pipeline_stages.oplog_match import OplogFilter
 from pipeline_stages.resume_token import ResumeTokenData
 from pipeline_stages.spec import ChangeStreamSpec
@@ -232,10 +232,15 @@ class ChangeStreamPipeline:
             events = self.split.process(events)
         staged = [(e, e["_id"], e["clusterTime"] if "clusterTime" in e else None) for e in events]
         pending = self._pending
-        for event, token, ts in staged:
+        try:
+            encoded = encode_many_in_order(events) if len(events) > 1 else None
+        except Exception:  # noqa: BLE001 - the one-by-one loop raises it at its own event
+            encoded = None
+        for i, (event, token, ts) in enumerate(staged):
             if ts is None:  # a stage removed clusterTime: read it from the token
                 ts = resume_token.decode(token).cluster_time
-            pending.append((RawBSONDocument(encode_in_order(event)), token, ts))
+            raw = encoded[i] if encoded is not None else encode_in_order(event)
+            pending.append((RawBSONDocument(raw), token, ts))
         if self.check_invalidate.invalidated:
             self.invalidated = True
 
