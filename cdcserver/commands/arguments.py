@@ -53,9 +53,10 @@ def wrong_type(path: str, value: Any, expected: str) -> MongoError:
     """14 TypeMismatch for `path` (e.g. "find.limit"); `expected` is one IDL type name, or a
     bracketed list like NUMERIC_TYPES."""
     if expected.startswith("["):
+        # idl_parser.cpp's throwBadType closes the quote inside the bracket: '[int, long']
         return MongoError(
             14, f"BSON field '{path}' is the wrong type '{type_name(value)}', expected types "
-            f"'{expected}'",
+            f"'{expected[:-1]}']",
         )
     return MongoError(
         14, f"BSON field '{path}' is the wrong type '{type_name(value)}', expected type "

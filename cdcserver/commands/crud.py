@@ -26,7 +26,7 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
-from cdcserver.commands import oplog_find, txn_rules, write_concern
+from cdcserver.commands import oplog_find, txn_rules, write_concern, write_parsing
 from cdcserver.commands.arguments import array_arg, is_string
 from cdcserver.commands.handshake import _ELECTION_ID
 from cdcserver.commands.registry import command, int_arg
@@ -375,22 +375,6 @@ def _write_reply(store: Store, n: int, errors: list[dict[str, Any]]) -> dict[str
     return reply
 
 
-def _documents(cmd: Mapping[str, Any], name: str, field_name: str) -> list[Any]:
-    docs = cmd.get(field_name)
-    if docs is None:
-        raise MongoError(40414, f"BSON field '{name}.{field_name}' is missing but a required field")
-    if not isinstance(docs, list):
-        raise MongoError(
-            14,
-            f"BSON field '{name}.{field_name}' is the wrong type '{type_name(docs)}', expected "
-            "type 'array'",
-        )
-    if not docs:
-        raise MongoError(10413 if name == "insert" else 9, "Write batch sizes must be between "
-                         "1 and 100000. Got 0 operations.")
-    return docs
-
-
 # ---------------------------------------------------------------------------------------------
 # insert
 
@@ -414,10 +398,11 @@ def prepare_insert(doc: Any) -> dict[str, Any]:
 async def insert(server, conn, cmd, db):
     store = get_store(server)
     coll = coll_arg(cmd, "insert")
-    docs = _documents(cmd, "insert", "documents")
+    request = write_parsing.parse_write_command(cmd, "insert")  # whole, before any write
+    docs = request.statements
     wc = write_concern.parse(cmd)
-    ordered = cmd.get("ordered", True) is not False
-    validate = cmd.get("bypassDocumentValidation") is not True
+    ordered = request.ordered
+    validate = not request.bypass_validation
     n, errors = 0, []
     progress = _Progress()
 
@@ -650,9 +635,10 @@ def executor_errors(command_name: str) -> Iterator[None]:
 async def update(server, conn, cmd, db):
     store = get_store(server)
     coll = coll_arg(cmd, "update")
-    updates = _documents(cmd, "update", "updates")
+    request = write_parsing.parse_write_command(cmd, "update")  # whole, before any write
+    updates = request.statements
     wc = write_concern.parse(cmd)
-    ordered = cmd.get("ordered", True) is not False
+    ordered = request.ordered
     n = modified = 0
     upserted: list[dict[str, Any]] = []
     errors: list[dict[str, Any]] = []
@@ -669,7 +655,7 @@ async def update(server, conn, cmd, db):
                     if done is _NOT_DONE:
                         done = run_update_statement(
                             store, db, coll, updates[i], retry, i,
-                            validate=cmd.get("bypassDocumentValidation") is not True,
+                            validate=not request.bypass_validation,
                             progress=progress,
                         )
                         retry.record(i, done)
@@ -706,9 +692,10 @@ async def update(server, conn, cmd, db):
 async def delete(server, conn, cmd, db):
     store = get_store(server)
     coll = coll_arg(cmd, "delete")
-    deletes = _documents(cmd, "delete", "deletes")
+    request = write_parsing.parse_write_command(cmd, "delete")  # whole, before any write
+    deletes = request.statements
     wc = write_concern.parse(cmd)
-    ordered = cmd.get("ordered", True) is not False
+    ordered = request.ordered
     n, errors = 0, []
     progress = _Progress()
 
@@ -722,13 +709,8 @@ async def delete(server, conn, cmd, db):
                 done = retry.result(i)
                 try:
                     if done is _NOT_DONE:
-                        if not isinstance(spec, Mapping) or "q" not in spec:
-                            raise MongoError(40414, "BSON field 'delete.deletes.q' is missing "
-                                             "but a required field")
-                        limit = _int(spec, "limit", "delete.deletes")
-                        if limit not in (0, 1):
-                            raise MongoError(9, "The limit field in delete objects must be 0 "
-                                             f"or 1. Got {limit}")
+                        # parsed already (write_parsing): limit 0 (or not a number) is multi
+                        limit = 0 if write_parsing.delete_limit(spec["limit"]) else 1
                         q = engine.normalize(_doc_arg(spec, "q", "delete.deletes") or {})
                         c = store.get(db, coll)
                         if c is None:

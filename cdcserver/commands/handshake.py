@@ -90,7 +90,7 @@ async def _hello(server, conn, cmd, db, legacy):
             raise MongoError(
                 14,
                 f"BSON field '{next(iter(cmd))}.maxAwaitTimeMS' is the wrong type "
-                f"'{type_name(wait)}', expected types '[long, int, decimal, double]'",
+                f"'{type_name(wait)}', expected types '[long, int, decimal, double']",
             )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(
