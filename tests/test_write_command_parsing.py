@@ -161,8 +161,8 @@ PARSE_ERRORS = [
 def _body_only(cmd: Mapping[str, Any]) -> bool:
     """pymongo sends a write's statements as an OP_MSG document sequence, which can only hold
     documents; other values can only come in the body, sent here over a raw socket."""
-    stmts = cmd.get({"insert": "documents", "update": "updates", "delete": "deletes"}[
-        next(iter(cmd))])
+    field = {"insert": "documents", "update": "updates", "delete": "deletes"}.get(next(iter(cmd)))
+    stmts = cmd.get(field) if field else None
     return stmts is not None and (
         not isinstance(stmts, list) or not all(isinstance(s, Mapping) for s in stmts))
 
@@ -300,3 +300,51 @@ def test_execution_errors_are_write_errors(db: Database, cmd: SON, code: int) ->
     assert reply["ok"] == 1.0
     assert reply["n"] == 1  # the first statement ran
     assert [(e["index"], e["code"]) for e in reply["writeErrors"]] == [(1, code)]
+
+
+# -- findAndModify ------------------------------------------------------------------------------
+
+
+def _fam(**fields: Any) -> SON:
+    return SON([("findAndModify", "c"), ("query", {"_id": 1}), *fields.items()])
+
+
+FAM_PARSE_ERRORS = [
+    (_fam(update={"$set": {"a": 3}}, foo=1), 40415,
+     "BSON field 'findAndModify.foo' is an unknown field."),
+    (_fam(update=5), 9, "Update argument must be either an object or an array"),
+    (_fam(update=None), 9, "Update argument must be either an object or an array"),
+    (_fam(update={"$set": {"a": 3}}, fields=5), 14,
+     _wrong("findAndModify.fields", "int", "object")),
+    (_fam(update={"$set": {"a": 3}}, hint=5), 9, "Hint must be a string or an object"),
+    (_fam(remove="yes"), 14,
+     f"BSON field 'findAndModify.remove' is the wrong type 'string', expected types "
+     f"'{SAFE_BOOL}"),
+    (_fam(update={"$set": {"a": 3}}, arrayFilters=[1]), 14,
+     _wrong("findAndModify.arrayFilters.0", "int", "object")),
+    (_fam(update={"$set": {"a": 3}}, singleBatch=1), 14,
+     _wrong("findAndModify.singleBatch", "int", "bool")),
+    (_fam(update={"$set": {"a": 3}}, maxTimeMS=-5), 2,
+     "-5 value for maxTimeMS is out of range"),
+]
+
+
+@pytest.mark.parametrize(("cmd", "code", "errmsg"), FAM_PARSE_ERRORS,
+                         ids=map(_ids, FAM_PARSE_ERRORS))
+def test_find_and_modify_parse_errors(
+    server: EmbeddedServer, db: Database, cmd: SON, code: int, errmsg: str
+) -> None:
+    reply = _command_error(server, db, cmd)
+    assert (reply["ok"], reply["code"], reply["errmsg"]) == (0.0, code, errmsg)
+    assert db.c.find_one({"_id": 1}) == {"_id": 1, "a": 1}
+
+
+def test_find_and_modify_safe_bools_take_numbers(db: Database) -> None:
+    reply = db.command(_fam(update={"$set": {"a": 3}}, new=1))
+    assert reply["value"] == {"_id": 1, "a": 3}
+    reply = db.command(SON([("findAndModify", "c"), ("query", {"_id": 9}),
+                            ("update", {"$set": {"a": 9}}), ("upsert", 1.0), ("new", 1)]))
+    assert reply["value"] == {"_id": 9, "a": 9}
+    reply = db.command(SON([("findAndModify", "c"), ("query", {"_id": 2}), ("remove", 1)]))
+    assert reply["value"] == {"_id": 2, "a": 2}
+    assert sorted(d["_id"] for d in db.c.find()) == [1, 9]

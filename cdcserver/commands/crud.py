@@ -781,12 +781,11 @@ async def find_and_modify(server, conn, cmd, db):
     store = get_store(server)
     name = next(iter(cmd))
     coll = coll_arg(cmd, name)
-    _doc_arg(cmd, "query", "findAndModify")  # checked here, in mongod's order
-    _doc_arg(cmd, "sort", "findAndModify")
-    remove = cmd.get("remove") is True
+    write_parsing.parse_find_and_modify(cmd)  # the whole request, in mongod's order
+    remove = write_parsing.true_value(cmd.get("remove"))
     u = cmd.get("update")
-    new = cmd.get("new") is True
-    upsert = cmd.get("upsert") is True
+    new = write_parsing.true_value(cmd.get("new"))
+    upsert = write_parsing.true_value(cmd.get("upsert"))
     wc = write_concern.parse(cmd)
     if remove and u is not None:
         raise MongoError(9, "Cannot specify both an update and remove=true")
@@ -826,12 +825,12 @@ def _find_and_modify_once(
 ) -> dict[str, Any]:
     q = engine.normalize(_doc_arg(cmd, "query", "findAndModify") or {})
     sort = _doc_arg(cmd, "sort", "findAndModify")
-    remove = cmd.get("remove") is True
+    remove = write_parsing.true_value(cmd.get("remove"))  # safeBool: numbers count too
     u = cmd.get("update")
-    new = cmd.get("new") is True
-    upsert = cmd.get("upsert") is True
+    new = write_parsing.true_value(cmd.get("new"))
+    upsert = write_parsing.true_value(cmd.get("upsert"))
     fields = cmd.get("fields")
-    validate = cmd.get("bypassDocumentValidation") is not True
+    validate = not write_parsing.true_value(cmd.get("bypassDocumentValidation"))
     if store.get(db, coll) is None:
         store.check_not_view(db, coll)
     pre = _sorted_find(store, db, coll, q, sort)
@@ -883,7 +882,7 @@ def _replayed_find_and_modify(
     fields = cmd.get("fields")
     if done.op == "i":  # an upsert: the inserted document is the entry's `o`
         value = None
-        if cmd.get("new") is True:
+        if write_parsing.true_value(cmd.get("new")):
             entry = store.entry_at(done.ts) if done.ts is not None else None
             value = project(store, db, coll, entry["o"], fields) if entry else None
         return {"lastErrorObject": {"n": 1, "updatedExisting": False, "upserted": done.doc_id},

@@ -285,3 +285,47 @@ def parse_write_command(cmd: Mapping[str, Any], name: str) -> WriteRequest:
                          f"Got {len(statements)} operations.")
     check_max_time_ms(cmd)
     return WriteRequest(statements, ordered, bypass)
+
+
+def true_value(value: Any) -> bool:
+    """BSONElement::trueValue of an IDL `safeBool` field already parsed (absent/null: False)."""
+    if _absent(value):
+        return False
+    if isinstance(value, Decimal128):
+        dec = value.to_decimal()
+        return dec.is_nan() or dec != 0
+    return bool(value)
+
+
+def parse_find_and_modify(cmd: Mapping[str, Any]) -> None:
+    """findAndModify parsed as its IDL (`FindAndModifyCommandRequest`) parses it, before the
+    command checks how its options combine."""
+    ctx = "findAndModify"  # the parser's context, also for the `findandmodify` alias
+    for i, (key, value) in enumerate(cmd.items()):
+        if i == 0:
+            continue
+        path = f"{ctx}.{key}"
+        if key in ("query", "fields", "sort", "collation", "let", "runtimeConstants",
+                   "encryptionInformation", "$_originalQuery", "$_originalCollation"):
+            _check_object(value, path)
+        elif key in ("batchSize", "stmtId"):
+            _check_int(value, path)
+        elif key in ("singleBatch", "bypassEmptyTsReplacement",
+                     "$_allowShardKeyUpdatesWithoutFullShardKeyInQuery",
+                     "isTimeseriesNamespace"):
+            _check_bool(value, path)
+        elif key == "hint":
+            check_hint(value)
+        elif key == "arrayFilters":
+            _array_of(value, path, "object")
+        elif key in ("remove", "upsert", "new", "bypassDocumentValidation"):
+            _check_safe_bool(value, path)
+        elif key == "update":
+            check_update_modification(value)
+        elif key == "sampleId":
+            _check_uuid(value, path)
+        elif key in GENERIC_ARGUMENTS:
+            continue
+        else:
+            raise unknown_field(path)
+    check_max_time_ms(cmd)
