@@ -88,11 +88,13 @@ def throughput(tmp: pathlib.Path, n: int, batch_size: int | None) -> None:
         coll = client.bench.items
         client.admin.command("ping")
         with Capture() as capture:
+            server_cpu = cpu_seconds(server.pid)
             start = time.perf_counter()
             with coll.watch(start_at_operation_time=first, batch_size=batch_size) as stream:
                 for _ in range(n):
                     stream.next()
             elapsed = time.perf_counter() - start
+            server_cpu = cpu_seconds(server.pid) - server_cpu
     payloads = capture.payloads
     events = sum(
         len(d["cursor"].get("firstBatch", d["cursor"].get("nextBatch", [])))
@@ -124,7 +126,8 @@ def throughput(tmp: pathlib.Path, n: int, batch_size: int | None) -> None:
     label = "default" if batch_size is None else str(batch_size)
     print(
         f"throughput (batch_size={label}): {n} events in {elapsed:.2f}s = {rate:,.0f} events/s; "
-        f"{len(payloads)} replies, {reply_bytes / len(payloads) / 1024:.0f} KiB each"
+        f"{len(payloads)} replies, {reply_bytes / len(payloads) / 1024:.0f} KiB each; "
+        f"server CPU {server_cpu / n * 1e6:.1f} us/event (steadier than the rate on a busy box)"
     )
     print(
         f"  vs bson.decode_all of the same replies: {events / t_all:,.0f} events/s "
