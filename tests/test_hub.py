@@ -117,3 +117,46 @@ async def test_closing_the_last_member_forgets_the_group(world):
                                             "$db": "db"})
     assert reply["cursorsKilled"] == [a]
     assert key not in state.cursors.hub.groups
+
+
+async def _replies(prefetch: bool, monkeypatch) -> list[bytes]:
+    """Every reply of a stream read in batches of 3, as encoded bytes; with `prefetch` the loop
+    runs between getMores, so the next batch is filled before it is asked for."""
+    import asyncio
+    import itertools
+
+    monkeypatch.setattr(_cursors, "PREFETCH_STEP", 2)  # several steps per batch
+    log = MemoryLog()
+    log.insert("db.c", 0)
+    state, conn = ServerState(log=log), ConnectionState(1, "test")
+    ids = itertools.count(7)
+    state.cursors.new_id = lambda: next(ids)  # type: ignore[method-assign]
+    start = log.latest_ts()
+    for i in range(1, 12):
+        log.insert("db.c" if i % 4 else "db.other", i)
+    out = []
+    reply = await run_command(state, conn, {
+        "aggregate": "c", "pipeline": [{"$changeStream": {"startAtOperationTime": start}}],
+        "cursor": {"batchSize": 3}, "$db": "db",
+    })
+    out.append(bson.encode(reply))
+    steps = 0
+    while reply["cursor"]["id"]:
+        while prefetch and asyncio.get_running_loop()._ready:  # type: ignore[attr-defined]
+            await asyncio.sleep(0)
+            steps += 1
+        reply = await run_command(state, conn, {
+            "getMore": Int64(reply["cursor"]["id"]), "collection": "c", "batchSize": 3,
+            "maxTimeMS": 1, "$db": "db",
+        })
+        out.append(bson.encode(reply))
+        if not reply["cursor"]["nextBatch"]:
+            break
+    assert (steps > 0) == prefetch
+    return out
+
+
+async def test_prefetched_batches_are_the_batches_a_getmore_makes(monkeypatch):
+    with_prefetch = await _replies(True, monkeypatch)
+    assert with_prefetch == await _replies(False, monkeypatch)
+    assert len(with_prefetch) == 5  # 3 + 3 + 3 events (2 of 11 are elsewhere), then none
