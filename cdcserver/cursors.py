@@ -3,19 +3,27 @@
 A cursor has its own `ChangeStreamPipeline` queue (batches, post-batch token) and belongs to a
 `StreamGroup` (hub.py) that reads the oplog for it, shared with identical cursors; only what is
 needed to fill the batch asked for is read.
+
+When the group's pipeline has an image stage and its image source does I/O (a live upstream:
+it has `prepare`), each chunk of entries is read first, its lookups are fetched (awaited, so
+every other stream and connection is served meanwhile), and only then is it pushed, with the
+source answering from what was fetched (`step_prepared`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bson.int64 import Int64
 
-from cdcserver.hub import Hub, StreamGroup
+from cdcserver.hub import READ_CHUNK, Hub, StreamGroup
 from pipeline_stages.errors import MongoError
+from pipeline_stages.image_lookups import image_lookups, needs_images
 from pipeline_stages.pipeline import Batch, ChangeStreamPipeline
 
 DEFAULT_BATCH_SIZE = 101
@@ -33,15 +41,73 @@ class ChangeStreamCursor:
     closed: bool = False
     draining: bool = False  # the server shuts down: an awaiting getMore answers now
     awaited_s: float = 0.0  # the last getMore's wait for events (not counted as its work)
+    _prefetch_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     def touch(self) -> None:
         self.last_used = time.monotonic()
 
-    def first_batch(self, batch_size: int | None) -> Batch:
+    async def first_batch(self, batch_size: int | None) -> Batch:
         size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
         if size > 0:
-            self.group.pull(size, self)
+            await self.pull(size)
         return self.pipeline.next_batch(size)
+
+    @property
+    def prepares_images(self) -> bool:
+        """Whether pushes into the group's pipeline await their image lookups first."""
+        producer = self.group.producer
+        return needs_images(producer) and hasattr(producer.images, "prepare")
+
+    async def pull(self, want: int) -> None:
+        """`StreamGroup.pull`, each chunk's image lookups awaited before it is pushed."""
+        if not self.prepares_images:
+            self.group.pull(want, self)  # in-memory images (or none): nothing to await
+            return
+        while self.pipeline.pending_count < want and not self.group.producer.invalidated:
+            if not await self.step_prepared(READ_CHUNK):
+                break
+
+    async def step_prepared(self, chunk: int, stop: Callable[[], bool] | None = None) -> bool:
+        """`StreamGroup.step` with the chunk's lookups fetched first. False when there was
+        nothing to read (or `stop()` says to stop); True when something moved (the group read
+        on, here or, while this one awaited, by another reader)."""
+        group = self.group
+        producer = group.producer
+        start = group.next_ts
+        entries = group.log.read_from(start, chunk)
+        if not entries:
+            return False
+        images = producer.images
+        prepared = await images.prepare(image_lookups(producer, entries))  # type: ignore[union-attr]
+        if self.closed or (stop is not None and stop()):
+            return False
+        if self.group is not group or group.producer is not producer or group.next_ts != start:
+            return True  # another reader pushed these meanwhile: look again from where it is
+        with images.answering(prepared):  # type: ignore[union-attr]
+            return group.step(self, chunk, entries)
+
+    def start_prefetch(self, size: int, chunk: int, stopped: Callable[[], bool]) -> None:
+        """After a full batch, fill the next one in a task (commands/cursors.py prefetches
+        with loop callbacks, which cannot await lookups)."""
+        task = self._prefetch_task
+        if task is None or task.done():
+            self._prefetch_task = asyncio.get_running_loop().create_task(
+                self._prefetch(size, chunk, stopped)
+            )
+
+    async def _prefetch(self, size: int, chunk: int, stopped: Callable[[], bool]) -> None:
+        def stop() -> bool:  # a getMore (which reads for itself) or the end of the cursor
+            return self.closed or self.busy or self.draining or stopped()
+
+        pipeline = self.pipeline
+        while not stop() and pipeline.pending_count < size and not pipeline.invalidated:
+            try:
+                if not await self.step_prepared(chunk, stop):
+                    return
+            except Exception:  # noqa: BLE001 - the getMore reads the same entries and reports it
+                return
+            await asyncio.sleep(0)  # let the reply being sent (and everyone else) go first
+            pipeline = self.pipeline  # detached meanwhile: its own pipeline
 
     async def get_more(self, batch_size: int | None, max_time_ms: int | None) -> Batch:
         size = DEFAULT_BATCH_SIZE if batch_size is None or batch_size <= 0 else batch_size
@@ -49,7 +115,7 @@ class ChangeStreamCursor:
         deadline = time.monotonic() + wait_s
         self.awaited_s = 0.0
         while True:
-            self.group.pull(size, self)  # the group may be replaced (detached) in here
+            await self.pull(size)  # the group may be replaced (detached) in here
             if self.pipeline.pending_count or self.pipeline.invalidated:
                 return self.pipeline.next_batch(size)
             now = time.monotonic()
@@ -63,6 +129,10 @@ class ChangeStreamCursor:
     def close(self) -> None:
         self.closed = True
         self.group.remove(self)
+        task = self._prefetch_task
+        if task is not None and not task.done():
+            with contextlib.suppress(RuntimeError):  # no loop any more (shutdown)
+                task.cancel()
 
 
 class CursorManager:

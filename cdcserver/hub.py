@@ -26,6 +26,7 @@ from pipeline_stages.spec import ChangeStreamSpec
 if TYPE_CHECKING:
     from cdcserver.cursors import ChangeStreamCursor
     from cdcserver.sources.base import OplogLog
+    from pipeline_stages.oplog_entry import Entry
 
 # Events a member may have queued and not yet returned before it is detached.
 MAX_MEMBER_LAG = 10_000
@@ -68,11 +69,15 @@ class StreamGroup:
             if not self.step(member, READ_CHUNK):
                 break
 
-    def step(self, member: ChangeStreamCursor, chunk: int) -> bool:
+    def step(
+        self, member: ChangeStreamCursor, chunk: int, entries: list[Entry] | None = None
+    ) -> bool:
         """Read up to `chunk` entries for every member (`member` is the one reading); False
-        when there was nothing to read."""
+        when there was nothing to read. `entries`: the ones at `next_ts`, already read (their
+        image lookups were fetched for them: cursors.py `step_prepared`)."""
         producer = self.producer
-        entries = self.log.read_from(self.next_ts, chunk)
+        if entries is None:
+            entries = self.log.read_from(self.next_ts, chunk)
         if not entries:
             return False
         last = entries[-1]["ts"]

@@ -56,7 +56,7 @@ async def aggregate(server, conn, cmd, db):
     cursor = ChangeStreamCursor(server.cursors.new_id(), ns, pipeline, group)
     group.members.append(cursor)
     try:
-        batch = cursor.first_batch(batch_size)
+        batch = await cursor.first_batch(batch_size)
     except MongoError:
         cursor.close()
         raise
@@ -127,6 +127,9 @@ def _prefetch_after(server, cursor: ChangeStreamCursor, batch_size: int | None, 
     size = DEFAULT_BATCH_SIZE if batch_size is None or batch_size <= 0 else batch_size
     if sent < size:
         return  # the stream caught up with the oplog: nothing to get ahead of
+    if cursor.prepares_images:  # its lookups are awaited: a task, not loop callbacks
+        cursor.start_prefetch(size, PREFETCH_STEP, lambda: server.shutting_down)
+        return
     asyncio.get_running_loop().call_soon(_prefetch_step, server, cursor, size)
 
 

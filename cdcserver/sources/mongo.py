@@ -827,36 +827,269 @@ def _pre_image_key(id_doc: Mapping[str, Any]) -> tuple[bytes, Timestamp, int]:
     return (bytes(id_doc["nsUUID"]), id_doc["ts"], int(id_doc["applyOpsIndex"]))
 
 
+def _pre_image_query_id(id_doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A pre-image `_id` as config.system.preimages stores it (nsUUID as UUID binary)."""
+    uuid = id_doc["nsUUID"]
+    return {
+        "nsUUID": uuid if isinstance(uuid, Binary) else Binary(bytes(uuid), 4),
+        "ts": id_doc["ts"],
+        "applyOpsIndex": id_doc["applyOpsIndex"],
+    }
+
+
+def _uuid_of(infos: Sequence[Mapping[str, Any]]) -> bytes | None:
+    """The collection UUID in a listCollections answer (None: no such collection)."""
+    if not infos:
+        return None
+    value = (infos[0].get("info") or {}).get("uuid")
+    if value is None:
+        return None
+    return bytes(value.bytes if hasattr(value, "bytes") else value)
+
+
+def _one_match(key: Document, candidates: Sequence[Document]) -> Document | None:
+    """The document among `candidates` matching the whole documentKey; 280 for two."""
+    found = [d for d in candidates if matches_document_key(d, key)]
+    if len(found) > 1:
+        raise MongoError(
+            280,
+            f"found more than one document with document key "
+            f"{document_string(key)} [{document_string(found[0])}, "
+            f"{document_string(found[1])}]",
+        )
+    return found[0] if found else None
+
+
+class _PreparedDocuments:
+    """updateLookup answers fetched for one (db, coll, UUID) before a push."""
+
+    __slots__ = ("error", "gone", "ids", "by_id", "by_key")
+
+    def __init__(self) -> None:
+        self.error: MongoError | None = None  # raised when the stage asks, as the sync path
+        self.gone = False  # the collection's UUID is not the event's: every answer is null
+        self.ids: set[bytes] = set()  # the `_id`s asked for (equality keys)
+        self.by_id: dict[bytes, list[Document]] = {}
+        self.by_key: dict[bytes, list[Document]] = {}  # documentKeys without `_id`
+
+    def answer(self, keys: Sequence[Document]) -> list[Document | None] | None:
+        """The answers for `keys`, or None when one of them was not fetched."""
+        if self.error is not None:
+            raise self.error
+        if self.gone:
+            return [None] * len(keys)
+        candidates: list[list[Document]] = []
+        for key in keys:
+            if "_id" in key:
+                k = equality_key(key["_id"])
+                if k not in self.ids:
+                    return None
+                candidates.append(self.by_id.get(k, []))
+            else:
+                found = self.by_key.get(equality_key(key))
+                if found is None:
+                    return None
+                candidates.append(found)
+        return [_one_match(key, c) for key, c in zip(keys, candidates)]
+
+
+class PreparedImages:
+    """What `UpstreamImages.prepare` fetched for one batch. A lookup it covers is answered from
+    here (absent here: absent upstream at lookup time); its errors are raised only when the
+    stage asks for what failed, so a stream meets exactly the errors of a synchronous lookup."""
+
+    __slots__ = ("pre_error", "pre_asked", "pre_images", "documents")
+
+    def __init__(self) -> None:
+        self.pre_error: MongoError | None = None
+        self.pre_asked: set[tuple[bytes, Timestamp, int]] = set()
+        self.pre_images: dict[tuple[bytes, Timestamp, int], Document] = {}
+        self.documents: dict[tuple[str, str, bytes | None], _PreparedDocuments] = {}
+
+
 class UpstreamImages:
-    """`ImageSource` reading the upstream: batched, synchronous (the pipeline is synchronous),
-    each call bounded by `lookup_timeout_ms`; a failure is a resumable error for the stream."""
+    """`ImageSource` reading the upstream, each lookup bounded by `lookup_timeout_ms`; a failure
+    is a resumable error for the stream.
+
+    The pipeline asks synchronously, so before a batch is pushed into a pipeline with an image
+    stage, the caller awaits `prepare(image_lookups(pipeline, entries))` (AsyncMongoClient:
+    one `find {_id: {$in}}` per namespace and one on config.system.preimages, concurrently)
+    and pushes inside `answering(prepared)`: the stages are answered from what was fetched and
+    the event loop is never held by a lookup. A lookup `prepare` did not cover (nothing
+    prepared it) falls back to a synchronous query, as before."""
 
     def __init__(self, source: UpstreamOplog) -> None:
         self.source = source
         # (db, coll) -> (uuid bytes or None, read at (monotonic), DDL generation)
         self._uuids: dict[tuple[str, str], tuple[bytes | None, float, int]] = {}
+        self._prepared: PreparedImages | None = None
         self.queries = 0  # round trips made (tests check batching)
+        self.sync_lookups = 0  # calls answered by a synchronous query (held the loop)
 
     def _timeout(self) -> Any:
         import pymongo
 
         return pymongo.timeout(self.source.options.lookup_timeout_ms / 1000)
 
+    # -- prepared, asynchronous -----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def answering(self, prepared: PreparedImages | None) -> Any:
+        """Answer from `prepared` during a (synchronous) push."""
+        previous, self._prepared = self._prepared, prepared
+        try:
+            yield
+        finally:
+            self._prepared = previous
+
+    async def prepare(self, lookups: Any) -> PreparedImages | None:
+        """Fetch what `lookups` (pipeline_stages.image_lookups.ImageLookups) names."""
+        if not lookups:
+            return None
+        prepared = PreparedImages()
+        jobs = []
+        if lookups.pre_images:
+            jobs.append(self._fetch_pre_images(prepared, lookups.pre_images))
+        for ns, keys in lookups.documents.items():
+            group = prepared.documents[ns] = _PreparedDocuments()
+            jobs.append(self._fetch_documents(group, ns, keys))
+        await asyncio.gather(*jobs)
+        return prepared
+
+    async def _fetch_pre_images(
+        self, prepared: PreparedImages, ids: Sequence[Document]
+    ) -> None:
+        import pymongo
+
+        what = "reading pre-images"
+        prepared.pre_asked.update(_pre_image_key(i) for i in ids)
+        try:
+            self.source.lookup_allowed(what)
+            coll = self.source.async_client().config.get_collection(
+                "system.preimages", codec_options=RAW
+            )
+            with self._timeout():
+                self.queries += 1
+                docs = await coll.find(
+                    {"_id": {"$in": [_pre_image_query_id(i) for i in ids]}}
+                ).to_list()
+        except MongoError as err:  # lookup_allowed: the upstream is silent
+            prepared.pre_error = err
+            return
+        except pymongo.errors.PyMongoError as exc:
+            prepared.pre_error = self.source.lookup_error(what, exc)
+            return
+        for doc in docs:
+            image = doc.get("preImage")
+            if isinstance(image, Mapping):
+                prepared.pre_images[_pre_image_key(doc["_id"])] = image
+
+    async def _fetch_documents(
+        self,
+        group: _PreparedDocuments,
+        ns: tuple[str, str, bytes | None],
+        keys: Sequence[Document],
+    ) -> None:
+        import pymongo
+
+        db, coll, uuid = ns
+        what = "looking up the current documents"
+        try:
+            self.source.lookup_allowed(what)
+            with self._timeout():
+                if uuid is not None and await self._collection_uuid_async(db, coll) != uuid:
+                    group.gone = True
+                    return
+                collection = self.source.async_client()[db].get_collection(
+                    coll, codec_options=RAW
+                )
+                ids = []
+                for key in keys:
+                    if "_id" in key:
+                        k = equality_key(key["_id"])
+                        if k not in group.ids:
+                            group.ids.add(k)
+                            ids.append(key["_id"])
+                if ids:
+                    self.queries += 1
+                    docs = await collection.find({"_id": {"$in": ids}}).to_list()
+                    for doc in docs:
+                        group.by_id.setdefault(equality_key(doc["_id"]), []).append(doc)
+                for key in keys:
+                    if "_id" not in key:  # a documentKey without _id: its own query
+                        self.queries += 1
+                        found = await collection.find(dict(key), limit=2).to_list()
+                        group.by_key[equality_key(key)] = found
+        except MongoError as err:
+            group.error = err
+        except pymongo.errors.PyMongoError as exc:
+            group.error = self.source.lookup_error(what, exc)
+
+    def _cached_uuid(self, db: str, coll: str) -> tuple[bool, bytes | None]:
+        cached = self._uuids.get((db, coll))
+        if (
+            cached is not None
+            and cached[2] == self.source._ddl_generation
+            and time.monotonic() - cached[1] < self.source.options.uuid_cache_s
+        ):
+            return True, cached[0]
+        return False, None
+
+    def _cache_uuid(self, db: str, coll: str, uuid: bytes | None, read_at: float,
+                    generation: int) -> None:
+        if len(self._uuids) > 10_000:
+            self._uuids.clear()
+        self._uuids[(db, coll)] = (uuid, read_at, generation)
+
+    async def _collection_uuid_async(self, db: str, coll: str) -> bytes | None:
+        hit, uuid = self._cached_uuid(db, coll)
+        if hit:
+            return uuid
+        read_at, generation = time.monotonic(), self.source._ddl_generation
+        self.queries += 1
+        cursor = await self.source.async_client()[db].list_collections(filter={"name": coll})
+        uuid = _uuid_of(await cursor.to_list())
+        self._cache_uuid(db, coll, uuid, read_at, generation)
+        return uuid
+
+    # -- ImageSource (synchronous) --------------------------------------------------------------
+
     def pre_images(self, ids: Sequence[Document]) -> list[Document | None]:
         if not ids:
             return []
+        prepared = self._prepared
+        if prepared is not None:
+            try:
+                keys = [_pre_image_key(i) for i in ids]
+            except (KeyError, TypeError, ValueError):
+                keys = None  # not a pre-image id prepare could have fetched
+            if keys is not None and all(k in prepared.pre_asked for k in keys):
+                if prepared.pre_error is not None:
+                    raise prepared.pre_error
+                return [prepared.pre_images.get(k) for k in keys]
+        return self._pre_images_now(ids)
+
+    def current_documents(
+        self, db: str, coll: str, uuid: bytes | None, keys: Sequence[Document]
+    ) -> list[Document | None]:
+        if not keys:
+            return []
+        prepared = self._prepared
+        if prepared is not None:
+            group = prepared.documents.get((db, coll, None if uuid is None else bytes(uuid)))
+            if group is not None:
+                answer = group.answer(keys)
+                if answer is not None:
+                    return answer
+        return self._current_documents_now(db, coll, uuid, keys)
+
+    # -- synchronous fallback (holds the event loop) ----------------------------------------
+
+    def _pre_images_now(self, ids: Sequence[Document]) -> list[Document | None]:
         import pymongo
 
-        wanted = []
-        for id_doc in ids:
-            uuid = id_doc["nsUUID"]
-            wanted.append(
-                {
-                    "nsUUID": uuid if isinstance(uuid, Binary) else Binary(bytes(uuid), 4),
-                    "ts": id_doc["ts"],
-                    "applyOpsIndex": id_doc["applyOpsIndex"],
-                }
-            )
+        self.sync_lookups += 1
+        wanted = [_pre_image_query_id(i) for i in ids]
         self.source.lookup_allowed("reading pre-images")
         coll = self.source.sync_client().config.get_collection(
             "system.preimages", codec_options=RAW
@@ -875,35 +1108,22 @@ class UpstreamImages:
         return [table.get(_pre_image_key(i)) for i in ids]
 
     def _collection_uuid(self, db: str, coll: str) -> bytes | None:
-        now = time.monotonic()
-        generation = self.source._ddl_generation
-        cached = self._uuids.get((db, coll))
-        if (
-            cached is not None
-            and cached[2] == generation
-            and now - cached[1] < self.source.options.uuid_cache_s
-        ):
-            return cached[0]
+        hit, uuid = self._cached_uuid(db, coll)
+        if hit:
+            return uuid
+        read_at, generation = time.monotonic(), self.source._ddl_generation
         self.queries += 1
         infos = list(self.source.sync_client()[db].list_collections(filter={"name": coll}))
-        uuid = None
-        if infos:
-            info = infos[0].get("info") or {}
-            value = info.get("uuid")
-            uuid = None if value is None else bytes(value.bytes if hasattr(value, "bytes")
-                                                    else value)
-        if len(self._uuids) > 10_000:
-            self._uuids.clear()
-        self._uuids[(db, coll)] = (uuid, now, generation)
+        uuid = _uuid_of(infos)
+        self._cache_uuid(db, coll, uuid, read_at, generation)
         return uuid
 
-    def current_documents(
+    def _current_documents_now(
         self, db: str, coll: str, uuid: bytes | None, keys: Sequence[Document]
     ) -> list[Document | None]:
-        if not keys:
-            return []
         import pymongo
 
+        self.sync_lookups += 1
         self.source.lookup_allowed("looking up the current documents")
         try:
             with self._timeout():
@@ -923,7 +1143,7 @@ class UpstreamImages:
                             ids.append(key["_id"])
                     self.queries += 1
                     docs = list(collection.find({"_id": {"$in": ids}}))
-                by_id: dict[bytes, list[RawBSONDocument]] = {}
+                by_id: dict[bytes, list[Document]] = {}
                 for doc in docs:
                     by_id.setdefault(equality_key(doc["_id"]), []).append(doc)
                 out: list[Document | None] = []
@@ -933,15 +1153,7 @@ class UpstreamImages:
                     else:  # a documentKey without _id: its own query
                         self.queries += 1
                         candidates = list(collection.find(dict(key), limit=2))
-                    found = [d for d in candidates if matches_document_key(d, key)]
-                    if len(found) > 1:
-                        raise MongoError(
-                            280,
-                            f"found more than one document with document key "
-                            f"{document_string(key)} [{document_string(found[0])}, "
-                            f"{document_string(found[1])}]",
-                        )
-                    out.append(found[0] if found else None)
+                    out.append(_one_match(key, candidates))
                 return out
         except pymongo.errors.PyMongoError as exc:
             raise self.source.lookup_error("looking up the current documents", exc) from None
