@@ -486,8 +486,8 @@ def test_cli_serve_upstream(process_a, servers, tmp_path):
 
 
 def test_a_stalls_lookups_fail_fast_and_resume(servers):
-    """While A stalls, an updateLookup stream's lookups (synchronous, they hold B's loop)
-    fail with a resumable error instead of holding everyone; other streams keep answering;
+    """While A stalls, an updateLookup stream's lookups fail with a resumable error (at
+    lookup_timeout_ms, then at once until B hears from A); other streams keep answering;
     once A answers again the lookup stream resumes from its token and gets its documents."""
     a = EmbeddedServer()
     servers.append(a)

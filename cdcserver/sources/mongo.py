@@ -24,7 +24,8 @@ any client with read access to `local` and `config`:
 * Images (`UpstreamImages`): `find {_id: {$in: [...]}}` on the event's collection for
   `updateLookup` (one query per namespace per batch, with the collection UUID checked by
   `listCollections`), and `find` on `config.system.preimages` for pre-images and
-  `whenAvailable` / `required` post-images.
+  `whenAvailable` / `required` post-images; fetched with AsyncMongoClient before the batch is
+  pushed (`prepare`), so a lookup never holds the event loop.
 
 The live window of recent entries is bounded (entries and bytes); entries are kept as their
 BSON bytes (`EntryList`) and decoded once, when they arrive, for every cursor.
@@ -88,7 +89,8 @@ class UpstreamOptions:
     oldest_refresh_s: float = 5.0  # how often the upstream's oldest entry is re-read
     lookup_timeout_ms: float = 2000.0  # updateLookup / pre-image / oplog entry lookups
     uuid_cache_s: float = 1.0  # collection UUIDs (updateLookup's UUID check) are re-read after
-    # Options for both clients (AsyncMongoClient for the tail, MongoClient for lookups),
+    # Options for both clients (AsyncMongoClient for the tail and image lookups, MongoClient
+    # for the few synchronous reads),
     # beyond what the URI says (its auth and TLS options apply as given).
     client_options: dict[str, Any] = field(default_factory=dict)
 
@@ -224,8 +226,8 @@ class UpstreamOplog(EntryList, OplogLog):
         self.gaps = 0  # times the tail found its position gone from the upstream
         self._tasks: list[asyncio.Task[Any]] = []
         self._ddl_generation = 0  # bumped by every command entry (UUID cache)
-        # When the tail last heard from the upstream, and when a lookup last failed: the
-        # synchronous lookups (which hold the event loop) fail fast while it is silent.
+        # When the tail last heard from the upstream, and when a lookup last failed: lookups
+        # fail fast while it is silent (rather than each getMore waiting lookup_timeout_ms).
         self._last_heard = time.monotonic()
         self._lookup_failed_at: float | None = None
 
@@ -250,8 +252,8 @@ class UpstreamOplog(EntryList, OplogLog):
         return self._client
 
     def sync_client(self) -> Any:
-        """A MongoClient for the lookups the pipeline makes synchronously (images, entries of
-        a transaction's chain outside the window)."""
+        """A MongoClient for the lookups made synchronously (entries of a transaction's chain
+        outside the window; an image lookup no `prepare` covered)."""
         if self._sync_client is None:
             from pymongo import MongoClient
 
@@ -777,10 +779,10 @@ class UpstreamOplog(EntryList, OplogLog):
         return batch
 
     def lookup_allowed(self, what: str) -> None:
-        """Before a synchronous lookup (it holds the event loop, so every other stream
-        waits): fail fast, with a resumable error, while the upstream is silent — its tail
-        has not heard from it for a while, or the last lookup failed and the tail has not
-        heard from it since."""
+        """Before a lookup: fail fast, with a resumable error, while the upstream is silent —
+        its tail has not heard from it for a while, or the last lookup failed and the tail has
+        not heard from it since (the stream's driver resumes rather than each getMore waiting
+        for a lookup that times out)."""
         silent_s = time.monotonic() - self._last_heard
         if silent_s > 2 * self.options.max_await_ms / 1000 + 2 or (
             self._lookup_failed_at is not None and self._last_heard <= self._lookup_failed_at
