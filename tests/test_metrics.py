@@ -198,7 +198,7 @@ def test_slow_query_log(served: tuple[EmbeddedServer, int], caplog: Any) -> None
     assert [r.command for r in slow] == ["ping"]  # type: ignore[attr-defined]
     record = slow[0]
     assert record.getMessage().startswith("Slow query: conn ")
-    assert record.durationMillis >= 150  # type: ignore[attr-defined]
+    assert record.durationMillis >= 100  # type: ignore[attr-defined]  # slowms: what logs it
     assert record.ns == "admin.$cmd"  # type: ignore[attr-defined]
 
 
