@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -474,6 +475,14 @@ def _evaluate_fail_command(server, conn, name, cmd, db, commands, point):
     return None
 
 
+async def _sleep_at_least(seconds: float) -> None:
+    # The loop's timers run on a clock cached per iteration (libuv: milliseconds), so one sleep
+    # can end a little before `seconds` of real time; the block's promise is "at least".
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        await asyncio.sleep(left)
+
+
 async def _block_then_fail(server, conn, name, cmd, data, close, code) -> None:
     block_ms = _int_field(data, "blockTimeMS")
     if block_ms is None:
@@ -483,9 +492,9 @@ async def _block_then_fail(server, conn, name, cmd, data, close, code) -> None:
     log.info("blocking %s for %d ms via 'failCommand' failpoint", name, block_ms)
     max_time_ms = _int_field(cmd, "maxTimeMS") if name != "getMore" else None
     if max_time_ms and max_time_ms < block_ms:  # opCtx->sleepFor honours maxTimeMS
-        await asyncio.sleep(max_time_ms / 1000)
+        await _sleep_at_least(max_time_ms / 1000)
         raise MongoError(50, "operation exceeded time limit")
-    await asyncio.sleep(block_ms / 1000)
+    await _sleep_at_least(block_ms / 1000)
     _fail(server, conn, name, cmd, data, close, code)
 
 
