@@ -78,18 +78,18 @@ def image_lookups(pipeline: ChangeStreamPipeline, entries: Iterable[Entry]) -> I
     matches = pipeline.filter.matches
     op_filter = pipeline.filter.matches_transaction_op
     prefilter = pipeline.prefilter
-    for entry in entries:
-        if entry["ts"] < start or not matches(entry):
-            continue
-        if entry.get("op") == "c":
-            try:
+    try:
+        for entry in entries:
+            if entry["ts"] < start or not matches(entry):
+                continue
+            if entry.get("op") == "c":
                 ops: Iterable[Entry] = list(unwind(entry, op_filter, pipeline.history))
-            except Exception:  # noqa: BLE001 - the push fails at this entry itself
-                break
-        else:
-            ops = (entry,)
-        for op in ops:
-            _add(out, op, prefilter, update_lookup, post_from_pre, pre)
+            else:
+                ops = (entry,)
+            for op in ops:
+                _add(out, op, prefilter, update_lookup, post_from_pre, pre)
+    except Exception:  # noqa: BLE001 - a malformed entry: the push reports it, in its order
+        pass
     return out
 
 

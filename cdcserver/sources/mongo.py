@@ -868,7 +868,7 @@ class _PreparedDocuments:
     __slots__ = ("error", "gone", "ids", "by_id", "by_key")
 
     def __init__(self) -> None:
-        self.error: MongoError | None = None  # raised when the stage asks, as the sync path
+        self.error: Exception | None = None  # raised when the stage asks, as the sync path
         self.gone = False  # the collection's UUID is not the event's: every answer is null
         self.ids: set[bytes] = set()  # the `_id`s asked for (equality keys)
         self.by_id: dict[bytes, list[Document]] = {}
@@ -903,7 +903,7 @@ class PreparedImages:
     __slots__ = ("pre_error", "pre_asked", "pre_images", "documents")
 
     def __init__(self) -> None:
-        self.pre_error: MongoError | None = None
+        self.pre_error: Exception | None = None
         self.pre_asked: set[tuple[bytes, Timestamp, int]] = set()
         self.pre_images: dict[tuple[bytes, Timestamp, int], Document] = {}
         self.documents: dict[tuple[str, str, bytes | None], _PreparedDocuments] = {}
@@ -975,11 +975,11 @@ class UpstreamImages:
                 docs = await coll.find(
                     {"_id": {"$in": [_pre_image_query_id(i) for i in ids]}}
                 ).to_list()
-        except MongoError as err:  # lookup_allowed: the upstream is silent
-            prepared.pre_error = err
-            return
         except pymongo.errors.PyMongoError as exc:
             prepared.pre_error = self.source.lookup_error(what, exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - lookup_allowed's, or what the sync path raises
+            prepared.pre_error = exc
             return
         for doc in docs:
             image = doc.get("preImage")
@@ -1022,10 +1022,10 @@ class UpstreamImages:
                         self.queries += 1
                         found = await collection.find(dict(key), limit=2).to_list()
                         group.by_key[equality_key(key)] = found
-        except MongoError as err:
-            group.error = err
         except pymongo.errors.PyMongoError as exc:
             group.error = self.source.lookup_error(what, exc)
+        except Exception as exc:  # noqa: BLE001 - lookup_allowed's, or what the sync path raises
+            group.error = exc
 
     def _cached_uuid(self, db: str, coll: str) -> tuple[bool, bytes | None]:
         cached = self._uuids.get((db, coll))
