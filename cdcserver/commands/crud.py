@@ -182,9 +182,9 @@ def transaction_of(store: Store, cmd: Mapping[str, Any]) -> Txn:
             f"newer transaction {txn.txn_number} has already started.",
         )
     if txn is None or number > txn.txn_number:
-        if cmd.get("startTransaction") is not True and not (
-            cmd.get("commitTransaction") or cmd.get("abortTransaction")
-        ):  # TransactionParticipant::_continueMultiDocumentTransaction
+        if cmd.get("startTransaction") is not True:
+            # TransactionParticipant::_continueMultiDocumentTransaction: commit/abort too (a
+            # first statement failed by a fail point never started the transaction).
             raise MongoError(
                 251, f"Given transaction number {number} does not match any in-progress "
                 "transactions. The active transaction number is "

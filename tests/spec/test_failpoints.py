@@ -254,11 +254,18 @@ def test_server_labels_for_injected_errors(make_client):
     assert failed[0].failure["errorLabels"] == ["RetryableWriteError"]
     # A statement in a transaction gets TransientTransactionError.
     configure(client, mode={"times": 1}, data={"failCommands": ["insert"], "errorCode": 112})
-    with client.start_session() as session, session.start_transaction():
+    with client.start_session() as session:
+        session.start_transaction()
         with pytest.raises(OperationFailure) as err:
             coll.insert_one({"_id": 2}, session=session)
         assert err.value.has_error_label("TransientTransactionError")
         assert err.value.details["codeName"] == "WriteConflict"
+        # mongod evaluates failCommand before it checks the session out, so that first
+        # statement never started the transaction: committing it is 251 NoSuchTransaction.
+        with pytest.raises(OperationFailure) as commit:
+            session.commit_transaction()
+        assert commit.value.code == 251
+        assert commit.value.has_error_label("TransientTransactionError")
     assert coll.count_documents({}) == 1
 
 
