@@ -306,6 +306,17 @@ def _txn_write_error(store: Store) -> bool:
     return False
 
 
+def _statement_failed(
+    store: Store, errors: list[dict[str, Any]], i: int, err: MongoError, ordered: bool
+) -> bool:
+    """Record statement `i`'s write error; True when the batch stops there (ordered, or in a
+    transaction). A transaction's write conflict fails the whole command instead."""
+    if err.code == 112:
+        raise err
+    errors.append(_write_error(i, err))
+    return _txn_write_error(store) or ordered
+
+
 @dataclass
 class _Progress:
     """How far a write command got, kept while it waits for a transaction to end."""
@@ -422,10 +433,7 @@ async def insert(server, conn, cmd, db):
                         c = store.ensure_collection(db, coll)
                     store.insert_document(c, doc, retry.session, stmt_id, validate=validate)
                 except MongoError as err:
-                    if err.code == 112:  # a transaction's write conflict fails the command
-                        raise
-                    errors.append(_write_error(i, err))
-                    if _txn_write_error(store) or ordered:
+                    if _statement_failed(store, errors, i, err, ordered):
                         break
                     continue
                 retry.record(stmt_id, True)
@@ -660,11 +668,9 @@ async def update(server, conn, cmd, db):
                         )
                         retry.record(i, done)
                 except MongoError as err:
-                    if err.code == 112:  # a transaction's write conflict fails the command
-                        raise
-                    progress.statement_done(i)
-                    errors.append(_write_error(i, err))
-                    if _txn_write_error(store) or ordered:
+                    if err.code != 112:
+                        progress.statement_done(i)
+                    if _statement_failed(store, errors, i, err, ordered):
                         break
                     continue
                 progress.statement_done(i)
@@ -725,11 +731,9 @@ async def delete(server, conn, cmd, db):
                             progress.n = done
                         retry.record(i, done)
                 except MongoError as err:
-                    if err.code == 112:  # a transaction's write conflict fails the command
-                        raise
-                    progress.statement_done(i)
-                    errors.append(_write_error(i, err))
-                    if _txn_write_error(store) or ordered:
+                    if err.code != 112:
+                        progress.statement_done(i)
+                    if _statement_failed(store, errors, i, err, ordered):
                         break
                     continue
                 progress.statement_done(i)
