@@ -3,13 +3,9 @@ writes invisible to others, outside writes waiting for the transaction, and its 
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
-from typing import Any
-
 import pytest
 from bson.son import SON
-from embedded_support import EmbeddedServer
+from embedded_support import EmbeddedServer, Outside, wait_until_blocked
 from pymongo import errors
 
 
@@ -33,29 +29,6 @@ def coll(client, request):
     c.drop()
     c.insert_many([{"_id": 1, "n": 0}, {"_id": 2, "n": 0}, {"_id": 3, "n": 0}])
     return c
-
-
-class Outside(threading.Thread):
-    """A write outside the transaction, run in its own thread (it is expected to wait)."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        super().__init__(daemon=True)
-        self.fn = fn
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.result = self.fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            self.error = exc
-
-
-def _wait_until_blocked(server, n: int = 1) -> None:
-    """Until the server holds `n` writes waiting for a transaction (ordering, not timing)."""
-    event = threading.Event()
-    while server.store.waiting_writes < n:
-        event.wait(0.005)
 
 
 def test_uncommitted_writes_are_invisible_to_other_readers(client, coll):
@@ -131,7 +104,7 @@ def test_outside_update_waits_for_the_commit_then_applies(server, client, coll):
         coll.update_one({"_id": 1}, {"$set": {"n": 5}}, session=s)
         outside = Outside(lambda: coll.update_one({"_id": 1}, {"$inc": {"n": 1}}))
         outside.start()
-        _wait_until_blocked(server)
+        wait_until_blocked(server)
         assert outside.is_alive()  # held by the transaction, not failed
         s.commit_transaction()
     outside.join()
@@ -145,7 +118,7 @@ def test_outside_multi_update_resumes_where_it_waited(server, client, coll):
         coll.update_one({"_id": 2}, {"$set": {"n": 100}}, session=s)
         outside = Outside(lambda: coll.update_many({"n": {"$lt": 50}}, {"$inc": {"n": 1}}))
         outside.start()
-        _wait_until_blocked(server)
+        wait_until_blocked(server)
         s.commit_transaction()
     outside.join()
     assert outside.error is None
@@ -163,7 +136,7 @@ def test_outside_insert_of_the_same_id_fails_after_commit_or_succeeds_after_abor
             coll.insert_one({"_id": "k", "by": "txn"}, session=s)
             outside = Outside(lambda: coll.insert_one({"_id": "k", "by": "outside"}))
             outside.start()
-            _wait_until_blocked(server)
+            wait_until_blocked(server)
             if commit:
                 s.commit_transaction()
             else:
@@ -203,7 +176,7 @@ def test_unique_index_in_a_transaction(server, client, coll):
         coll.insert_one({"_id": 8, "u": 3}, session=s)  # free in the transaction's view
         outside = Outside(lambda: coll.insert_one({"_id": 9, "u": 7}))
         outside.start()
-        _wait_until_blocked(server)
+        wait_until_blocked(server)
         with pytest.raises(errors.DuplicateKeyError):  # its own document holds u: 7
             coll.insert_one({"_id": 10, "u": 7}, session=s)
         with pytest.raises(errors.OperationFailure) as info:  # that error aborted it

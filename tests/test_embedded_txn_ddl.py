@@ -5,13 +5,12 @@ one (logged in its applyOps), outside DDL waiting for the transaction, and error
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from bson.son import SON
-from embedded_support import EmbeddedServer
+from embedded_support import EmbeddedServer, Outside, wait_until_blocked
 from pymongo import errors
 
 
@@ -34,29 +33,6 @@ def db(client, request):
     name = request.node.name.replace("[", "_").replace("]", "").replace("-", "_")[:50]
     client.drop_database(name)
     return client[name]
-
-
-class Outside(threading.Thread):
-    """A command outside the transaction, in its own thread (it is expected to wait)."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        super().__init__(daemon=True)
-        self.fn = fn
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.result = self.fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            self.error = exc
-
-
-def _wait_until_blocked(server, n: int = 1) -> None:
-    """Until the server holds `n` commands waiting for a transaction (ordering, not timing)."""
-    event = threading.Event()
-    while server.store.waiting_writes < n:
-        event.wait(0.005)
 
 
 def _refused(db) -> list[tuple[Any, Any, str]]:
@@ -287,7 +263,7 @@ def test_outside_ddl_waits_for_the_transaction(server, client, db, which):
         db.c.insert_one({"_id": 2}, session=s)
         outside = Outside(_ddl(db, which))
         outside.start()
-        _wait_until_blocked(server)
+        wait_until_blocked(server)
         assert outside.is_alive()  # held by the transaction
         s.commit_transaction()
     outside.join()
@@ -305,7 +281,7 @@ def test_outside_drop_waits_for_a_transaction_creating_the_collection(server, cl
         db.new.insert_one({"_id": 1}, session=s)
         outside = Outside(lambda: db.command("drop", "new"))
         outside.start()
-        _wait_until_blocked(server)
+        wait_until_blocked(server)
         s.abort_transaction()
     outside.join()
     assert outside.error is None and "nIndexesWas" not in outside.result  # nothing to drop
@@ -317,7 +293,7 @@ def test_outside_insert_into_a_collection_being_created_waits(server, client, db
         db.create_collection("new", session=s)
         outside = Outside(lambda: db.new.insert_one({"_id": 9}))
         outside.start()
-        _wait_until_blocked(server)
+        wait_until_blocked(server)
         s.commit_transaction()
     outside.join()
     assert outside.error is None
