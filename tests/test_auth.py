@@ -468,8 +468,13 @@ def test_oversized_message_closes_only_that_connection(tmp_path):
         with socket.create_connection((server.host, server.port), timeout=10) as sock:
             body = bson.encode({"ping": 1, "pad": "x" * (70 * 1024), "$db": "admin"})
             header = struct.pack("<iiii", 16 + 5 + len(body), 1, 0, 2013)
-            sock.sendall(header + struct.pack("<iB", 0, 0) + body)
-            assert sock.recv(1024) == b""  # closed, no reply
+            # Closed with no reply: an orderly EOF, or a reset when the server closed with the
+            # rest of the oversized message still unread (the kernel then sends RST).
+            try:
+                sock.sendall(header + struct.pack("<iB", 0, 0) + body)
+                assert sock.recv(1024) == b""
+            except (ConnectionResetError, BrokenPipeError):
+                pass
         with client_for(server, "reader", "r-pass") as client:
             assert client.shop.orders.find_one({"_id": "none"}) is None
 
