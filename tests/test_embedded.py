@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from bson.objectid import ObjectId
-from embedded_support import EmbeddedServer
 from pymongo import (
     ASCENDING,
     DeleteOne,
@@ -15,20 +14,6 @@ from pymongo import (
     UpdateOne,
     errors,
 )
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = EmbeddedServer()
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def client(server):
-    c = server.client()
-    yield c
-    c.close()
 
 
 @pytest.fixture

@@ -23,7 +23,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pymongo import errors
 
-from cdcserver.testing import EmbeddedServer
 from pipeline_stages.update_description import apply_diff, update_description
 
 # Values are compared with their BSON types (Python's 1 == 1.0 == True would hide a change of
@@ -242,13 +241,6 @@ def _apply(coll: Any, kind: str, arg: Any, reference: bool = False) -> tuple[str
     except (errors.PyMongoError, mongomock.WriteError, mongomock.OperationFailure, ValueError,
             TypeError, KeyError, AttributeError, IndexError, NotImplementedError):
         return "error", None
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = EmbeddedServer()
-    yield s
-    s.stop()
 
 
 @pytest.fixture(scope="module")

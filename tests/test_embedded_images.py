@@ -59,13 +59,6 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def server():
-    s = EmbeddedServer()
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
 def world(server):
     return World(server)
 

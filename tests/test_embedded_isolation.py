@@ -17,13 +17,6 @@ def server():
 
 
 @pytest.fixture
-def client(server):
-    c = server.client()
-    yield c
-    c.close()
-
-
-@pytest.fixture
 def coll(client, request):
     c = client.iso[request.node.name]
     c.drop()

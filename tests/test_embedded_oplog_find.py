@@ -15,20 +15,6 @@ from pymongo import AsyncMongoClient, CursorType, MongoClient, errors
 from cdcserver.testing import EmbeddedServer, write_oplog
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = EmbeddedServer()
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def client(server):
-    c = server.client()
-    yield c
-    c.close()
-
-
 def _oplog(client):
     return client.local["oplog.rs"]
 

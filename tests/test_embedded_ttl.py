@@ -18,13 +18,6 @@ def server():
     s.stop()
 
 
-@pytest.fixture
-def client(server):
-    c = server.client()
-    yield c
-    c.close()
-
-
 def _pass(server: EmbeddedServer, now: datetime.datetime) -> int:
     return server.call(server.store.ttl_pass, now)
 

@@ -22,13 +22,6 @@ def server():
 
 
 @pytest.fixture
-def client(server):
-    c = server.client()
-    yield c
-    c.close()
-
-
-@pytest.fixture
 def db(client, request):
     name = request.node.name.replace("[", "_").replace("]", "").replace("-", "_")[:50]
     client.drop_database(name)

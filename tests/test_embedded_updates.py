@@ -12,26 +12,11 @@ from bson.codec_options import CodecOptions
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
-from embedded_support import EmbeddedServer
 from pymongo import errors
 
 from pipeline_stages.update_description import apply_diff
 
 RAW = CodecOptions(document_class=RawBSONDocument)
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = EmbeddedServer()
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def client(server):
-    c = server.client()
-    yield c
-    c.close()
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 from bson.int64 import Int64
-from embedded_support import EmbeddedServer
 from pymongo import errors
 
 SCHEMA = {
@@ -22,13 +21,6 @@ SCHEMA = {
         "score": {"type": "number"},
     },
 }
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = EmbeddedServer()
-    yield s
-    s.stop()
 
 
 @pytest.fixture

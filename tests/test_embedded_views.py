@@ -13,13 +13,6 @@ from cdcserver.testing import EmbeddedServer
 VIEW_ERROR = "Namespace {ns} is a view, not a collection"
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = EmbeddedServer()
-    yield s
-    s.stop()
-
-
 @pytest.fixture
 def db(server, request):
     client = server.client()

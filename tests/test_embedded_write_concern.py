@@ -3,16 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from embedded_support import EmbeddedServer
 from pymongo import errors
 from pymongo.write_concern import WriteConcern
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = EmbeddedServer()
-    yield s
-    s.stop()
 
 
 @pytest.fixture

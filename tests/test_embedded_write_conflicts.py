@@ -3,22 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from embedded_support import EmbeddedServer
 from pymongo import errors
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = EmbeddedServer()
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def client(server):
-    c = server.client()
-    yield c
-    c.close()
 
 
 @pytest.fixture
