@@ -225,15 +225,6 @@ def commands(draw: st.DrawFn, name: str) -> tuple[str, SON]:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[EmbeddedServer]:
-    s = EmbeddedServer()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-@pytest.fixture(scope="module")
 def fuzz_client(server: EmbeddedServer) -> Iterator[Any]:
     c = server.client(socketTimeoutMS=HANG_GUARD_MS, retryReads=False, retryWrites=False)
     yield c

@@ -145,15 +145,6 @@ MESSAGES = st.one_of(op_msgs(), op_queries(), op_compressed())
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[EmbeddedServer]:
-    s = EmbeddedServer()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-@pytest.fixture(scope="module")
 def watch(server: EmbeddedServer) -> Iterator[Any]:
     client = server.client()
     coll = client.wire_sentinel.s
