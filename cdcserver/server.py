@@ -187,6 +187,10 @@ class Server:
                 except wire.ProtocolError as exc:
                     if exc.fatal or exc.request_id is None:
                         raise
+                    if exc.more_to_come:
+                        # mongod builds the error reply and then drops it (makeCommandResponse:
+                        # moreToCome means no reply); the connection goes on.
+                        continue
                     # mongod answers this request with the error and keeps the connection.
                     writer.write(_parse_error_reply(frame, exc))
                     await writer.drain()

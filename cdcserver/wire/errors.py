@@ -15,7 +15,9 @@ class ProtocolError(Exception):
     ``errmsg`` and keeps the connection (invalid BSON, duplicate or unknown sections, ...).
     A server that prefers to close the connection on every ``ProtocolError`` is still correct,
     only less forgiving. ``request_id`` is the offending message's requestID when known, so a
-    non-fatal error can be answered with ``responseTo`` set.
+    non-fatal error can be answered with ``responseTo`` set. ``more_to_come`` is set when the
+    message was an OP_MSG with the ``moreToCome`` flag: mongod sends no reply to it, not even
+    for a non-fatal parse error (the client would read it as the answer to its next request).
     """
 
     def __init__(
@@ -33,6 +35,7 @@ class ProtocolError(Exception):
         self.code_name = code_name
         self.fatal = fatal
         self.request_id = request_id
+        self.more_to_come = False
 
     def to_error_document(self) -> dict[str, object]:
         """The reply body mongod would send for a non-fatal parse error."""

@@ -141,6 +141,24 @@ def parse_op_msg(
             rid,
         )
 
+    try:
+        body, sequences = _parse_sections(view, flags, rid, codec_options, raw_sequences,
+                                          max_bson_size)
+    except ProtocolError as exc:
+        exc.more_to_come = bool(flags & MORE_TO_COME)
+        raise
+    return OpMsg(rid, header.response_to, flags, body, sequences)
+
+
+def _parse_sections(
+    view: memoryview,
+    flags: int,
+    rid: int,
+    codec_options: CodecOptions,
+    raw_sequences: bool,
+    max_bson_size: int,
+) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """The body (document sequences merged in) and the sequences, after the flagBits."""
     end = len(view)
     if flags & CHECKSUM_PRESENT:
         if end - HEADER_SIZE - 4 <= 4:
@@ -244,7 +262,7 @@ def parse_op_msg(
                 rid,
             )
         body[name] = docs
-    return OpMsg(rid, header.response_to, flags, body, sequences)
+    return body, sequences
 
 
 def encode_op_msg(
