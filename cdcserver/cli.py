@@ -128,6 +128,42 @@ def _spec_command(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 def replay_events(paths: list[str], cmd: dict[str, Any], db: str):
     """The events `cdcserver replay` writes, in order (shared with the Spark replay's tests)."""
+    for events, n, _token in _shard_batches(paths, cmd, db):
+        yield events, n
+
+
+def replay_shards(shards: list[list[str]], cmd: dict[str, Any], db: str):
+    """Several shards' oplogs (one `--oplog` each) merged as mongos merges their streams
+    (`pipeline_stages/merge.py`), ending at the first invalidate; one shard: `replay_events`."""
+    if len(shards) == 1:
+        yield from replay_events(shards[0], cmd, db)
+        return
+    from pipeline_stages.merge import ShardMerge
+
+    merge: ShardMerge[Any] = ShardMerge(range(len(shards)))
+    streams = [_shard_batches(paths, cmd, db) for paths in shards]
+    while not merge.exhausted:
+        out = merge.pop_ready()
+        end = next((i for i, e in enumerate(out) if e["operationType"] == "invalidate"), None)
+        if end is not None:
+            yield out[: end + 1], 0
+            return
+        if out:
+            yield out, 0
+        shard = merge.blocking()
+        if shard is None:
+            continue
+        batch = next(streams[shard], None)
+        if batch is None:
+            merge.close(shard)
+            continue
+        events, n, token = batch
+        merge.push(shard, events, token)
+        yield [], n
+
+
+def _shard_batches(paths: list[str], cmd: dict[str, Any], db: str):
+    """One oplog's batches: (events, entries read, post-batch resume token)."""
     from pipeline_stages.pipeline import ChangeStreamPipeline
     from pipeline_stages.spec import parse_aggregate
 
@@ -149,9 +185,11 @@ def replay_events(paths: list[str], cmd: dict[str, Any], db: str):
             break
         last = entries[-1]["ts"]
         pipeline.push(entries, scanned_to=last)
-        yield pipeline.next_batch(None).events, len(entries)
+        batch = pipeline.next_batch(None)
+        yield batch.events, len(entries), batch.post_batch_resume_token
         while pipeline.pending_count:  # a batch stops at the 16 MiB reply budget
-            yield pipeline.next_batch(None).events, 0
+            batch = pipeline.next_batch(None)
+            yield batch.events, 0, batch.post_batch_resume_token
         position = type(last)(last.time, last.inc + 1)
         if pipeline.invalidated:
             break
@@ -168,7 +206,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     started = time.monotonic()
     entries = events = 0
     try:
-        for batch, n in replay_events(args.oplog, cmd, db):
+        for batch, n in replay_shards(args.oplog, cmd, db):
             entries += n
             for event in batch:
                 out.write(json_util.dumps(event, json_options=_CANONICAL) + "\n")
@@ -344,7 +382,10 @@ def main(argv: list[str] | None = None) -> int:
     serve.set_defaults(func=cmd_serve)
 
     replay = sub.add_parser("replay", help="run the change-stream pipeline over oplog files")
-    replay.add_argument("--oplog", nargs="+", required=True)
+    replay.add_argument(
+        "--oplog", nargs="+", action="append", required=True, metavar="PATH",
+        help="one oplog's files, in order; repeat --oplog for each shard of a cluster",
+    )
     scope = replay.add_mutually_exclusive_group(required=True)
     scope.add_argument("--ns", help="DB.COLL: a collection stream")
     scope.add_argument("--db", help="DB: a database stream")
