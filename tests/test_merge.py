@@ -88,7 +88,7 @@ def shard_streams(draw):
         events = [event(t, 1, s, doc=k) for k, t in enumerate(times)]
         cuts = sorted(draw(st.sets(st.integers(0, len(events)), max_size=6)) | {len(events)})
         batches, prev, last_t = [], 0, 0
-        for n, cut in enumerate(cuts):
+        for cut in cuts:
             chunk = events[prev:cut]
             prev = cut
             if chunk:
@@ -154,7 +154,7 @@ def test_merged_stream_is_every_event_once_in_token_order(data):
     assert keys == sorted(keys)
 
 
-def test_cdcserver_replay_of_shards_is_the_merge_of_their_streams(tmp_path, restore_logging):
+def test_cdcserver_replay_of_shards_is_the_merge_of_their_streams(tmp_path, restore_logging):  # noqa: F811
     """`cdcserver replay --oplog s0 --oplog s1 --oplog s2`: each shard's stream as `replay` gives
     it alone, merged by token (stable by shard), a collection stream ending at the first
     invalidate; the CLI writes exactly those lines."""
