@@ -30,7 +30,16 @@ from cdcserver.commands import oplog_find, txn_rules, write_concern, write_parsi
 from cdcserver.commands.arguments import array_arg, is_string
 from cdcserver.commands.handshake import _ELECTION_ID
 from cdcserver.commands.registry import command, int_arg
-from cdcserver.embedded import engine
+from cdcserver.commands.transactions import (
+    NOT_DONE,
+    Retry,
+    get_store,
+    lsid_str,
+    retry_state,
+    snapshot_reads,
+    transaction_of,
+)
+from cdcserver.embedded import engine, query
 from cdcserver.embedded.store import (
     Collection,
     DocumentValidationError,
@@ -47,16 +56,6 @@ from pipeline_stages.value_string import type_name
 
 DEFAULT_BATCH = 101
 MAX_REPLY_BYTES = 16 * 1024 * 1024
-
-
-def get_store(server: Any) -> Store:
-    store = getattr(server, "store", None)
-    if store is None:
-        raise MongoError(
-            115, "this cdcserver serves a recorded oplog; writes need the embedded store "
-            "(`cdcserver serve` without --oplog)",
-        )
-    return store
 
 
 def coll_arg(cmd: Mapping[str, Any], name: str) -> str:
@@ -108,192 +107,19 @@ def _doc_arg(cmd: Mapping[str, Any], name: str, where: str) -> dict[str, Any] | 
 
 
 # ---------------------------------------------------------------------------------------------
-# Sessions: retryable writes
+# Sessions (retryable writes, transactions): transactions.py
+
+_Retry = Retry
+_NOT_DONE = NOT_DONE
+_lsid_str = lsid_str
 
 
-@dataclass
-class _Retry:
-    session: OpSession | None
-    done: dict[int, Any] = field(default_factory=dict)
-
-    def result(self, stmt_id: int, command: str = "insert") -> Any:
-        """What the statement answered when it ran (`_NOT_DONE` if it did not)."""
-        done = self.done.get(stmt_id, _NOT_DONE)
-        if isinstance(done, LoggedWrite):  # known from the oplog only (after a restart)
-            if command == "update":
-                return (1, 0, done.doc_id) if done.op == "i" else (1, 1, None)
-            if command == "findAndModify":
-                return done  # its reply is rebuilt from config.image_collection
-            return 1
-        return done
-
-    def record(self, stmt_id: int, result: Any) -> None:
-        if self.session is not None:
-            self.done[stmt_id] = result
+def _retry_state(store: Store, cmd: Mapping[str, Any]) -> Retry:
+    return retry_state(store, cmd)
 
 
-_NOT_DONE = object()
-_NO_USER_DIGEST = Binary(hashlib.sha256(b"").digest(), 0)
-
-
-def _retry_state(store: Store, cmd: Mapping[str, Any]) -> _Retry:
-    lsid, txn = cmd.get("lsid"), cmd.get("txnNumber")
-    if cmd.get("autocommit") is False:
-        _check_txn_namespace(cmd)
-        store.enter_snapshot(transaction_of(store, cmd))
-        return _Retry(None)
-    if not isinstance(lsid, Mapping) or txn is None:
-        return _Retry(None)
-    sid = bytes(lsid.get("id", b""))
-    txn = int(txn)
-    known = store.retryable.get(sid)
-    if known is not None and txn < known[0]:
-        raise MongoError(
-            225,
-            f"Retryable write with txnNumber {txn} is prohibited on session {_lsid_str(lsid)} "
-            f"because a newer retryable write with txnNumber {known[0]} has already started "
-            "on this session.",
-        )
-    if known is None or txn > known[0]:
-        known = (txn, {})
-        store.retryable[sid] = known
-    # mongod stamps the session with the user's digest: SHA-256 of "" without authentication.
-    session = OpSession(_full_lsid(lsid), txn, known[1].get("__prev__"))
-    return _Retry(session, known[1])
-
-
-def _full_lsid(lsid: Mapping[str, Any]) -> dict[str, Any]:
-    return {"id": lsid.get("id"), "uid": lsid.get("uid", _NO_USER_DIGEST)}
-
-
-def transaction_of(store: Store, cmd: Mapping[str, Any]) -> Txn:
-    """The transaction a command with `autocommit: false` belongs to (started by
-    `startTransaction: true`, or by its first statement)."""
-    lsid, number = cmd.get("lsid"), cmd.get("txnNumber")
-    if not isinstance(lsid, Mapping) or number is None:
-        raise MongoError(50768, "txnNumber may only be provided for multi-document transactions "
-                         "and retryable write commands")
-    sid = bytes(lsid.get("id", b""))
-    number = int(number)
-    txn = store.txns.get(sid)
-    if txn is not None and number < txn.txn_number:
-        raise MongoError(
-            225, f"Cannot start transaction {number} on session {_lsid_str(lsid)} because a "
-            f"newer transaction {txn.txn_number} has already started.",
-        )
-    if txn is None or number > txn.txn_number:
-        if cmd.get("startTransaction") is not True:
-            # TransactionParticipant::_continueMultiDocumentTransaction: commit/abort too (a
-            # first statement failed by a fail point never started the transaction).
-            raise MongoError(
-                251, f"Given transaction number {number} does not match any in-progress "
-                "transactions. The active transaction number is "
-                f"{txn.txn_number if txn is not None else -1}",
-                labels=["TransientTransactionError"],
-            )
-        if txn is not None and txn.state == "in progress":
-            store.abort_transaction(txn)
-        txn = store.begin_transaction(_full_lsid(lsid), number)
-        store.txns[sid] = txn
-    elif cmd.get("startTransaction") is True and txn.state != "in progress":
-        raise MongoError(
-            251, f"Given transaction number {number} does not match any in-progress "
-            "transactions. The active transaction number is "
-            f"{txn.txn_number}", labels=["TransientTransactionError"],
-        )
-    if txn.state == "aborted" and not cmd.get("abortTransaction"):
-        raise MongoError(251, f"Transaction with {{ txnNumber: {number} }} has been aborted.",
-                         labels=["TransientTransactionError"])
-    return txn
-
-
-def _abort_failed_transaction(server: Any, cmd: Mapping[str, Any]) -> None:
-    """A command failed inside its transaction: abort that transaction (the very lsid and
-    txnNumber; a stale txnNumber's error leaves the newer transaction alone)."""
-    store = getattr(server, "store", None)
-    lsid, number = cmd.get("lsid"), cmd.get("txnNumber")
-    if not isinstance(store, Store) or not isinstance(lsid, Mapping) or number is None:
-        return
-    txn = store.txns.get(bytes(lsid.get("id", b"")))
-    if txn is not None and txn.txn_number == int(number) and txn.state == "in progress":
-        with store.batch():
-            store.abort_transaction(txn)
-
-
-txn_rules.ERROR_HOOKS.append(_abort_failed_transaction)
-
-
-@command("commitTransaction")
-async def commit_transaction(server, conn, cmd, db):
-    store = get_store(server)
-    if db != "admin":
-        raise MongoError(
-            13, "commitTransaction may only be run against the admin database."
-        )
-    wc = write_concern.parse(cmd)
-    with store.batch():
-        txn = transaction_of(store, cmd)
-        store.commit_transaction(txn)
-    return write_concern.add_to_reply({}, wc)
-
-
-@command("abortTransaction")
-async def abort_transaction(server, conn, cmd, db):
-    store = get_store(server)
-    if db != "admin":
-        raise MongoError(13, "abortTransaction may only be run against the admin database.")
-    wc = write_concern.parse(cmd)
-    with store.batch():
-        txn = transaction_of(store, cmd)
-        if txn.state == "committed":
-            raise MongoError(256, "Transaction has been committed.")
-        if txn.state == "aborted":
-            raise MongoError(251, f"Transaction with {{ txnNumber: {txn.txn_number} }} has "
-                             "been aborted.", labels=["TransientTransactionError"])
-        store.abort_transaction(txn)
-    return write_concern.add_to_reply({}, wc)
-
-
-def _finish_retry(retry: _Retry) -> None:
-    if retry.session is not None:
-        retry.done["__prev__"] = retry.session.prev_ts
-
-
-def _lsid_str(lsid: Mapping[str, Any]) -> str:
-    import uuid
-
-    try:
-        return f"{uuid.UUID(bytes=bytes(lsid['id']))} - {bytes(lsid.get('uid', b'')).hex()}"
-    except Exception:  # noqa: BLE001
-        return str(lsid)
-
-
-def _check_txn_namespace(cmd: Mapping[str, Any]) -> None:
-    """mongod's CommandHelpers::canUseTransactions checks of the namespace."""
-    db = cmd.get("$db")
-    coll = next(iter(cmd.values()), None)
-    if db == "local":
-        raise MongoError(263, "Cannot run command against the 'local' database in a "
-                         "transaction.")
-    if db == "config":
-        raise MongoError(263, "Cannot run command against the config database in a "
-                         "transaction.")
-    if coll in ("system.views", "system.profile"):
-        raise MongoError(263, f"Cannot run command against the '{db}.{coll}' collection in a "
-                         "transaction.")
-
-
-@contextlib.contextmanager
-def snapshot_reads(store: Store, cmd: Mapping[str, Any]) -> Iterator[None]:
-    """A read in a transaction sees the transaction's snapshot and its own writes (mongod's
-    read concern "snapshot" for transactions); other reads see committed documents."""
-    if cmd.get("autocommit") is not False:
-        yield
-        return
-    _check_txn_namespace(cmd)
-    with store.batch():
-        store.enter_snapshot(transaction_of(store, cmd))
-        yield
+def _finish_retry(retry: Retry) -> None:
+    retry.finish()
 
 
 def _txn_write_error(store: Store) -> bool:
@@ -1042,28 +868,76 @@ def _sort_list(sort: Any) -> list[tuple[str, Any]] | None:
 
 def run_find(
     store: Store, db: str, coll: str, filter_doc: Mapping[str, Any] | None, projection: Any,
-    sort: Any, skip: int, limit: int,
+    sort: Any, skip: int, limit: int, *, copy: bool = False,
 ) -> list[dict[str, Any]]:
-    engine.validate_filter(filter_doc or {})  # mongod's parse errors, before any document
-    if store.get(db, coll) is None:
-        resolved = store.resolve_view(db, coll)
-        if resolved is not None:
-            return run_find_on_view(store, db, resolved, filter_doc, projection, sort, skip, limit)
-        engine.matches(filter_doc or {}, {})
-        return []
+    """A find's documents, without pausing (for callers that must not interleave). Result
+    documents are the stored ones (never changed in place) unless projected or `copy`."""
+    scan, out = _find_scan(store, db, coll, filter_doc, projection, sort, skip, limit, copy)
+    if scan is not None:
+        with engine_errors():
+            query.run_sync(scan)
+    return out
+
+
+async def find_documents(
+    store: Store, cmd: Mapping[str, Any], db: str, coll: str,
+    filter_doc: Mapping[str, Any] | None, projection: Any, sort: Any, skip: int, limit: int,
+    *, copy: bool = False, deadline: query.Deadline | None = None,
+) -> list[dict[str, Any]]:
+    """A find's documents, read in the command's snapshot, matched in steps that let other
+    connections run, within the command's maxTimeMS (50 MaxTimeMSExpired)."""
+    if deadline is None:
+        deadline = query.Deadline.of(cmd)
+    with snapshot_reads(store, cmd):
+        scan, out = _find_scan(store, db, coll, filter_doc, projection, sort, skip, limit, copy)
+    if scan is not None:
+        with engine_errors():
+            await query.run_async(scan, deadline)
+    return out
+
+
+@contextlib.contextmanager
+def engine_errors() -> Iterator[None]:
     try:
-        cursor = store.mongomock_collection(db, coll).find(
-            engine.normalize(dict(filter_doc or {})),
-            dict(projection) if projection else None,
-            skip=skip,
-            limit=limit,
-            sort=_sort_list(sort),
-        )
-        return list(cursor)
+        yield
     except MongoError:
         raise
     except Exception as exc:  # noqa: BLE001
         raise engine.engine_error(exc) from None
+
+
+def _find_scan(
+    store: Store, db: str, coll: str, filter_doc: Mapping[str, Any] | None, projection: Any,
+    sort: Any, skip: int, limit: int, copy: bool,
+) -> tuple[query.Scan | None, list[Any]]:
+    """The scan of a find over the collection's documents as they are now, and the list it
+    fills (no scan when the answer is known: a view's, a missing collection's)."""
+    engine.validate_filter(filter_doc or {})  # mongod's parse errors, before any document
+    c = store.get(db, coll)
+    if c is None:
+        resolved = store.resolve_view(db, coll)
+        if resolved is not None:
+            return None, run_find_on_view(store, db, resolved, filter_doc, projection, sort,
+                                          skip, limit)
+        engine.matches(filter_doc or {}, {})
+        return None, []
+    normalized = engine.normalize(dict(filter_doc or {}))
+    with engine_errors():
+        engine.matcher(normalized)  # compiled (regexes) before the first document
+    sort_list = _sort_list(sort)
+    fields = dict(projection) if projection else None
+    project_one = None
+    if fields is not None:
+        mcoll = store.mongomock_collection(db, coll)
+
+        def project_one(doc: Mapping[str, Any]) -> Any:
+            return mcoll._copy_only_fields(doc, fields, dict)
+
+    docs = list(store.documents(c).values())
+    out: list[Any] = []
+    scan = query.find(docs, normalized, fields, sort_list, skip, limit, out,
+                      project=project_one, copy=copy)
+    return scan, out
 
 
 def view_documents(store: Store, db: str, resolved: tuple[str, list[Any]],
@@ -1071,7 +945,7 @@ def view_documents(store: Store, db: str, resolved: tuple[str, list[Any]],
     """A view's documents: its (resolved) pipeline, then `stages`, over the collection it
     reads."""
     base, pipeline = resolved
-    docs = run_find(store, db, base, None, None, None, 0, 0)
+    docs = run_find(store, db, base, None, None, None, 0, 0, copy=True)
     full = [engine.normalize(dict(s)) for s in [*pipeline, *stages]]
     if not full:
         return docs
@@ -1144,9 +1018,8 @@ async def find(server, conn, cmd, db):
     if db == "config" and coll == "system.preimages" and store.get(db, coll) is None:
         docs = find_pre_images(store, filter_doc, projection, skip, limit)
     else:
-        with snapshot_reads(store, cmd):
-            docs = run_find(store, db, coll, filter_doc, projection, cmd.get("sort"), skip,
-                            limit)
+        docs = await find_documents(store, cmd, db, coll, filter_doc, projection,
+                                    cmd.get("sort"), skip, limit)
     return cursor_first_batch(server, f"{db}.{coll}", docs, batch_size,
                               single_batch=cmd.get("singleBatch") is True)
 
@@ -1207,17 +1080,37 @@ async def count(server, conn, cmd, db):
             263, "Cannot run 'count' in a multi-document transaction. Please see "
             "http://dochub.mongodb.org/core/transaction-count for a recommended alternative.",
         )
-    query = _doc_arg(cmd, "query", "count")
+    predicate = _doc_arg(cmd, "query", "count")
     skip = _int(cmd, "skip", "count")
     limit = abs(_int(cmd, "limit", "count"))
     if oplog_find.is_oplog(db, cmd.get("count")):
-        if not query and not skip and not limit:
+        if not predicate and not skip and not limit:
             return {"n": len(server.log)}
-        return {"n": len(await oplog_find.scan(server.log, query, max(skip, 0), limit))}
+        return {"n": len(await oplog_find.scan(server.log, predicate, max(skip, 0), limit))}
     store = get_store(server)
     coll = coll_arg(cmd, "count")
-    docs = run_find(store, db, coll, query, {"_id": 1}, None, max(skip, 0), limit)
-    return {"n": len(docs)}
+    deadline = query.Deadline.of(cmd)
+    skip = max(skip, 0)
+    c = store.get(db, coll)
+    if c is None:  # a view's (an aggregation), or nothing
+        return {"n": len(run_find(store, db, coll, predicate, {"_id": 1}, None, skip, limit))}
+    engine.validate_filter(predicate or {})
+    normalized = engine.normalize(dict(predicate or {}))
+    with engine_errors():
+        engine.matcher(normalized)
+    docs = list(store.documents(c).values())
+    if not normalized:
+        n = len(docs)
+    else:  # counted without copying a document
+        matched: list[Any] = []
+        with engine_errors():
+            await query.run_async(
+                query.select(docs, normalized, matched, skip + limit if limit else None),
+                deadline,
+            )
+        n = len(matched)
+    n = max(n - skip, 0)
+    return {"n": min(n, limit) if limit else n}
 
 
 @command("distinct")
@@ -1232,24 +1125,21 @@ async def distinct(server, conn, cmd, db):
             f"BSON field 'distinct.key' is the wrong type '{type_name(key)}', expected type "
             "'string'",
         )
-    query = _doc_arg(cmd, "query", "distinct")
+    predicate = _doc_arg(cmd, "query", "distinct")
     if store.get(db, coll) is None:
         resolved = store.resolve_view(db, coll)
         if resolved is None:
             return {"values": []}
         # mongod runs distinct on a view as an aggregation ($match, then the values)
-        stages = [{"$match": dict(query)}] if query else []
+        stages = [{"$match": dict(predicate)}] if predicate else []
         return {"values": _distinct_values(view_documents(store, db, resolved, stages), key)}
-    try:
-        with snapshot_reads(store, cmd):
-            values = store.mongomock_collection(db, coll).distinct(
-                key, engine.normalize(query) if query else None
-            )
-    except MongoError:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        raise engine.engine_error(exc) from None
-    return {"values": list(values)}
+    deadline = query.Deadline.of(cmd)
+    docs = await find_documents(store, cmd, db, coll, predicate, None, None, 0, 0,
+                                deadline=deadline)
+    values: list[Any] = []
+    with engine_errors():
+        await query.run_async(query.distinct(docs, key, values), deadline)
+    return {"values": values}
 
 
 @command("$aggregate")
@@ -1284,10 +1174,20 @@ async def aggregate(server, conn, cmd, db):
         if isinstance(stage, Mapping) and ("$out" in stage or "$merge" in stage):
             raise MongoError(40601, f"{next(iter(stage))} can only be the final stage in the "
                              "pipeline")
+    # A leading $match selects documents in steps that let other connections run (the rest
+    # of the pipeline runs on the query engine at once); the deadline is checked after it.
+    first_match = None
+    if pipeline and isinstance(pipeline[0], Mapping) and list(pipeline[0]) == ["$match"] and (
+        isinstance(pipeline[0]["$match"], Mapping)
+    ):
+        first_match = pipeline.pop(0)["$match"]
+    deadline = query.Deadline.of(cmd)
+    docs = await find_documents(store, cmd, db, target, first_match, None, None, 0, 0,
+                                copy=True, deadline=deadline)
     with snapshot_reads(store, cmd):
-        docs = run_find(store, db, target, None, None, None, 0, 0)
         mcoll = store.mongomock_collection(db, target)
-        results = engine.run_pipeline(docs, mcoll.database, pipeline)
+        results = engine.run_pipeline(docs, mcoll.database, pipeline) if pipeline else docs
+    deadline.check()
     if out_stage is not None:
         with store.batch():
             _write_out(store, db, out_stage, results)

@@ -13,18 +13,20 @@ from __future__ import annotations
 import copy
 import decimal
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import mongomock
 from bson.code import Code
 from bson.decimal128 import Decimal128
 from bson.objectid import ObjectId
+from bson.regex import Regex
 from mongomock import aggregate as mm_aggregate
+from mongomock import collection as mm_collection
 from mongomock import filtering as mm_filtering
 from mongomock import helpers as mm_helpers
 
-from cdcserver.embedded import json_schema, modifiers
+from cdcserver.embedded import json_schema, modifiers, regex
 from pipeline_stages.errors import MongoError
 
 UPDATE_OPERATORS = frozenset(
@@ -59,6 +61,12 @@ def normalize(doc: Any) -> Any:
     return mm_helpers.patch_datetime_awareness_in_document(doc)
 
 
+def copy_document(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a stored document that the caller may change (nested documents and arrays
+    copied, scalar values shared: they are immutable)."""
+    return mm_collection._copy_field(doc, dict)
+
+
 _FIELD_OPERATORS = frozenset({
     "$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$exists", "$type", "$size",
     "$all", "$elemMatch", "$regex", "$options", "$not", "$mod", "$bitsAllSet", "$bitsAllClear",
@@ -72,7 +80,6 @@ _TYPE_ALIASES = frozenset({
     "null", "regex", "dbPointer", "javascript", "symbol", "javascriptWithScope", "int",
     "timestamp", "long", "decimal", "minKey", "maxKey", "number",
 })
-_last_validated: list[Any] = [None]
 
 
 def validate_filter(filter_doc: Mapping[str, Any]) -> None:
@@ -142,13 +149,97 @@ def _validate_operators(spec: Mapping[str, Any]) -> None:
                     raise MongoError(2, f"Unknown type name alias: {alias}")
 
 
-def matches(filter_doc: Mapping[str, Any] | None, doc: Mapping[str, Any]) -> bool:
-    # Validated once per filter object (a command matches one filter against many documents).
-    if filter_doc and _last_validated[0] is not filter_doc:
+def compile_filter(filter_doc: Mapping[str, Any]) -> dict[str, Any]:
+    """`filter_doc` with every regex operand compiled once (regex.py: linear time where RE2 can
+    mean the same as PCRE), `$options` folded into its `$regex`. Raises mongod's parse errors
+    (invalid options 51108, invalid pattern 51091)."""
+    out: dict[str, Any] = {}
+    for key, value in filter_doc.items():
+        if key in ("$and", "$or", "$nor") and isinstance(value, list):
+            out[key] = [compile_filter(c) if isinstance(c, Mapping) else c for c in value]
+        elif key.startswith("$"):  # $expr, $where, $jsonSchema...: not match-language regexes
+            out[key] = value
+        else:
+            out[key] = _compile_operand(value)
+    return out
+
+
+def _is_regex(value: Any) -> bool:
+    return isinstance(value, (Regex, re.Pattern))
+
+
+def _compile_operand(value: Any) -> Any:
+    if _is_regex(value):
+        return regex.as_match_regex(value)
+    if not isinstance(value, Mapping) or not value or not next(iter(value)).startswith("$"):
+        return value  # an equality (embedded documents and arrays compare whole)
+    return _compile_operators(value)
+
+
+def _compile_operators(spec: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    options = spec.get("$options")
+    for op, arg in spec.items():
+        if op == "$regex" and (isinstance(arg, str) or _is_regex(arg)) and (
+            options is None or isinstance(options, str)
+        ):
+            out[op] = regex.as_match_regex(arg, options)
+        elif op == "$options" and isinstance(arg, str) and isinstance(
+            spec.get("$regex"), (str, Regex, re.Pattern)
+        ):
+            continue  # folded into its $regex
+        elif op in ("$in", "$nin") and isinstance(arg, list):
+            out[op] = [regex.as_match_regex(v) if _is_regex(v) else v for v in arg]
+        elif op == "$not":
+            out[op] = _compile_operand(arg) if _is_regex(arg) or (
+                isinstance(arg, Mapping) and arg and next(iter(arg)).startswith("$")
+            ) else arg
+        elif op == "$elemMatch" and isinstance(arg, Mapping):
+            first = next(iter(arg), "")
+            operators = first.startswith("$") and first not in ("$and", "$or", "$nor", "$expr",
+                                                                 "$where")
+            out[op] = _compile_operators(arg) if operators else compile_filter(arg)
+        else:
+            out[op] = arg
+    return out
+
+
+_compiled: list[Any] = [None, None]  # (filter object, its compiled form): one filter, many docs
+
+
+def _compiled_filter(filter_doc: Mapping[str, Any]) -> dict[str, Any]:
+    if _compiled[0] is not filter_doc:
         validate_filter(filter_doc)
-        _last_validated[0] = filter_doc
+        compiled = compile_filter(filter_doc)
+        _compiled[0], _compiled[1] = filter_doc, compiled
+    return _compiled[1]
+
+
+def matcher(filter_doc: Mapping[str, Any] | None) -> Callable[[Mapping[str, Any]], bool]:
+    """A predicate for `filter_doc`, validated and compiled once (mongod's parse errors are
+    raised here, before any document)."""
+    compiled = _compiled_filter(filter_doc) if filter_doc else {}
+    apply = mm_filtering.filter_applies
+
+    def match(doc: Mapping[str, Any]) -> bool:
+        try:
+            return apply(compiled, doc)
+        except MongoError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the engine raises many kinds
+            raise engine_error(exc) from None
+
+    return match
+
+
+def matches(filter_doc: Mapping[str, Any] | None, doc: Mapping[str, Any]) -> bool:
+    # Validated and compiled once per filter object (a command matches one filter against many
+    # documents).
+    compiled = _compiled_filter(filter_doc) if filter_doc else {}
     try:
-        return mm_filtering.filter_applies(filter_doc or {}, doc)
+        return mm_filtering.filter_applies(compiled, doc)
+    except MongoError:
+        raise
     except Exception as exc:  # noqa: BLE001 - the engine raises many kinds
         raise engine_error(exc) from None
 

@@ -1,0 +1,244 @@
+"""Query execution of the embedded store: collection scans that cost O(N), yield to the event
+loop, and end with 50 MaxTimeMSExpired when the command's `maxTimeMS` passes.
+
+mongod's plan executors yield between documents and check the operation's deadline there; here
+each scan is a generator that pauses every few documents, driven either synchronously (inside a
+write, which must not interleave with other commands) or asynchronously: the async driver gives
+the loop a turn every `YIELD_AFTER_S` of work and checks the deadline at every pause.
+
+A scan reads a list of the collection's documents taken at its start (references: the store
+replaces a document on write and never changes one in place), so yielding cannot expose a
+half-applied write or another session's transaction.
+
+What a filter matches, a projection keeps and how values sort are the engine's (engine.py);
+regexes are compiled once per filter (regex.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Mapping
+from typing import Any
+
+from cdcserver.embedded import engine
+from pipeline_stages import keystring
+from pipeline_stages.errors import MongoError
+
+YIELD_AFTER_S = 0.005  # work between two turns of the event loop
+CHECK_EVERY = 64  # documents between two looks at the clock
+# Awaited at every pause of an async scan (tests use it to hold a scan part-way).
+pause_hook: Callable[[], Awaitable[None]] | None = None
+# Documents looked at and documents copied by scans (tests check that a scan is linear).
+stats = {"examined": 0, "copied": 0, "pauses": 0}
+
+
+class Deadline:
+    """A command's `maxTimeMS` (none when absent or 0)."""
+
+    def __init__(self, max_time_ms: Any = None) -> None:
+        self.at: float | None = None
+        if isinstance(max_time_ms, (int, float)) and not isinstance(max_time_ms, bool) and (
+            max_time_ms > 0
+        ):
+            self.at = time.monotonic() + float(max_time_ms) / 1000
+
+    @classmethod
+    def of(cls, cmd: Mapping[str, Any]) -> Deadline:
+        return cls(cmd.get("maxTimeMS"))
+
+    def check(self, now: float | None = None) -> None:
+        if self.at is not None and (time.monotonic() if now is None else now) >= self.at:
+            raise MongoError(50, "operation exceeded time limit")
+
+
+NO_DEADLINE = Deadline()
+Scan = Iterator[None]  # a scan step by step: each `next` is a point where it may pause
+
+
+def run_sync(scan: Scan, deadline: Deadline = NO_DEADLINE) -> None:
+    """Run a scan to its end without pausing (inside a write), checking the deadline."""
+    for n, _ in enumerate(scan):
+        if deadline.at is not None and n % 8 == 0:
+            deadline.check()
+
+
+async def run_async(scan: Scan, deadline: Deadline = NO_DEADLINE) -> None:
+    """Run a scan, giving the event loop a turn every YIELD_AFTER_S of work."""
+    started = time.monotonic()
+    deadline.check(started)
+    for _ in scan:
+        now = time.monotonic()
+        deadline.check(now)
+        if now - started >= YIELD_AFTER_S:
+            await pause()
+            started = time.monotonic()
+            deadline.check(started)
+
+
+async def pause() -> None:
+    stats["pauses"] += 1
+    hook = pause_hook
+    if hook is not None:
+        await hook()
+    await asyncio.sleep(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scans
+
+
+def select(
+    docs: Iterable[Mapping[str, Any]], filter_doc: Mapping[str, Any] | None, out: list[Any],
+    stop: int | None = None,
+) -> Scan:
+    """The documents `filter_doc` matches, appended to `out` (at most `stop`)."""
+    if stop is not None and stop <= 0:
+        return
+    match = engine.matcher(filter_doc)
+    every = bool(filter_doc)
+    n = 0
+    for doc in docs:
+        n += 1
+        if not every or match(doc):
+            out.append(doc)
+            if stop is not None and len(out) >= stop:
+                break
+        if n % CHECK_EVERY == 0:
+            stats["examined"] += CHECK_EVERY
+            yield
+    stats["examined"] += n % CHECK_EVERY
+
+
+def count(docs: Iterable[Mapping[str, Any]], filter_doc: Mapping[str, Any] | None,
+          result: list[int]) -> Scan:
+    """How many documents `filter_doc` matches, as `result[0]` (no document is copied)."""
+    match = engine.matcher(filter_doc)
+    n = matched = 0
+    for doc in docs:
+        n += 1
+        if match(doc):
+            matched += 1
+        if n % CHECK_EVERY == 0:
+            stats["examined"] += CHECK_EVERY
+            yield
+    stats["examined"] += n % CHECK_EVERY
+    result[0] = matched
+
+
+def find(
+    docs: list[Mapping[str, Any]], filter_doc: Mapping[str, Any] | None, projection: Any,
+    sort: list[tuple[str, int]] | None, skip: int, limit: int, out: list[Any],
+    project: Callable[[Mapping[str, Any]], Any] | None = None, copy: bool = False,
+) -> Scan:
+    """`find`: filter, sort, skip, limit, then project (or copy) each document into `out`."""
+    matched: list[Any] = []
+    stop = skip + limit if limit and not sort else None
+    if filter_doc or stop is not None:
+        yield from select(docs, filter_doc, matched, stop)
+    else:
+        engine.matcher(filter_doc)
+        matched = list(docs)
+    if sort:
+        matched = yield from sorted_documents(matched, sort)
+    if skip:
+        matched = matched[skip:]
+    if limit:
+        matched = matched[:limit]
+    if project is None and not copy:
+        out.extend(matched)
+        return
+    transform = project if project is not None else engine.copy_document
+    for n, doc in enumerate(matched, 1):
+        out.append(transform(doc))
+        if n % CHECK_EVERY == 0:
+            stats["copied"] += CHECK_EVERY
+            yield
+    stats["copied"] += len(matched) % CHECK_EVERY
+
+
+_NULL_KEY = keystring.encode_values((None,))[0]
+_EMPTY_ARRAY_KEY = bytes([keystring.UNDEFINED, 4])  # an empty array sorts before null
+
+
+def sort_key(doc: Mapping[str, Any], path: str, descending: bool) -> bytes:
+    """mongod's sort key of `doc` for one field: the KeyString of the value at `path` (the
+    least element of an array ascending, the greatest descending; missing is null)."""
+    values: list[Any] = []
+    values_along_path(doc, path.split("."), values, expand_trailing=False)
+    keys: list[bytes] = []
+    for value in values:
+        if isinstance(value, list):
+            if not value:
+                keys.append(_EMPTY_ARRAY_KEY)
+            keys.extend(keystring.encode_values((v,))[0] for v in value)
+        else:
+            keys.append(keystring.encode_values((value,))[0])
+    if not keys:
+        return _NULL_KEY
+    return max(keys) if descending else min(keys)
+
+
+def sorted_documents(
+    docs: list[Any], sort: list[tuple[str, int]]
+) -> Generator[None, None, list[Any]]:
+    """`docs` in `sort` order (stable: ties keep natural order). Keys are KeyStrings, computed
+    in steps; the sort itself compares bytes."""
+    out = list(docs)
+    for path, direction in reversed(sort):
+        if path == "$natural":
+            if direction < 0:
+                out.reverse()
+            continue
+        keys: list[bytes] = []
+        for n, doc in enumerate(out, 1):
+            keys.append(sort_key(doc, path, direction < 0))
+            if n % CHECK_EVERY == 0:
+                yield
+        order = sorted(range(len(out)), key=keys.__getitem__, reverse=direction < 0)
+        out = [out[i] for i in order]
+    return out
+
+
+def values_along_path(
+    value: Any, parts: list[str], out: list[Any], expand_trailing: bool = True
+) -> None:
+    """The values at a dotted path (mongod's extractAllElementsAlongPath): arrays on the way
+    are traversed, a numeric component also indexes an array; an array at the end is expanded
+    one level when `expand_trailing`."""
+    if not parts:
+        if expand_trailing and isinstance(value, list):
+            out.extend(value)
+        else:
+            out.append(value)
+        return
+    head = parts[0]
+    if isinstance(value, Mapping):
+        if head in value:
+            values_along_path(value[head], parts[1:], out, expand_trailing)
+        return
+    if isinstance(value, list):
+        if head.isdigit() and int(head) < len(value):
+            values_along_path(value[int(head)], parts[1:], out, expand_trailing)
+        for element in value:
+            if isinstance(element, Mapping):
+                values_along_path(element, parts, out, expand_trailing)
+
+
+def distinct(docs: Iterable[Mapping[str, Any]], key: str, out: list[Any]) -> Scan:
+    """`distinct`'s values: equal ones once (the first met), in BSON order, as mongod returns
+    its BSONElementSet."""
+    parts = key.split(".")
+    seen: dict[bytes, Any] = {}
+    n = 0
+    for doc in docs:
+        n += 1
+        values: list[Any] = []
+        values_along_path(doc, parts, values)
+        for value in values:
+            seen.setdefault(keystring.encode_values((value,))[0], value)
+        if n % CHECK_EVERY == 0:
+            stats["examined"] += CHECK_EVERY
+            yield
+    stats["examined"] += n % CHECK_EVERY
+    out.extend(seen[k] for k in sorted(seen))

@@ -1,0 +1,293 @@
+"""`$regex` as mongod evaluates it (PCRE2 with UTF, options i m s x u), in linear time.
+
+mongod matches with PCRE2, a backtracking engine bounded by a match limit. Python's `re` is a
+backtracking engine without one: `^(a+)+$` on 28 characters runs for seconds and holds the
+event loop. Patterns are therefore compiled for RE2 (google-re2, linear time) whenever RE2
+can express them with PCRE's meaning; the few it cannot (backreferences, lookaround, atomic
+groups, possessive quantifiers, inline `(?x)`...) fall back to Python's `re`, whose syntax and
+semantics are PCRE's for those features.
+
+The translation keeps PCRE's meaning where RE2's differs:
+- `$` (without `m`) matches at the end and before a final newline in PCRE, only at the end in
+  RE2: it becomes `(?:\\n?\\z)` where nothing can follow it (closing parentheses, then the end
+  or a top-level alternative), so consuming the newline changes nothing; `\\Z` the same;
+  elsewhere the pattern falls back;
+- `x` (extended): RE2 has no such mode; whitespace and `#` comments outside classes are removed;
+- `{` that does not open a quantifier is a literal in PCRE2 (as in oplog_match.py).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Protocol
+
+from bson.regex import Regex
+
+from pipeline_stages.errors import MongoError
+from pipeline_stages.oplog_match import _python_pattern
+
+try:  # the C-backed linear-time engine; without it every pattern uses Python's `re`
+    import re2 as _re2
+except ImportError:  # pragma: no cover - a dependency in pyproject.toml
+    _re2 = None
+
+_VALID_FLAGS = "imsux"  # pcre_util::flagsToOptions
+_PY_FLAGS = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL, "x": re.VERBOSE}
+_CACHE: dict[tuple[str, str], Matcher] = {}
+_CACHE_MAX = 512
+
+
+class Matcher(Protocol):
+    def search(self, text: str) -> Any: ...
+
+
+class _Fallback:
+    """A pattern RE2 cannot express, matched by Python's `re` (backtracking)."""
+
+    linear = False
+
+    def __init__(self, compiled: re.Pattern[str]) -> None:
+        self._compiled = compiled
+
+    def search(self, text: str) -> bool:
+        return self._compiled.search(text) is not None
+
+
+class _Linear:
+    linear = True
+
+    def __init__(self, compiled: Any) -> None:
+        self._compiled = compiled
+
+    def search(self, text: str) -> bool:
+        return self._compiled.search(text) is not None
+
+
+def check_options(options: str) -> None:
+    for flag in options:
+        if flag not in _VALID_FLAGS:
+            raise MongoError(51108, f" invalid flag in regex options: {flag}")
+
+
+def compile_regex(pattern: str, options: str = "") -> Matcher:
+    """A matcher for a `$regex` operand (`search(text)` is true when it matches somewhere)."""
+    key = (pattern, options)
+    found = _CACHE.get(key)
+    if found is not None:
+        return found
+    check_options(options)
+    if "\0" in pattern:
+        raise MongoError(2, "Regular expression cannot contain an embedded null byte")
+    matcher: Matcher | None = _compile_re2(pattern, options)
+    if matcher is None:
+        flags = 0
+        for flag in options:
+            flags |= _PY_FLAGS.get(flag, 0)
+        try:
+            matcher = _Fallback(re.compile(_python_pattern(pattern), flags))
+        except re.error as exc:
+            raise MongoError(51091, f"Regular expression is invalid: {exc}") from None
+        except (OverflowError, RecursionError, ValueError) as exc:
+            raise MongoError(51091, f"Regular expression is invalid: {exc}") from None
+    if len(_CACHE) >= _CACHE_MAX:
+        _CACHE.clear()
+    _CACHE[key] = matcher
+    return matcher
+
+
+def is_linear(matcher: Matcher) -> bool:
+    return bool(getattr(matcher, "linear", False))
+
+
+def _compile_re2(pattern: str, options: str) -> _Linear | None:
+    if _re2 is None:
+        return None
+    translated = to_re2(pattern, "m" in options, "x" in options)
+    if translated is None:
+        return None
+    prefix = "".join(f for f in "is" if f in options) + ("m" if "m" in options else "")
+    if prefix:
+        translated = f"(?{prefix}){translated}"
+    opts = _re2.Options()
+    opts.log_errors = False  # an unsupported pattern is expected: it falls back
+    try:
+        return _Linear(_re2.compile(translated, opts))
+    except Exception:  # noqa: BLE001 - re2.error: a feature RE2 lacks (or PCRE would refuse)
+        return None
+
+
+_GROUP_END = frozenset(")|")
+
+
+def to_re2(pattern: str, multiline: bool, extended: bool) -> str | None:
+    """The RE2 spelling of a PCRE pattern, or None when RE2 cannot mean the same."""
+    if extended:
+        stripped = _strip_extended(pattern)
+        if stripped is None:
+            return None
+        pattern = stripped
+    pattern = _python_pattern(pattern)  # literal `{`
+    if re.search(r"\(\?[a-zA-Z]*m", pattern) or "(?#" in pattern:
+        return None  # an inline multiline switch: `$` changes meaning mid-pattern
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    in_class = False
+    depth = 0
+    while i < n:
+        c = pattern[i]
+        if c == "\\" and i + 1 < n:
+            nxt = pattern[i + 1]
+            if nxt == "Q" and not in_class:
+                return None  # \Q..\E may hold a `$`; rare enough to leave to the fallback
+            if nxt == "Z" and not in_class:
+                if not _only_group_end_follows(pattern, i + 2, depth):
+                    return None
+                out.append(r"(?:\n?\z)")
+            else:
+                out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if in_class:
+            if c == "]":
+                in_class = False
+            out.append(c)
+            i += 1
+            continue
+        if c == "[":
+            in_class = True
+            out.append(c)
+            i += 1
+            # a `]` (or `^]`) right after the opening bracket is a literal member
+            if pattern.startswith("^]", i):
+                out.append("^]")
+                i += 2
+            elif pattern.startswith("]", i):
+                out.append("]")
+                i += 1
+            continue
+        if c == "$" and not multiline:
+            if not _only_group_end_follows(pattern, i + 1, depth):
+                return None
+            out.append(r"(?:\n?\z)")
+            i += 1
+            continue
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _only_group_end_follows(pattern: str, i: int, depth: int) -> bool:
+    """Nothing after position `i` can consume a character: only closing parentheses, then the
+    end of the pattern or a top-level alternative."""
+    n = len(pattern)
+    while i < n and pattern[i] == ")":
+        i += 1
+        depth -= 1
+    return i == n or (pattern[i] == "|" and depth == 0)
+
+
+_EXTENDED_SPACE = " \t\n\r\f\v"
+
+
+def _strip_extended(pattern: str) -> str | None:
+    """PCRE's extended mode: whitespace and `#...` comments outside classes are not part of
+    the pattern."""
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    in_class = False
+    while i < n:
+        c = pattern[i]
+        if c == "\\" and i + 1 < n:
+            nxt = pattern[i + 1]
+            if nxt == "Q":
+                return None
+            if nxt in _EXTENDED_SPACE:
+                out.append(f"\\x{ord(nxt):02x}")
+            else:
+                out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if in_class:
+            if c == "]":
+                in_class = False
+            out.append(c)
+            i += 1
+            continue
+        if c == "[":
+            in_class = True
+            out.append(c)
+            i += 1
+            if pattern.startswith("^]", i):
+                out.append("^]")
+                i += 2
+            elif pattern.startswith("]", i):
+                out.append("]")
+                i += 1
+            continue
+        if c in _EXTENDED_SPACE:
+            i += 1
+            continue
+        if c == "#":
+            end = pattern.find("\n", i)
+            i = n if end < 0 else end + 1
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+class MatchRegex(Regex):
+    """A `$regex` operand (a BSON regex, so the query engine treats it as one) with its
+    compiled matcher; equal to the BSON regex it was made from."""
+
+    def __init__(self, pattern: str, options: str) -> None:
+        super().__init__(pattern, _bson_flags(options))
+        self.options = options
+        self.matcher = compile_regex(pattern, options)
+
+    def try_compile(self) -> Any:  # what mongomock calls to match
+        return self.matcher
+
+
+def _bson_flags(options: str) -> int:
+    flags = 0
+    for flag in options:
+        if flag in _PY_FLAGS:
+            flags |= _PY_FLAGS[flag]
+        elif flag == "u":
+            flags |= re.UNICODE
+    return flags
+
+
+def options_of(value: Any) -> str:
+    """The MongoDB options string of a BSON regex or a compiled Python pattern."""
+    flags = value.flags
+    if isinstance(flags, str):
+        return flags
+    out = ""
+    for letter, bit in (("i", re.IGNORECASE), ("m", re.MULTILINE), ("s", re.DOTALL),
+                        ("x", re.VERBOSE)):
+        if flags & bit:
+            out += letter
+    if flags & re.UNICODE and not isinstance(value, re.Pattern):
+        out += "u"
+    return out
+
+
+def as_match_regex(value: Any, options: str | None = None) -> MatchRegex:
+    """A `$regex` operand (string, BSON regex, Python pattern) with `$options`, compiled."""
+    if isinstance(value, MatchRegex) and options is None:
+        return value
+    if isinstance(value, str):
+        return MatchRegex(value, options or "")
+    pattern = value.pattern
+    if isinstance(pattern, bytes):
+        pattern = pattern.decode("utf-8", "replace")
+    own = options_of(value)
+    if options:  # mongod: $options adds to a regex's own flags
+        own += "".join(f for f in options if f not in own)
+    return MatchRegex(pattern, own)
