@@ -24,6 +24,7 @@ import hashlib
 import hmac
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -399,6 +400,24 @@ class ScramConversation:
         return b"v=" + base64.b64encode(server_signature)
 
 
+# -- logical sessions --------------------------------------------------------------------------
+
+# The `uid` mongod puts in a logical session id (getLogicalSessionUserDigestForLoggedInUser):
+# SHA-256 of the authenticated user's "user@db", of "" without authentication.
+NO_AUTH_DIGEST = hashlib.sha256(b"").digest()
+# The digest of the user running the current command: set by ServerAuth.check before each
+# command (the connection's task carries it), read where the command checks out its session.
+SESSION_USER_DIGEST: ContextVar[bytes] = ContextVar("session_user_digest", default=NO_AUTH_DIGEST)
+
+
+def user_digest(user: User) -> bytes:
+    return hashlib.sha256(user.full_name.encode()).digest()
+
+
+def user_name_digest(name: str, db: str) -> bytes:
+    return hashlib.sha256(f"{name}@{db}".encode()).digest()
+
+
 # -- which command needs what ------------------------------------------------------------------
 
 # Commands whose requiresAuth() is false in mongod: they run before authentication.
@@ -447,6 +466,8 @@ _CLUSTER_ACTIONS: dict[str, tuple[str, ...]] = {
     "getCmdLineOpts": ("getCmdLineOpts",),
     "replSetGetStatus": ("replSetGetStatus",),
     "connPoolStats": ("connPoolStats",),
+    "killAllSessions": ("killAnySession",),
+    "killAllSessionsByPattern": ("killAnySession",),
 }
 _WRITE_STAGES = ("$out", "$merge")
 _READ_STAGES = ("$lookup", "$graphLookup", "$unionWith")
@@ -588,6 +609,12 @@ class ServerAuth:
         users = self.of(conn).users
         if not users:
             raise unauthenticated(name)
+        SESSION_USER_DIGEST.set(user_digest(users[0]))
+        lsid = cmd.get("lsid")
+        if isinstance(lsid, Mapping) and "uid" in lsid and not is_authorized(
+            users, [(("cluster",), ("impersonate",))]
+        ):  # initializeOperationSessionInfo: only an impersonator may name another user
+            raise AuthError(13, "Unauthorized to set user digest in LogicalSessionId")
         if is_authorized(users, required_privileges(name, cmd, db)):
             if name == "getMore":
                 cursor_id = cmd.get("getMore")

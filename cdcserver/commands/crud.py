@@ -14,19 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import bson
-from bson.binary import Binary
 from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
-from cdcserver.commands import oplog_find, txn_rules, write_concern, write_parsing
+from cdcserver.commands import oplog_find, write_concern, write_parsing
 from cdcserver.commands.arguments import array_arg, is_string
 from cdcserver.commands.handshake import _ELECTION_ID
 from cdcserver.commands.registry import command, int_arg
@@ -37,7 +35,6 @@ from cdcserver.commands.transactions import (
     lsid_str,
     retry_state,
     snapshot_reads,
-    transaction_of,
 )
 from cdcserver.embedded import engine, query
 from cdcserver.embedded.store import (
@@ -45,9 +42,7 @@ from cdcserver.embedded.store import (
     DocumentValidationError,
     DuplicateKeyError,
     LoggedWrite,
-    OpSession,
     Store,
-    Txn,
     TxnBlocked,
     id_key,
 )
@@ -717,7 +712,7 @@ def _replayed_find_and_modify(
             value = project(store, db, coll, entry["o"], fields) if entry else None
         return {"lastErrorObject": {"n": 1, "updatedExisting": False, "upserted": done.doc_id},
                 "value": value}
-    image = store.retry_image(session.lsid["id"], session.txn_number, done.ts)
+    image = store.retry_image(session.lsid, session.txn_number, done.ts)
     if image is None or done.needs_retry_image is None:
         raise MongoError(
             217, f"Retrying a findAndModify operation with session id {_lsid_str(session.lsid)} "

@@ -151,7 +151,7 @@ async def whats_my_uri(server, conn, cmd, db):
     return {"you": conn.peer}
 
 
-@command("endSessions", "killSessions", "refreshSessions", "startSession")
+@command("refreshSessions", "startSession")  # endSessions, killSessions: transactions.py
 async def sessions(server, conn, cmd, db):
     return {}
 

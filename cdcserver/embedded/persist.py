@@ -27,6 +27,8 @@ CREATE TABLE IF NOT EXISTS oplog (ts INTEGER PRIMARY KEY, entry BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS preimages (key BLOB PRIMARY KEY, ts INTEGER NOT NULL, doc BLOB NOT NULL);
 -- config.image_collection: a retryable findAndModify's image, one per session (its lsid id)
 CREATE TABLE IF NOT EXISTS retry_images (lsid BLOB PRIMARY KEY, doc BLOB NOT NULL);
+-- config.transactions: each session's ({id, uid}) txnNumber, last write and committed outcome
+CREATE TABLE IF NOT EXISTS transactions (lsid BLOB PRIMARY KEY, doc BLOB NOT NULL);
 """
 
 SYNCHRONOUS = ("off", "normal", "full", "extra")
@@ -130,6 +132,12 @@ class Persistence:
             "INSERT OR REPLACE INTO retry_images (lsid, doc) VALUES (?, ?)", (lsid_id, doc)
         )
 
+    def put_transaction(self, session_key: bytes, doc: bytes) -> None:
+        self.begin()
+        self.db.execute(
+            "INSERT OR REPLACE INTO transactions (lsid, doc) VALUES (?, ?)", (session_key, doc)
+        )
+
     # -- loading --------------------------------------------------------------------------------
 
     def collections(self) -> list[tuple[str, str, bytes, bytes]]:
@@ -148,3 +156,6 @@ class Persistence:
 
     def retry_images(self) -> Iterator[tuple[bytes, bytes]]:
         yield from self.db.execute("SELECT lsid, doc FROM retry_images")
+
+    def transactions(self) -> Iterator[tuple[bytes, bytes]]:
+        yield from self.db.execute("SELECT lsid, doc FROM transactions")

@@ -350,6 +350,31 @@ class Txn:
     expiry: asyncio.TimerHandle | None = None  # transactionLifetimeLimitSeconds
 
 
+def session_key(lsid: Mapping[str, Any]) -> bytes:
+    """A logical session's key: its id and its user digest (`{id, uid}`), so the same id from
+    another user is another session, as in mongod's session catalog."""
+    return bytes(lsid["id"]) + bytes(lsid["uid"])
+
+
+@dataclass(eq=False)
+class Session:
+    """A logical session as mongod's session catalog and `config.transactions` know it: the
+    active txnNumber, which is a retryable write (`txn` None: its executed statements) or a
+    multi-document transaction (`txn`, in progress, committed or aborted)."""
+
+    lsid: dict[str, Any]  # {id, uid}
+    txn_number: int = -1  # kUninitializedTxnNumber
+    txn: Txn | None = None
+    stmts: dict[int, Any] = field(default_factory=dict)  # retryable write: stmtId -> result
+    last_write: Timestamp | None = None  # its latest oplog entry: the next one's prevOpTime
+    incomplete: bool = False  # the capped oplog lost part of its statements' history
+
+    def set_txn_number(self, txn_number: int, txn: Txn | None) -> None:
+        self.txn_number, self.txn = txn_number, txn
+        self.stmts = {}
+        self.last_write, self.incomplete = None, False
+
+
 class TxnBlocked(Exception):  # noqa: N818 - a signal to the command, never a reply
     """A write outside transactions met a document (or unique index key) that an open
     transaction has written. mongod's writeConflictRetry makes such a write wait until the
@@ -438,13 +463,14 @@ class Store(EntryList):
         self._depth = 0
         self._lock = threading.RLock()
         self.listeners: list[Callable[[], None]] = []
-        # lsid id -> (txnNumber, {stmtId: result})
-        self.retryable: dict[bytes, tuple[int, dict[int, Any]]] = {}
+        # session_key(lsid) -> its session (active txnNumber, statements, transaction)
+        self.sessions: dict[bytes, Session] = {}
+        # config.transactions documents this batch wrote, made durable with its oplog entries
+        self._session_records: dict[bytes, dict[str, Any]] = {}
         self._pre_image_ts: dict[bytes, Timestamp] = {}
         # key -> (_id, operationTime) of each config.system.preimages document
         self._pre_image_meta: dict[bytes, tuple[dict[str, Any], datetime.datetime]] = {}
         self.txn: Txn | None = None  # the transaction of the command running now
-        self.txns: dict[bytes, Txn] = {}  # lsid id -> its latest transaction
         # (collection uuid, document key) -> the transaction in progress that wrote it
         self._owners: dict[tuple[bytes, bytes], Txn] = {}
         # (collection uuid, unique index name, index key) -> the transaction in progress
@@ -486,39 +512,83 @@ class Store(EntryList):
             self._oplog_bytes += len(raw)
         if self._ts:
             self._last_ts = self._ts[-1]
-        for sid, raw in self.persist.retry_images():
-            self.retry_images[bytes(sid)] = bson.decode(raw, _DECODE)
-        self._load_retryable()
+        for _, raw in self.persist.retry_images():
+            doc = bson.decode(raw, _DECODE)
+            self.retry_images[session_key(doc["_id"])] = doc
+        self._load_sessions()
         for key, ts_value, raw in self.persist.pre_images():
             doc = bson.decode(raw, _DECODE)
             self.images._pre_images[bytes(key)] = doc["preImage"]
             self._pre_image_ts[bytes(key)] = int_ts(ts_value)
             self._pre_image_meta[bytes(key)] = (doc["_id"], doc["operationTime"])
 
-    def _load_retryable(self) -> None:
-        """Retryable writes stay at most once across a restart: each session's latest
-        `txnNumber` and the statements its oplog entries record."""
+    def session(self, lsid: dict[str, Any]) -> Session:
+        """The session of `lsid` (`{id, uid}`), made on first use."""
+        key = session_key(lsid)
+        found = self.sessions.get(key)
+        if found is None:
+            found = self.sessions[key] = Session(lsid)
+        return found
+
+    def _load_sessions(self) -> None:
+        """Each session's active txnNumber as `config.transactions` recorded it (a committed
+        transaction's outcome, a retryable write's last entry), and the statements a retryable
+        write executed, from its oplog chain: what makes a retried commit answer ok and a
+        retried statement not run again after a restart."""
+        assert self.persist is not None
+        entries: dict[Timestamp, dict[str, Any]] = {}
         for raw in self._raw:
-            if raw[5:10] != b"lsid\x00":  # `lsid` is the first field when present
+            if raw[5:10] == b"lsid\x00":  # `lsid` is the first field when present
+                entry = decode_entry(raw)
+                if entry.get("txnNumber") is not None:
+                    entries[entry["ts"]] = entry
+        records = [bson.decode(bytes(raw), _DECODE) for _, raw in self.persist.transactions()]
+        for record in records:
+            session = self.session(dict(record["_id"]))
+            session.txn_number = int(record["txnNum"])
+            session.last_write = record["lastWriteOpTime"]["ts"]
+            if record.get("state") == "committed":
+                session.txn = Txn(session.lsid, session.txn_number, state="committed")
+                session.txn.ended.set()
                 continue
-            entry = decode_entry(raw)
-            lsid, number, stmt = entry.get("lsid"), entry.get("txnNumber"), entry.get("stmtId")
-            op = entry.get("op")
-            if lsid is None or number is None or stmt is None or op not in ("i", "u", "d"):
-                continue
-            sid = bytes(lsid["id"])
-            known = self.retryable.get(sid)
-            if known is None or known[0] < int(number):
-                known = (int(number), {})
-                self.retryable[sid] = known
-            elif known[0] > int(number):
-                continue
-            doc_key = entry["o2"] if op == "u" else entry["o"]
-            for stmt_id in stmt if isinstance(stmt, list) else [stmt]:
-                known[1][int(stmt_id)] = LoggedWrite(
-                    op, doc_key.get("_id"), entry["ts"], entry.get("needsRetryImage")
-                )
-            known[1]["__prev__"] = entry["ts"]
+            ts = session.last_write
+            while ts != NULL_OP_TIME["ts"]:  # the retryable write's chain, newest first
+                entry = entries.get(ts)
+                if entry is None:  # truncated from the capped oplog
+                    session.incomplete = True
+                    break
+                self._record_statements(session, entry)
+                ts = entry.get("prevOpTime", NULL_OP_TIME)["ts"]
+        recorded = {session_key(r["_id"]) for r in records}
+        for entry in entries.values():  # sessions last written before records were kept
+            if session_key(entry["lsid"]) not in recorded:
+                self._load_from_entry(entry)
+
+    def _load_from_entry(self, entry: dict[str, Any]) -> None:
+        session = self.session(dict(entry["lsid"]))
+        number, op = int(entry["txnNumber"]), entry.get("op")
+        if number < session.txn_number:
+            return
+        applied = op == "c" and "applyOps" in entry["o"]
+        if number > session.txn_number:
+            session.set_txn_number(number, None)
+        if applied and not entry["o"].get("partialTxn") and not entry["o"].get("prepare"):
+            session.txn = Txn(session.lsid, number, state="committed")
+            session.txn.ended.set()
+        elif session.txn is None:
+            self._record_statements(session, entry)
+        session.last_write = entry["ts"]
+
+    @staticmethod
+    def _record_statements(session: Session, entry: dict[str, Any]) -> None:
+        op, stmt = entry.get("op"), entry.get("stmtId")
+        if stmt is None or op not in ("i", "u", "d"):
+            return
+        doc_key = entry["o2"] if op == "u" else entry["o"]
+        for stmt_id in stmt if isinstance(stmt, list) else [stmt]:
+            session.stmts[int(stmt_id)] = LoggedWrite(
+                op, doc_key.get("_id"), entry["ts"], entry.get("needsRetryImage")
+            )
 
     def close(self) -> None:
         if self.persist is not None:
@@ -606,7 +676,10 @@ class Store(EntryList):
 
     def _commit(self) -> None:
         if self.persist is not None:
+            for key, record in self._session_records.items():  # same SQLite transaction
+                self.persist.put_transaction(key, bson.encode(record))
             self.persist.commit()
+        self._session_records.clear()
         if not self._pending:
             return
         for ts, raw in self._pending:
@@ -696,6 +769,11 @@ class Store(EntryList):
                 dict(NULL_OP_TIME) if prev is None else {"ts": prev, "t": Int64(1)}
             )
             session.prev_ts = ts
+            # config.transactions: the session's txnNumber and last write, durable with it
+            self._session_records[session_key(session.lsid)] = {
+                "_id": session.lsid, "txnNum": Int64(session.txn_number),
+                "lastWriteOpTime": {"ts": ts, "t": Int64(1)}, "lastWriteDate": wall,
+            }
         raw = bson.encode(entry)
         self._pending.append((ts, raw))
         if self.persist is not None:
@@ -1421,6 +1499,9 @@ class Store(EntryList):
                 o["count"] = Int64(len(txn.ops))
             ts, _ = self.log("c", "admin.$cmd", o, session=session, wall=wall)
             where.extend((ts, i) for i in range(len(ops)))
+        # the outcome, in config.transactions with the commit's entries: a retried
+        # commitTransaction answers ok after a restart, other statements 256
+        self._session_records[session_key(txn.lsid)]["state"] = "committed"
         self._seq += 1
         for uuid, entries in txn.overlay.items():
             c = txn.colls[uuid]
@@ -1461,6 +1542,20 @@ class Store(EntryList):
                 self.server_store[c.db]._collections.pop(c.name, None)
         self._end(txn, "aborted")
 
+    def kill_sessions(self, matches: Callable[[Mapping[str, Any]], bool]) -> int:
+        """killSessions / killAllSessions / endSessions: abort the open transaction of each
+        session whose lsid `matches` (mongod's killSessionsAbortUnpreparedTransactions); the
+        session keeps its txnNumber, so its later statements get 251 (aborted). Returns how
+        many transactions were aborted."""
+        aborted = 0
+        with self.batch():
+            for session in list(self.sessions.values()):
+                txn = session.txn
+                if txn is not None and txn.state == "in progress" and matches(session.lsid):
+                    self.abort_transaction(txn)
+                    aborted += 1
+        return aborted
+
     # -- retryable findAndModify images ---------------------------------------------------------
 
     def _retry_image_kind(self, session: OpSession | None, kind: str | None) -> str | None:
@@ -1474,15 +1569,17 @@ class Store(EntryList):
     ) -> None:
         doc = {"_id": session.lsid, "txnNum": Int64(session.txn_number), "ts": ts,
                "imageKind": kind, "image": image, "invalidated": False}
-        sid = bytes(session.lsid["id"])
+        sid = session_key(session.lsid)  # config.image_collection's _id: the whole lsid
         self.retry_images[sid] = doc
         if self.persist is not None:
             self.persist.put_retry_image(sid, bson.encode(doc))
 
-    def retry_image(self, lsid_id: bytes, txn_number: int, ts: Timestamp | None) -> Any:
+    def retry_image(
+        self, lsid: Mapping[str, Any], txn_number: int, ts: Timestamp | None
+    ) -> Any:
         """The image a retried findAndModify answers with, or None when it is gone (a newer
         statement of the session replaced it)."""
-        doc = self.retry_images.get(bytes(lsid_id))
+        doc = self.retry_images.get(session_key(lsid))
         if doc is None or int(doc["txnNum"]) != txn_number or doc.get("invalidated"):
             return None
         if ts is not None and doc["ts"] != ts:
