@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping
+from contextvars import Token
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -364,15 +365,51 @@ def matching(store: Store, c: Collection | None, q: Mapping[str, Any], one: bool
     if by_id:
         doc = store.documents(c).get(id_key(value))
         return [doc] if doc is not None and engine.matches(q, doc) else []
+    match = engine.matcher(q)  # parse errors before any document
+    known = query.prematched(q)  # matched before the write, in steps (_prematch)
     out = []
     for doc in list(store.documents(c).values()):
-        if engine.matches(q, doc):
+        hit = known.get(id(doc)) if known is not None else None
+        if hit[1] if hit is not None and hit[0] is doc else match(doc):
             out.append(doc)
             if one:
                 break
-    if not out:
-        engine.matches(q, {})
     return out
+
+
+async def _prematch(
+    store: Store, db: str, coll: str, statements: list[tuple[Any, bool]],
+    deadline: query.Deadline,
+) -> Token[Any] | None:
+    """Match the filters of a write's multi-document statements before the write, in steps
+    that let other connections run, within its maxTimeMS; `matching` re-uses the answers
+    for documents that have not changed since. A filter that fails is left to its statement
+    (its error belongs in writeErrors)."""
+    c = store.get(db, coll)
+    if c is None:
+        return None
+    docs: list[Any] | None = None
+    known: dict[bytes, query.Prematched] = {}
+    for q, multi in statements:
+        if not multi or not isinstance(q, Mapping):
+            continue
+        q = engine.normalize(dict(q))
+        key = query.filter_key(q)
+        if key is None or key in known or _id_lookup(q)[0]:
+            continue
+        if docs is None:
+            docs = list(store.documents(c).values())
+        answers: query.Prematched = {}
+        try:
+            await query.run_async(query.classify(docs, q, answers), deadline)
+        except MongoError as err:
+            if err.code == 50:
+                raise
+            continue
+        except Exception:  # noqa: BLE001 - the statement raises it as its write error
+            continue
+        known[key] = answers
+    return query.remember_prematched(known) if known else None
 
 
 def run_update_statement(
@@ -503,7 +540,14 @@ async def update(server, conn, cmd, db):
         finally:
             _finish_retry(retry)
 
-    await _run_writes(store, cmd, run)
+    statements = [(u.get("q"), u.get("multi") is True) for u in updates
+                  if isinstance(u, Mapping)]
+    prematched = await _prematch(store, db, coll, statements, query.Deadline.of(cmd))
+    try:
+        await _run_writes(store, cmd, run)
+    finally:
+        if prematched is not None:
+            query.forget_prematched(prematched)
     reply = _write_reply(store, n, errors)
     if upserted:
         reply["upserted"] = upserted
@@ -562,8 +606,21 @@ async def delete(server, conn, cmd, db):
         finally:
             _finish_retry(retry)
 
-    await _run_writes(store, cmd, run)
+    statements = [(d.get("q"), _is_multi_delete(d)) for d in deletes if isinstance(d, Mapping)]
+    prematched = await _prematch(store, db, coll, statements, query.Deadline.of(cmd))
+    try:
+        await _run_writes(store, cmd, run)
+    finally:
+        if prematched is not None:
+            query.forget_prematched(prematched)
     return write_concern.add_to_reply(_write_reply(store, n, errors), wc)
+
+
+def _is_multi_delete(spec: Mapping[str, Any]) -> bool:
+    try:
+        return bool(write_parsing.delete_limit(spec.get("limit")))
+    except MongoError:
+        return False
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,7 +19,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Mapping
+from contextvars import ContextVar, Token
 from typing import Any
+
+import bson
 
 from cdcserver.embedded import engine
 from pipeline_stages import keystring
@@ -242,3 +245,50 @@ def distinct(docs: Iterable[Mapping[str, Any]], key: str, out: list[Any]) -> Sca
             yield
     stats["examined"] += n % CHECK_EVERY
     out.extend(seen[k] for k in sorted(seen))
+
+
+# ---------------------------------------------------------------------------------------------
+# Writes: a multi-document update or delete runs synchronously (its writes must not interleave
+# with other commands), so the matching, the part that can be long, runs before it in steps:
+# which documents match each statement's filter, remembered by identity. The write re-uses a
+# document's answer only if the document is still the very same object (the store replaces a
+# document on write), and matches any other document itself.
+
+Prematched = dict[int, tuple[Any, bool]]
+_prematched: ContextVar[dict[bytes, Prematched] | None] = ContextVar("prematched", default=None)
+
+
+def filter_key(filter_doc: Mapping[str, Any]) -> bytes | None:
+    try:
+        return bson.encode(filter_doc)
+    except Exception:  # noqa: BLE001 - a filter the store cannot encode is matched later
+        return None
+
+
+def classify(docs: Iterable[Mapping[str, Any]], filter_doc: Mapping[str, Any],
+             out: Prematched) -> Scan:
+    match = engine.matcher(filter_doc)
+    n = 0
+    for doc in docs:
+        n += 1
+        out[id(doc)] = (doc, match(doc))
+        if n % CHECK_EVERY == 0:
+            stats["examined"] += CHECK_EVERY
+            yield
+    stats["examined"] += n % CHECK_EVERY
+
+
+def remember_prematched(known: dict[bytes, Prematched]) -> Token[Any]:
+    return _prematched.set(known)
+
+
+def forget_prematched(token: Token[Any]) -> None:
+    _prematched.reset(token)
+
+
+def prematched(filter_doc: Mapping[str, Any]) -> Prematched | None:
+    known = _prematched.get()
+    if not known:
+        return None
+    key = filter_key(filter_doc)
+    return None if key is None else known.get(key)

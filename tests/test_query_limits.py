@@ -1,0 +1,219 @@
+"""Long queries do not hold the server, `maxTimeMS` ends them, and `$regex` runs in linear
+time with MongoDB's (PCRE) meaning (issue 13 item 4).
+
+A scan pauses between documents (cdcserver/embedded/query.py); these tests hold a scan at
+such a pause through `query.pause_hook` and check what happens meanwhile, so they depend on
+the order of events, never on how long anything takes. The timeouts below only turn a hang
+into a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from bson.regex import Regex
+from embedded_support import Outside
+from pymongo.errors import ExecutionTimeout, OperationFailure
+
+from cdcserver.embedded import query
+
+GUARD_S = 60.0
+N = 1000  # documents: many more than query.CHECK_EVERY, so a scan pauses many times
+
+
+@pytest.fixture
+def coll(client) -> Iterator[Any]:
+    c = client.qlimits.docs
+    c.drop()
+    c.insert_many([{"_id": i, "s": f"item {i}", "n": i % 7} for i in range(N)])
+    yield c
+    c.drop()
+
+
+@pytest.fixture
+def every_document(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scans pause at every checkpoint (not only after YIELD_AFTER_S of work)."""
+    monkeypatch.setattr(query, "YIELD_AFTER_S", 0.0)
+
+
+class Gate:
+    """Holds every scan at its first pause until released."""
+
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+        self.released = threading.Event()
+
+    async def __call__(self) -> None:
+        self.reached.set()
+        while not self.released.is_set():
+            await asyncio.sleep(0.001)
+
+
+# The long operations: each reads the whole collection (N documents).
+OPERATIONS: dict[str, Callable[[Any], Any]] = {
+    "find": lambda c: len(list(c.find({"s": {"$regex": "^item"}}))),
+    "count": lambda c: c.count_documents({"s": {"$regex": "^item"}}),
+    "count_command": lambda c: c.database.command("count", c.name, query={"n": {"$gte": 0}})["n"],
+    "distinct": lambda c: len(c.distinct("n", {"s": {"$regex": "item"}})),
+    "aggregate": lambda c: len(list(c.aggregate([{"$match": {"s": {"$regex": "^item"}}}]))),
+    "update_many": lambda c: c.update_many({"s": {"$regex": "^item"}},
+                                           {"$set": {"seen": True}}).modified_count,
+    "delete_many": lambda c: c.delete_many({"s": {"$regex": "^item"}}).deleted_count,
+}
+EXPECTED = {"find": N, "count": N, "count_command": N, "distinct": 7, "aggregate": N,
+            "update_many": N, "delete_many": N}
+
+
+@pytest.mark.parametrize("name", sorted(OPERATIONS))
+def test_other_connections_are_served_while_a_scan_runs(
+    server, client, coll, every_document, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    gate = Gate()
+    monkeypatch.setattr(query, "pause_hook", gate)
+    slow = Outside(lambda: OPERATIONS[name](coll))
+    slow.start()
+    other = server.client()
+    try:
+        assert gate.reached.wait(GUARD_S), "the scan never paused"
+        # The scan is part-way (held at a pause): another connection is answered now.
+        assert other.admin.command("ping")["ok"] == 1.0
+        assert other.qlimits.other.insert_one({"x": 1}).acknowledged
+        assert slow.is_alive()  # the ping came first
+    finally:
+        gate.released.set()
+        slow.join(GUARD_S)
+        other.close()
+    assert not slow.is_alive()
+    assert slow.error is None, slow.error
+    assert slow.result == EXPECTED[name]
+
+
+class Stall:
+    """Makes the first pause of a scan last past any small maxTimeMS."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    async def __call__(self) -> None:
+        if not self.done:
+            self.done = True
+            await asyncio.sleep(0.2)
+
+
+MAX_TIME_MS = 50  # less than Stall's pause
+
+
+@pytest.mark.parametrize("name", sorted(OPERATIONS))
+def test_max_time_ms_ends_a_scan_with_50(
+    coll, every_document, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    monkeypatch.setattr(query, "pause_hook", Stall())
+    db = coll.database
+    commands: dict[str, dict[str, Any]] = {
+        "find": {"find": coll.name, "filter": {"s": {"$regex": "^item"}}},
+        "count": {"count": coll.name, "query": {"s": {"$regex": "^item"}}},
+        "count_command": {"count": coll.name, "query": {"n": {"$gte": 0}}},
+        "distinct": {"distinct": coll.name, "key": "n", "query": {"s": {"$regex": "item"}}},
+        "aggregate": {"aggregate": coll.name, "pipeline": [{"$match": {"s": {"$regex": "^i"}}}],
+                      "cursor": {}},
+        "update_many": {"update": coll.name, "updates": [
+            {"q": {"s": {"$regex": "^item"}}, "u": {"$set": {"seen": True}}, "multi": True}]},
+        "delete_many": {"delete": coll.name, "deletes": [
+            {"q": {"s": {"$regex": "^item"}}, "limit": 0}]},
+    }
+    with pytest.raises(ExecutionTimeout) as err:
+        db.command({**commands[name], "maxTimeMS": MAX_TIME_MS})
+    assert err.value.code == 50
+    assert err.value.details["codeName"] == "MaxTimeMSExpired"
+    assert err.value.details["errmsg"] == "operation exceeded time limit"
+    # Nothing was written by a write that ran out of time while matching.
+    assert coll.count_documents({}) == N
+    assert coll.count_documents({"seen": True}) == 0
+
+
+def test_max_time_ms_leaves_a_scan_that_finishes_alone(coll, every_document) -> None:
+    assert coll.count_documents({"s": {"$regex": "^item"}}, maxTimeMS=60_000) == N
+    assert len(list(coll.find({"n": 3}).max_time_ms(60_000))) == len(range(3, N, 7))
+
+
+# ---------------------------------------------------------------------------------------------
+# $regex
+
+
+def test_catastrophic_regex_matches_in_linear_time(client) -> None:
+    """`^(a+)+$` backtracks exponentially in PCRE and Python's re: 2^63 steps for 64
+    characters. The answer comes back (and is right) with and without maxTimeMS."""
+    c = client.qlimits.rx
+    c.drop()
+    c.insert_many([{"_id": 1, "s": "a" * 63 + "b"}, {"_id": 2, "s": "a" * 64},
+                   {"_id": 3, "s": "a" * 27 + "b"}, {"_id": 4, "s": "a" * 28}])
+    result: list[Any] = []
+    runner = Outside(lambda: result.extend(
+        [d["_id"] for d in c.find({"s": {"$regex": "^(a+)+$"}}).max_time_ms(500)]
+        + [d["_id"] for d in c.find({"s": {"$regex": "^(a+)+$"}})]))
+    runner.start()
+    runner.join(GUARD_S)
+    assert not runner.is_alive(), "the regex did not finish"
+    assert runner.error is None, runner.error
+    assert result == [2, 4, 2, 4]
+
+
+@pytest.fixture
+def texts(client) -> Iterator[Any]:
+    c = client.qlimits.texts
+    c.drop()
+    c.insert_many([
+        {"_id": 1, "s": "abc"},
+        {"_id": 2, "s": "ABC"},
+        {"_id": 3, "s": "abc\n"},
+        {"_id": 4, "s": "x\nabc\ny"},
+        {"_id": 5, "s": "a\nc"},
+        {"_id": 6, "s": "aa"},
+        {"_id": 7, "s": "a{,2}"},
+        {"_id": 8, "s": ["zzz", "abc"]},
+        {"_id": 9, "s": 12},
+        {"_id": 10, "s": "١٢"},  # Arabic-Indic digits: not \d in PCRE without UCP
+    ])
+    yield c
+    c.drop()
+
+
+def _ids(c: Any, flt: dict[str, Any]) -> list[int]:
+    return sorted(d["_id"] for d in c.find(flt, {"_id": 1}))
+
+
+@pytest.mark.parametrize(("flt", "expected"), [
+    ({"s": {"$regex": "^abc$"}}, [1, 3, 8]),  # PCRE's $ also matches before a final newline
+    ({"s": {"$regex": "^abc$", "$options": "i"}}, [1, 2, 3, 8]),
+    ({"s": {"$regex": "^abc$", "$options": "m"}}, [1, 3, 4, 8]),
+    ({"s": {"$regex": "^a.c$"}}, [1, 3, 8]),
+    ({"s": {"$regex": "^a.c$", "$options": "s"}}, [1, 3, 5, 8]),
+    ({"s": {"$regex": "^a b c  # the letters\n$", "$options": "x"}}, [1, 3, 8]),
+    ({"s": {"$regex": "^abc$", "$options": "u"}}, [1, 3, 8]),
+    ({"s": {"$regex": r"^(a)\1$"}}, [6]),  # a backreference: not RE2, still PCRE's meaning
+    ({"s": {"$regex": "^a(?=a)"}}, [6]),  # lookahead
+    ({"s": {"$regex": "^a{,2}$"}}, [7]),  # PCRE2 reads {,2} literally
+    ({"s": {"$regex": r"^\d+$"}}, []),
+    ({"s": Regex("^ABC$", "i")}, [1, 2, 3, 8]),
+    ({"s": {"$in": [Regex("^zz"), "aa"]}}, [6, 8]),
+    ({"s": {"$not": Regex("^a")}}, [2, 4, 9, 10]),
+    ({"s": {"$elemMatch": {"$regex": "^z"}}}, [8]),
+    ({"$or": [{"s": {"$regex": "^x"}}, {"s": {"$regex": "C$"}}]}, [2, 4]),
+])
+def test_regex_semantics_are_pcre(texts, flt: dict[str, Any], expected: list[int]) -> None:
+    assert _ids(texts, flt) == expected
+
+
+@pytest.mark.parametrize(("flt", "code", "message"), [
+    ({"s": {"$regex": "a", "$options": "g"}}, 51108, " invalid flag in regex options: g"),
+    ({"s": {"$regex": "a("}}, 51091, "Regular expression is invalid"),
+])
+def test_regex_parse_errors(texts, flt: dict[str, Any], code: int, message: str) -> None:
+    with pytest.raises(OperationFailure) as err:
+        list(texts.find(flt))
+    assert err.value.code == code
+    assert message in err.value.details["errmsg"]
