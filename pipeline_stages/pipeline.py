@@ -13,7 +13,7 @@ pipeline encoded once, as `RawBSONDocument`s, ready to be copied into a reply.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,6 +120,13 @@ class ChangeStreamPipeline:
         # when a user stage filtered the invalidate out (mongod takes it from the
         # ChangeStreamInvalidated exception, not from the returned events).
         self._invalidate_token: dict[str, Any] | None = None
+        # Filter groups (filter_index.py): a producer hands its events, before the user's
+        # stages, to `sink`; a member reads how far the group scanned from `scan_clock` (so an
+        # entry that reaches no member costs nothing per member) and may be failed by the group
+        # with the error its own $match or stages raised.
+        self.sink: Callable[[list[dict[str, Any]]], None] | None = None
+        self.scan_clock: Any = None  # has `scanned_ts`
+        self.error: BaseException | None = None
 
     @property
     def pending_count(self) -> int:
@@ -222,6 +229,17 @@ class ChangeStreamPipeline:
             events = self.ensure_token.process(events)
         if not self.spec.show_expanded_events:
             events = [e for e in events if e["operationType"] in CLASSIC_EVENT_TYPES]
+        if self.sink is not None:
+            self.sink(events)  # a filter group's producer: the members run their own stages
+            if self.check_invalidate.invalidated:
+                self.invalidated = True
+            return
+        self.deliver(events)
+
+    def deliver(self, events: list[dict[str, Any]]) -> None:
+        """The user's stages, the split and the encoding of events that passed every stage
+        before them; queues the results (a filter group calls this for members with stages of
+        their own after their leading $match)."""
         if self.user_stages is not None and self.split is not None:
             # mongod splits by each event's original token and checks the `_id` afterwards.
             events, tokens = self.user_stages.apply(events)
@@ -230,24 +248,31 @@ class ChangeStreamPipeline:
             events = self.user_stages.process(events)  # 280 if a stage changed `_id`
         elif self.split is not None:
             events = self.split.process(events)
-        staged = [(e, e["_id"], e["clusterTime"] if "clusterTime" in e else None) for e in events]
-        pending = self._pending
-        try:
-            encoded = encode_many_in_order(events) if len(events) > 1 else None
-        except Exception:  # noqa: BLE001 - the one-by-one loop raises it at its own event
-            encoded = None
-        for i, (event, token, ts) in enumerate(staged):
-            if ts is None:  # a stage removed clusterTime: read it from the token
-                ts = resume_token.decode(token).cluster_time
-            raw = encoded[i] if encoded is not None else encode_in_order(event)
-            pending.append((RawBSONDocument(raw), token, ts))
+        encode_events(events, self._pending)
         if self.check_invalidate.invalidated:
             self.invalidated = True
+
+    def enqueue(self, items: Iterable[tuple[RawBSONDocument, dict[str, Any], Timestamp]]) -> None:
+        """Queue events a filter group encoded once for every member that takes them as is."""
+        self._pending.extend(items)
+
+    def mark_invalidated(self, token: dict[str, Any] | None) -> None:
+        """The group's producer met the invalidate: this member ends with it."""
+        if not self.invalidated:
+            self.invalidated = True
+            self._invalidate_token = token
+
+    def fail(self, error: BaseException) -> None:
+        """The member's own $match or stages raised on an event: its next batch raises it."""
+        if self.error is None:
+            self.error = error
 
     # -- draining -------------------------------------------------------------------------------
 
     def next_batch(self, batch_size: int | None = None) -> Batch:
         """Up to `batch_size` queued events (None: no limit) within the reply budget."""
+        if self.error is not None:
+            raise self.error  # what the stream's own push would have raised
         pending = self._pending
         out: list[RawBSONDocument] = []
         size = 0
@@ -271,6 +296,11 @@ class ChangeStreamPipeline:
         elif eof:
             # Nothing more to return for now: the token may move up to what was scanned.
             scanned = self._scanned_ts
+            clock = self.scan_clock
+            if clock is not None and clock.scanned_ts is not None and (
+                scanned is None or clock.scanned_ts > scanned
+            ):
+                scanned = clock.scanned_ts
             if scanned is not None and scanned > self._pbrt_ts and not self.invalidated:
                 version = resume_token.version_for_event(scanned, self.spec.resume_token)
                 self._pbrt = ResumeTokenData.high_water_mark(scanned, version).to_document()
@@ -281,6 +311,23 @@ class ChangeStreamPipeline:
         """`push` then `next_batch`: events of this oplog batch and the post-batch token."""
         self.push(entries)
         return self.next_batch(batch_size)
+
+
+def encode_events(events: list[dict[str, Any]], out: Any) -> Any:
+    """Append (encoded event, its resume token, its clusterTime) for each event to `out` (and
+    return it), in one codec call when there are several."""
+    try:
+        encoded = encode_many_in_order(events) if len(events) > 1 else None
+    except Exception:  # noqa: BLE001 - the one-by-one loop raises it at its own event
+        encoded = None
+    for i, event in enumerate(events):
+        token = event["_id"]
+        ts = event["clusterTime"] if "clusterTime" in event else None
+        if ts is None:  # a stage removed clusterTime: read it from the token
+            ts = resume_token.decode(token).cluster_time
+        raw = encoded[i] if encoded is not None else encode_in_order(event)
+        out.append((RawBSONDocument(raw), token, ts))
+    return out
 
 
 _CRUD_TYPES = {"i": "insert", "d": "delete"}
