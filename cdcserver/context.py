@@ -45,6 +45,9 @@ class ServerState:
     # Set with shutting_down: wakes awaitable hellos, which then fail with 91 as mongod's do in
     # quiesce mode (a driver's monitor marks the server Unknown at once).
     quiescing: asyncio.Event = field(default_factory=asyncio.Event)
+    # What the server was started with (getCmdLineOpts): the Config and the command line.
+    config: Any = None
+    argv: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.store is None:

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import ssl
+import sys
 import time
 from typing import Any
 
@@ -264,6 +265,7 @@ def server_for_config(state: ServerState, config: Config) -> Server:
         raise StartupError(str(exc)) from None
     state.max_message_bytes = config.server.max_message_bytes
     state.slow_s = config.log.slow_ms / 1000
+    state.config = config  # getCmdLineOpts's parsed options
     return Server(
         state,
         config.server.max_connections,
@@ -280,6 +282,7 @@ async def serve_forever(config: Config, oplog: OplogLog) -> None:
     )
     state.cursors.idle_timeout_s = config.server.idle_cursor_timeout_s
     state.follow = config.source.follow
+    state.argv = list(sys.argv)  # getCmdLineOpts's argv
     failpoints.set_enabled(state, config.server.enable_fail_points)
     server = server_for_config(state, config)
     endpoint = None

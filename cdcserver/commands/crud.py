@@ -25,7 +25,7 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
-from cdcserver.commands import oplog_find, write_concern, write_parsing
+from cdcserver.commands import admin, oplog_find, write_concern, write_parsing
 from cdcserver.commands.arguments import array_arg, is_string
 from cdcserver.commands.handshake import _ELECTION_ID
 from cdcserver.commands.registry import command, int_arg
@@ -1199,6 +1199,11 @@ async def aggregate(server, conn, cmd, db):
     target = cmd.get("aggregate")
     if oplog_find.is_oplog(db, target):
         return await _aggregate_oplog(server, cmd)
+    if cmd.get("explain") is True:
+        return await admin.explain_aggregate(server, conn, cmd, db)
+    sourced = admin.aggregate_source(server, conn, cmd, db)  # $currentOp, $collStats
+    if sourced is not None:
+        return cursor_first_batch(server, *sourced)
     store = get_store(server)
     pipeline = cmd.get("pipeline")
     if not isinstance(pipeline, list):

@@ -5,21 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import sys
 from typing import Any
 
 from bson.int64 import Int64
-from bson.objectid import ObjectId
 
 from cdcserver.commands import auth as auth_commands
+from cdcserver.commands.admin import ELECTION_ID, MAX_WIRE_VERSION, SERVER_VERSION
 from cdcserver.commands.registry import command
 from cdcserver.context import ConnectionState, ServerState
 from pipeline_stages.errors import MongoError
 
-MAX_WIRE_VERSION = 25  # MongoDB 8.0
-SERVER_VERSION = "8.0.12"
-# The electionId of a primary that won term 1.
-_ELECTION_ID = ObjectId("7fffffff0000000000000001")
+# The version and the electionId live with the admin commands (serverStatus reports them too).
+_ELECTION_ID = ELECTION_ID
 
 
 def _now() -> datetime.datetime:
@@ -132,15 +129,6 @@ async def build_info(server, conn, cmd, db):
     }
 
 
-@command("getParameter")
-async def get_parameter(server, conn, cmd, db):
-    reply: dict[str, Any] = {}
-    want_all = cmd.get("getParameter") == "*"
-    if want_all or "featureCompatibilityVersion" in cmd:
-        reply["featureCompatibilityVersion"] = {"version": "8.0"}
-    return reply
-
-
 @command("connectionStatus")
 async def connection_status(server, conn, cmd, db):
     return {"authInfo": auth_commands.auth_info(conn)}
@@ -154,33 +142,6 @@ async def whats_my_uri(server, conn, cmd, db):
 @command("refreshSessions", "startSession")  # endSessions, killSessions: transactions.py
 async def sessions(server, conn, cmd, db):
     return {}
-
-
-@command("serverStatus")
-async def server_status(server, conn, cmd, db):
-    now = _now()
-    cursors = server.cursors.cursors
-    latest = server.log.latest_ts()
-    lag = max(0.0, now.timestamp() - latest.time) if latest is not None else None
-    return {
-        "host": server.me,
-        "version": SERVER_VERSION,
-        "process": "cdcserver",
-        "pid": Int64(server.pid),
-        "uptime": (now - server.started).total_seconds(),
-        "localTime": now,
-        "connections": {
-            "current": server.connections,
-            "totalCreated": server.total_connections,
-        },
-        "cdcserver": {
-            "cursors": len(cursors),
-            "eventsDelivered": Int64(server.events_delivered),
-            "oplogLatest": latest,
-            "lagSeconds": lag,
-            "python": sys.version.split()[0],
-        },
-    }
 
 
 @command("listDatabases")

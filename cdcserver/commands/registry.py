@@ -15,7 +15,7 @@ from bson.binary import Binary
 from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 
-from cdcserver.commands import arguments, failpoints, txn_rules
+from cdcserver.commands import admin, arguments, failpoints, txn_rules
 from cdcserver.context import ConnectionState, ServerState
 from pipeline_stages.errors import MongoError
 
@@ -134,7 +134,16 @@ async def run_command(
         if handler is not proxy:
             txn_rules.check_allowed(name, cmd)  # 263, before the session is checked out
             checked_out = True
-        reply = await handler(server, conn, cmd, db)
+        opid = admin.op_started(server, conn, name, cmd, db)  # currentOp shows it meanwhile
+        try:
+            reply = await handler(server, conn, cmd, db)
+        except MongoError as err:
+            admin.op_finished(server, opid, name, cmd, None, err, change_stream)
+            raise
+        except BaseException:
+            admin.op_finished(server, opid, name, cmd, None, None, change_stream)
+            raise
+        admin.op_finished(server, opid, name, cmd, reply, None, change_stream)
         if server.auth is not None:
             reply = server.auth.after_command(
                 conn, name, cmd, reply, lambda: live_cursor_ids(server)
@@ -160,3 +169,7 @@ async def run_command(
 
 
 command("configureFailPoint")(failpoints.configure_fail_point)
+# The administrative commands (admin.py): its table, merged here; explain and listCommands
+# see the whole table through `bind`.
+COMMANDS.update(admin.TABLE)
+admin.bind(COMMANDS)

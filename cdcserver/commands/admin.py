@@ -1,0 +1,1204 @@
+"""Administrative commands, answered as a single-node replica-set primary (mongod 8.0) does:
+the ones drivers' and tools' test harnesses and mongosh call (getCmdLineOpts, getParameter,
+replSetGetStatus, serverStatus, hostInfo, listCommands, explain, validate, profile, dbStats,
+collStats, usersInfo, currentOp) and the `$currentOp` / `$collStats` aggregation sources.
+
+This module has its own table, `TABLE`, merged into the command registry in one place
+(registry.py). It imports no other command module (the registry imports it); the commands it
+runs on behalf of another (explain) are looked up in the table `bind` was given.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import os
+import platform
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import bson
+import mongomock
+from bson.binary import Binary
+from bson.int64 import Int64
+from bson.objectid import ObjectId
+from bson.raw_bson import RawBSONDocument
+from bson.timestamp import Timestamp
+
+from cdcserver.context import ConnectionState, ServerState
+from cdcserver.embedded import engine
+from pipeline_stages.errors import MongoError
+from pipeline_stages.value_string import type_name
+
+MAX_WIRE_VERSION = 25  # MongoDB 8.0
+SERVER_VERSION = "8.0.12"
+GIT_VERSION = "cdcserver"
+# The electionId of a primary that won term 1.
+ELECTION_ID = ObjectId("7fffffff0000000000000001")
+_REPLICA_SET_ID = ObjectId("000000000000000000000001")
+
+Handler = Callable[[ServerState, ConnectionState, dict[str, Any], str], Awaitable[dict[str, Any]]]
+TABLE: dict[str, Handler] = {}
+# The registry's whole table (set by `bind`): explain runs the explained command through it.
+_commands: dict[str, Handler] = {}
+
+
+def bind(commands: dict[str, Handler]) -> None:
+    global _commands
+    _commands = commands
+
+
+def _command(*names: str) -> Callable[[Handler], Handler]:
+    def register(handler: Handler) -> Handler:
+        for name in names:
+            TABLE[name] = handler
+        return handler
+
+    return register
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _admin_only(name: str, db: str) -> None:
+    if db != "admin":
+        raise MongoError(13, f"{name} may only be run against the admin database.")
+
+
+def _store(server: ServerState) -> Any:
+    return getattr(server, "store", None)
+
+
+# -- counters (serverStatus opcounters / metrics) and the operations in progress (currentOp) --
+
+
+class Counters:
+    """What serverStatus reports about the commands run since start."""
+
+    def __init__(self) -> None:
+        self.commands: dict[str, list[int]] = {}  # name -> [failed, total]
+        self.opcounters = dict.fromkeys(
+            ("insert", "query", "update", "delete", "getmore", "command"), 0
+        )
+        self.document = dict.fromkeys(("deleted", "inserted", "returned", "updated"), 0)
+        self.change_streams = dict.fromkeys(
+            ("largeEventsFailed", "largeEventsSplit", "showExpandedEvents"), 0
+        )
+        self.opids = itertools.count(1)
+        self.in_progress: dict[int, tuple[ConnectionState, str, Mapping[str, Any], float]] = {}
+
+
+def counters(server: Any) -> Counters:
+    found = server.__dict__.get("admin_counters")
+    if found is None:
+        found = server.__dict__["admin_counters"] = Counters()
+    return found
+
+
+def op_started(
+    server: ServerState, conn: ConnectionState, name: str, cmd: Mapping[str, Any], db: str
+) -> int:
+    """Note a command in progress (for currentOp); returns its opid."""
+    table = counters(server)
+    opid = next(table.opids)
+    table.in_progress[opid] = (conn, db, cmd, time.monotonic())
+    return opid
+
+
+def op_finished(
+    server: ServerState,
+    opid: int,
+    name: str,
+    cmd: Mapping[str, Any],
+    reply: Mapping[str, Any] | None,
+    error: MongoError | None,
+    change_stream: bool,
+) -> None:
+    """Count a finished command as mongod's opcounters and metrics do."""
+    table = counters(server)
+    table.in_progress.pop(opid, None)
+    counts = table.commands.setdefault(name, [0, 0])
+    counts[1] += 1
+    if error is not None:
+        counts[0] += 1
+        if change_stream and error.code == 10334:
+            table.change_streams["largeEventsFailed"] += 1
+    op = table.opcounters
+    if name == "insert":
+        docs = cmd.get("documents")
+        op["insert"] += len(docs) if isinstance(docs, list) else 0
+    elif name in ("update", "delete"):
+        stmts = cmd.get(name + "s")
+        op[name] += len(stmts) if isinstance(stmts, list) else 0
+    elif name == "find":
+        op["query"] += 1
+    elif name == "getMore":
+        op["getmore"] += 1
+    else:
+        op["command"] += 1
+    if reply is None or isinstance(reply, RawBSONDocument):
+        return
+    doc = table.document
+    if name == "insert":
+        doc["inserted"] += _int(reply.get("n"))
+    elif name == "update":
+        doc["updated"] += _int(reply.get("nModified"))
+    elif name == "delete":
+        doc["deleted"] += _int(reply.get("n"))
+    cursor = reply.get("cursor")
+    if isinstance(cursor, Mapping):
+        batch = cursor.get("firstBatch", cursor.get("nextBatch"))
+        if isinstance(batch, list):
+            doc["returned"] += len(batch)
+            if change_stream:
+                _count_change_stream(server, table, name, cmd, cursor, batch)
+
+
+def _count_change_stream(
+    server: ServerState, table: Counters, name: str, cmd: Mapping[str, Any],
+    cursor: Mapping[str, Any], batch: list[Any],
+) -> None:
+    live = server.cursors.cursors.get(cursor.get("id"))
+    pipeline = getattr(live, "pipeline", None)
+    if name == "aggregate" and pipeline is not None and pipeline.spec.show_expanded_events:
+        table.change_streams["showExpandedEvents"] += 1
+    if pipeline is None or getattr(pipeline, "split", None) is None:
+        return
+    for event in batch:  # only streams with $changeStreamSplitLargeEvent look
+        split = event.get("splitEvent") if isinstance(event, Mapping) else None
+        if isinstance(split, Mapping) and split.get("fragment") == 1:
+            table.change_streams["largeEventsSplit"] += 1
+
+
+def _int(value: Any) -> int:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+# -- getCmdLineOpts / getParameter ------------------------------------------------------------
+
+
+def parsed_options(server: ServerState) -> dict[str, Any]:
+    """The server's settings in mongod's option names (its `parsed`, keys in order)."""
+    config = server.config
+    parsed: dict[str, Any] = {}
+    net: dict[str, Any] = {"bindIp": server.host, "port": server.port}
+    if config is not None and config.tls.enabled:
+        tls: dict[str, Any] = {"certificateKeyFile": config.tls.certificate_file}
+        if config.tls.ca_file:
+            tls["CAFile"] = config.tls.ca_file
+            if not config.tls.require_client_certificate:
+                tls["allowConnectionsWithoutCertificates"] = True
+        tls["mode"] = "requireTLS"
+        net["tls"] = tls
+    parsed["net"] = net
+    parsed["replication"] = {"replSetName": server.set_name}
+    auth_on = server.auth is not None and server.auth.enabled
+    if auth_on:
+        parsed["security"] = {"authorization": "enabled"}
+    if test_commands_enabled(server):
+        parsed["setParameter"] = {"enableTestCommands": "1"}
+    store = _store(server)
+    if store is not None:
+        if config is not None and not config.store.in_memory:
+            parsed["storage"] = {"dbPath": config.store.data_dir}
+        elif getattr(store, "path", None):
+            parsed["storage"] = {"dbPath": str(store.path)}
+        else:
+            parsed["storage"] = {"engine": "inMemory"}
+    if config is not None:
+        parsed["systemLog"] = {"verbosity": 1 if config.log.level == "debug" else 0}
+    return parsed
+
+
+def test_commands_enabled(server: ServerState) -> bool:
+    points = server.__dict__.get("fail_points")
+    return points is None or bool(points.enabled)  # made enabled on first use
+
+
+@_command("getCmdLineOpts")
+async def get_cmd_line_opts(server, conn, cmd, db):
+    _admin_only("getCmdLineOpts", db)
+    argv = list(server.argv) or ["cdcserver", "serve"]
+    return {"argv": argv, "parsed": parsed_options(server)}
+
+
+def server_parameters(server: ServerState) -> dict[str, Any]:
+    """The parameters cdcserver has, by mongod's names and types (getParameter)."""
+    store = _store(server)
+    auth = server.auth
+    mechanisms = list(auth.registry.mechanisms) if auth is not None else [
+        "SCRAM-SHA-1", "SCRAM-SHA-256"]
+    params: dict[str, Any] = {
+        "authenticationMechanisms": sorted(mechanisms),
+        "cursorTimeoutMillis": Int64(int(server.cursors.idle_timeout_s * 1000)),
+        "enableTestCommands": test_commands_enabled(server),
+        "featureCompatibilityVersion": {"version": "8.0"},
+        "localLogicalSessionTimeoutMinutes": 30,
+        "logicalSessionRefreshMillis": 300000,
+        "maxBSONDepth": 200,
+        "requireApiVersion": False,
+        "tlsMode": "requireTLS" if (
+            server.config is not None and server.config.tls.enabled) else "disabled",
+    }
+    if store is not None:
+        lifetime = store.transaction_lifetime_limit_seconds
+        params["transactionLifetimeLimitSeconds"] = int(lifetime) if lifetime > 0 else 2**31 - 1
+        params["ttlMonitorEnabled"] = store.ttl_monitor_sleep_secs > 0
+        params["ttlMonitorSleepSecs"] = int(store.ttl_monitor_sleep_secs)
+    return dict(sorted(params.items()))  # mongod walks its parameter map in name order
+
+
+_SETTABLE_AT_RUNTIME = frozenset(
+    {"cursorTimeoutMillis", "transactionLifetimeLimitSeconds", "ttlMonitorEnabled",
+     "ttlMonitorSleepSecs", "requireApiVersion", "tlsMode"}
+)
+
+
+@_command("getParameter")
+async def get_parameter(server, conn, cmd, db):
+    _admin_only("getParameter", db)
+    arg = cmd.get("getParameter")
+    want_all = arg == "*"
+    show_details = False
+    if isinstance(arg, Mapping):
+        for key in arg:
+            if key not in ("allParameters", "showDetails", "setAt",
+                           "forIncrementalFeatureRollout"):
+                raise MongoError(40415, f"BSON field 'getParameter.{key}' is an unknown field.")
+        want_all = arg.get("allParameters") is True
+        show_details = arg.get("showDetails") is True
+    reply: dict[str, Any] = {}
+    for name, value in server_parameters(server).items():
+        if not want_all and name not in cmd:
+            continue
+        if show_details:
+            reply[name] = {"value": value, "settableAtRuntime": name in _SETTABLE_AT_RUNTIME,
+                           "settableAtStartup": True}
+        else:
+            reply[name] = value
+    if not reply:
+        raise MongoError(72, "no option found to get")
+    return reply
+
+
+# -- the replica set ----------------------------------------------------------------------------
+
+
+def _op_time(server: ServerState) -> tuple[dict[str, Any], datetime.datetime]:
+    ts = server.log.cluster_time()
+    when = datetime.datetime.fromtimestamp(ts.time, datetime.UTC) if ts.time else server.started
+    return {"ts": ts, "t": Int64(1)}, when
+
+
+def _election(server: ServerState) -> tuple[Timestamp, datetime.datetime]:
+    started = server.started.replace(microsecond=0)
+    return Timestamp(int(started.timestamp()), 1), started
+
+
+@_command("replSetGetStatus")
+async def repl_set_get_status(server, conn, cmd, db):
+    _admin_only("replSetGetStatus", db)
+    now = _now()
+    op_time, wall = _op_time(server)
+    election_ts, election_date = _election(server)
+    uptime = int((now - server.started).total_seconds())
+    member = {
+        "_id": 0,
+        "name": server.me,
+        "health": 1.0,
+        "state": 1,
+        "stateStr": "PRIMARY",
+        "uptime": uptime,
+        "optime": op_time,
+        "optimeDate": wall,
+        "lastAppliedWallTime": wall,
+        "lastDurableWallTime": wall,
+        "syncSourceHost": "",
+        "syncSourceId": -1,
+        "infoMessage": "",
+        "electionTime": election_ts,
+        "electionDate": election_date,
+        "configVersion": 1,
+        "configTerm": 1,
+        "self": True,
+        "lastHeartbeatMessage": "",
+    }
+    return {
+        "set": server.set_name,
+        "date": now,
+        "myState": 1,
+        "term": Int64(1),
+        "syncSourceHost": "",
+        "syncSourceId": -1,
+        "heartbeatIntervalMillis": Int64(2000),
+        "majorityVoteCount": 1,
+        "writeMajorityCount": 1,
+        "votingMembersCount": 1,
+        "writableVotingMembersCount": 1,
+        "optimes": {
+            "lastCommittedOpTime": op_time,
+            "lastCommittedWallTime": wall,
+            "readConcernMajorityOpTime": op_time,
+            "appliedOpTime": op_time,
+            "durableOpTime": op_time,
+            "lastAppliedWallTime": wall,
+            "lastDurableWallTime": wall,
+        },
+        "lastStableRecoveryTimestamp": op_time["ts"],
+        "electionCandidateMetrics": {
+            "lastElectionReason": "electionTimeout",
+            "lastElectionDate": election_date,
+            "electionTerm": Int64(1),
+            "lastCommittedOpTimeAtElection": {"ts": Timestamp(0, 0), "t": Int64(-1)},
+            "lastSeenOpTimeAtElection": {"ts": election_ts, "t": Int64(-1)},
+            "numVotesNeeded": 1,
+            "priorityAtElection": 1.0,
+            "electionTimeoutMillis": Int64(10000),
+            "newTermStartDate": election_date,
+            "wMajorityWriteAvailabilityDate": election_date,
+        },
+        "members": [member],
+    }
+
+
+@_command("replSetGetConfig")
+async def repl_set_get_config(server, conn, cmd, db):
+    _admin_only("replSetGetConfig", db)
+    return {
+        "config": {
+            "_id": server.set_name,
+            "version": 1,
+            "term": 1,
+            "members": [{
+                "_id": 0, "host": server.me, "arbiterOnly": False, "buildIndexes": True,
+                "hidden": False, "priority": 1.0, "tags": {},
+                "secondaryDelaySecs": Int64(0), "votes": 1,
+            }],
+            "protocolVersion": Int64(1),
+            "writeConcernMajorityJournalDefault": True,
+            "settings": {
+                "chainingAllowed": True,
+                "heartbeatIntervalMillis": 2000,
+                "heartbeatTimeoutSecs": 10,
+                "electionTimeoutMillis": 10000,
+                "catchUpTimeoutMillis": -1,
+                "catchUpTakeoverDelayMillis": 30000,
+                "getLastErrorModes": {},
+                "getLastErrorDefaults": {"w": 1, "wtimeout": 0},
+                "replicaSetId": _REPLICA_SET_ID,
+            },
+        }
+    }
+
+
+# -- serverStatus / hostInfo --------------------------------------------------------------------
+
+
+def _longs(values: Mapping[str, int]) -> dict[str, Int64]:
+    return {k: Int64(v) for k, v in values.items()}
+
+
+@_command("serverStatus")
+async def server_status(server, conn, cmd, db):
+    now = _now()
+    table = counters(server)
+    latest = server.log.latest_ts()
+    lag = max(0.0, now.timestamp() - latest.time) if latest is not None else None
+    uptime = (now - server.started).total_seconds()
+    op_time, wall = _op_time(server)
+    election_ts, _ = _election(server)
+    open_cursors = len(server.cursors.cursors) + len(server.result_cursors)
+    commands = {
+        name: {"failed": Int64(counts[0]), "total": Int64(counts[1])}
+        for name, counts in sorted(table.commands.items())
+    }
+    reply: dict[str, Any] = {
+        "host": _pretty_host(server),
+        "version": SERVER_VERSION,
+        "process": "mongod",
+        "pid": Int64(server.pid),
+        "uptime": float(int(uptime)),
+        "uptimeMillis": Int64(int(uptime * 1000)),
+        "uptimeEstimate": Int64(int(uptime)),
+        "localTime": now,
+        # The sections, in name order as mongod's section registry (a sorted map) lists them.
+        "asserts": _longs(dict.fromkeys(("regular", "warning", "msg", "user", "tripwire",
+                                          "rollovers"), 0)),
+        "cdcserver": {
+            "cursors": len(server.cursors.cursors),
+            "eventsDelivered": Int64(server.events_delivered),
+            "oplogLatest": latest,
+            "lagSeconds": lag,
+            "python": sys.version.split()[0],
+            **_upstream_status(server),
+        },
+        "connections": {
+            "current": server.connections,
+            "available": max(0, 10_000 - server.connections),
+            "totalCreated": server.total_connections,
+            "active": len({id(c) for c, *_ in table.in_progress.values()}),
+        },
+        "featureCompatibilityVersion": {"version": "8.0"},
+        "metrics": {
+            "changeStreams": _longs(table.change_streams),
+            "commands": commands,
+            "cursor": {"open": {"noTimeout": Int64(0), "pinned": Int64(0),
+                                "total": Int64(open_cursors)}},
+            "document": _longs(table.document),
+        },
+        "opcounters": _longs(table.opcounters),
+        "opcountersRepl": _longs(dict.fromkeys(
+            ("insert", "query", "update", "delete", "getmore", "command"), 0)),
+        "repl": {
+            "topologyVersion": {"processId": server.process_id, "counter": Int64(0)},
+            "hosts": [server.me],
+            "setName": server.set_name,
+            "setVersion": 1,
+            "isWritablePrimary": True,
+            "secondary": False,
+            "primary": server.me,
+            "me": server.me,
+            "electionId": ELECTION_ID,
+            "lastWrite": {"opTime": op_time, "lastWriteDate": wall,
+                          "majorityOpTime": op_time, "majorityWriteDate": wall},
+            "rbid": 1,
+        },
+        "storageEngine": {
+            "name": "inMemory" if _in_memory(server) else "wiredTiger",
+            "supportsCommittedReads": True,
+            "oldestRequiredTimestampForCrashRecovery": election_ts,
+            "supportsPendingDrops": True,
+            "dropPendingIdents": Int64(0),
+            "supportsSnapshotReadConcern": True,
+            "readOnly": False,
+            "persistent": not _in_memory(server),
+            "backupCursorOpen": False,
+        },
+    }
+    # {serverStatus: 1, repl: 0, ...}: a section given as 0 / false is left out.
+    for key, value in cmd.items():
+        if key in reply and key not in ("host", "version", "process", "pid", "uptime",
+                                         "uptimeMillis", "uptimeEstimate", "localTime"):
+            if value in (0, False) and not isinstance(value, str):
+                del reply[key]
+    return reply
+
+
+def _pretty_host(server: ServerState) -> str:
+    """mongod's prettyHostName: the host name, with the port unless it is 27017."""
+    name = socket.gethostname()
+    return name if server.port == 27017 else f"{name}:{server.port}"
+
+
+def _upstream_status(server: ServerState) -> dict[str, Any]:
+    status = getattr(server.log, "status", None)
+    if callable(status) and hasattr(server.log, "reconnects"):  # a live upstream's tail
+        return {"upstream": status()}
+    return {}
+
+
+def _in_memory(server: ServerState) -> bool:
+    store = _store(server)
+    return store is not None and not getattr(store, "path", None)
+
+
+def _meminfo_mb() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return 0
+
+
+@_command("hostInfo")
+async def host_info(server, conn, cmd, db):
+    mem = _meminfo_mb()
+    cores = os.cpu_count() or 1
+    uname = platform.uname()
+    return {
+        "system": {
+            "currentTime": _now(),
+            "hostname": socket.gethostname(),
+            "cpuAddrSize": 64 if sys.maxsize > 2**32 else 32,
+            "memSizeMB": Int64(mem),
+            "memLimitMB": Int64(mem),
+            "numCores": cores,
+            "numCoresAvailableToProcess": len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity") else cores,
+            "numPhysicalCores": cores,
+            "numCpuSockets": 1,
+            "cpuArch": uname.machine,
+            "numaEnabled": False,
+            "numNumaNodes": 1,
+        },
+        "os": {"type": uname.system, "name": platform.platform(), "version": uname.release},
+        "extra": {
+            "versionString": f"{uname.system} version {uname.release} {uname.version}",
+            "libcVersion": "-".join(platform.libc_ver()) or "",
+            "kernelVersion": uname.release,
+            "pageSize": Int64(os.sysconf("SC_PAGE_SIZE")) if hasattr(os, "sysconf") else 4096,
+            "numPages": int(os.sysconf("SC_PHYS_PAGES")) if hasattr(os, "sysconf") else 0,
+            "maxOpenFiles": int(os.sysconf("SC_OPEN_MAX")) if hasattr(os, "sysconf") else 0,
+        },
+    }
+
+
+# -- listCommands -------------------------------------------------------------------------------
+
+_NO_AUTH = frozenset(
+    {"hello", "isMaster", "ismaster", "saslStart", "saslContinue", "authenticate", "logout",
+     "ping", "buildInfo", "buildinfo", "connectionStatus", "listCommands", "getnonce"}
+)
+_ADMIN_ONLY = frozenset(
+    {"getCmdLineOpts", "getParameter", "replSetGetStatus", "replSetGetConfig", "currentOp",
+     "configureFailPoint", "renameCollection", "killAllSessions", "setParameter"}
+)
+# The commands of MongoDB's Stable API version 1.
+_API_V1 = frozenset(
+    {"abortTransaction", "aggregate", "authenticate", "bulkWrite", "collMod", "commitTransaction",
+     "count", "create", "createIndexes", "delete", "drop", "dropDatabase", "dropIndexes",
+     "endSessions", "explain", "find", "findAndModify", "getMore", "hello", "insert",
+     "killCursors", "listCollections", "listDatabases", "listIndexes", "ping",
+     "refreshSessions", "update"}
+)
+
+
+@_command("listCommands")
+async def list_commands(server, conn, cmd, db):
+    names = sorted(n for n in _commands if not n.startswith("$"))
+    commands = {}
+    for name in names:
+        commands[name] = {
+            "help": "",
+            "requiresAuth": name not in _NO_AUTH,
+            "secondaryOk": True,
+            "adminOnly": name in _ADMIN_ONLY,
+            "apiVersions": ["1"] if name in _API_V1 else [],
+            "deprecatedApiVersions": [],
+        }
+    return {"commands": commands}
+
+
+_FAILED_TO_PARSE = 9
+
+# -- currentOp / $currentOp ----------------------------------------------------------------------
+
+
+def _client_metadata(conn: ConnectionState) -> dict[str, Any] | None:
+    return dict(conn.client_metadata) if conn.client_metadata else None
+
+
+def current_ops(server: ServerState, conn: ConnectionState, for_agg: bool) -> list[dict]:
+    """The commands in progress, one document each, as mongod's currentOp shows an op."""
+    table = counters(server)
+    now = time.monotonic()
+    wall = _now()
+    host = _pretty_host(server)
+    ops = []
+    for opid, (op_conn, db, cmd, started) in list(table.in_progress.items()):
+        name = next(iter(cmd), "")
+        running = max(0.0, now - started)
+        doc: dict[str, Any] = {"type": "op", "host": host, "desc": f"conn{op_conn.id}",
+                               "connectionId": op_conn.id, "client": op_conn.peer}
+        metadata = _client_metadata(op_conn)
+        if metadata is not None:
+            doc["clientMetadata"] = metadata
+        doc["active"] = True
+        doc["currentOpTime"] = wall.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        doc["effectiveUsers"] = []
+        doc["threaded"] = True
+        doc["opid"] = opid
+        if isinstance(cmd.get("lsid"), Mapping):
+            doc["lsid"] = dict(cmd["lsid"])
+        doc["secs_running"] = Int64(int(running))
+        doc["microsecs_running"] = Int64(int(running * 1_000_000))
+        doc["op"] = _op_kind(name)
+        target = cmd.get(name)
+        doc["ns"] = f"{db}.{target}" if isinstance(target, str) else f"{db}.$cmd"
+        doc["redacted"] = False
+        doc["command"] = {k: v for k, v in cmd.items()}
+        doc["numYields"] = 0
+        doc["locks"] = {}
+        doc["waitingForLock"] = False
+        doc["lockStats"] = {}
+        doc["waitingForFlowControl"] = False
+        doc["flowControlStats"] = {}
+        ops.append(doc)
+    return ops
+
+
+def _op_kind(name: str) -> str:
+    return {"find": "query", "getMore": "getmore", "insert": "insert", "update": "update",
+            "delete": "remove"}.get(name, "command")
+
+
+# Fields of a currentOp command that are options, not filters on the ops.
+_CURRENT_OP_OPTIONS = frozenset({"currentOp", "$all", "$ownOps", "$db", "lsid", "$clusterTime",
+                                 "$readPreference", "comment", "apiVersion", "apiStrict",
+                                 "apiDeprecationErrors", "maxTimeMS"})
+
+
+@_command("currentOp")
+async def current_op(server, conn, cmd, db):
+    _admin_only("currentOp", db)
+    filters = {k: v for k, v in cmd.items() if k not in _CURRENT_OP_OPTIONS}
+    ops = current_ops(server, conn, for_agg=False)
+    if filters:
+        ops = [op for op in ops if engine.matches(filters, op)]
+    return {"inprog": ops}
+
+
+def current_op_stage(server: ServerState, conn: ConnectionState, spec: Any, db: str,
+                     target: Any) -> list[dict]:
+    """The documents `$currentOp` (first stage of `{aggregate: 1}` on admin) produces."""
+    if db != "admin" or target != 1:
+        raise MongoError(73, "$currentOp must be run against the 'admin' database with "
+                         "{aggregate: 1}")
+    if not isinstance(spec, Mapping):
+        raise MongoError(_FAILED_TO_PARSE, "$currentOp options must be specified in "
+                         "an object, but found: " + type_name(spec))
+    for key, value in spec.items():
+        if key not in ("allUsers", "idleConnections", "idleCursors", "idleSessions",
+                       "localOps", "backtrace", "truncateOps", "targetAllNodes"):
+            raise MongoError(_FAILED_TO_PARSE,
+                             f"Unrecognized option '{key}' in $currentOp stage.")
+        if not isinstance(value, bool):
+            raise MongoError(_FAILED_TO_PARSE,
+                             f"The '{key}' parameter of the $currentOp stage must be a boolean "
+                             f"value, but found: {type_name(value)}")
+    ops = current_ops(server, conn, for_agg=True)
+    if spec.get("idleCursors"):
+        ops.extend(_idle_cursors(server))
+    return ops
+
+
+def _idle_cursors(server: ServerState) -> list[dict]:
+    host = _pretty_host(server)
+    out = []
+    for cursor_id, cursor in list(server.cursors.cursors.items()):
+        out.append({"type": "idleCursor", "host": host, "ns": getattr(cursor, "ns", ""),
+                    "cursor": {"cursorId": Int64(cursor_id), "tailable": True,
+                               "awaitData": True, "noCursorTimeout": False}})
+    return out
+
+
+# -- usersInfo ------------------------------------------------------------------------------------
+
+
+def _user_doc(user: Any, mechanisms: bool) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "_id": f"{user.db}.{user.name}",
+        "userId": Binary(_user_uuid(user), 4),
+        "user": user.name,
+        "db": user.db,
+        "roles": [{"role": r, "db": d} for r, d in user.roles],
+    }
+    if mechanisms:
+        doc["mechanisms"] = sorted(user.credentials)
+    return doc
+
+
+def _user_uuid(user: Any) -> bytes:
+    import hashlib
+
+    return hashlib.md5(f"{user.db}.{user.name}".encode()).digest()  # stable per user
+
+
+@_command("usersInfo")
+async def users_info(server, conn, cmd, db):
+    arg = cmd.get("usersInfo")
+    users = list(server.auth.registry.users.values()) if server.auth is not None else []
+    wanted: list[tuple[str, str]] | None
+    if isinstance(arg, Mapping) and arg.get("forAllDBs") is True:
+        wanted = None
+    elif isinstance(arg, (int, float)) and not isinstance(arg, bool) and arg == 1:
+        users = [u for u in users if u.db == db]
+        wanted = None
+    else:
+        items = arg if isinstance(arg, list) else [arg]
+        wanted = []
+        for item in items:
+            if isinstance(item, str):
+                wanted.append((item, db))
+            elif isinstance(item, Mapping) and isinstance(item.get("user"), str) and \
+                    isinstance(item.get("db"), str):
+                wanted.append((item["user"], item["db"]))
+            else:
+                raise MongoError(2, "User name must be either a string or an object with "
+                                 "'user' and 'db' fields")
+    if wanted is not None:
+        by_key = {(u.name, u.db): u for u in users}
+        users = [by_key[k] for k in wanted if k in by_key]
+    else:
+        users.sort(key=lambda u: (u.db, u.name))
+    return {"users": [_user_doc(u, True) for u in users]}
+
+
+# -- profile -------------------------------------------------------------------------------------
+
+
+@_command("profile")
+async def profile(server, conn, cmd, db):
+    """The profiling level of a database and the slow-operation threshold. The threshold is
+    the server's (it is what "Slow query" log lines use, as mongod's slowms); cdcserver
+    writes no `system.profile` documents."""
+    levels: dict[str, int] = server.__dict__.setdefault("profile_levels", {})
+    sample: dict[str, float] = server.__dict__.setdefault("profile_sample_rates", {})
+    level = cmd.get("profile")
+    if isinstance(level, bool) or not isinstance(level, (int, float)):
+        raise MongoError(14, f"BSON field 'profile.profile' is the wrong type "
+                         f"'{type_name(level)}', expected types '[long, int, decimal, double]'")
+    previous = {"was": levels.get(db, 0), "slowms": int(server.slow_s * 1000),
+                "sampleRate": sample.get(db, 1.0)}
+    level = int(level)
+    if level not in (-1, 0, 1, 2):
+        raise MongoError(2, f"Profiling level must be in the range [-1, 2]. Got {level}")
+    slowms = cmd.get("slowms")
+    if slowms is not None:
+        if isinstance(slowms, bool) or not isinstance(slowms, (int, float)):
+            raise MongoError(14, "BSON field 'profile.slowms' is the wrong type "
+                             f"'{type_name(slowms)}', expected types '[long, int, decimal, "
+                             "double]'")
+        server.slow_s = int(slowms) / 1000
+    rate = cmd.get("sampleRate")
+    if rate is not None:
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
+            raise MongoError(2, "'sampleRate' must be between 0.0 and 1.0 inclusive")
+        sample[db] = float(rate)
+    if level != -1:
+        levels[db] = level
+    return previous
+
+
+# -- storage statistics: dbStats, collStats, $collStats, validate ------------------------------
+
+
+def _scale(cmd: Mapping[str, Any], field: str = "scale") -> int:
+    scale = cmd.get(field, 1)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise MongoError(14, f"BSON field '{field}' is the wrong type '{type_name(scale)}'")
+    if scale < 1:
+        raise MongoError(2, "scale has to be >= 1")
+    return int(scale)
+
+
+def _coll_sizes(store: Any, c: Any) -> tuple[int, int]:
+    docs = store.documents(c)
+    size = sum(len(bson.encode(d)) for d in docs.values())
+    return len(docs), size
+
+
+def _index_sizes(c: Any, count: int) -> dict[str, int]:
+    # No B-tree: an estimate a B-tree of `count` keys would take (4 KiB minimum, as WiredTiger).
+    return {ix["name"]: 4096 + 32 * count for ix in c.indexes}
+
+
+@_command("dbStats")
+async def db_stats(server, conn, cmd, db):
+    scale = _scale(cmd)
+    store = _store(server)
+    colls = store.collections_of(db) if store is not None else []
+    views = len(store.views_of(db)) if store is not None else 0
+    objects = data = indexes = index_size = 0
+    storage = 0
+    for c in colls:
+        if c.name == "system.views":
+            continue
+        n, size = _coll_sizes(store, c)
+        objects += n
+        data += size
+        storage += max(4096, size)
+        indexes += len(c.indexes)
+        index_size += sum(_index_sizes(c, n).values())
+    real = [c for c in colls if c.name != "system.views"]
+    return {
+        "db": db,
+        "collections": Int64(len(real)),
+        "views": Int64(views),
+        "objects": Int64(objects),
+        "avgObjSize": (data / objects) if objects else 0.0,
+        "dataSize": float(data / scale),
+        "storageSize": float(storage / scale),
+        "indexes": Int64(indexes),
+        "indexSize": float(index_size / scale),
+        "totalSize": float((storage + index_size) / scale),
+        "scaleFactor": Int64(scale),
+        "fsUsedSize": float(_fs(store)[0] / scale),
+        "fsTotalSize": float(_fs(store)[1] / scale),
+    }
+
+
+def _fs(store: Any) -> tuple[int, int]:
+    path = getattr(store, "path", None) or "."
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return 0, 0
+    total = st.f_blocks * st.f_frsize
+    return total - st.f_bfree * st.f_frsize, total
+
+
+def storage_stats(store: Any, db: str, coll: str, scale: int) -> dict[str, Any]:
+    c = store.get(db, coll) if store is not None else None
+    if c is None:
+        return {"size": 0, "count": 0, "storageSize": 0, "totalSize": 0, "nindexes": 0,
+                "totalIndexSize": 0, "indexSizes": {}, "scaleFactor": scale}
+    n, size = _coll_sizes(store, c)
+    index_sizes = _index_sizes(c, n)
+    storage = max(4096, size)
+    total_index = sum(index_sizes.values())
+    stats: dict[str, Any] = {
+        "size": size // scale,
+        "count": n,
+        "avgObjSize": size // n if n else 0,
+        "numOrphanDocs": 0,
+        "storageSize": storage // scale,
+        "freeStorageSize": 0,
+        "capped": bool(c.options.get("capped")),
+    }
+    if c.options.get("capped"):
+        stats["max"] = int(c.options.get("max", 0) or 0)
+        stats["maxSize"] = int(c.options.get("size", 0) or 0) // scale
+    stats.update({
+        "nindexes": len(c.indexes),
+        "indexDetails": {name: {} for name in index_sizes},
+        "indexBuilds": [],
+        "totalIndexSize": total_index // scale,
+        "totalSize": (storage + total_index) // scale,
+        "indexSizes": {k: v // scale for k, v in index_sizes.items()},
+        "scaleFactor": scale,
+    })
+    return stats
+
+
+@_command("collStats")
+async def coll_stats(server, conn, cmd, db):
+    coll = cmd.get("collStats")
+    if not isinstance(coll, str) or not coll:
+        raise MongoError(73, f"collection name has invalid type {type_name(coll)}")
+    scale = _scale(cmd)
+    return {"ns": f"{db}.{coll}", **storage_stats(_store(server), db, coll, scale)}
+
+
+def coll_stats_stage(server: ServerState, spec: Any, db: str, coll: Any) -> list[dict]:
+    """The one document `$collStats` produces (a replica set has one "shard": none named)."""
+    if not isinstance(spec, Mapping):
+        raise MongoError(5447000, "$collStats must take a nested object but found: "
+                         f"$collStats: {type_name(spec)}")
+    doc: dict[str, Any] = {"ns": f"{db}.{coll}", "host": _pretty_host(server),
+                           "localTime": _now()}
+    for key, value in spec.items():
+        if key not in ("latencyStats", "storageStats", "count", "queryExecStats"):
+            raise MongoError(40415, f"BSON field '$collStats.{key}' is an unknown field.")
+        if not isinstance(value, Mapping):
+            raise MongoError(14, f"BSON field '$collStats.{key}' is the wrong type "
+                             f"'{type_name(value)}', expected type 'object'")
+    store = _store(server)
+    if "latencyStats" in spec:
+        zero = {"latency": Int64(0), "ops": Int64(0)}
+        doc["latencyStats"] = {"reads": dict(zero), "writes": dict(zero),
+                               "commands": dict(zero), "transactions": dict(zero)}
+    if "storageStats" in spec:
+        scale = _scale(spec["storageStats"])
+        doc["storageStats"] = storage_stats(store, db, coll, scale)
+    if "count" in spec:
+        c = store.get(db, coll) if store is not None else None
+        if c is None:
+            raise MongoError(26, f"Unable to retrieve count in $collStats stage :: caused by "
+                             f":: Collection [{db}.{coll}] not found.")
+        doc["count"] = len(store.documents(c))
+    if "queryExecStats" in spec:
+        doc["queryExecStats"] = {"collectionScans": {"total": Int64(0),
+                                                     "nonTailable": Int64(0)}}
+    return [doc]
+
+
+@_command("validate")
+async def validate(server, conn, cmd, db):
+    coll = cmd.get("validate")
+    if not isinstance(coll, str) or not coll:
+        raise MongoError(73, f"collection name has invalid type {type_name(coll)}")
+    store = _store(server)
+    c = store.get(db, coll) if store is not None else None
+    if c is None:
+        if store is not None and store.view(db, coll) is not None:
+            raise MongoError(166, "Cannot validate a view")
+        raise MongoError(26, f"Collection '{db}.{coll}' does not exist to validate.")
+    docs = store.documents(c)
+    invalid = 0
+    for doc in docs.values():  # the validator, checked as `validate` does (counted, not fatal)
+        try:
+            c.check_valid(doc)
+        except MongoError:
+            invalid += 1
+        except Exception:  # noqa: BLE001 - a validator this store cannot evaluate
+            invalid += 1
+    n = len(docs)
+    warnings = []
+    if invalid:
+        warnings.append(f"Detected {invalid} document(s) that do not comply with the "
+                        "collection's validator.")
+    return {
+        "ns": c.ns,
+        "uuid": c.ui,
+        "nInvalidDocuments": 0,
+        "nNonCompliantDocuments": invalid,
+        "nrecords": n,
+        "nIndexes": len(c.indexes),
+        "keysPerIndex": {ix["name"]: n for ix in c.indexes},
+        "indexDetails": {ix["name"]: {"valid": True} for ix in c.indexes},
+        "valid": True,
+        "repaired": False,
+        "readTimestamp": server.log.cluster_time(),
+        "warnings": warnings,
+        "errors": [],
+        "extraIndexEntries": [],
+        "missingIndexEntries": [],
+        "corruptRecords": [],
+    }
+
+
+# -- explain ------------------------------------------------------------------------------------
+
+_EXPLAINABLE = ("find", "aggregate", "count", "distinct", "update", "delete", "findAndModify",
+                "findandmodify")
+_VERBOSITIES = ("queryPlanner", "executionStats", "allPlansExecution")
+
+
+def _server_info(server: ServerState) -> dict[str, Any]:
+    return {"host": socket.gethostname(), "port": server.port, "version": SERVER_VERSION,
+            "gitVersion": GIT_VERSION}
+
+
+_SERVER_PARAMETERS = {
+    "internalQueryFacetBufferSizeBytes": 104857600,
+    "internalQueryFacetMaxOutputDocSizeBytes": 104857600,
+    "internalLookupStageIntermediateDocumentMaxSizeBytes": 104857600,
+    "internalDocumentSourceGroupMaxMemoryBytes": 104857600,
+    "internalQueryMaxBlockingSortMemoryUsageBytes": 104857600,
+    "internalQueryProhibitBlockingMergeOnMongoS": 0,
+    "internalQueryMaxAddToSetBytes": 104857600,
+    "internalDocumentSourceSetWindowFieldsMaxMemoryBytes": 104857600,
+    "internalQueryFrameworkControl": "trySbeRestricted",
+    "internalQueryPlannerIgnoreIndexWithCollationForRegex": 1,
+}
+
+
+def _plan(filter_doc: Any, sort: Any, limit: int, skip: int) -> dict[str, Any]:
+    """The winning plan of a query on a collection without a usable index: a COLLSCAN, with
+    the SORT / SKIP / LIMIT stages above it that mongod's classic planner adds."""
+    plan: dict[str, Any] = {"stage": "COLLSCAN"}
+    if filter_doc:
+        plan["filter"] = dict(filter_doc)
+    plan["direction"] = "forward"
+    if skip:
+        plan = {"stage": "SKIP", "skipAmount": skip, "inputStage": plan}
+    if isinstance(sort, Mapping) and sort:
+        plan = {"stage": "SORT", "sortPattern": dict(sort), "memLimit": 104857600,
+                "type": "simple", "inputStage": plan}
+        if limit:
+            plan["limitAmount"] = limit
+    elif limit:
+        plan = {"stage": "LIMIT", "limitAmount": limit, "inputStage": plan}
+    return plan
+
+
+def _query_planner(ns: str, filter_doc: Any, plan: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "namespace": ns,
+        "parsedQuery": dict(filter_doc) if isinstance(filter_doc, Mapping) else {},
+        "indexFilterSet": False,
+        "optimizationTimeMillis": 0,
+        "maxIndexedOrSolutionsReached": False,
+        "maxIndexedAndSolutionsReached": False,
+        "maxScansToExplodeReached": False,
+        "prunedSimilarIndexes": False,
+        "winningPlan": {"isCached": False, **plan},
+        "rejectedPlans": [],
+    }
+
+
+def _execution_stages(plan: dict[str, Any], returned: int, examined: int) -> dict[str, Any]:
+    stages = {k: v for k, v in plan.items() if k != "inputStage"}
+    stages.update({"nReturned": returned, "executionTimeMillisEstimate": 0,
+                   "works": examined + 1, "advanced": returned,
+                   "needTime": max(0, examined - returned), "needYield": 0, "saveState": 0,
+                   "restoreState": 0, "isEOF": 1})
+    if plan["stage"] == "COLLSCAN":
+        stages["docsExamined"] = examined
+    if "inputStage" in plan:
+        stages["inputStage"] = _execution_stages(plan["inputStage"], examined, examined)
+    return stages
+
+
+def _doc_count(server: ServerState, db: str, coll: str) -> int:
+    store = _store(server)
+    c = store.get(db, coll) if store is not None else None
+    return len(store.documents(c)) if c is not None else 0
+
+
+async def _returned(server, conn, inner: dict[str, Any], db: str) -> int:
+    """Run a read and count its results (explain's executionStats)."""
+    name = next(iter(inner))
+    handler = _commands.get(name)
+    if handler is None:
+        return 0
+    if name == "find":
+        reply = await handler(server, conn, {**inner, "singleBatch": True,
+                                             "batchSize": 2**31 - 1, "$db": db}, db)
+        return len(reply["cursor"]["firstBatch"])
+    if name == "count":
+        reply = await handler(server, conn, {**inner, "$db": db}, db)
+        return int(reply.get("n", 0))
+    if name == "distinct":
+        reply = await handler(server, conn, {**inner, "$db": db}, db)
+        return len(reply.get("values", []))
+    if name in ("update", "delete"):  # what the statements would match; nothing is written
+        stmts = inner.get(name + "s") or [{}]
+        q = stmts[0].get("q", {}) if isinstance(stmts[0], Mapping) else {}
+        reply = await _commands["find"](server, conn, {"find": inner[name], "filter": q,
+                                                       "singleBatch": True,
+                                                       "batchSize": 2**31 - 1, "$db": db}, db)
+        return len(reply["cursor"]["firstBatch"])
+    return 0
+
+
+@_command("explain")
+async def explain(server, conn, cmd, db):
+    inner = cmd.get("explain")
+    if not isinstance(inner, Mapping) or not inner:
+        raise MongoError(2, "explain command requires a nested object")
+    verbosity = cmd.get("verbosity", "allPlansExecution")
+    if verbosity not in _VERBOSITIES:
+        raise MongoError(2, f"verbosity string must be one of {{'queryPlanner', "
+                         f"'executionStats', 'allPlansExecution'}}, got: {verbosity}")
+    inner = dict(inner)
+    name = next(iter(inner))
+    if name not in _EXPLAINABLE and name not in _commands:
+        raise MongoError(59, f"Explain failed due to unknown command: {name}")
+    if name not in _EXPLAINABLE:
+        raise MongoError(20, f"Cannot explain cmd: {name}")
+    if "$db" in inner and inner["$db"] != db:
+        raise MongoError(2, "Mismatched $db in explain command. Expected " + db
+                         + " but got " + str(inner["$db"]))
+    if name == "aggregate":
+        return await explain_aggregate(server, conn, {**inner, "explain": True}, db,
+                                       verbosity)
+    target = inner.get(name)
+    if not isinstance(target, str):
+        raise MongoError(73, f"collection name has invalid type {type_name(target)}")
+    ns = f"{db}.{target}"
+    filter_doc: Any
+    sort: Any = None
+    limit = skip = 0
+    if name == "find":
+        filter_doc, sort = inner.get("filter") or {}, inner.get("sort")
+        limit, skip = _int(inner.get("limit")), _int(inner.get("skip"))
+    elif name in ("count", "distinct"):
+        filter_doc = inner.get("query") or {}
+    elif name in ("update", "delete"):
+        stmts = inner.get(name + "s")
+        first = stmts[0] if isinstance(stmts, list) and stmts else {}
+        filter_doc = first.get("q", {}) if isinstance(first, Mapping) else {}
+    else:
+        filter_doc, sort = inner.get("query") or {}, inner.get("sort")
+    plan = _plan(filter_doc, sort, abs(limit), skip)
+    if name == "count":
+        plan = {"stage": "COUNT", "inputStage": plan}
+    elif name in ("update", "delete", "findAndModify", "findandmodify"):
+        kind = "DELETE" if name == "delete" or inner.get("remove") else "UPDATE"
+        plan = {"stage": kind, "inputStage": plan}
+    reply: dict[str, Any] = {"explainVersion": "1",
+                             "queryPlanner": _query_planner(ns, filter_doc, plan)}
+    if verbosity != "queryPlanner":
+        examined = _doc_count(server, db, target)
+        returned = await _returned(server, conn, inner, db) if name != "findAndModify" else 0
+        stats = {
+            "executionSuccess": True,
+            "nReturned": returned,
+            "executionTimeMillis": 0,
+            "totalKeysExamined": 0,
+            "totalDocsExamined": examined,
+            "executionStages": _execution_stages(plan, returned, examined),
+        }
+        if verbosity == "allPlansExecution":
+            stats["allPlansExecution"] = []
+        reply["executionStats"] = stats
+    reply["command"] = {**inner, "$db": db}
+    reply["serverInfo"] = _server_info(server)
+    reply["serverParameters"] = dict(_SERVER_PARAMETERS)
+    return reply
+
+
+async def explain_aggregate(server, conn, cmd: Mapping[str, Any], db: str,
+                            verbosity: str = "queryPlanner") -> dict[str, Any]:
+    """`aggregate` with `explain: true` (or under `explain`): the pipeline's stages over the
+    collection scan that feeds them (mongod's `$cursor` stage)."""
+    target = cmd.get("aggregate")
+    pipeline = cmd.get("pipeline")
+    if not isinstance(pipeline, list):
+        raise MongoError(14, f"BSON field 'aggregate.pipeline' is the wrong type "
+                         f"'{type_name(pipeline)}', expected type 'array'")
+    stages = [dict(s) for s in pipeline if isinstance(s, Mapping)]
+    ns = f"{db}.{target}" if isinstance(target, str) else f"{db}.$cmd.aggregate"
+    filter_doc: dict[str, Any] = {}
+    rest = list(stages)
+    if rest and list(rest[0]) == ["$match"] and isinstance(rest[0]["$match"], Mapping):
+        filter_doc = dict(rest.pop(0)["$match"])
+    plan = _plan(filter_doc, None, 0, 0)
+    planner = _query_planner(ns, filter_doc, plan)
+    reply: dict[str, Any] = {"explainVersion": "1"}
+    if not rest:
+        reply["queryPlanner"] = planner
+    else:
+        reply["stages"] = [{"$cursor": {"queryPlanner": planner}}, *rest]
+    reply["command"] = {k: v for k, v in cmd.items() if k != "explain"}
+    reply["serverInfo"] = _server_info(server)
+    reply["serverParameters"] = dict(_SERVER_PARAMETERS)
+    return reply
+
+
+def aggregate_source(
+    server: ServerState, conn: ConnectionState, cmd: Mapping[str, Any], db: str
+) -> tuple[str, list[Any], int | None] | None:
+    """A pipeline that starts with `$currentOp` or `$collStats` (stages that make their own
+    documents): its namespace, results and cursor batch size, else None."""
+    pipeline = cmd.get("pipeline")
+    if not isinstance(pipeline, list) or not pipeline or not isinstance(pipeline[0], Mapping):
+        return None
+    name = next(iter(pipeline[0]), "")
+    target = cmd.get("aggregate")
+    if name == "$currentOp":
+        docs = current_op_stage(server, conn, pipeline[0][name], db, target)
+        ns = f"{db}.$cmd.aggregate"
+    elif name == "$collStats":
+        if not isinstance(target, str):
+            raise MongoError(73, "$collStats must be run against a collection namespace")
+        docs = coll_stats_stage(server, pipeline[0][name], db, target)
+        ns = f"{db}.{target}"
+    else:
+        return None
+    cursor_doc = cmd.get("cursor")
+    if not isinstance(cursor_doc, Mapping):
+        raise MongoError(
+            9, "The 'cursor' option is required, except for aggregate with the explain argument"
+        )
+    batch_size = cursor_doc.get("batchSize")
+    if batch_size is not None and (isinstance(batch_size, bool)
+                                   or not isinstance(batch_size, (int, float))):
+        raise MongoError(14, "BSON field 'aggregate.cursor.batchSize' is the wrong type "
+                         f"'{type_name(batch_size)}', expected types '[long, int, decimal, "
+                         "double]'")
+    rest = [engine.normalize(dict(s)) if isinstance(s, Mapping) else s for s in pipeline[1:]]
+    if rest:
+        store = _store(server)
+        database = store.client[db] if store is not None else mongomock.MongoClient()[db]
+        docs = engine.run_pipeline(docs, database, rest)
+    return ns, docs, None if batch_size is None else int(batch_size)
