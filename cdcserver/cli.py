@@ -61,9 +61,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"cdcserver: {exc}", file=sys.stderr)
             return 2
     else:
+        from cdcserver.embedded.persist import DataDirError
+
         try:
             oplog = open_embedded(config)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, DataDirError) as exc:  # DataDirError: in use, corrupt
             print(f"cdcserver: {exc}", file=sys.stderr)
             return 2
     from cdcserver.server import run_server

@@ -38,6 +38,7 @@ from cdcserver.commands.transactions import (
     snapshot_reads,
 )
 from cdcserver.embedded import engine, query
+from cdcserver.embedded.bson_depth import check_update_depth
 from cdcserver.embedded.store import (
     Collection,
     DocumentValidationError,
@@ -46,6 +47,7 @@ from cdcserver.embedded.store import (
     Store,
     TxnBlocked,
     id_key,
+    validate_collection_name,
 )
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
@@ -330,7 +332,9 @@ def upsert_document(
     if kind == "replacement":
         _id = u.get("_id", seed.get("_id"))
         doc = {k: engine.normalize(v) for k, v in u.items() if k != "_id"}
-        return {"_id": _id if _id is not None else ObjectId(), **doc}
+        replacement = {"_id": _id if _id is not None else ObjectId(), **doc}
+        check_update_depth(replacement)  # an upsert is stored through the update's checks
+        return replacement
     if "_id" in seed:
         seed = _id_first(seed)
     if kind == "pipeline":
@@ -341,6 +345,7 @@ def upsert_document(
         )
     if "_id" not in new:
         new = {"_id": ObjectId(), **new}
+    check_update_depth(new)
     return _id_first(new)
 
 
@@ -451,6 +456,8 @@ def run_update_statement(
             progress.n, progress.modified = n, modified
     if n or not upsert:
         return n, modified, None
+    if c is None:  # the upsert creates the collection: a name insert refuses is refused (73)
+        validate_collection_name(db, coll)
     with executor_errors("update"):
         new = upsert_document(store, db, coll, q, u, kind, array_filters)
     c = store.ensure_collection(db, coll)
@@ -740,6 +747,8 @@ def _find_and_modify_once(
             reply = {"lastErrorObject": {"n": 1, "updatedExisting": True},
                      "value": project(store, db, coll, value, fields)}
         elif upsert:
+            if c is None:  # as insert refuses the name of the collection it would create (73)
+                validate_collection_name(db, coll)
             with executor_errors("findAndModify"):
                 doc = upsert_document(store, db, coll, q, u, kind, array_filters)
                 c = store.ensure_collection(db, coll)

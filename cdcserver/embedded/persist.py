@@ -4,6 +4,11 @@ One database file (`<data dir>/cdcserver.sqlite3`, WAL). Every command's writes 
 SQLite transaction committed before the reply is sent, so an acknowledged write (and its oplog
 entry) survives a crash of the process. The working set lives in memory (mongomock); this file
 is read once, at start.
+
+Like mongod's `mongod.lock`, `<data dir>/cdcserver.lock` is locked (an OS lock, which the
+kernel releases when the process ends, even by SIGKILL) for as long as a server uses the
+directory, and holds its PID: a second server on the same directory is refused at start. The
+database file is checked (`PRAGMA quick_check`) before anything is read from it.
 """
 
 from __future__ import annotations
@@ -11,6 +16,12 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Iterator
+from typing import IO
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not a POSIX system: no lock
+    fcntl = None  # type: ignore[assignment]
 
 from bson.timestamp import Timestamp
 
@@ -42,6 +53,50 @@ def int_ts(value: int) -> Timestamp:
     return Timestamp(value >> 32, value & 0xFFFFFFFF)
 
 
+class DataDirError(Exception):
+    """The data directory cannot be served: held by another server, or corrupt. The message is
+    one line for the operator (the CLI prints it as `cdcserver: <message>` and exits)."""
+
+
+LOCK_FILE = "cdcserver.lock"
+
+
+def lock_data_dir(data_dir: str) -> IO[str] | None:
+    """Lock `<data_dir>/cdcserver.lock` and write this process's PID in it; the open file holds
+    the lock until it is closed or the process ends. DataDirError (mongod's DBPathInUse) if
+    another process holds it."""
+    if fcntl is None:  # pragma: no cover
+        return None
+    path = os.path.join(data_dir, LOCK_FILE)
+    try:
+        lock = open(path, "a+")  # noqa: SIM115 - held open: the lock lives as long as the file
+    except OSError as exc:
+        raise DataDirError(f"cannot open the lock file {path}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        lock.seek(0)
+        pid = lock.read().strip() or "unknown"
+        lock.close()
+        raise DataDirError(
+            f"DBPathInUse: Unable to lock the lock file: {path} ({exc.strerror or exc}). "
+            f"Another cdcserver instance (pid {pid}) is already running on the data "
+            f"directory, {data_dir}"
+        ) from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
+def corrupt(path: str, detail: object) -> DataDirError:
+    return DataDirError(
+        f"the data directory's database {path} is corrupt ({detail}): restore the data "
+        "directory from a backup, or move it aside to start with an empty one"
+    )
+
+
 class Persistence:
     """The SQLite side of the store. Writes are buffered into the open transaction; `commit()`
     makes them durable (`synchronous` = SQLite's PRAGMA synchronous)."""
@@ -49,15 +104,39 @@ class Persistence:
     FILE_NAME = "cdcserver.sqlite3"
 
     def __init__(self, data_dir: str, synchronous: str = "full") -> None:
-        os.makedirs(data_dir, exist_ok=True)
-        self.path = os.path.join(data_dir, self.FILE_NAME)
-        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
         if synchronous not in SYNCHRONOUS:
             raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS)}")
+        os.makedirs(data_dir, exist_ok=True)
+        self.path = os.path.join(data_dir, self.FILE_NAME)
+        self._lock = lock_data_dir(data_dir)  # before the database file is touched
+        try:
+            self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            try:
+                self._open(synchronous)
+            except BaseException:
+                self.db.close()
+                raise
+        except sqlite3.DatabaseError as exc:  # "file is not a database", "malformed"...
+            self._unlock()
+            raise corrupt(self.path, exc) from None
+        except BaseException:
+            self._unlock()
+            raise
+        self._in_tx = False
+
+    def _open(self, synchronous: str) -> None:
+        # quick_check first: a damaged file is refused before the server reads half of it.
+        rows = [r[0] for r in self.db.execute("PRAGMA quick_check")]
+        if rows != ["ok"]:
+            raise sqlite3.DatabaseError("; ".join(map(str, rows[:3])))
+        self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self.db.executescript(SCHEMA)
-        self._in_tx = False
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # releases the lock (the PID stays: only a hint)
+            self._lock = None
 
     # -- transactions ---------------------------------------------------------------------------
 
@@ -72,8 +151,11 @@ class Persistence:
             self.db.execute("COMMIT")
 
     def close(self) -> None:
-        self.commit()
-        self.db.close()
+        try:
+            self.commit()
+            self.db.close()
+        finally:
+            self._unlock()
 
     # -- writes (inside begin/commit) -----------------------------------------------------------
 

@@ -20,6 +20,7 @@ import asyncio
 import bisect
 import contextlib
 import datetime
+import sqlite3
 import threading
 import time
 import uuid as uuid_module
@@ -29,6 +30,7 @@ from itertools import product
 from typing import Any, NoReturn
 
 import bson
+import bson.errors
 import mongomock
 from bson.binary import Binary
 from bson.codec_options import CodecOptions
@@ -36,7 +38,8 @@ from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
 from cdcserver.embedded import engine
-from cdcserver.embedded.persist import Persistence, int_ts
+from cdcserver.embedded.bson_depth import check_insert_depth, check_update_depth
+from cdcserver.embedded.persist import Persistence, corrupt, int_ts
 from cdcserver.sources.base import EntryList
 from pipeline_stages import keystring
 from pipeline_stages.errors import CODE_NAMES, MongoError
@@ -490,7 +493,13 @@ class Store(EntryList):
         self.retry_images: dict[bytes, dict[str, Any]] = {}
         self.persist = Persistence(data_dir, synchronous) if data_dir else None
         if self.persist is not None:
-            self._load()
+            try:
+                self._load()
+            except (sqlite3.DatabaseError, bson.errors.BSONError) as exc:
+                # Rows SQLite's check let through but that are not what was written: refused
+                # whole, never served half-loaded.
+                self.persist.close()
+                raise corrupt(self.persist.path, exc) from None
 
     # -- loading --------------------------------------------------------------------------------
 
@@ -1190,6 +1199,8 @@ class Store(EntryList):
         stmt_id: int | None = None, validate: bool = False,
     ) -> None:
         """Insert one document (`_id` first, normalized). Raises DuplicateKeyError."""
+        raw = bson.encode(doc)
+        check_insert_depth(doc, raw)  # first, as mongod's fixDocumentForInsert
         key = id_key(doc["_id"])
         self._check_write_conflict(c, key)
         docs = self.documents(c)
@@ -1198,7 +1209,6 @@ class Store(EntryList):
         if key in docs:
             raise DuplicateKeyError(c.ns, "_id_", {"_id": 1}, {"_id": doc["_id"]})
         edits = self._check_unique(c, key, None, doc)
-        raw = bson.encode(doc)
         if len(raw) > MAX_BSON:
             raise MongoError(10334, f"object to insert too large. size in bytes: {len(raw)}, "
                              f"max size: {MAX_BSON}")
@@ -1235,6 +1245,7 @@ class Store(EntryList):
                 66, "Performing an update on the path '_id' would modify the immutable field "
                 "'_id'",
             )
+        check_update_depth(post, post_raw)
         if len(post_raw) > MAX_BSON:
             raise MongoError(17419, f"Resulting document after update is larger than {MAX_BSON}")
         self._check_write_conflict(c, id_key(pre["_id"]))
