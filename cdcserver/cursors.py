@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from bson.int64 import Int64
 
 from cdcserver.hub import READ_CHUNK, Hub, StreamGroup
+from cdcserver.sources.base import CappedPositionLost
+from pipeline_stages.check_resumability import HISTORY_LOST_MESSAGE
 from pipeline_stages.errors import MongoError
 from pipeline_stages.image_lookups import image_lookups, needs_images
 from pipeline_stages.pipeline import Batch, ChangeStreamPipeline
@@ -49,7 +51,12 @@ class ChangeStreamCursor:
     async def first_batch(self, batch_size: int | None) -> Batch:
         size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
         if size > 0:
-            await self.pull(size)
+            try:
+                await self.pull(size)
+            except CappedPositionLost:
+                # Dropped since the aggregate checked its start: mongod's first scan asserts
+                # its start has not fallen off the oplog, which a change stream reports as 286.
+                raise MongoError(286, HISTORY_LOST_MESSAGE) from None
         return self.pipeline.next_batch(size)
 
     @property
@@ -74,7 +81,7 @@ class ChangeStreamCursor:
         group = self.group
         producer = group.producer
         start = group.next_ts
-        entries = group.log.read_from(start, chunk)
+        entries = group.read(chunk)
         if not entries:
             return False
         images = producer.images
@@ -115,7 +122,14 @@ class ChangeStreamCursor:
         deadline = time.monotonic() + wait_s
         self.awaited_s = 0.0
         while True:
-            await self.pull(size)  # the group may be replaced (detached) in here
+            try:
+                await self.pull(size)  # the group may be replaced (detached) in here
+            except CappedPositionLost as lost:
+                # The capped oplog dropped entries this stream had not read: it fails, as on
+                # mongod (getMore adds its context to the scan's error), never skips them.
+                raise MongoError(
+                    lost.code, f"Executor error during getMore :: caused by :: {lost.errmsg}"
+                ) from None
             if self.pipeline.pending_count or self.pipeline.invalidated:
                 return self.pipeline.next_batch(size)
             now = time.monotonic()

@@ -9,6 +9,10 @@ batches, post-batch token and position, so members can consume at different spee
 A member that falls too far behind the others is detached: it gets a pipeline of its own,
 resumed from the last token it returned, and reads the oplog at its own pace, so a slow
 consumer never makes the server hold an unbounded queue for it.
+
+Every read goes through `StreamGroup.read`: when the capped oplog has dropped the group's place
+(the last entry it saw, and perhaps entries it has not read), the read fails with
+CappedPositionLost, as mongod's tailable oplog scan does, instead of going on after a gap.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import bson
 from bson.timestamp import Timestamp
 
+from cdcserver.sources.base import CappedPositionLost
 from pipeline_stages import resume_token
 from pipeline_stages.pipeline import ChangeStreamPipeline
 from pipeline_stages.spec import ChangeStreamSpec
@@ -35,6 +40,12 @@ READ_CHUNK = 1000
 
 def next_ts(ts: Timestamp) -> Timestamp:
     return Timestamp(ts.time, ts.inc + 1) if ts.inc < 0xFFFFFFFF else Timestamp(ts.time + 1, 0)
+
+
+def prev_ts(ts: Timestamp) -> Timestamp:
+    if ts.inc:
+        return Timestamp(ts.time, ts.inc - 1)
+    return Timestamp(ts.time - 1, 0xFFFFFFFF) if ts.time else ts
 
 
 def shareable_key(spec: ChangeStreamSpec) -> bytes | None:
@@ -54,13 +65,28 @@ def shareable_key(spec: ChangeStreamSpec) -> bytes | None:
 
 class StreamGroup:
     def __init__(
-        self, key: bytes | None, producer: ChangeStreamPipeline, log: OplogLog, start: Timestamp
+        self,
+        key: bytes | None,
+        producer: ChangeStreamPipeline,
+        log: OplogLog,
+        start: Timestamp,
+        last_seen: Timestamp | None = None,
     ) -> None:
         self.key = key
         self.producer = producer
         self.log = log
         self.next_ts = start  # the first ts the producer has not read
+        # The last entry read (mongod's "last seen record"); before the first read, the place
+        # just before the start.
+        self.last_seen = prev_ts(start) if last_seen is None else last_seen
         self.members: list[ChangeStreamCursor] = []
+
+    def read(self, chunk: int) -> list[Entry]:
+        """Up to `chunk` entries from the group's position. CappedPositionLost when the capped
+        oplog dropped the group's place: reading on would silently skip what was dropped."""
+        if self.log.position_lost(self.next_ts):
+            raise CappedPositionLost(self.last_seen)
+        return self.log.read_from(self.next_ts, chunk)
 
     def pull(self, want: int, member: ChangeStreamCursor) -> None:
         """Read the oplog until `member` has `want` events queued or the oplog is exhausted;
@@ -77,12 +103,13 @@ class StreamGroup:
         image lookups were fetched for them: cursors.py `step_prepared`)."""
         producer = self.producer
         if entries is None:
-            entries = self.log.read_from(self.next_ts, chunk)
+            entries = self.read(chunk)
         if not entries:
             return False
         last = entries[-1]["ts"]
         producer.push(entries, scanned_to=last)
         self.next_ts = next_ts(last)
+        self.last_seen = last
         items = producer.take_pending()
         for m in self.members:
             m.pipeline.share(items, producer)
@@ -117,7 +144,11 @@ def detach(member: ChangeStreamCursor) -> None:
         spec, data.cluster_time, history=old.history, images=old.images
     )
     member.pipeline = pipeline
-    member.group = StreamGroup(None, pipeline, group.log, data.cluster_time)
+    # It reads on from its token (the events queued after it are dropped and read again): if
+    # the oplog no longer has the token's entry, its first read fails (CappedPositionLost).
+    member.group = StreamGroup(
+        None, pipeline, group.log, data.cluster_time, last_seen=data.cluster_time
+    )
     member.group.members.append(member)
 
 

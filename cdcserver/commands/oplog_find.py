@@ -32,10 +32,10 @@ from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from pipeline_stages.errors import CODE_NAMES, MongoError
+from cdcserver.sources.base import CappedPositionLost
+from pipeline_stages.errors import MongoError
 from pipeline_stages.oplog_entry import encode_in_order
 
-CODE_NAMES.setdefault(136, "CappedPositionLost")
 OPLOG_DB = "local"
 OPLOG_COLL = "oplog.rs"
 OPLOG_NS = f"{OPLOG_DB}.{OPLOG_COLL}"
@@ -248,16 +248,13 @@ class OplogCursor:
         return self.exhausted
 
     def _check_position(self) -> None:
+        """Before each step of a forward scan: if the capped oplog deleted the last entry the
+        cursor saw, the entries after it may be gone too; fail rather than skip them."""
         if self.last_seen is None or self.reverse:
             return
         oldest = _oldest_ts(self.log)
         if oldest is not None and oldest > self.last_seen:
-            record_id = (self.last_seen.time << 32) | self.last_seen.inc
-            raise MongoError(
-                136,
-                "CollectionScan died due to position in capped collection being deleted. "
-                f"Last seen record id: RecordId({record_id})",
-            )
+            raise CappedPositionLost(self.last_seen)
 
     async def fill(self, want: int | None) -> list[Any]:
         """Scan from the position until `want` documents (None: no count limit), 16 MiB, or
@@ -274,6 +271,7 @@ class OplogCursor:
             if bounds.empty:
                 self.exhausted = True
                 break
+            self._check_position()  # also after each yield: writes may have truncated meanwhile
             if self.reverse:
                 chunk = _slice(self.log, bounds.lo, self.position, SCAN_CHUNK, True)
             else:
@@ -282,6 +280,13 @@ class OplogCursor:
                 # The end; a tailable cursor waits there for what is written next.
                 if not self.tailable or bounds.hi != MAX_TS:
                     self.exhausted = True
+                elif self.last_seen is None and not self.reverse:
+                    # Nothing scanned yet (its filter starts after the newest entry): its place
+                    # is after the newest entry, as mongod's scan, which seeks to the entry
+                    # before its start, has it; if that entry is dropped, so may be what follows.
+                    latest = self.log.latest_ts()
+                    if latest is not None and latest < self.position:
+                        self.last_seen = latest
                 break
             for raw in chunk:
                 ts = _entry_ts(raw)

@@ -10,10 +10,37 @@ from __future__ import annotations
 import asyncio
 import bisect
 from collections import OrderedDict
+from collections.abc import Mapping
 
 from bson.timestamp import Timestamp
 
+from pipeline_stages.errors import CODE_NAMES, MongoError
 from pipeline_stages.oplog_entry import Entry, decode_entry
+
+CODE_NAMES.setdefault(136, "CappedPositionLost")
+
+
+class CappedPositionLost(MongoError):
+    """mongod's CollectionScan error for a cursor whose last seen record the capped oplog
+    deleted: the entries after it may be gone too, so the cursor cannot go on without a gap.
+    An oplog entry's RecordId is its `ts` as a 64-bit integer."""
+
+    def __init__(self, last_seen: Timestamp) -> None:
+        record_id = (last_seen.time << 32) | last_seen.inc
+        super().__init__(
+            136,
+            "CollectionScan died due to position in capped collection being deleted. "
+            f"Last seen record id: RecordId({record_id})",
+        )
+        self.last_seen = last_seen
+
+
+def begins_the_set(entry: Entry | None) -> bool:
+    """The replica set's very first entry: nothing was ever before it."""
+    if entry is None or entry.get("op") != "n":
+        return False
+    o = entry.get("o")
+    return isinstance(o, Mapping) and o.get("msg") == "initiating set"
 
 
 class OplogLog:
@@ -38,6 +65,12 @@ class OplogLog:
     def namespaces(self) -> set[tuple[str, str]]:
         """(db, coll) pairs seen, for listDatabases / listCollections."""
         return set()
+
+    def position_lost(self, position: Timestamp) -> bool:
+        """Whether a reader that has read every entry before `position` lost its place: the
+        capped oplog dropped every entry up to `position` (the last one the reader saw, and
+        perhaps some it has not read yet). Sources that never drop entries say False."""
+        return False
 
     def cluster_time(self) -> Timestamp:
         """The time replies report as operationTime/$clusterTime: the last entry read."""

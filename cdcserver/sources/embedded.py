@@ -8,7 +8,7 @@ import time
 from bson.timestamp import Timestamp
 
 from cdcserver.embedded.store import Store
-from cdcserver.sources.base import OplogLog
+from cdcserver.sources.base import OplogLog, begins_the_set
 from pipeline_stages.oplog_entry import Entry
 
 
@@ -46,6 +46,15 @@ class EmbeddedOplog(OplogLog):
 
     def entry_at(self, ts: Timestamp) -> Entry | None:
         return self.store.entry_at(ts)
+
+    def position_lost(self, position: Timestamp) -> bool:
+        # The store's oplog is capped (store.py `_truncate`): once its oldest entry is newer
+        # than `position`, the entry a reader last saw is gone, unless the oldest is the set's
+        # first entry (nothing was dropped: a stream may start before it).
+        oldest = self.store.oldest_ts()
+        if oldest is None or oldest <= position:
+            return False
+        return not begins_the_set(self.store.oldest_entry())
 
     def namespaces(self) -> set[tuple[str, str]]:
         return set(self.store.catalog)
