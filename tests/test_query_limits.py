@@ -217,3 +217,46 @@ def test_regex_parse_errors(texts, flt: dict[str, Any], code: int, message: str)
         list(texts.find(flt))
     assert err.value.code == code
     assert message in err.value.details["errmsg"]
+
+
+# A lookahead: RE2 cannot run it, and a backtracking engine tries all 2^40 ways to split the
+# a's before failing. It runs in a worker process, off the event loop, until maxTimeMS.
+BACKTRACKING = {"s": {"$regex": "^(a+)+(?=b)"}}
+
+
+def test_backtracking_regex_runs_off_the_loop_until_max_time_ms(server, client) -> None:
+    from cdcserver.embedded import regex
+
+    c = client.qlimits.backtracking
+    c.drop()
+    c.insert_many([{"_id": 1, "s": "aab"}, {"_id": 2, "s": "a" * 40 + "c"}])
+    events: list[str] = []
+
+    def slow() -> None:
+        try:
+            list(c.find(BACKTRACKING).max_time_ms(3000))
+        except ExecutionTimeout as exc:
+            assert exc.code == 50
+            events.append("find: 50")
+
+    started = regex.stats["offloaded"]
+    runner = Outside(slow)
+    runner.start()
+    other = server.client()
+    try:
+        guard = threading.Event()
+        for _ in range(int(GUARD_S / 0.005)):  # until the server is matching (order, not time)
+            if regex.stats["offloaded"] > started + 1:
+                break
+            guard.wait(0.005)
+        assert other.admin.command("ping")["ok"] == 1.0
+        events.append("ping")
+    finally:
+        runner.join(GUARD_S)
+        other.close()
+    assert runner.error is None, runner.error
+    assert events == ["ping", "find: 50"]
+    # The same filter without the pathological document answers (in the worker, no deadline).
+    c.delete_one({"_id": 2})
+    assert [d["_id"] for d in c.find(BACKTRACKING)] == [1]
+    assert c.update_many(BACKTRACKING, {"$set": {"hit": 1}}).modified_count == 1

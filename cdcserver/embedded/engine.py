@@ -204,15 +204,37 @@ def _compile_operators(spec: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-_compiled: list[Any] = [None, None]  # (filter object, its compiled form): one filter, many docs
+# (filter object, its compiled form): one filter, many documents. Replaced as one tuple, as
+# scans with backtracking regexes run in threads.
+_compiled: tuple[Any, Any] = (None, None)
 
 
 def _compiled_filter(filter_doc: Mapping[str, Any]) -> dict[str, Any]:
-    if _compiled[0] is not filter_doc:
+    global _compiled
+    known, compiled = _compiled
+    if known is not filter_doc:
         validate_filter(filter_doc)
         compiled = compile_filter(filter_doc)
-        _compiled[0], _compiled[1] = filter_doc, compiled
-    return _compiled[1]
+        _compiled = (filter_doc, compiled)
+    return compiled
+
+
+def backtracks(filter_doc: Mapping[str, Any] | None) -> bool:
+    """Whether the filter holds a regex RE2 cannot run (matched by backtracking, see
+    regex.py): its scan then runs off the event loop."""
+    if not filter_doc:
+        return False
+
+    def walk(value: Any) -> bool:
+        if isinstance(value, regex.MatchRegex):
+            return not regex.is_linear(value.matcher)
+        if isinstance(value, Mapping):
+            return any(walk(v) for v in value.values())
+        if isinstance(value, list):
+            return any(walk(v) for v in value)
+        return False
+
+    return walk(_compiled_filter(filter_doc))
 
 
 def matcher(filter_doc: Mapping[str, Any] | None) -> Callable[[Mapping[str, Any]], bool]:

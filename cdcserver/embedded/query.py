@@ -24,7 +24,7 @@ from typing import Any
 
 import bson
 
-from cdcserver.embedded import engine
+from cdcserver.embedded import engine, regex
 from pipeline_stages import keystring
 from pipeline_stages.errors import MongoError
 
@@ -59,6 +59,11 @@ NO_DEADLINE = Deadline()
 Scan = Iterator[None]  # a scan step by step: each `next` is a point where it may pause
 
 
+# Yielded first by a scan whose filter backtracks (engine.backtracks): the rest of it runs in
+# a thread, its regex matches in a worker process that its deadline can stop (regex.py).
+OFFLOAD: Any = object()
+
+
 def run_sync(scan: Scan, deadline: Deadline = NO_DEADLINE) -> None:
     """Run a scan to its end without pausing (inside a write), checking the deadline."""
     for n, _ in enumerate(scan):
@@ -66,11 +71,19 @@ def run_sync(scan: Scan, deadline: Deadline = NO_DEADLINE) -> None:
             deadline.check()
 
 
+def _run_offloaded(scan: Scan, deadline: Deadline) -> None:
+    regex.backtracking_deadline.set(deadline.at)
+    run_sync(scan, deadline)
+
+
 async def run_async(scan: Scan, deadline: Deadline = NO_DEADLINE) -> None:
     """Run a scan, giving the event loop a turn every YIELD_AFTER_S of work."""
     started = time.monotonic()
     deadline.check(started)
-    for _ in scan:
+    for step in scan:
+        if step is OFFLOAD:
+            await asyncio.to_thread(_run_offloaded, scan, deadline)
+            return
         now = time.monotonic()
         deadline.check(now)
         if now - started >= YIELD_AFTER_S:
@@ -99,6 +112,8 @@ def select(
     if stop is not None and stop <= 0:
         return
     match = engine.matcher(filter_doc)
+    if engine.backtracks(filter_doc):
+        yield OFFLOAD
     every = bool(filter_doc)
     n = 0
     for doc in docs:
@@ -117,6 +132,8 @@ def count(docs: Iterable[Mapping[str, Any]], filter_doc: Mapping[str, Any] | Non
           result: list[int]) -> Scan:
     """How many documents `filter_doc` matches, as `result[0]` (no document is copied)."""
     match = engine.matcher(filter_doc)
+    if engine.backtracks(filter_doc):
+        yield OFFLOAD
     n = matched = 0
     for doc in docs:
         n += 1
@@ -268,6 +285,8 @@ def filter_key(filter_doc: Mapping[str, Any]) -> bytes | None:
 def classify(docs: Iterable[Mapping[str, Any]], filter_doc: Mapping[str, Any],
              out: Prematched) -> Scan:
     match = engine.matcher(filter_doc)
+    if engine.backtracks(filter_doc):
+        yield OFFLOAD
     n = 0
     for doc in docs:
         n += 1

@@ -18,7 +18,15 @@ The translation keeps PCRE's meaning where RE2's differs:
 
 from __future__ import annotations
 
+import atexit
+import marshal
 import re
+import select
+import subprocess
+import sys
+import threading
+import time
+from contextvars import ContextVar
 from typing import Any, Protocol
 
 from bson.regex import Regex
@@ -42,15 +50,107 @@ class Matcher(Protocol):
 
 
 class _Fallback:
-    """A pattern RE2 cannot express, matched by Python's `re` (backtracking)."""
+    """A pattern RE2 cannot express, matched by Python's `re` (backtracking). Where a scan runs
+    off the event loop (`backtracking_deadline` set), the match runs in a worker process that
+    is killed when the command's deadline passes: Python's `re` never releases the GIL, so a
+    thread alone would still hold the loop, and nothing can stop a match in progress."""
 
     linear = False
 
-    def __init__(self, compiled: re.Pattern[str]) -> None:
-        self._compiled = compiled
+    def __init__(self, pattern: str, flags: int) -> None:
+        self._compiled = re.compile(pattern, flags)  # syntax errors now, at parse time
+        self._pattern, self._flags = pattern, flags
 
     def search(self, text: str) -> bool:
-        return self._compiled.search(text) is not None
+        deadline = backtracking_deadline.get()
+        if deadline is _IN_PROCESS:
+            return self._compiled.search(text) is not None
+        stats["offloaded"] += 1
+        return _worker().search(self._pattern, self._flags, text, deadline)
+
+
+stats = {"offloaded": 0}  # matches run in a worker process (tests wait for one to start)
+
+
+# Set (to a time.monotonic() deadline, or None for none) in a thread that runs a scan off the
+# event loop: its backtracking matches then run in a worker process.
+_IN_PROCESS: Any = object()
+backtracking_deadline: ContextVar[Any] = ContextVar("backtracking_deadline", default=_IN_PROCESS)
+
+_WORKER_CODE = """
+import marshal, re, sys
+read, write = sys.stdin.buffer.read, sys.stdout.buffer
+cache = {}
+while True:
+    head = read(4)
+    if len(head) < 4:
+        break
+    pattern, flags, text = marshal.loads(read(int.from_bytes(head, "big")))
+    rx = cache.get((pattern, flags))
+    if rx is None:
+        rx = cache[(pattern, flags)] = re.compile(pattern, flags)
+    write.write(b"1" if rx.search(text) else b"0")
+    write.flush()
+"""
+
+
+class _Worker:
+    """A child process matching with Python's `re`, one per thread that uses it."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def search(self, pattern: str, flags: int, text: str, deadline: float | None) -> bool:
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            proc = self._proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _WORKER_CODE],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            )
+        assert proc.stdin is not None and proc.stdout is not None
+        request = marshal.dumps((pattern, flags, text))
+        try:
+            proc.stdin.write(len(request).to_bytes(4, "big") + request)
+            proc.stdin.flush()
+            timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            ready, _, _ = select.select([proc.stdout], [], [], timeout)
+            answer = proc.stdout.read(1) if ready else b""
+        except OSError:
+            answer = b""
+        if answer in (b"0", b"1"):
+            return answer == b"1"
+        self.close()  # past the deadline (the match may never end), or the worker died
+        if ready or deadline is None:
+            raise MongoError(51156, "Error occurred while executing the regular expression. "
+                             "Result code: the matching process ended")
+        raise MongoError(50, "operation exceeded time limit")
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+
+
+_workers = threading.local()
+_all_workers: list[_Worker] = []
+
+
+def _worker() -> _Worker:
+    worker = getattr(_workers, "worker", None)
+    if worker is None:
+        worker = _workers.worker = _Worker()
+        _all_workers.append(worker)
+    return worker
+
+
+@atexit.register
+def _close_workers() -> None:
+    for worker in _all_workers:
+        worker.close()
 
 
 class _Linear:
@@ -84,7 +184,7 @@ def compile_regex(pattern: str, options: str = "") -> Matcher:
         for flag in options:
             flags |= _PY_FLAGS.get(flag, 0)
         try:
-            matcher = _Fallback(re.compile(_python_pattern(pattern), flags))
+            matcher = _Fallback(_python_pattern(pattern), flags)
         except re.error as exc:
             raise MongoError(51091, f"Regular expression is invalid: {exc}") from None
         except (OverflowError, RecursionError, ValueError) as exc:
