@@ -54,6 +54,9 @@ from mongomock import filtering as _mm_filtering
 from mongomock import helpers as _mm_helpers
 from pymongo.errors import OperationFailure
 
+# The one $regex matcher (pure and synchronous here: a scan of the embedded store's may hand
+# backtracking matches to a worker process, a change-stream $match never does).
+from cdcserver.embedded.regex import compile_filter as _compile_regexes
 from pipeline_stages.errors import MongoError
 from pipeline_stages.oplog_entry import encode_in_order
 from pipeline_stages.spec import ALLOWED_USER_STAGES, KNOWN_STAGES
@@ -577,8 +580,11 @@ class _Match(_Stage):
         _check_logical(spec)
         _check_query_expressions(spec)
         self.spec = _mm_helpers.patch_datetime_awareness_in_document(_plain_spec(spec))
+        # Regexes compiled once, as the embedded store's queries compile them (PCRE's meaning,
+        # linear time where RE2 can run the pattern); invalid ones fail here (51091, 51108).
+        self._compiled = _compile_regexes(self.spec)
         try:  # syntax errors mongomock finds without data: unknown operators, $in arguments...
-            _mm_filtering.filter_applies(self.spec, {})
+            _mm_filtering.filter_applies(self._compiled, {})
         except OperationFailure as exc:
             raise _engine_error(exc, self.name) from None
         except Exception:  # data-dependent: decided per event
@@ -586,7 +592,7 @@ class _Match(_Stage):
 
     def matches(self, doc: Mapping[str, Any]) -> bool:
         try:
-            return bool(_mm_filtering.filter_applies(self.spec, doc))
+            return bool(_mm_filtering.filter_applies(self._compiled, doc))
         except KeyError:
             # mongomock's $expr raises on a missing field; count it as no match.
             return False

@@ -260,3 +260,31 @@ def test_backtracking_regex_runs_off_the_loop_until_max_time_ms(server, client) 
     c.delete_one({"_id": 2})
     assert [d["_id"] for d in c.find(BACKTRACKING)] == [1]
     assert c.update_many(BACKTRACKING, {"$set": {"hit": 1}}).modified_count == 1
+
+
+def test_change_stream_match_regex_is_linear_and_pcre(client) -> None:
+    """A change stream's $match uses the same regex matcher (pipeline_stages/user_stages.py)."""
+    c = client.qlimits.watched
+    c.drop()
+    c.insert_one({"_id": 0})
+    pipeline = [{"$match": {"$or": [{"fullDocument.s": {"$regex": "^(a+)+$"}},
+                                    {"fullDocument.s": {"$regex": "^abc$", "$options": "i"}}]}}]
+    got: list[Any] = []
+
+    def watch() -> None:
+        with c.watch(pipeline) as stream:
+            c.insert_many([{"_id": 1, "s": "a" * 63 + "b"}, {"_id": 2, "s": "a" * 64},
+                           {"_id": 3, "s": "ABC\n"}, {"_id": 4, "s": "abcd"}, {"_id": 5}])
+            while len(got) < 2:
+                got.append(stream.next()["documentKey"]["_id"])
+
+    runner = Outside(watch)
+    runner.start()
+    runner.join(GUARD_S)
+    assert not runner.is_alive(), "the change stream's $match did not finish"
+    assert runner.error is None, runner.error
+    assert got == [2, 3]
+    with pytest.raises(OperationFailure) as err:
+        with c.watch([{"$match": {"fullDocument.s": {"$regex": "("}}}]) as stream:
+            stream.try_next()
+    assert err.value.code == 51091

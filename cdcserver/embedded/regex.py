@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any, Protocol
 
@@ -391,3 +392,62 @@ def as_match_regex(value: Any, options: str | None = None) -> MatchRegex:
     if options:  # mongod: $options adds to a regex's own flags
         own += "".join(f for f in options if f not in own)
     return MatchRegex(pattern, own)
+
+
+# ---------------------------------------------------------------------------------------------
+# Filters
+
+
+def compile_filter(filter_doc: Mapping[str, Any]) -> dict[str, Any]:
+    """`filter_doc` with every regex operand compiled once (regex.py: linear time where RE2 can
+    mean the same as PCRE), `$options` folded into its `$regex`. Raises mongod's parse errors
+    (invalid options 51108, invalid pattern 51091)."""
+    out: dict[str, Any] = {}
+    for key, value in filter_doc.items():
+        if key in ("$and", "$or", "$nor") and isinstance(value, list):
+            out[key] = [compile_filter(c) if isinstance(c, Mapping) else c for c in value]
+        elif key.startswith("$"):  # $expr, $where, $jsonSchema...: not match-language regexes
+            out[key] = value
+        else:
+            out[key] = _compile_operand(value)
+    return out
+
+
+def _is_regex(value: Any) -> bool:
+    return isinstance(value, (Regex, re.Pattern))
+
+
+def _compile_operand(value: Any) -> Any:
+    if _is_regex(value):
+        return as_match_regex(value)
+    if not isinstance(value, Mapping) or not value or not next(iter(value)).startswith("$"):
+        return value  # an equality (embedded documents and arrays compare whole)
+    return _compile_operators(value)
+
+
+def _compile_operators(spec: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    options = spec.get("$options")
+    for op, arg in spec.items():
+        if op == "$regex" and (isinstance(arg, str) or _is_regex(arg)) and (
+            options is None or isinstance(options, str)
+        ):
+            out[op] = as_match_regex(arg, options)
+        elif op == "$options" and isinstance(arg, str) and isinstance(
+            spec.get("$regex"), (str, Regex, re.Pattern)
+        ):
+            continue  # folded into its $regex
+        elif op in ("$in", "$nin") and isinstance(arg, list):
+            out[op] = [as_match_regex(v) if _is_regex(v) else v for v in arg]
+        elif op == "$not":
+            out[op] = _compile_operand(arg) if _is_regex(arg) or (
+                isinstance(arg, Mapping) and arg and next(iter(arg)).startswith("$")
+            ) else arg
+        elif op == "$elemMatch" and isinstance(arg, Mapping):
+            first = next(iter(arg), "")
+            operators = first.startswith("$") and first not in ("$and", "$or", "$nor", "$expr",
+                                                                 "$where")
+            out[op] = _compile_operators(arg) if operators else compile_filter(arg)
+        else:
+            out[op] = arg
+    return out
