@@ -1,13 +1,23 @@
-"""`cdcserver serve | replay`."""
+"""cdcserver: a MongoDB change-stream server.
+
+Any driver's watch() works against it unchanged: it speaks the MongoDB wire protocol and runs
+$changeStream as mongod 8.0 does (same events, field order, resume tokens and errors) over
+the oplog of its own embedded store, a recorded oplog (mongodump BSON or Extended JSON lines)
+or a live replica set (--upstream). It also replays a recorded oplog offline (replay,
+spark-replay).
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
+import signal
 import sys
 import time
 from importlib import resources
-from typing import Any
+from typing import Any, NoReturn
 
 from bson import json_util
 
@@ -50,6 +60,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"cdcserver: {exc}", file=sys.stderr)
         return 2
+    conflict = _source_conflict(args, config)
+    if conflict:
+        print(f"cdcserver serve: {conflict}", file=sys.stderr)
+        return 2
     _setup_logging(config.log.level, config.log.format)
     if config.upstream.uri:
         oplog = open_upstream(config)
@@ -73,6 +87,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return run_server(config, oplog)
 
 
+def _source_conflict(args: argparse.Namespace, config: Config) -> str | None:
+    """Flags that name a source the config already replaces (the flags among themselves are
+    refused by argparse): one source is served, so a second one is an error, not ignored."""
+    if args.sample and (config.upstream.uri or config.source.oplog):
+        other = "upstream.uri" if config.upstream.uri else "source.oplog"
+        return f"--sample cannot be used with {other} (set in the config or environment)"
+    if args.follow and not config.source.oplog:
+        return "--follow needs an oplog file to follow (--oplog, or source.oplog)"
+    return None
+
+
 def open_upstream(config: Config):
     """A live replica set's oplog (`--upstream URI`); other commands are forwarded to it."""
     import dataclasses
@@ -83,7 +108,7 @@ def open_upstream(config: Config):
     fields = {f.name for f in dataclasses.fields(UpstreamOptions)}
     values = {k: getattr(config.upstream, k) for k in fields if hasattr(config.upstream, k)}
     config.source.follow = True  # runs the tail
-    log.info("upstream %s", config.upstream.uri.split("@")[-1])  # no credentials in the log
+    log.info("connecting to upstream %s", config.upstream.uri.split("@")[-1])  # no credentials
     source = UpstreamOplog(UpstreamOptions(**values))
     source.prime()  # the first streams can start at once
     return source
@@ -104,10 +129,6 @@ def open_embedded(config: Config):
         ttl_monitor_sleep_secs=sc.ttl_monitor_sleep_secs,
         transaction_lifetime_limit_seconds=sc.transaction_lifetime_limit_seconds,
     )
-    if not sc.in_memory:
-        log.info("embedded store in %s", sc.data_dir)
-    else:
-        log.info("embedded store in memory")
     config.source.follow = sc.noop_interval_s > 0  # runs the periodic no-op writer
     return EmbeddedOplog(store, noop_interval_s=sc.noop_interval_s)
 
@@ -204,7 +225,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"cdcserver replay: {exc}", file=sys.stderr)
         return 2
-    out = open(args.out, "w") if args.out else sys.stdout  # noqa: SIM115
+    from cdcserver.config import oplog_path_problem
+
+    for path in (path for shard in args.oplog for path in shard):
+        problem = oplog_path_problem(path)
+        if problem:
+            print(f"cdcserver replay: --oplog {path}: {problem}", file=sys.stderr)
+            return 2
+    try:
+        out = open(args.out, "w") if args.out else sys.stdout  # noqa: SIM115
+    except OSError as exc:
+        print(f"cdcserver replay: cannot write --out {args.out}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
     started = time.monotonic()
     entries = events = 0
     try:
@@ -219,21 +252,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
         detail = f"{exc.code} {exc.code_name}: {exc.errmsg}" if isinstance(exc, MongoError) else exc
         print(f"cdcserver replay: {detail}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        raise  # the reader went away (`| head`): main() exits quietly
+    except OSError as exc:  # the output: disk full, a file system gone...
+        where = f"--out {args.out}" if args.out else "stdout"
+        print(f"cdcserver replay: cannot write {where}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     finally:
         if out is not sys.stdout:
-            out.close()
+            with contextlib.suppress(OSError):
+                out.close()
     log.info(
         "replay: %d entries read, %d events written in %.1fs",
         entries, events, time.monotonic() - started,
     )
     return 0
-
-
-def cmd_spark_replay(args: argparse.Namespace) -> int:
-    _setup_logging("info", "text")
-    from cdcserver.spark.replay import run_args  # needs pyspark: imported only here
-
-    return run_args(args)
 
 
 def _summary(config: Config) -> str:
@@ -351,33 +384,59 @@ def cmd_hash_password(args: argparse.Namespace) -> int:
     return 0
 
 
+def version() -> str:
+    """The installed distribution's version ("unknown" when run from a bare source tree)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("cdcserver")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors on one line (the usage itself is one `--help` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="cdcserver", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(
+        prog="cdcserver", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="`cdcserver COMMAND --help` lists a command's options; config.example.toml "
+        "documents every config option.",
+    )
+    parser.add_argument("--version", action="version", version=f"cdcserver {version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="serve change streams over the MongoDB wire protocol")
     serve.add_argument("--config", help="TOML config file (see config.example.toml)")
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 27017)")
-    serve.add_argument("--oplog", nargs="+", help="recorded oplog files to serve, in order")
+    # One source is served: naming two is an error, not a silent precedence.
+    source = serve.add_mutually_exclusive_group()
+    source.add_argument("--oplog", nargs="+", help="recorded oplog files to serve, in order")
     serve.add_argument("--follow", action="store_true", help="tail the last oplog file")
-    serve.add_argument(
+    source.add_argument(
         "--in-memory", action="store_true",
         help="embedded store kept in memory only (for tests)",
     )
-    serve.add_argument(
+    source.add_argument(
         "--data-dir", help="embedded store data directory (default ./cdcserver-data)"
     )
-    serve.add_argument(
+    source.add_argument(
         "--upstream", metavar="URI",
         help="tail a live replica set's oplog and serve its change streams (a sidecar); "
         "other commands are forwarded to it",
     )
     serve.add_argument(
         "--metrics-port", type=int,
-        help="Prometheus /metrics port (default 9216; 0: any free port, logged)",
+        help="Prometheus /metrics port (default 9216, or a free port, logged, when 9216 is "
+        "taken; a port given here must be free; 0: any free port)",
     )
-    serve.add_argument(
+    source.add_argument(
         "--sample", action="store_true",
         help="serve the small recorded oplog shipped with cdcserver",
     )
@@ -397,13 +456,9 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("--out", help="output file (default: stdout)")
     replay.set_defaults(func=cmd_replay)
 
-    spark_replay = sub.add_parser(
-        "spark-replay", help="the same replay on Apache Spark (needs the spark extra)"
-    )
-    from cdcserver.spark.replay import add_arguments  # pyspark is imported only to run it
+    from cdcserver.spark.cli import add_parser  # its options and checks; pyspark only to run
 
-    add_arguments(spark_replay)
-    spark_replay.set_defaults(func=cmd_spark_replay)
+    add_parser(sub)
 
     check = sub.add_parser(
         "check-config",
@@ -441,7 +496,17 @@ def main(argv: list[str] | None = None) -> int:
     hash_password.set_defaults(func=cmd_hash_password)
 
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT  # Ctrl-C: quiet, as Unix tools exit
+    except BrokenPipeError:
+        # The reader of our output went away (`cdcserver replay ... | head -1`): stop quietly
+        # as a tool killed by SIGPIPE would; stdout goes to /dev/null so the interpreter's
+        # final flush does not report the broken pipe again.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + getattr(signal, "SIGPIPE", 13)  # (no SIGPIPE on Windows)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import heapq
 import logging
 import os
 import pathlib
@@ -26,7 +25,7 @@ from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 from oplog_builders import Oplog, make_lsid
 
-from cdcserver.cli import replay_events
+from cdcserver.cli import replay_events, replay_shards
 from cdcserver.sources.file import OplogFileError
 from cdcserver.spark import splits as sp
 from pipeline_stages.errors import MongoError
@@ -220,15 +219,10 @@ def reference_error(paths: Sequence[str], cmd: dict[str, Any], db: str) -> str |
 def merged_reference(
     shards: Sequence[Sequence[str]], cmd: dict[str, Any], db: str
 ) -> Iterator[RawBSONDocument]:
-    """The shards' streams merged by token (stable by shard), ending at the first invalidate."""
-    streams = [
-        (e for batch, _ in replay_events([str(p) for p in paths], cmd, db) for e in batch)
-        for paths in shards
-    ]
-    for event in heapq.merge(*streams, key=lambda e: e["_id"]["_data"]):
-        yield event
-        if event["operationType"] == "invalidate":
-            return
+    """`cdcserver replay` of several shards: their streams merged by `pipeline_stages/merge.py`
+    (tests/test_merge.py checks it against a stable merge by token)."""
+    for batch, _ in replay_shards([[str(p) for p in paths] for paths in shards], cmd, db):
+        yield from batch
 
 
 # -- Spark --------------------------------------------------------------------------------------
@@ -641,9 +635,11 @@ def test_cli(spark, generated, tmp_path, capsys, restore_logging):
     text = b"".join(p.read_bytes() for p in parts(out, ".txt"))
     assert text == ref.read_bytes()
     capsys.readouterr()
-    assert main(args) == 1  # the output exists
-    assert "already exists" in capsys.readouterr().err
-    assert main([*args, "--overwrite", "--options", "[1]"]) == 2
+    assert main(args) == 2  # the output exists: refused before Spark runs anything
+    assert capsys.readouterr().err == (
+        f"cdcserver spark-replay: --out {out} exists: give --mode overwrite to replace it\n"
+    )
+    assert main([*args, "--mode", "overwrite", "--options", "[1]"]) == 2
 
 
 def test_rows_json_is_json_util_canonical():

@@ -2,39 +2,47 @@
 
 For one oplog (one `--oplog` with one or more files that continue each other) the output is,
 event for event and byte for byte, what `cdcserver replay` writes, in the same order. Several
-`--oplog` options are several shards: each shard's stream is what `cdcserver replay` gives for
-that shard, and the streams are merged by resume token (`_id._data`), as mongos merges shard
-streams.
+`--oplog` options are several shards: the output is what `cdcserver replay` gives for them,
+each shard's stream merged with the others by `pipeline_stages/merge.py` (mongos's merge).
+
+Memory is bounded by the split size, not by the archive: nothing the size of the input is
+collected to the driver, broadcast, cached or sorted.
 
 How
 ---
 1. **Plan.** Each file is cut into byte ranges (`--split-size`, default 64 MiB); a task finds
    its range's first entry itself (`splits.py`). A file is sorted by `ts`, so a range is a
-   clusterTime range: partitions are clusterTime ranges without a shuffle.
+   clusterTime range.
 2. **Scan** (one task per range, small results to the driver): where the range's entries start
-   and stop, how many, first/last `ts`; the entries that transactions chain to (`o.partialTxn`,
-   `o.prepare`) and the `prevOpTime`s that transaction entries point at; the entry at the
+   and stop, how many, first/last `ts`; a sparse index of (`ts`, offset) every
+   `split_size / 8` bytes (segments); the transaction entries that other segments need (the
+   links of chains, `o.partialTxn` / `o.prepare`, that are not committed or aborted within
+   their own segment) and the `prevOpTime`s that point outside the range; the entry at the
    resume point; and the range's first invalidating entry, found by running the real pipeline
    (without user stages or the resume-token check) over the range's DDL entries only.
    The driver checks that each range starts where the previous one stopped (a file that fails
    this is scanned again as one range), checks the files as `cdcserver replay` does (same
-   messages), and builds each shard's `TransactionHistory` from the chain entries (fetching any
-   other entry a `prevOpTime` names, so chains resolve as against the whole file).
-3. **Replay** (one task per range): `ChangeStreamPipeline` — the server's own, unchanged — over
-   the range's entries, with the shard's history broadcast so a transaction whose earlier
-   `applyOps` links lie in other ranges unwinds whole, and prepared transactions commit with
-   their `prepare` entry wherever it is.
-4. **Write**: one shard is already in token order (ranges in file order); several are sorted by
-   (`_id`, shard, position). Parquet with the columns of `rows.py`, or JSON lines: one canonical
-   Extended JSON event per line, the very lines `cdcserver replay` writes.
+   messages), and builds each shard's cross-segment `TransactionHistory` (fetching any other
+   entry a `prevOpTime` names, so chains resolve as against the whole file).
+3. **Replay** (one task per clusterTime range; one shard: one per byte range): for each shard,
+   `ChangeStreamPipeline` (the server's own, unchanged) over the shard's entries in the time
+   range, read from the segment where the range starts (entries before it only fill the task's
+   own transaction history); the shards' streams merged in the task by `merge.py`, with each
+   pipeline's post-batch resume tokens as the shards' promises. Time ranges are cut where the
+   shards' segments start, about `--split-size` bytes of all shards together each, so the
+   merged stream is the concatenation of the tasks' outputs: no shuffle, no sort.
+4. **Write**: partition i is time range i, written in order (Parquet with the columns of
+   `rows.py`, or JSON lines: one canonical Extended JSON event per line, the very lines
+   `cdcserver replay` writes). Rows go to the JVM in Arrow batches of at most 4 MiB.
 
 The stages that carry state from one entry to the next, and how each is kept exact:
 
+* **transactions**: a task sees every link of a chain, from the broadcast history (links in
+  other segments) or from what it read itself.
 * **invalidate** (collection and database streams end at the invalidating event): the scan
   finds each range's first invalidating entry with the real stages; the driver takes the
-  first one of the shard and replay tasks read nothing after it (the range holding it stops
-  there by itself, as the reference does). Across shards, the merged stream ends at the first
-  invalidate in token order.
+  first one of the shard and replay tasks read nothing after it. Across shards, the merged
+  stream ends at the first invalidate in token order (as `cdcserver replay` of the shards).
 * **resume** (`resumeAfter`/`startAfter`/`startAtOperationTime`): every task starts its
   pipeline at the same start time, so entries before it are skipped by the pipeline itself,
   and every event after the resume point's clusterTime sorts after the token. Whether the
@@ -52,13 +60,13 @@ events it had produced before the failing batch).
 
 from __future__ import annotations
 
-import argparse
+import bisect
 import json
 import logging
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,9 +74,10 @@ from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 from cdcserver.spark import splits as sp
-from cdcserver.spark.rows import event_row, spark_schema
+from cdcserver.spark.rows import event_line, event_row, spark_schema
 from pipeline_stages.check_resumability import check_history
 from pipeline_stages.errors import MongoError
+from pipeline_stages.merge import ShardMerge
 from pipeline_stages.oplog_entry import Entry, decode_entry
 from pipeline_stages.pipeline import ChangeStreamPipeline
 from pipeline_stages.spec import ChangeStreamSpec, parse_aggregate
@@ -76,8 +85,12 @@ from pipeline_stages.spec import ChangeStreamSpec, parse_aggregate
 log = logging.getLogger("cdcserver")
 
 PUSH_BATCH = 1000  # entries per push, as `cdcserver replay` reads them
+PUSH_BYTES = 8 * 1024 * 1024  # ... or fewer when they are large
 ARROW_BATCH = 2048  # events per Arrow record batch
+ARROW_BYTES = 4 * 1024 * 1024  # ... or fewer when they are large
+SEGMENTS_PER_SPLIT = 8  # index points per range: where time ranges of several shards start
 _ERROR_MARK = "CDCSERVER-MONGO-ERROR:"
+_END = 1 << 64  # after every ts key
 
 
 class ReplayError(Exception):
@@ -100,13 +113,18 @@ def _mongo_message(exc: MongoError) -> str:
 
 
 class RawHistory:
-    """A `TransactionHistory` over the entries transactions chain to (BSON by `ts`)."""
+    """A `TransactionHistory` over transaction entries (BSON by `ts`): the shard's broadcast
+    cross-segment links, then what the task read itself."""
 
-    def __init__(self, by_ts: Mapping[int, bytes]) -> None:
+    def __init__(self, by_ts: Mapping[int, bytes], local: Mapping[int, bytes] | None = None):
         self.by_ts = by_ts
+        self.local = local if local is not None else {}
 
     def entry_at(self, ts: Timestamp) -> Entry | None:
-        raw = self.by_ts.get(_ts_key(ts))
+        key = _ts_key(ts)
+        raw = self.by_ts.get(key)
+        if raw is None:
+            raw = self.local.get(key)
         return None if raw is None else decode_entry(raw)
 
 
@@ -122,6 +140,12 @@ def _is_txn_entry(entry: Entry) -> bool:
     return isinstance(o, Mapping) and ("applyOps" in o or "commitTransaction" in o)
 
 
+def _is_link(entry: Entry) -> bool:
+    """An entry a later transaction entry chains to (`partialTxn` or `prepare`)."""
+    o = entry.get("o")
+    return isinstance(o, Mapping) and ("partialTxn" in o or "prepare" in o)
+
+
 def _prev_ref(entry: Entry) -> int | None:
     """The `ts` the entry's `prevOpTime` names, when the pipeline would follow it."""
     if entry.get("multiOpType") == 1:
@@ -130,6 +154,15 @@ def _prev_ref(entry: Entry) -> int | None:
     if not isinstance(prev, Mapping):
         return None
     ts = prev.get("ts")
+    if not isinstance(ts, Timestamp) or ts.time == 0:
+        return None
+    return _ts_key(ts)
+
+
+def _prev_any(entry: Entry) -> int | None:
+    """The `prevOpTime` of any entry (an `abortTransaction` closes its chain too)."""
+    prev = entry.get("prevOpTime")
+    ts = prev.get("ts") if isinstance(prev, Mapping) else None
     if not isinstance(ts, Timestamp) or ts.time == 0:
         return None
     return _ts_key(ts)
@@ -144,13 +177,14 @@ class ScanContext:
     db: str
     start: int | None  # the resume point's ts when the spec has one (same for every shard)
     probe: bool  # look for invalidating entries (collection and database streams)
+    segment_bytes: int = 8 * 1024 * 1024  # index points at least this far apart
 
 
-def scan_split(split: sp.Split, ctx: ScanContext) -> dict[str, Any]:
-    """Pass 1 over one range: its extent, its chain entries, its first invalidation."""
+def scan_split(split: sp.Split, ctx: ScanContext, counter: Any = None) -> dict[str, Any]:
+    """Pass 1 over one range: its extent, index, cross-segment chain links, first invalidation."""
     meta: dict[str, Any] = {
         "key": split.key, "first": None, "stop": None, "n": 0, "lines": 0,
-        "first_ts": None, "last_ts": None, "first_line": 0, "first_raw": None,
+        "first_ts": None, "last_ts": None, "first_line": 0, "index": [],
         "chain": {}, "refs": [], "start_raw": None, "probe": None, "error": None,
     }
     probe: ChangeStreamPipeline | None = None
@@ -159,9 +193,14 @@ def scan_split(split: sp.Split, ctx: ScanContext) -> dict[str, Any]:
         start = _ts_of(ctx.start) if ctx.start is not None else Timestamp(0, 0)
         probe = ChangeStreamPipeline(spec, start)
         probe.ensure_token = None  # the resume point is the driver's business
-    chain: dict[int, bytes] = meta["chain"]
+    # Links seen in this range: ts -> (bytes, segment, prevOpTime ts). A chain committed or
+    # aborted in the segment of all its links is dropped: only that segment's reader needs it.
+    pending: dict[int, tuple[bytes, int, int | None]] = {}
     refs: set[int] = set()
     stats: dict[str, int] = {}
+    index: list[tuple[int, int]] = meta["index"]
+    segment = -1
+    segment_start = -ctx.segment_bytes
     with sp.Input(split.path) as src:
         if split.is_json:
             first = sp.find_json_start(src, split.start, split.end)
@@ -172,24 +211,23 @@ def scan_split(split: sp.Split, ctx: ScanContext) -> dict[str, Any]:
             return meta
         n = 0
         try:
-            for _offset, line, raw, entry in sp.iter_split(src, split, first, stats=stats):
+            for offset, line, raw, entry in sp.iter_split(src, split, first, stats=stats):
                 ts = entry["ts"]
                 key = _ts_key(ts)
                 n += 1
                 if n == 1:
-                    meta["first_ts"], meta["first_raw"], meta["first_line"] = key, raw, line
+                    meta["first_ts"], meta["first_line"] = key, line
                 meta["last_ts"] = key
+                if offset - segment_start >= ctx.segment_bytes:
+                    segment, segment_start = segment + 1, offset
+                    index.append((key, offset))
                 if ctx.start is not None and key == ctx.start:
                     meta["start_raw"] = raw
                 if entry.get("op") != "c":
                     continue
-                if _is_txn_entry(entry):
-                    o = entry["o"]
-                    if "partialTxn" in o or "prepare" in o:
-                        chain[key] = raw
-                    ref = _prev_ref(entry)
-                    if ref is not None:
-                        refs.add(ref)
+                o = entry.get("o")
+                if _is_txn_entry(entry) or (isinstance(o, Mapping) and "abortTransaction" in o):
+                    _follow_chain(entry, key, raw, segment, pending, refs)
                 elif probe is not None and meta["probe"] is None:
                     try:
                         probe.push([entry])
@@ -201,10 +239,43 @@ def scan_split(split: sp.Split, ctx: ScanContext) -> dict[str, Any]:
         except sp.SplitError as exc:
             meta["error"] = {"message": exc.message, "line": exc.line}
         meta["n"] = n
+        if counter is not None:
+            counter.add(n)
     meta["stop"] = stats.get("stop", first)
     meta["lines"] = stats.get("lines", 0)
+    meta["chain"] = {k: raw for k, (raw, _seg, _prev) in pending.items()}
     meta["refs"] = sorted(refs)
     return meta
+
+
+def _follow_chain(
+    entry: Entry,
+    key: int,
+    raw: bytes,
+    segment: int,
+    pending: dict[int, tuple[bytes, int, int | None]],
+    refs: set[int],
+) -> None:
+    """Scan bookkeeping of one transaction entry (see `scan_split`)."""
+    link = _is_link(entry)
+    ref = _prev_ref(entry) if _is_txn_entry(entry) else _prev_any(entry)
+    chain: list[int] = []
+    local = True
+    cur = ref
+    while cur is not None:
+        got = pending.get(cur)
+        if got is None:
+            local = False
+            if _is_txn_entry(entry):
+                refs.add(cur)  # outside the range: the driver resolves it
+            break
+        chain.append(cur)
+        cur = got[2]
+    if link:
+        pending[key] = (raw, segment, ref)
+    elif local and all(pending[k][1] == segment for k in chain):
+        for k in chain:
+            del pending[k]
 
 
 def fetch_entries(split: sp.Split, first: int, wanted: frozenset[int]) -> list[tuple[int, bytes]]:
@@ -218,83 +289,141 @@ def fetch_entries(split: sp.Split, first: int, wanted: frozenset[int]) -> list[t
     return out
 
 
+def read_entry_at(split: sp.Split, offset: int) -> Entry | None:
+    """The entry starting at `offset` of a range (the driver reads the oldest one itself)."""
+    with sp.Input(split.path) as src:
+        for _offset, _line, _raw, entry in sp.iter_split(src, split, offset):
+            return entry
+    return None
+
+
 # -- pass 2: replay -----------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
-class ReplayTask:
-    split: sp.Split
-    first: int
-    stop: int
+class ShardPart:
+    """What a time range reads of one shard: byte ranges in order, from the segment where the
+    time range starts; entries before `lo` only fill the task's history."""
+
+    shard: int
+    segments: list[tuple[sp.Split, int, int]]  # (range, first offset, stop offset)
     start: int  # the shard's start ts
     cut: int | None  # the shard's invalidating entry: nothing after it is read
-    seq_base: int  # orders the task's events within the shard
+
+
+@dataclass(slots=True)
+class ReplayTask:
+    index: int
+    lo: int  # the time range [lo, hi) of ts keys
+    hi: int
+    parts: list[ShardPart]
+
+    @property
+    def key(self) -> int:
+        return self.index
 
 
 @dataclass(slots=True)
 class ReplayContext:
     cmd: dict[str, Any]
     db: str
-    histories: dict[int, dict[int, bytes]]  # shard -> ts -> chain entry
+    histories: dict[int, dict[int, bytes]]  # shard -> ts -> cross-segment chain entry
     token_seen: bool  # EnsureResumeTokenPresent: the resumed-from event exists
     cut_token: str | None  # several shards: the first invalidate in token order
     shards: int
 
 
-def replay_task(task: ReplayTask, ctx: ReplayContext, counts: list[int] | None = None):
-    """The events of one range: (row, seq) pairs, in stream order. Raises MongoError."""
-    split = task.split
+def _shard_batches(
+    part: ShardPart, task: ReplayTask, ctx: ReplayContext, counts: list[int]
+) -> Iterator[tuple[list[RawBSONDocument], dict[str, Any]]]:
+    """One shard's stream over the task's time range: (events, post-batch resume token)."""
     spec = parse_aggregate(ctx.cmd, ctx.db)
-    start = _ts_of(task.start)
+    start = _ts_of(part.start)
+    local: dict[int, bytes] = {}
     pipeline = ChangeStreamPipeline(
-        spec, start, history=RawHistory(ctx.histories.get(split.shard, {}))
+        spec, start, history=RawHistory(ctx.histories.get(part.shard, {}), local)
     )
     if ctx.token_seen and pipeline.ensure_token is not None:
         pipeline.ensure_token.found = True
-    cut = _ts_of(task.cut) if task.cut is not None else None
-    cut_token = ctx.cut_token
-    seq = task.seq_base
-    entries = 0
+    lo = _ts_of(max(task.lo, part.start))
+    hi = task.hi
+    cut = _ts_of(part.cut) if part.cut is not None else None
+    batch: list[Entry] = []
+    size = 0
 
-    def drain() -> Iterator[tuple[RawBSONDocument, int]]:
-        nonlocal seq
+    def drain() -> Iterator[tuple[list[RawBSONDocument], dict[str, Any]]]:
         while True:
-            for event in pipeline.next_batch(None).events:
-                if cut_token is not None and event["_id"]["_data"].upper() > cut_token:
-                    continue
-                seq += 1
-                yield event, seq
+            out = pipeline.next_batch(None)
+            yield out.events, out.post_batch_resume_token
             if not pipeline.pending_count:
                 return
 
-    batch: list[Entry] = []
-    with sp.Input(split.path) as src:
-        for _offset, _line, _raw, entry in sp.iter_split(src, split, task.first, task.stop):
-            ts = entry["ts"]
-            if ts < start:
-                continue
-            if cut is not None and ts > cut:
-                break
-            batch.append(entry)
-            if len(batch) >= PUSH_BATCH:
-                entries += len(batch)
-                pipeline.push(batch, scanned_to=ts)
-                batch = []
-                yield from drain()
-                if pipeline.invalidated:
-                    break
-        if batch and not pipeline.invalidated:
-            entries += len(batch)
-            pipeline.push(batch, scanned_to=batch[-1]["ts"])
+    def entries() -> Iterator[tuple[bytes, Entry]]:
+        for split, first, stop in part.segments:
+            with sp.Input(split.path) as src:
+                for _offset, _line, raw, entry in sp.iter_split(src, split, first, stop):
+                    yield raw, entry
+
+    for raw, entry in entries():
+        ts = entry["ts"]
+        if _ts_key(ts) >= hi or (cut is not None and ts > cut):
+            break
+        if _is_link(entry):
+            local[_ts_key(ts)] = raw
+        if ts < lo:
+            continue
+        batch.append(entry)
+        size += len(raw)
+        if len(batch) >= PUSH_BATCH or size >= PUSH_BYTES:
+            counts[0] += len(batch)
+            pipeline.push(batch, scanned_to=ts)
+            batch, size = [], 0
             yield from drain()
-    if counts is not None:
-        counts[0] += entries
+            if pipeline.invalidated:
+                return
+    if batch:
+        counts[0] += len(batch)
+        pipeline.push(batch, scanned_to=batch[-1]["ts"])
+        yield from drain()
 
 
-def _arrow_schema(with_order: bool):
+def replay_task(
+    task: ReplayTask, ctx: ReplayContext, counts: list[int] | None = None
+) -> Iterator[RawBSONDocument]:
+    """The events of one time range, in stream order (shards merged). Raises MongoError."""
+    if counts is None:
+        counts = [0]
+    cut_token = ctx.cut_token
+    if len(task.parts) == 1:
+        for events, _token in _shard_batches(task.parts[0], task, ctx, counts):
+            for event in events:
+                if cut_token is not None and event["_id"]["_data"].upper() > cut_token:
+                    return
+                yield event
+        return
+    merge: ShardMerge[RawBSONDocument] = ShardMerge(p.shard for p in task.parts)
+    streams = {p.shard: _shard_batches(p, task, ctx, counts) for p in task.parts}
+    while not merge.exhausted:
+        for event in merge:
+            if cut_token is not None and event["_id"]["_data"].upper() > cut_token:
+                return
+            yield event
+        shard = merge.blocking()
+        if shard is None:
+            continue
+        batch = next(streams[shard], None)  # the shard that holds the merge back
+        if batch is None:
+            merge.close(shard)
+        else:
+            merge.push(shard, *batch)
+
+
+def _arrow_schema(fmt: str):
     import pyarrow as pa
 
-    fields = [
+    if fmt == "jsonl":
+        return pa.schema([pa.field("eventJson", pa.string(), False)])
+    return pa.schema([
         pa.field("_id", pa.string(), False),
         pa.field("clusterTime", pa.struct([("t", pa.int64()), ("i", pa.int64())])),
         pa.field("operationType", pa.string()),
@@ -303,31 +432,29 @@ def _arrow_schema(with_order: bool):
         pa.field("documentKey", pa.string()),
         pa.field("event", pa.binary(), False),
         pa.field("eventJson", pa.string(), False),
-    ]
-    if with_order:
-        fields += [pa.field("_shard", pa.int32(), False), pa.field("_seq", pa.int64(), False)]
-    return pa.schema(fields)
+    ])
 
 
-def _spark_schema(with_order: bool):
-    from pyspark.sql.types import IntegerType, LongType, StructField
+def _spark_schema(fmt: str):
+    from pyspark.sql.types import StringType, StructField, StructType
 
-    schema = spark_schema()
-    if with_order:
-        schema = schema.add(StructField("_shard", IntegerType(), False))
-        schema = schema.add(StructField("_seq", LongType(), False))
-    return schema
+    if fmt == "jsonl":
+        return StructType([StructField("eventJson", StringType(), False)])
+    return spark_schema()
 
 
 def _record_batches(
-    tasks: Iterable[ReplayTask], ctx: ReplayContext, with_order: bool, accs: Any
+    tasks: Iterable[ReplayTask], ctx: ReplayContext, fmt: str, accs: Any
 ) -> Iterator[Any]:
     import pyarrow as pa
 
-    schema = _arrow_schema(with_order)
+    schema = _arrow_schema(fmt)
     names = schema.names
+    jsonl = fmt == "jsonl"
 
-    def batch_of(rows: list[tuple]) -> pa.RecordBatch:
+    def batch_of(rows: list[Any]) -> pa.RecordBatch:
+        if jsonl:
+            return pa.RecordBatch.from_arrays([pa.array(rows, pa.string())], names=names)
         columns = list(zip(*rows))
         times = columns[1]
         arrays = [
@@ -343,18 +470,17 @@ def _record_batches(
 
     for task in tasks:
         counts = [0]
-        rows: list[tuple] = []
-        events = 0
+        rows: list[Any] = []
+        size = events = 0
         try:
-            for event, seq in replay_task(task, ctx, counts):
-                row = event_row(event)
-                if with_order:
-                    row = (*row, task.split.shard, seq)
+            for event in replay_task(task, ctx, counts):
+                row = event_line(event) if jsonl else event_row(event)
                 rows.append(row)
-                if len(rows) >= ARROW_BATCH:
+                size += len(event.raw) * (1 if jsonl else 2)
+                if len(rows) >= ARROW_BATCH or size >= ARROW_BYTES:
                     events += len(rows)
                     yield batch_of(rows)
-                    rows = []
+                    rows, size = [], 0
         except MongoError as exc:
             detail = {"code": exc.code, "errmsg": exc.errmsg}
             raise RuntimeError(_ERROR_MARK + json.dumps(detail)) from None
@@ -379,14 +505,14 @@ def _mongo_error_in(exc: BaseException) -> MongoError | None:
     return MongoError(detail["code"], detail["errmsg"])
 
 
-def dry_task(task: ReplayTask, ctx: ReplayContext) -> tuple[tuple[int, int, int], Any]:
+def dry_task(task: ReplayTask, ctx: ReplayContext) -> tuple[int, Any]:
     """The error a range's pipeline raises, without output (for the 280 decision)."""
     try:
         for _ in replay_task(task, ctx):
             pass
     except MongoError as exc:
-        return task.split.key, (exc.code, exc.errmsg)
-    return task.split.key, None
+        return task.key, (exc.code, exc.errmsg)
+    return task.key, None
 
 
 # -- the driver ---------------------------------------------------------------------------------
@@ -398,6 +524,7 @@ class ReplaySummary:
     events: int = 0
     scanned: int = 0  # entries in the files
     splits: int = 0
+    tasks: int = 0  # replay tasks (time ranges)
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -481,6 +608,38 @@ def _verify(shard: _Shard) -> tuple[set[int], str | None]:
     return broken, None
 
 
+def time_ranges(shards: list[_Shard], target_bytes: int) -> list[tuple[int, int]]:
+    """Time ranges [lo, hi) of ts keys. One shard: its byte ranges. Several: about
+    `target_bytes` of all shards together each, cut where some shard's segment starts."""
+    if len(shards) == 1:
+        keys = [
+            shards[0].metas[s.key]["first_ts"]
+            for s in shards[0].splits
+            if shards[0].metas[s.key]["n"]
+        ]
+        return list(zip([0, *keys[1:]], [*keys[1:], _END])) if keys else []
+    points: list[tuple[int, int]] = []  # (ts key, bytes from there to the next point)
+    for shard in shards:
+        for s in shard.splits:
+            meta = shard.metas[s.key]
+            if not meta["n"]:
+                continue
+            index = meta["index"]
+            ends = [o for _, o in index[1:]] + [meta["stop"]]
+            points += [(k, end - o) for (k, o), end in zip(index, ends)]
+    if not points:
+        return []
+    points.sort()
+    cuts: list[int] = []
+    acc = 0
+    for k, n in points:
+        if acc >= target_bytes and (not cuts or k > cuts[-1]) and k > 0:
+            cuts.append(k)
+            acc = 0
+        acc += n
+    return list(zip([0, *cuts], [*cuts, _END]))
+
+
 class SparkReplay:
     """One replay: `run(spark)` plans, scans, replays and writes; returns a summary."""
 
@@ -494,6 +653,7 @@ class SparkReplay:
         fmt: str = "parquet",
         split_size: int = sp.DEFAULT_SPLIT_SIZE,
         mode: str = "errorifexists",
+        progress: Callable[[str, int, int, int], None] | None = None,
     ) -> None:
         if fmt not in ("parquet", "jsonl"):
             raise ValueError(f"format must be parquet or jsonl, not {fmt!r}")
@@ -506,6 +666,10 @@ class SparkReplay:
         self.fmt = fmt
         self.split_size = split_size
         self.mode = mode
+        # progress(phase, tasks done, tasks, entries so far): called from a watcher thread
+        self.progress = progress
+        self.progress_interval = 5.0
+        self._phase: tuple[str, int, Any] | None = None  # (phase, tasks, entry counter)
 
     def run(self, spark: Any) -> ReplaySummary:
         started = time.monotonic()
@@ -521,8 +685,17 @@ class SparkReplay:
         scan_ctx = ScanContext(
             self.cmd, self.db, None if resume_ts is None else _ts_key(resume_ts),
             probe=spec.scope != "cluster",
+            segment_bytes=max(64 * 1024, self.split_size // SEGMENTS_PER_SPLIT),
         )
+        watcher = _Watcher(sc, self, self.progress_interval) if self.progress is not None else None
+        try:
+            self._run(spark, sc, spec, resume_ts, scan_ctx, summary, started)
+        finally:
+            if watcher is not None:
+                watcher.stop()
+        return summary
 
+    def _run(self, spark, sc, spec, resume_ts, scan_ctx, summary, started) -> None:
         # 1. plan and scan
         shards = plan(self.shards_paths, self.split_size)
         all_splits = [s for shard in shards for s in shard.splits]
@@ -546,14 +719,10 @@ class SparkReplay:
 
         # 2. start points, history, resume point, invalidation
         for shard in shards:
-            oldest = next(
-                (
-                    decode_entry(shard.metas[s.key]["first_raw"])
-                    for s in shard.splits
-                    if shard.metas[s.key]["n"]
-                ),
-                None,
-            )
+            first = next((s for s in shard.splits if shard.metas[s.key]["n"]), None)
+            oldest = None
+            if first is not None:
+                oldest = read_entry_at(first, shard.metas[first.key]["first"])
             if resume_ts is not None:
                 shard.start = resume_ts
             elif oldest is not None:
@@ -583,6 +752,7 @@ class SparkReplay:
             len(shards),
         )
         tasks = self._tasks(shards)
+        summary.tasks = len(tasks)
         if spec.resume_token is not None and not spec.resume_token.is_high_water_mark and (
             not token_seen
         ):
@@ -597,7 +767,6 @@ class SparkReplay:
         summary.timings["replay"] = summary.seconds - summary.timings["scan"] - summary.timings[
             "plan"
         ]
-        return summary
 
     # -- steps ----------------------------------------------------------------------------------
 
@@ -606,8 +775,12 @@ class SparkReplay:
     ) -> dict[tuple[int, int, int], dict[str, Any]]:
         if not splits:
             return {}
+        counter = sc.accumulator(0)
+        self._phase = ("scan", len(splits), counter)
         results = (
-            sc.parallelize(splits, len(splits)).map(lambda s: scan_split(s, ctx)).collect()
+            sc.parallelize(splits, len(splits))
+            .map(lambda s: scan_split(s, ctx, counter))
+            .collect()
         )
         return {m["key"]: m for m in results}
 
@@ -627,8 +800,8 @@ class SparkReplay:
         shard.metas.update(self._scan(sc, whole, ctx))
 
     def _complete_history(self, sc: Any, shard: _Shard) -> None:
-        """Fetch the entries `prevOpTime`s name that pass 1 did not keep (not `partialTxn` or
-        `prepare` entries: unusual oplogs), until every link in the history resolves."""
+        """Fetch the entries `prevOpTime`s name that pass 1 did not keep (unusual oplogs),
+        until every link in the history resolves."""
         refs = {r for m in shard.metas.values() for r in m["refs"]}
         absent: set[int] = set()
         for _ in range(16):
@@ -676,11 +849,15 @@ class SparkReplay:
             )
             if raw is None:
                 continue
+            local = {}
+            entry = decode_entry(raw)
+            if _is_txn_entry(entry) and _prev_ref(entry) is not None:
+                local = self._chain_of(shard, entry)
             pipeline = ChangeStreamPipeline(
-                spec, token.cluster_time, history=RawHistory(shard.history)
+                spec, token.cluster_time, history=RawHistory(shard.history, local)
             )
             try:
-                pipeline.push([decode_entry(raw)])
+                pipeline.push([entry])
             except MongoError as exc:
                 raise ReplayError(_mongo_message(exc)) from None
             ensure = pipeline.ensure_token
@@ -688,20 +865,69 @@ class SparkReplay:
                 seen = True
         return seen
 
+    def _chain_of(self, shard: _Shard, entry: Entry) -> dict[int, bytes]:
+        """The links of a transaction entry's chain that are not in the broadcast history
+        (those of its own segment), read on the driver (one transaction)."""
+        out: dict[int, bytes] = {}
+        ref = _prev_ref(entry)
+        while ref is not None and ref not in shard.history:
+            split = next(
+                (s for s in shard.splits
+                 if shard.metas[s.key]["n"] and shard.metas[s.key]["first_ts"] <= ref
+                 <= shard.metas[s.key]["last_ts"]),
+                None,
+            )
+            if split is None:
+                break
+            found = dict(fetch_entries(split, shard.metas[split.key]["first"], frozenset([ref])))
+            if ref not in found:
+                break
+            out[ref] = found[ref]
+            ref = _prev_ref(decode_entry(found[ref]))
+        return out
+
     def _tasks(self, shards: list[_Shard]) -> list[ReplayTask]:
         tasks = []
-        for shard in shards:
-            assert shard.start is not None
-            start = _ts_key(shard.start)
-            for s in shard.splits:
-                meta = shard.metas[s.key]
-                if not meta["n"] or meta["last_ts"] < start:
-                    continue
-                if shard.cut is not None and meta["first_ts"] > shard.cut:
-                    continue
-                seq_base = (s.file << 44) | (s.index << 28)
-                tasks.append(ReplayTask(s, meta["first"], meta["stop"], start, shard.cut, seq_base))
+        for lo, hi in time_ranges(shards, self.split_size):
+            parts = []
+            for shard in shards:
+                part = self._part(shard, lo, hi)
+                if part is not None:
+                    parts.append(part)
+            if parts:
+                tasks.append(ReplayTask(len(tasks), lo, hi, parts))
         return tasks
+
+    def _part(self, shard: _Shard, lo: int, hi: int) -> ShardPart | None:
+        assert shard.start is not None
+        start = _ts_key(shard.start)
+        if hi <= start or (shard.cut is not None and lo > shard.cut):
+            return None
+        splits = [s for s in shard.splits if shard.metas[s.key]["n"]]
+        # Index points of the shard in order: (ts, position of the range, offset).
+        marks = [
+            (k, i, o)
+            for i, s in enumerate(splits)
+            for k, o in (shard.metas[s.key]["index"] or [(shard.metas[s.key]["first_ts"],
+                                                          shard.metas[s.key]["first"])])
+        ]
+        if not marks:
+            return None
+        at = bisect.bisect_right([k for k, _, _ in marks], max(lo, start)) - 1
+        _k, i, offset = marks[max(0, at)]
+        if at < 0:
+            offset = shard.metas[splits[0].key]["first"]
+        segments = []
+        for j in range(i, len(splits)):
+            meta = shard.metas[splits[j].key]
+            if meta["first_ts"] >= hi:
+                break
+            if meta["last_ts"] < lo:
+                continue
+            segments.append((splits[j], offset if j == i else meta["first"], meta["stop"]))
+        if not segments:
+            return None
+        return ShardPart(shard.index, segments, start, shard.cut)
 
     def _fail_at_first_event(self, sc: Any, tasks: list[ReplayTask], ctx: ReplayContext) -> None:
         if not tasks:
@@ -710,7 +936,7 @@ class SparkReplay:
             sc.parallelize(tasks, len(tasks)).map(lambda t: dry_task(t, ctx)).collect()
         )
         for task in tasks:
-            error = results.get(task.split.key)
+            error = results.get(task.key)
             if error is not None:
                 raise ReplayError(_mongo_message(MongoError(*error)))
 
@@ -719,40 +945,32 @@ class SparkReplay:
     ) -> None:
         import pickle
 
-        from pyspark import StorageLevel
-
         sc = spark.sparkContext
-        with_order = ctx.shards > 1
+        fmt = self.fmt
         accs = (sc.accumulator(0), sc.accumulator(0))
         shared = sc.broadcast(ctx)
-        # One replay task per partition, in file order: partition i's events are range i's.
+        # One replay task per partition, in time order: partition i's events are range i's.
         blobs = [(pickle.dumps(t),) for t in tasks]
         task_df = spark.createDataFrame(sc.parallelize(blobs, max(1, len(blobs))), "task binary")
 
         def run(batches: Iterator[Any]) -> Iterator[Any]:
-            return _record_batches(_tasks_in(batches), shared.value, with_order, accs)
+            return _record_batches(_tasks_in(batches), shared.value, fmt, accs)
 
-        df = task_df.mapInArrow(run, _spark_schema(with_order))
-        cached = None
-        if with_order:
-            # Several shards: merged by token. The sort samples its input first, so the
-            # events are kept rather than replayed twice.
-            cached = df.persist(StorageLevel.MEMORY_AND_DISK)
-            df = cached.orderBy("_id", "_shard", "_seq").drop("_shard", "_seq")
-        writer = (df.select("eventJson") if self.fmt == "jsonl" else df).write.mode(self.mode)
+        df = task_df.mapInArrow(run, _spark_schema(fmt))
+        writer = df.write.mode(self.mode)
+        self._phase = ("replay", len(tasks), accs[0])
         try:
-            if self.fmt == "jsonl":
+            if fmt == "jsonl":
                 writer.text(self.out)
             else:
-                writer.parquet(self.out)
+                # A row group is buffered whole in the JVM: keep it well under a small heap.
+                writer.option("parquet.block.size", 32 * 1024 * 1024).parquet(self.out)
         except Exception as exc:
             error = _mongo_error_in(exc)
             if error is not None:
                 raise ReplayError(_mongo_message(error)) from None
             raise
         finally:
-            if cached is not None:
-                cached.unpersist()
             shared.destroy()
         summary.entries = accs[0].value
         summary.events = accs[1].value
@@ -766,34 +984,40 @@ def _tasks_in(batches: Iterable[Any]) -> Iterator[ReplayTask]:
             yield pickle.loads(blob)
 
 
-# -- command line -------------------------------------------------------------------------------
+class _Watcher:
+    """Calls `job.progress` every few seconds from a daemon thread: the phase, its tasks done
+    and in all (Spark's status tracker), and the entries counted so far (accumulators, which
+    the driver merges as tasks end)."""
 
+    def __init__(self, sc: Any, job: SparkReplay, interval: float = 5.0) -> None:
+        import threading
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of `cdcserver spark-replay` (also those of `replay.py` under spark-submit)."""
-    parser.add_argument(
-        "--oplog", nargs="+", action="append", required=True, metavar="PATH",
-        help="one oplog's files, in order; repeat --oplog for each shard of a cluster",
-    )
-    parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument(
-        "--format", choices=("parquet", "jsonl"), default="parquet",
-        help="parquet (all columns) or jsonl (one canonical Extended JSON event per line)",
-    )
-    scope = parser.add_mutually_exclusive_group(required=True)
-    scope.add_argument("--ns", help="DB.COLL: a collection stream")
-    scope.add_argument("--db", help="DB: a database stream")
-    scope.add_argument("--cluster", action="store_true", help="a whole-cluster stream")
-    parser.add_argument("--pipeline", help="stages after $changeStream, as a JSON array")
-    parser.add_argument("--options", help="$changeStream options, as a JSON object")
-    parser.add_argument("--master", help="Spark master URL (default: spark-submit's, or local[*])")
-    parser.add_argument(
-        "--split-size", type=int, default=sp.DEFAULT_SPLIT_SIZE, metavar="BYTES",
-        help="bytes of oplog per task (default 64 MiB)",
-    )
-    parser.add_argument(
-        "--overwrite", action="store_true", help="replace the output directory if it exists"
-    )
+        self.sc, self.job, self.interval = sc, job, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="spark-replay progress",
+                                        daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        tracker = self.sc.statusTracker()
+        while not self._stop.wait(self.interval):
+            phase = self.job._phase
+            if phase is None or self.job.progress is None:
+                continue
+            name, total, counter = phase
+            try:
+                done = 0
+                for stage in tracker.getActiveStageIds():
+                    info = tracker.getStageInfo(stage)
+                    if info is not None:
+                        done = max(done, info.numCompletedTasks)
+                self.job.progress(name, min(done, total), total, counter.value)
+            except Exception:  # noqa: BLE001 - progress must never fail the job
+                continue
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.interval + 1)
 
 
 def session(master: str | None = None, app_name: str = "cdcserver spark-replay", **conf: Any):
@@ -810,57 +1034,9 @@ def session(master: str | None = None, app_name: str = "cdcserver spark-replay",
     return builder.getOrCreate()
 
 
-def run_args(args: argparse.Namespace, spark: Any = None) -> int:
-    """`cdcserver spark-replay` with parsed arguments; the exit status."""
-    from cdcserver.cli import _spec_command
-
-    try:
-        cmd, db = _spec_command(args)
-    except ValueError as exc:
-        print(f"cdcserver spark-replay: {exc}", file=sys.stderr)
-        return 2
-    job = SparkReplay(
-        args.oplog, cmd, db, args.out, fmt=args.format, split_size=args.split_size,
-        mode="overwrite" if args.overwrite else "errorifexists",
-    )
-    own = False
-    if spark is None:
-        from pyspark.sql import SparkSession
-
-        own = SparkSession.getActiveSession() is None  # else: leave the caller's running
-        spark = session(args.master)
-    try:
-        summary = job.run(spark)
-    except ReplayError as exc:
-        print(f"cdcserver spark-replay: {exc}", file=sys.stderr)
-        return 1
-    except Exception as exc:  # Spark's own (an output that exists, a lost executor, ...)
-        first = str(exc).strip().splitlines()[:1] or [type(exc).__name__]
-        print(f"cdcserver spark-replay: {first[0]}", file=sys.stderr)
-        return 1
-    finally:
-        if own:
-            spark.stop()
-    log.info("%s", summary.line())
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`spark-submit .../cdcserver/spark/replay.py --oplog ... --out ...`"""
-    from cdcserver.cli import _setup_logging
-
-    parser = argparse.ArgumentParser(
-        prog="spark-replay", description="the change-stream pipeline over oplog files, on Spark"
-    )
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    _setup_logging("info", "text")
-    return run_args(args)
-
-
 if __name__ == "__main__":
-    # Under spark-submit this file is __main__: run the imported module's main, so that what
-    # tasks unpickle refers to cdcserver.spark.replay (installed on the executors).
-    from cdcserver.spark.replay import main as _main
+    # Under spark-submit this file may be __main__: run the command line of the installed
+    # package, so that what tasks unpickle refers to cdcserver.spark.replay.
+    from cdcserver.spark.cli import main as _main
 
     sys.exit(_main())

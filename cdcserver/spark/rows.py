@@ -115,3 +115,8 @@ def event_row(event: RawBSONDocument) -> tuple[Any, ...]:
         canonical_json(doc),
     )
 
+
+
+def event_line(event: RawBSONDocument) -> str:
+    """The event as canonical Extended JSON: the `eventJson` column, a `cdcserver replay` line."""
+    return canonical_json(bson.decode(event.raw, _DECODE))
