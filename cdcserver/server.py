@@ -42,6 +42,7 @@ log = logging.getLogger("cdcserver")
 REQUEST_CODEC = CodecOptions(tz_aware=True, datetime_conversion=DatetimeConversion.DATETIME_AUTO)
 _request_ids = itertools.count(1)
 _HELLO = frozenset({"hello", "isMaster", "ismaster"})
+DECODE_OFF_LOOP_BYTES = 1 << 20  # messages this large are decoded in a worker thread
 
 
 class StartupError(Exception):
@@ -184,7 +185,14 @@ class Server:
                 return
             for frame in frames.feed(data):
                 try:
-                    request = wire.decode_request(frame, codec_options=REQUEST_CODEC)
+                    if len(frame.data) >= DECODE_OFF_LOOP_BYTES:
+                        # Its checksum and BSON cost milliseconds (seconds with the pure-Python
+                        # CRC-32C): a worker thread, so the loop serves the others meanwhile.
+                        request = await asyncio.to_thread(
+                            wire.decode_request, frame, codec_options=REQUEST_CODEC
+                        )
+                    else:
+                        request = wire.decode_request(frame, codec_options=REQUEST_CODEC)
                 except wire.ProtocolError as exc:
                     if exc.fatal or exc.request_id is None:
                         raise

@@ -29,6 +29,7 @@ from cdcserver.testing import HOST, EmbeddedServer
 from cdcserver.wire.crc32c import crc32c
 
 OP_REPLY, OP_QUERY, OP_COMPRESSED, OP_MSG = 1, 2004, 2012, 2013
+MORE_TO_COME = 1 << 1
 PING_ID = 0x5EED
 HANG_GUARD_S = 20.0  # a socket timeout against a hang, never a performance expectation
 
@@ -76,9 +77,9 @@ def frame(op_code: int, payload: bytes, request_id: int = 7) -> bytes:
 
 
 @st.composite
-def op_msgs(draw: st.DrawFn) -> bytes:
+def op_msgs(draw: st.DrawFn, more_to_come: bool = False) -> bytes:
     # checksumPresent (0), moreToCome (1), exhaustAllowed (16), and bits mongod rejects.
-    flags = 0
+    flags = MORE_TO_COME if more_to_come else 0
     for bit in draw(st.lists(st.sampled_from([0, 1, 16, 2, 15, 17, 31]), max_size=2)):
         flags |= 1 << bit
     body = struct.pack("<I", flags) + b"".join(draw(st.lists(sections(), max_size=3)))
@@ -140,6 +141,21 @@ def op_compressed(draw: st.DrawFn) -> bytes:
 
 
 MESSAGES = st.one_of(op_msgs(), op_queries(), op_compressed())
+
+
+@st.composite
+def compressed_more_to_come(draw: st.DrawFn) -> bytes:
+    """A well-formed OP_COMPRESSED around an OP_MSG with moreToCome (anything inside it)."""
+    inner = draw(op_msgs(more_to_come=True))
+    compressor = draw(st.sampled_from([0, 2, 3]))
+    body = inner[16:]
+    return frame(OP_COMPRESSED, struct.pack("<iiB", OP_MSG, len(body), compressor)
+                 + _compress(compressor, body))
+
+
+# moreToCome set, anything else mutated: mongod never answers such a message (it closes the
+# connection on the fatal parse errors, and drops every other reply, errors included).
+MORE_TO_COME_MESSAGES = st.one_of(op_msgs(more_to_come=True), compressed_more_to_come())
 
 # -- the world ----------------------------------------------------------------------------------
 
@@ -221,9 +237,9 @@ def _check_message(header: bytes, op_code: int, rest: bytes) -> None:
         check_reply({}, bson.decode(rest[20:]))
 
 
-def answered_or_closed(sock: socket.socket) -> str:
+def answered_or_closed(sock: socket.socket, only_ping: bool = False) -> str:
     """Read until the ping's reply ("answered") or the end of the connection ("closed");
-    a socket timeout (a hang) fails the test."""
+    a socket timeout (a hang) fails the test. `only_ping`: no other reply may come first."""
     while True:
         header = _recv_exact(sock, 16)
         if header is None:
@@ -234,6 +250,7 @@ def answered_or_closed(sock: socket.socket) -> str:
         if rest is None:
             return "closed"
         _check_message(header, op_code, rest)
+        assert response_to == PING_ID or not only_ping, f"a reply to {response_to}"
         if response_to == PING_ID:
             return "answered"
 
@@ -269,6 +286,23 @@ def test_generated_message_streams(server, watch, messages):
         except (BrokenPipeError, ConnectionResetError):
             pass
         answered_or_closed(sock)
+    watch()
+
+
+@settings(max_examples=10 * EXAMPLES, deadline=None, derandomize=not HUNT,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                 HealthCheck.data_too_large])
+@given(messages=st.lists(MORE_TO_COME_MESSAGES, min_size=1, max_size=3))
+def test_more_to_come_messages_get_no_reply(server, watch, messages):
+    """Mutated moreToCome messages, then a ping: the first reply (if the connection was not
+    closed) is the ping's, by its responseTo."""
+    with socket.create_connection((HOST, server.port), timeout=HANG_GUARD_S) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            sock.sendall(b"".join(messages) + _PING)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        answered_or_closed(sock, only_ping=True)
     watch()
 
 

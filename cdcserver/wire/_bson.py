@@ -215,30 +215,40 @@ def decode_documents(
         raise invalid_bson(f"invalid BSON: {exc}") from exc
     if len(decoded) != len(extents):  # pragma: no cover - sizes were walked above
         raise invalid_bson("invalid BSON: document count mismatch")
-    _check_depth(region, extents, decoded)
+    _check_depth(view, extents, decoded)
     if not raw:
         return decoded
     raw_options = codec_options.with_options(document_class=RawBSONDocument)
     return [RawBSONDocument(bytes(view[s:e]), raw_options) for s, e in extents]
 
 
-def _check_depth(region: memoryview, extents: list[tuple[int, int]], decoded: list[Any]) -> None:
+def _check_depth(view: memoryview, extents: list[tuple[int, int]], decoded: list[Any]) -> None:
     """mongod's validateBSON depth limit on each document. Only a document with more than
     MAX_ALLOWABLE_DEPTH object/array type bytes (0x03, 0x04) can nest that deep: counting them
-    (in C) spares the walk of almost every document."""
-    if len(region) <= MAX_ALLOWABLE_DEPTH * 7:  # each level takes at least 7 bytes
-        return
-    data = bytes(region)
-    if data.count(3) + data.count(4) <= MAX_ALLOWABLE_DEPTH:
-        return
-    base = extents[0][0]
+    (in C, over the message's own bytes) spares the walk of almost every document, and a
+    document too small to hold that many levels is not even counted."""
+    data: Any = view.obj
+    if not (isinstance(data, bytes) and view.nbytes == len(data)):
+        data, base = bytes(view[extents[0][0] : extents[-1][1]]), extents[0][0]
+    else:
+        base = 0
     for (s, e), doc in zip(extents, decoded, strict=True):
-        s, e = s - base, e - base
-        if data.count(3, s, e) + data.count(4, s, e) <= MAX_ALLOWABLE_DEPTH:
+        if e - s <= _MIN_OVERFLOW_BYTES:
             continue
+        s, e = s - base, e - base
+        count = data.count(3, s, e)
+        if count <= MAX_ALLOWABLE_DEPTH:
+            count += data.count(4, s, e)
+            if count <= MAX_ALLOWABLE_DEPTH:
+                continue
         path = overflow_path(doc)
         if path is not None:
             raise too_deep(path, _id_before(doc, path[0]))
+
+
+# The smallest document nesting MAX_ALLOWABLE_DEPTH + 1 levels: 7 bytes a level (type, an empty
+# name's NUL, length, EOO) and its own 5.
+_MIN_OVERFLOW_BYTES = 7 * (MAX_ALLOWABLE_DEPTH + 1) + 5 - 1
 
 
 def encode_document(doc: Document, codec_options: CodecOptions) -> bytes:
