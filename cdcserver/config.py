@@ -53,6 +53,8 @@ class StoreConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     in_memory: bool = False
     synchronous: str = "full"  # off | normal | full | extra
     oplog_size_mb: int = 1024
+    # mongod's oplogMinRetentionHours: entries younger than this outlive the size; 0: none.
+    oplog_min_retention_hours: float = 0.0
     noop_interval_s: float = 10.0
     # A transaction's applyOps is split into entries chained with partialTxn past these.
     txn_oplog_entry_bytes: int = 16 * 1024 * 1024
@@ -295,6 +297,7 @@ _MINIMUM: dict[str, tuple[float, bool]] = {
     "server.idle_connection_timeout_s": (0, True),
     "server.shutdown_grace_s": (0, True),
     "store.oplog_size_mb": (1, True),
+    "store.oplog_min_retention_hours": (0, True),
     "log.slow_ms": (0, True),
     "store.noop_interval_s": (0, True),
     "store.txn_oplog_entry_bytes": (1, True),

@@ -203,3 +203,41 @@ def test_a_detached_laggard_gets_the_error_not_a_gap(capped):
     client.db.lag.insert_one({"_id": "after"})
     after = get_more(client, fast, "lag")["nextBatch"]
     assert [e["documentKey"]["_id"] for e in after] == ["after"]
+
+
+# -- oplog_min_retention_hours (mongod's oplogMinRetentionHours) -------------------------------
+
+
+def test_min_retention_keeps_young_entries_past_the_size():
+    """Entries younger than the retention stay although the oplog is past its size, so a
+    stream that did not read meanwhile still gets every event; once they may go (here: the
+    retention is lifted), the next write trims the oplog to its size."""
+    with EmbeddedServer(
+        oplog_size_bytes=OPLOG_BYTES, oplog_min_retention_hours=1.0
+    ) as s, s.client() as client:
+        coll = client.db.kept
+        with coll.watch(max_await_time_ms=10, batch_size=1000) as stream:
+            before = latest_ts(client)
+            write_megabytes(coll, 0)
+            first = client.local["oplog.rs"].find_one({}, sort=[("$natural", 1)])
+            assert first["o"] == {"msg": "initiating set"}  # nothing was dropped
+            assert sum(len(raw) for raw in s.call(s.store.oplog_entries)) > 2 * OPLOG_BYTES
+            ids = [stream.next()["documentKey"]["_id"] for _ in range(2600)]
+            assert ids == list(range(2600))
+        s.call(setattr, s.store, "oplog_min_retention_hours", 0.0)
+        coll.insert_one({"_id": "trim"})
+        assert oldest_ts(client) > before
+        assert sum(len(raw) for raw in s.call(s.store.oplog_entries)) <= OPLOG_BYTES
+
+
+def test_min_retention_is_a_store_option(tmp_path):
+    from cdcserver.config import check_config
+
+    path = tmp_path / "c.toml"
+    path.write_text("[store]\nin_memory = true\noplog_min_retention_hours = 1.5\n")
+    config, errors = check_config(str(path), env={})
+    assert errors == [] and config is not None
+    assert config.store.oplog_min_retention_hours == 1.5
+    path.write_text("[store]\nin_memory = true\noplog_min_retention_hours = -1\n")
+    _, errors = check_config(str(path), env={})
+    assert errors == ["store.oplog_min_retention_hours: must be at least 0, got -1.0"]

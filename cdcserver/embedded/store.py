@@ -443,6 +443,7 @@ class Store(EntryList):
         *,
         synchronous: str = "full",
         oplog_size_bytes: int = 1024 * 1024 * 1024,
+        oplog_min_retention_hours: float = 0.0,
         txn_oplog_entry_bytes: int = MAX_BSON,
         txn_oplog_entry_ops: int = TXN_OPLOG_ENTRY_OPS,
         ttl_monitor_sleep_secs: float = 60.0,
@@ -459,6 +460,9 @@ class Store(EntryList):
         self.catalog: dict[tuple[str, str], Collection] = {}
         self.images = StoreImages(self)
         self.oplog_size_bytes = oplog_size_bytes
+        # mongod's oplogMinRetentionHours: entries younger than this stay even past the size
+        # (0: the size alone decides).
+        self.oplog_min_retention_hours = oplog_min_retention_hours
         super().__init__()  # EntryList: the oplog's bytes, timestamps, decoded window
         self._oplog_bytes = 0
         self._pending: list[tuple[Timestamp, bytes]] = []
@@ -701,11 +705,18 @@ class Store(EntryList):
             listener()
 
     def _truncate(self) -> None:
-        """Capped oplog: drop the oldest entries beyond the size (never the newest one)."""
+        """Capped oplog: drop the oldest entries beyond the size (never the newest one), but
+        none younger than the minimum retention: as mongod, the oplog then grows past its size
+        until they are old enough (dropped at a later write, e.g. the periodic no-op)."""
         if self._oplog_bytes <= self.oplog_size_bytes:
             return
+        hours = self.oplog_min_retention_hours
+        # An entry's ts carries its wall-clock second, which mongod's retention compares.
+        keep_from = time.time() - hours * 3600 if hours > 0 else None
         n = 0
         while self._oplog_bytes > self.oplog_size_bytes and n < len(self._raw) - 1:
+            if keep_from is not None and self._ts[n].time > keep_from:
+                break
             self._oplog_bytes -= len(self._raw[n])
             n += 1
         if not n:
