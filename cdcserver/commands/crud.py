@@ -362,16 +362,19 @@ def _id_lookup(q: Mapping[str, Any]) -> tuple[bool, Any]:
     return True, value
 
 
-def matching(store: Store, c: Collection | None, q: Mapping[str, Any], one: bool) -> list[dict]:
+def matching(
+    store: Store, c: Collection | None, q: Mapping[str, Any], one: bool,
+    collation: query.Collation | None = None,
+) -> list[dict]:
     if c is None:
         engine.matches(q, {})  # still validate the filter
         return []
     by_id, value = _id_lookup(q)
-    if by_id:
+    if by_id and not (collation is not None and isinstance(value, str)):
         doc = store.documents(c).get(id_key(value))
         return [doc] if doc is not None and engine.matches(q, doc) else []
-    match = engine.matcher(q)  # parse errors before any document
-    known = query.prematched(q)  # matched before the write, in steps (_prematch)
+    match = query.matcher(q, collation)  # parse errors before any document
+    known = query.prematched(q, collation)  # matched before the write, in steps (_prematch)
     out = []
     for doc in list(store.documents(c).values()):
         hit = known.get(id(doc)) if known is not None else None
@@ -383,7 +386,7 @@ def matching(store: Store, c: Collection | None, q: Mapping[str, Any], one: bool
 
 
 async def _prematch(
-    store: Store, db: str, coll: str, statements: list[tuple[Any, bool]],
+    store: Store, db: str, coll: str, statements: list[tuple[Any, bool, Any]],
     deadline: query.Deadline,
 ) -> Token[Any] | None:
     """Match the filters of a write's multi-document statements before the write, in steps
@@ -395,18 +398,22 @@ async def _prematch(
         return None
     docs: list[Any] | None = None
     known: dict[bytes, query.Prematched] = {}
-    for q, multi in statements:
+    for q, multi, collation_spec in statements:
         if not multi or not isinstance(q, Mapping):
             continue
         q = engine.normalize(dict(q))
-        key = query.filter_key(q)
+        try:
+            collation = query.collation_of(collation_spec, c.options.get("collation"))
+        except MongoError:
+            continue
+        key = query.filter_key(q, collation)
         if key is None or key in known or _id_lookup(q)[0]:
             continue
         if docs is None:
             docs = list(store.documents(c).values())
         answers: query.Prematched = {}
         try:
-            await query.run_async(query.classify(docs, q, answers), deadline)
+            await query.run_async(query.classify(docs, q, answers, collation), deadline)
         except MongoError as err:
             if err.code == 50:
                 raise
@@ -440,7 +447,10 @@ def run_update_statement(
     c = store.get(db, coll)
     if c is None:
         store.check_not_view(db, coll)  # 166, as mongod refuses writes to a view
-    docs, n, modified = _multi_matching(store, c, q, multi, progress)
+    collation = query.collation_of(spec.get("collation"),
+                                   c.options.get("collation") if c is not None else None,
+                                   "update.updates")
+    docs, n, modified = _multi_matching(store, c, q, multi, progress, collation)
     session = None if multi else retry.session
     for pre in docs:
         assert c is not None
@@ -467,21 +477,22 @@ def run_update_statement(
 
 def _multi_matching(
     store: Store, c: Collection | None, q: Mapping[str, Any], multi: bool,
-    progress: _Progress | None,
+    progress: _Progress | None, collation: query.Collation | None = None,
 ) -> tuple[list[dict[str, Any]], int, int]:
     """The documents a statement writes, and its counts so far. A multi-document statement
     that waited for a transaction goes on with the documents it matched and has not written,
     as they are now and if they still match (as mongod's update and delete stages re-check a
     document after a write conflict)."""
     if progress is None or not multi:
-        return matching(store, c, q, one=not multi), 0, 0
+        return matching(store, c, q, not multi, collation), 0, 0
     if progress.keys is None or c is None:
-        docs = matching(store, c, q, one=False)
+        docs = matching(store, c, q, False, collation)
         progress.keys = [id_key(d["_id"]) for d in docs]
         return docs, 0, 0
     current = store.documents(c)
+    match = query.matcher(q, collation)
     docs = [d for k in progress.keys if k not in progress.done
-            and (d := current.get(k)) is not None and engine.matches(q, d)]
+            and (d := current.get(k)) is not None and match(d)]
     return docs, progress.n, progress.modified
 
 
@@ -547,7 +558,7 @@ async def update(server, conn, cmd, db):
         finally:
             _finish_retry(retry)
 
-    statements = [(u.get("q"), u.get("multi") is True) for u in updates
+    statements = [(u.get("q"), u.get("multi") is True, u.get("collation")) for u in updates
                   if isinstance(u, Mapping)]
     prematched = await _prematch(store, db, coll, statements, query.Deadline.of(cmd))
     try:
@@ -593,7 +604,13 @@ async def delete(server, conn, cmd, db):
                         c = store.get(db, coll)
                         if c is None:
                             store.check_not_view(db, coll)
-                        docs, done, _ = _multi_matching(store, c, q, limit == 0, progress)
+                        collation = query.collation_of(
+                            spec.get("collation"),
+                            c.options.get("collation") if c is not None else None,
+                            "delete.deletes",
+                        )
+                        docs, done, _ = _multi_matching(store, c, q, limit == 0, progress,
+                                                        collation)
                         session = retry.session if limit == 1 else None
                         for pre in docs:
                             assert c is not None
@@ -613,7 +630,8 @@ async def delete(server, conn, cmd, db):
         finally:
             _finish_retry(retry)
 
-    statements = [(d.get("q"), _is_multi_delete(d)) for d in deletes if isinstance(d, Mapping)]
+    statements = [(d.get("q"), _is_multi_delete(d), d.get("collation")) for d in deletes
+                  if isinstance(d, Mapping)]
     prematched = await _prematch(store, db, coll, statements, query.Deadline.of(cmd))
     try:
         await _run_writes(store, cmd, run)
@@ -635,25 +653,23 @@ def _is_multi_delete(spec: Mapping[str, Any]) -> bool:
 
 
 def _sorted_find(
-    store: Store, db: str, coll: str, q: Mapping[str, Any], sort: Mapping[str, Any] | None
+    store: Store, db: str, coll: str, q: Mapping[str, Any], sort: Mapping[str, Any] | None,
+    collation_spec: Any = None,
 ) -> dict[str, Any] | None:
     c = store.get(db, coll)
     if c is None:
         engine.matches(q, {})
         return None
+    collation = query.collation_of(collation_spec, c.options.get("collation"), "findAndModify")
     if not sort:
-        found = matching(store, c, q, one=True)
+        found = matching(store, c, q, True, collation)
         return found[0] if found else None
-    try:
-        first = list(
-            store.mongomock_collection(db, coll).find(q, {"_id": 1}, sort=list(sort.items()))
-            .limit(1)
-        )
-    except Exception as exc:  # noqa: BLE001
-        raise engine.engine_error(exc) from None
-    if not first:
-        return None
-    return store.documents(c).get(id_key(first[0]["_id"]))
+    sort_list = _sort_list(sort)
+    out: list[Any] = []
+    with engine_errors():
+        query.run_sync(query.find(list(store.documents(c).values()), q, None, sort_list, 0, 1,
+                                  out, collation=collation))
+    return out[0] if out else None
 
 
 def project(store: Store, db: str, coll: str, doc: dict | None, fields: Any) -> dict | None:
@@ -722,7 +738,7 @@ def _find_and_modify_once(
     validate = not write_parsing.true_value(cmd.get("bypassDocumentValidation"))
     if store.get(db, coll) is None:
         store.check_not_view(db, coll)
-    pre = _sorted_find(store, db, coll, q, sort)
+    pre = _sorted_find(store, db, coll, q, sort, cmd.get("collation"))
     c = store.get(db, coll)
     if remove:
         if pre is None:
@@ -949,8 +965,10 @@ async def find_documents(
     connections run, within the command's maxTimeMS (50 MaxTimeMSExpired)."""
     if deadline is None:
         deadline = query.Deadline.of(cmd)
+    where = next(iter(cmd), "find")
     with snapshot_reads(store, cmd):
-        scan, out = _find_scan(store, db, coll, filter_doc, projection, sort, skip, limit, copy)
+        scan, out = _find_scan(store, db, coll, filter_doc, projection, sort, skip, limit, copy,
+                               (cmd.get("collation"), where))
     if scan is not None:
         with engine_errors():
             await query.run_async(scan, deadline)
@@ -969,10 +987,11 @@ def engine_errors() -> Iterator[None]:
 
 def _find_scan(
     store: Store, db: str, coll: str, filter_doc: Mapping[str, Any] | None, projection: Any,
-    sort: Any, skip: int, limit: int, copy: bool,
+    sort: Any, skip: int, limit: int, copy: bool, collation: tuple[Any, str] | None = None,
 ) -> tuple[query.Scan | None, list[Any]]:
     """The scan of a find over the collection's documents as they are now, and the list it
-    fills (no scan when the answer is known: a view's, a missing collection's)."""
+    fills (no scan when the answer is known: a view's, a missing collection's). `collation`:
+    the command's (and its name), applied with the collection's default."""
     engine.validate_filter(filter_doc or {})  # mongod's parse errors, before any document
     c = store.get(db, coll)
     if c is None:
@@ -994,10 +1013,13 @@ def _find_scan(
         def project_one(doc: Mapping[str, Any]) -> Any:
             return mcoll._copy_only_fields(doc, fields, dict)
 
+    applied = None
+    if collation is not None:
+        applied = query.collation_of(collation[0], c.options.get("collation"), collation[1])
     docs = list(store.documents(c).values())
     out: list[Any] = []
     scan = query.find(docs, normalized, fields, sort_list, skip, limit, out,
-                      project=project_one, copy=copy)
+                      project=project_one, copy=copy, collation=applied)
     return scan, out
 
 
@@ -1159,6 +1181,7 @@ async def count(server, conn, cmd, db):
     normalized = engine.normalize(dict(predicate or {}))
     with engine_errors():
         engine.matcher(normalized)
+    collation = query.collation_of(cmd.get("collation"), c.options.get("collation"), "count")
     docs = list(store.documents(c).values())
     if not normalized:
         n = len(docs)
@@ -1166,7 +1189,8 @@ async def count(server, conn, cmd, db):
         matched: list[Any] = []
         with engine_errors():
             await query.run_async(
-                query.select(docs, normalized, matched, skip + limit if limit else None),
+                query.select(docs, normalized, matched, skip + limit if limit else None,
+                             collation),
                 deadline,
             )
         n = len(matched)
@@ -1198,8 +1222,14 @@ async def distinct(server, conn, cmd, db):
     docs = await find_documents(store, cmd, db, coll, predicate, None, None, 0, 0,
                                 deadline=deadline)
     values: list[Any] = []
+    c = store.get(db, coll)
+    collation = query.collation_of(cmd.get("collation"),
+                                   c.options.get("collation") if c is not None else None,
+                                   "distinct")
     with engine_errors():
-        await query.run_async(query.distinct(docs, key, values), deadline)
+        await query.run_async(
+            query.distinct(docs, key, values) if collation is None
+            else query.collated_distinct(docs, key, collation, values), deadline)
     return {"values": values}
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import unicodedata
 from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Mapping
 from contextvars import ContextVar, Token
 from typing import Any
@@ -106,12 +107,12 @@ async def pause() -> None:
 
 def select(
     docs: Iterable[Mapping[str, Any]], filter_doc: Mapping[str, Any] | None, out: list[Any],
-    stop: int | None = None,
+    stop: int | None = None, collation: Collation | None = None,
 ) -> Scan:
     """The documents `filter_doc` matches, appended to `out` (at most `stop`)."""
     if stop is not None and stop <= 0:
         return
-    match = engine.matcher(filter_doc)
+    match = matcher(filter_doc, collation)
     if engine.backtracks(filter_doc):
         yield OFFLOAD
     every = bool(filter_doc)
@@ -126,6 +127,16 @@ def select(
             stats["examined"] += CHECK_EVERY
             yield
     stats["examined"] += n % CHECK_EVERY
+
+
+def matcher(
+    filter_doc: Mapping[str, Any] | None, collation: Collation | None
+) -> Callable[[Any], bool]:
+    """A predicate for `filter_doc` under `collation` (None: binary comparisons)."""
+    if collation is None or not filter_doc:
+        return engine.matcher(filter_doc)
+    engine.matcher(filter_doc)  # parse errors as written
+    return collation.matcher(filter_doc)
 
 
 def count(docs: Iterable[Mapping[str, Any]], filter_doc: Mapping[str, Any] | None,
@@ -150,17 +161,18 @@ def find(
     docs: list[Mapping[str, Any]], filter_doc: Mapping[str, Any] | None, projection: Any,
     sort: list[tuple[str, int]] | None, skip: int, limit: int, out: list[Any],
     project: Callable[[Mapping[str, Any]], Any] | None = None, copy: bool = False,
+    collation: Collation | None = None,
 ) -> Scan:
     """`find`: filter, sort, skip, limit, then project (or copy) each document into `out`."""
     matched: list[Any] = []
     stop = skip + limit if limit and not sort else None
     if filter_doc or stop is not None:
-        yield from select(docs, filter_doc, matched, stop)
+        yield from select(docs, filter_doc, matched, stop, collation)
     else:
         engine.matcher(filter_doc)
         matched = list(docs)
     if sort:
-        matched = yield from sorted_documents(matched, sort)
+        matched = yield from sorted_documents(matched, sort, collation)
     if skip:
         matched = matched[skip:]
     if limit:
@@ -181,11 +193,14 @@ _NULL_KEY = keystring.encode_values((None,))[0]
 _EMPTY_ARRAY_KEY = bytes([keystring.UNDEFINED, 4])  # an empty array sorts before null
 
 
-def sort_key(doc: Mapping[str, Any], path: str, descending: bool) -> bytes:
+def sort_key(doc: Mapping[str, Any], path: str, descending: bool,
+             collation: Collation | None = None) -> bytes:
     """mongod's sort key of `doc` for one field: the KeyString of the value at `path` (the
     least element of an array ascending, the greatest descending; missing is null)."""
     values: list[Any] = []
     values_along_path(doc, path.split("."), values, expand_trailing=False)
+    if collation is not None:
+        values = [_plain_keys(collation.value(v)) for v in values]
     keys: list[bytes] = []
     for value in values:
         if isinstance(value, list):
@@ -200,7 +215,7 @@ def sort_key(doc: Mapping[str, Any], path: str, descending: bool) -> bytes:
 
 
 def sorted_documents(
-    docs: list[Any], sort: list[tuple[str, int]]
+    docs: list[Any], sort: list[tuple[str, int]], collation: Collation | None = None,
 ) -> Generator[None, None, list[Any]]:
     """`docs` in `sort` order (stable: ties keep natural order). Keys are KeyStrings, computed
     in steps; the sort itself compares bytes."""
@@ -212,7 +227,7 @@ def sorted_documents(
             continue
         keys: list[bytes] = []
         for n, doc in enumerate(out, 1):
-            keys.append(sort_key(doc, path, direction < 0))
+            keys.append(sort_key(doc, path, direction < 0, collation))
             if n % CHECK_EVERY == 0:
                 yield
         order = sorted(range(len(out)), key=keys.__getitem__, reverse=direction < 0)
@@ -275,16 +290,16 @@ Prematched = dict[int, tuple[Any, bool]]
 _prematched: ContextVar[dict[bytes, Prematched] | None] = ContextVar("prematched", default=None)
 
 
-def filter_key(filter_doc: Mapping[str, Any]) -> bytes | None:
+def filter_key(filter_doc: Mapping[str, Any], collation: Collation | None = None) -> bytes | None:
     try:
-        return bson.encode(filter_doc)
+        return bson.encode({"q": filter_doc, "c": collation.spec if collation else None})
     except Exception:  # noqa: BLE001 - a filter the store cannot encode is matched later
         return None
 
 
 def classify(docs: Iterable[Mapping[str, Any]], filter_doc: Mapping[str, Any],
-             out: Prematched) -> Scan:
-    match = engine.matcher(filter_doc)
+             out: Prematched, collation: Collation | None = None) -> Scan:
+    match = matcher(filter_doc, collation)
     if engine.backtracks(filter_doc):
         yield OFFLOAD
     n = 0
@@ -305,9 +320,157 @@ def forget_prematched(token: Token[Any]) -> None:
     _prematched.reset(token)
 
 
-def prematched(filter_doc: Mapping[str, Any]) -> Prematched | None:
+def prematched(filter_doc: Mapping[str, Any],
+               collation: Collation | None = None) -> Prematched | None:
     known = _prematched.get()
     if not known:
         return None
-    key = filter_key(filter_doc)
+    key = filter_key(filter_doc, collation)
     return None if key is None else known.get(key)
+
+
+# ---------------------------------------------------------------------------------------------
+# Collation: strings compared by their collation key where a command (or the collection's
+# default) asks for an ICU collation. The key approximates ICU's for strengths 1 and 2 (base
+# letters case-folded, then diacritics at strength 2, then case with caseLevel; code point
+# order within a level, where ICU has its own alphabet order for punctuation and scripts);
+# strengths 3-5 compare strings as they are. Regexes ignore collation, as in mongod.
+
+# Match operators whose string arguments are not compared values.
+_NOT_COMPARED = frozenset({
+    "$regex", "$options", "$type", "$exists", "$size", "$mod", "$where", "$expr",
+    "$jsonSchema", "$text", "$comment", "$bitsAllSet", "$bitsAllClear", "$bitsAnySet",
+    "$bitsAnyClear", "$geoWithin", "$geoIntersects", "$near", "$nearSphere", "$within",
+    "$maxDistance", "$minDistance",
+})
+
+
+class CollatedStr(str):
+    """A string as its collation key (for comparisons), with its original value (for regexes,
+    which ignore collation)."""
+
+    __slots__ = ("original",)
+    original: str
+
+
+class Collation:
+    def __init__(self, strength: int, case_level: bool) -> None:
+        self.strength = strength
+        self.case_level = case_level
+        self.spec = {"strength": strength, "caseLevel": case_level}
+
+    def key(self, text: str) -> str:
+        """Levels joined by \x01 (below any character a string is expected to hold), so
+        that keys compare level by level like ICU's sort keys: base letters, then (strength
+        2) diacritics, then (caseLevel) case."""
+        folded = unicodedata.normalize("NFD", text.casefold())
+        levels = ["".join(c for c in folded if not unicodedata.combining(c))]
+        if self.strength >= 2:
+            levels.append(folded)
+        if self.case_level:
+            levels.append(unicodedata.normalize("NFD", text))
+        return "\x01".join(levels)
+
+    def value(self, value: Any) -> Any:
+        """A document or value with every string replaced by its CollatedStr."""
+        if isinstance(value, str):
+            keyed = CollatedStr(self.key(value))
+            keyed.original = value
+            return keyed
+        if isinstance(value, Mapping):
+            return {k: self.value(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.value(v) for v in value]
+        return value
+
+    def filter(self, filter_doc: Mapping[str, Any]) -> dict[str, Any]:
+        """A filter with its compared strings replaced by their keys."""
+        out: dict[str, Any] = {}
+        for key, arg in filter_doc.items():
+            if key in ("$and", "$or", "$nor") and isinstance(arg, list):
+                out[key] = [self.filter(c) if isinstance(c, Mapping) else c for c in arg]
+            elif key.startswith("$"):
+                out[key] = arg
+            else:
+                out[key] = self._operand(arg)
+        return out
+
+    def _operand(self, arg: Any) -> Any:
+        if isinstance(arg, Mapping) and arg and next(iter(arg)).startswith("$"):
+            out: dict[str, Any] = {}
+            for op, value in arg.items():
+                if op in _NOT_COMPARED:
+                    out[op] = value
+                elif op == "$not":
+                    out[op] = self._operand(value)
+                elif op == "$elemMatch" and isinstance(value, Mapping):
+                    first = next(iter(value), "")
+                    out[op] = (self._operand(value) if first.startswith("$")
+                               and first not in ("$and", "$or", "$nor") else self.filter(value))
+                else:
+                    out[op] = self.value(value)
+            return out
+        return self.value(arg)
+
+    def matcher(self, filter_doc: Mapping[str, Any] | None) -> Callable[[Any], bool]:
+        match = engine.matcher(self.filter(filter_doc or {}))
+        return lambda doc: match(self.value(doc))
+
+
+def collation_of(spec: Any, default: Any = None, where: str = "find") -> Collation | None:
+    """The collation a command asks for (else the collection's default), None for simple
+    (binary) comparisons."""
+    if spec is None:
+        spec = default
+        where = "create"
+    if spec is None:
+        return None
+    if not isinstance(spec, Mapping):
+        raise MongoError(14, f"BSON field '{where}.collation' is the wrong type "
+                         f"'{type(spec).__name__}', expected type 'object'")
+    locale = spec.get("locale")
+    if locale is None:
+        raise MongoError(40414, "BSON field 'locale' is missing but a required field")
+    if not isinstance(locale, str):
+        raise MongoError(14, "BSON field 'locale' is the wrong type, expected type 'string'")
+    if locale == "simple":
+        return None
+    strength = spec.get("strength", 3)
+    if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not (
+        1 <= strength <= 5
+    ):
+        raise MongoError(51024, "BSON field 'strength' value must be >= 1 and <= 5, actual "
+                         f"value '{strength}'")
+    if strength >= 3:
+        return None
+    return Collation(int(strength), spec.get("caseLevel") is True)
+
+
+def collated_distinct(docs: Iterable[Mapping[str, Any]], key: str, collation: Collation,
+                      out: list[Any]) -> Scan:
+    """`distinct` under a collation: values equal under it once (the first met)."""
+    parts = key.split(".")
+    seen: dict[bytes, Any] = {}
+    n = 0
+    for doc in docs:
+        n += 1
+        values: list[Any] = []
+        values_along_path(doc, parts, values)
+        for value in values:
+            keyed = _plain_keys(collation.value(value))
+            seen.setdefault(keystring.encode_values((keyed,))[0], value)
+        if n % CHECK_EVERY == 0:
+            stats["examined"] += CHECK_EVERY
+            yield
+    stats["examined"] += n % CHECK_EVERY
+    out.extend(seen[k] for k in sorted(seen))
+
+
+def _plain_keys(value: Any) -> Any:
+    if isinstance(value, CollatedStr):
+        return str.__str__(value)
+    if isinstance(value, dict):
+        return {k: _plain_keys(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain_keys(v) for v in value]
+    return value

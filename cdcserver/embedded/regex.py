@@ -63,6 +63,7 @@ class _Fallback:
         self._pattern, self._flags = pattern, flags
 
     def search(self, text: str) -> bool:
+        text = getattr(text, "original", text)  # regexes ignore collation
         deadline = backtracking_deadline.get()
         if deadline is _IN_PROCESS:
             return self._compiled.search(text) is not None
@@ -161,7 +162,8 @@ class _Linear:
         self._compiled = compiled
 
     def search(self, text: str) -> bool:
-        return self._compiled.search(text) is not None
+        # a CollatedStr holds its original: regexes ignore collation
+        return self._compiled.search(getattr(text, "original", text)) is not None
 
 
 def check_options(options: str) -> None:
