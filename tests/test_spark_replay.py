@@ -696,7 +696,7 @@ def test_ranges_that_do_not_join_up_are_detected(tmp_path):
     shard = _Shard(0, [str(path)], splits, {s.key: scan_split(s, ctx) for s in splits})
     assert _verify(shard) == (set(), None)
     assert sum(m["n"] for m in shard.metas.values()) == 400
-    assert any(m["chain"] for m in shard.metas.values())  # partialTxn / prepare links kept
+    assert any(m["links"] for m in shard.metas.values())  # partialTxn / prepare links kept
     wrong = shard.metas[splits[2].key]
     wrong["first"] += 1  # as if the heuristic had taken a byte inside an entry
     assert _verify(shard)[0] == {0}

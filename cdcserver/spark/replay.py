@@ -113,18 +113,13 @@ def _mongo_message(exc: MongoError) -> str:
 
 
 class RawHistory:
-    """A `TransactionHistory` over transaction entries (BSON by `ts`): the shard's broadcast
-    cross-segment links, then what the task read itself."""
+    """A `TransactionHistory` over the transaction entries a task has (BSON by `ts`)."""
 
-    def __init__(self, by_ts: Mapping[int, bytes], local: Mapping[int, bytes] | None = None):
+    def __init__(self, by_ts: Mapping[int, bytes]) -> None:
         self.by_ts = by_ts
-        self.local = local if local is not None else {}
 
     def entry_at(self, ts: Timestamp) -> Entry | None:
-        key = _ts_key(ts)
-        raw = self.by_ts.get(key)
-        if raw is None:
-            raw = self.local.get(key)
+        raw = self.by_ts.get(_ts_key(ts))
         return None if raw is None else decode_entry(raw)
 
 
@@ -185,7 +180,7 @@ def scan_split(split: sp.Split, ctx: ScanContext, counter: Any = None) -> dict[s
     meta: dict[str, Any] = {
         "key": split.key, "first": None, "stop": None, "n": 0, "lines": 0,
         "first_ts": None, "last_ts": None, "first_line": 0, "index": [],
-        "chain": {}, "refs": [], "start_raw": None, "probe": None, "error": None,
+        "links": [], "terminals": [], "refs": [], "start_raw": None, "probe": None, "error": None,
     }
     probe: ChangeStreamPipeline | None = None
     if ctx.probe:
@@ -193,10 +188,12 @@ def scan_split(split: sp.Split, ctx: ScanContext, counter: Any = None) -> dict[s
         start = _ts_of(ctx.start) if ctx.start is not None else Timestamp(0, 0)
         probe = ChangeStreamPipeline(spec, start)
         probe.ensure_token = None  # the resume point is the driver's business
-    # Links seen in this range: ts -> (bytes, segment, prevOpTime ts). A chain committed or
-    # aborted in the segment of all its links is dropped: only that segment's reader needs it.
-    pending: dict[int, tuple[bytes, int, int | None]] = {}
+    # Links seen in this range: ts -> [offset, segment, prevOpTime ts, terminal ts]. A chain
+    # committed or aborted in the segment of all its links is dropped: only that segment's
+    # reader needs it, and it reads it itself.
+    pending: dict[int, list[Any]] = {}
     refs: set[int] = set()
+    terminals: list[tuple[int, int]] = meta["terminals"]
     stats: dict[str, int] = {}
     index: list[tuple[int, int]] = meta["index"]
     segment = -1
@@ -227,7 +224,7 @@ def scan_split(split: sp.Split, ctx: ScanContext, counter: Any = None) -> dict[s
                     continue
                 o = entry.get("o")
                 if _is_txn_entry(entry) or (isinstance(o, Mapping) and "abortTransaction" in o):
-                    _follow_chain(entry, key, raw, segment, pending, refs)
+                    _follow_chain(entry, key, offset, segment, pending, refs, terminals)
                 elif probe is not None and meta["probe"] is None:
                     try:
                         probe.push([entry])
@@ -243,7 +240,7 @@ def scan_split(split: sp.Split, ctx: ScanContext, counter: Any = None) -> dict[s
             counter.add(n)
     meta["stop"] = stats.get("stop", first)
     meta["lines"] = stats.get("lines", 0)
-    meta["chain"] = {k: raw for k, (raw, _seg, _prev) in pending.items()}
+    meta["links"] = [(k, o, prev, end) for k, (o, _seg, prev, end) in pending.items()]
     meta["refs"] = sorted(refs)
     return meta
 
@@ -251,42 +248,61 @@ def scan_split(split: sp.Split, ctx: ScanContext, counter: Any = None) -> dict[s
 def _follow_chain(
     entry: Entry,
     key: int,
-    raw: bytes,
+    offset: int,
     segment: int,
-    pending: dict[int, tuple[bytes, int, int | None]],
+    pending: dict[int, list[Any]],
     refs: set[int],
+    terminals: list[tuple[int, int]],
 ) -> None:
-    """Scan bookkeeping of one transaction entry (see `scan_split`)."""
-    link = _is_link(entry)
-    ref = _prev_ref(entry) if _is_txn_entry(entry) else _prev_any(entry)
+    """Scan bookkeeping of one transaction entry (see `scan_split`): a link is kept; a commit
+    or abort drops its chain when all of it is in its own segment, else marks the links it
+    ends with its `ts` (and reports the part of the chain before the range)."""
+    txn = _is_txn_entry(entry)
+    ref = _prev_ref(entry) if txn else _prev_any(entry)
     chain: list[int] = []
-    local = True
+    outside = None
     cur = ref
     while cur is not None:
         got = pending.get(cur)
         if got is None:
-            local = False
-            if _is_txn_entry(entry):
-                refs.add(cur)  # outside the range: the driver resolves it
+            outside = cur
+            if txn:
+                refs.add(cur)  # before the range: the driver resolves it
             break
         chain.append(cur)
         cur = got[2]
-    if link:
-        pending[key] = (raw, segment, ref)
-    elif local and all(pending[k][1] == segment for k in chain):
+    if _is_link(entry):
+        pending[key] = [offset, segment, ref, None]
+        return
+    if outside is None and all(pending[k][1] == segment for k in chain):
         for k in chain:
             del pending[k]
+        return
+    for k in chain:
+        pending[k][3] = key
+    if outside is not None:
+        terminals.append((outside, key))
 
 
-def fetch_entries(split: sp.Split, first: int, wanted: frozenset[int]) -> list[tuple[int, bytes]]:
-    """The entries of a range whose `ts` is in `wanted` (chain links pass 1 did not keep)."""
+def fetch_entries(
+    split: sp.Split, first: int, wanted: frozenset[int]
+) -> list[tuple[int, int, int | None]]:
+    """(ts, offset, prevOpTime ts) of the entries of a range whose `ts` is in `wanted` (links
+    pass 1 did not keep: entries a `prevOpTime` names that are not `partialTxn`/`prepare`)."""
     out = []
     with sp.Input(split.path) as src:
-        for _offset, _line, raw, entry in sp.iter_split(src, split, first):
+        for offset, _line, _raw, entry in sp.iter_split(src, split, first):
             key = _ts_key(entry["ts"])
             if key in wanted:
-                out.append((key, raw))
+                out.append((key, offset, _prev_ref(entry)))
     return out
+
+
+def read_raw_at(src: sp.Input, split: sp.Split, offset: int) -> bytes:
+    """The entry (BSON) starting at `offset` of a range."""
+    for _offset, _line, raw, _entry in sp.iter_split(src, split, offset):
+        return raw
+    raise ValueError(f"{split.path}: no entry at {offset}")
 
 
 def read_entry_at(split: sp.Split, offset: int) -> Entry | None:
@@ -309,6 +325,8 @@ class ShardPart:
     segments: list[tuple[sp.Split, int, int]]  # (range, first offset, stop offset)
     start: int  # the shard's start ts
     cut: int | None  # the shard's invalidating entry: nothing after it is read
+    # Links before `segments` of the transactions that end in the time range (read first).
+    links: list[tuple[sp.Split, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -327,7 +345,6 @@ class ReplayTask:
 class ReplayContext:
     cmd: dict[str, Any]
     db: str
-    histories: dict[int, dict[int, bytes]]  # shard -> ts -> cross-segment chain entry
     token_seen: bool  # EnsureResumeTokenPresent: the resumed-from event exists
     cut_token: str | None  # several shards: the first invalidate in token order
     shards: int
@@ -340,9 +357,15 @@ def _shard_batches(
     spec = parse_aggregate(ctx.cmd, ctx.db)
     start = _ts_of(part.start)
     local: dict[int, bytes] = {}
-    pipeline = ChangeStreamPipeline(
-        spec, start, history=RawHistory(ctx.histories.get(part.shard, {}), local)
-    )
+    by_path: dict[str, list[tuple[sp.Split, int]]] = {}
+    for split, offset in part.links:
+        by_path.setdefault(split.path, []).append((split, offset))
+    for path, links in by_path.items():
+        with sp.Input(path) as src:
+            for split, offset in sorted(links, key=lambda t: t[1]):
+                raw = read_raw_at(src, split, offset)
+                local[_ts_key(decode_entry(raw)["ts"])] = raw
+    pipeline = ChangeStreamPipeline(spec, start, history=RawHistory(local))
     if ctx.token_seen and pipeline.ensure_token is not None:
         pipeline.ensure_token.found = True
     lo = _ts_of(max(task.lo, part.start))
@@ -542,7 +565,10 @@ class _Shard:
     splits: list[sp.Split] = field(default_factory=list)
     metas: dict[tuple[int, int, int], dict[str, Any]] = field(default_factory=dict)
     start: Timestamp | None = None
-    history: dict[int, bytes] = field(default_factory=dict)
+    # Transaction links other segments need: ts -> [range, offset, prevOpTime ts, ending ts]
+    links: dict[int, list[Any]] = field(default_factory=dict)
+    split_of: dict[tuple[int, int, int], sp.Split] = field(default_factory=dict)
+    by_end: list[tuple[int, int]] = field(default_factory=list)  # (ending ts, link ts)
     cut: int | None = None
     cut_token: str | None = None
 
@@ -733,9 +759,7 @@ class SparkReplay:
                 check_history(oldest, shard.start)
             except MongoError as exc:
                 raise ReplayError(_mongo_message(exc)) from None
-            for s in shard.splits:
-                shard.history.update(shard.metas[s.key]["chain"])
-            self._complete_history(sc, shard)
+            self._links(sc, shard)
             for s in shard.splits:  # the first invalidation, in file order
                 probe = shard.metas[s.key]["probe"]
                 if probe is not None:
@@ -747,10 +771,7 @@ class SparkReplay:
             tokens = [s.cut_token for s in shards if s.cut_token is not None]
             cut_token = min(tokens) if tokens else None
 
-        ctx = ReplayContext(
-            self.cmd, self.db, {s.index: s.history for s in shards}, token_seen, cut_token,
-            len(shards),
-        )
+        ctx = ReplayContext(self.cmd, self.db, token_seen, cut_token, len(shards))
         tasks = self._tasks(shards)
         summary.tasks = len(tasks)
         if spec.resume_token is not None and not spec.resume_token.is_high_water_mark and (
@@ -799,15 +820,25 @@ class SparkReplay:
         shard.metas = {k: m for k, m in shard.metas.items() if k[1] not in files}
         shard.metas.update(self._scan(sc, whole, ctx))
 
-    def _complete_history(self, sc: Any, shard: _Shard) -> None:
-        """Fetch the entries `prevOpTime`s name that pass 1 did not keep (unusual oplogs),
-        until every link in the history resolves."""
-        refs = {r for m in shard.metas.values() for r in m["refs"]}
+    def _links(self, sc: Any, shard: _Shard) -> None:
+        """The shard's cross-segment links, each with the `ts` of the entry that ends its
+        transaction: the scan's, then the entries `prevOpTime`s name that it did not keep
+        (unusual oplogs), until every chain resolves."""
+        links = shard.links
+        shard.split_of = {s.key: s for s in shard.splits}
+        terminals: list[tuple[int, int]] = []
+        refs: set[int] = set()
+        for s in shard.splits:
+            meta = shard.metas[s.key]
+            for k, offset, prev, end in meta["links"]:
+                links[k] = [s.key, offset, prev, end]
+            terminals += meta["terminals"]
+            refs.update(meta["refs"])
         absent: set[int] = set()
         for _ in range(16):
-            missing = frozenset(refs - shard.history.keys() - absent)
+            missing = frozenset(refs - links.keys() - absent)
             if not missing:
-                return
+                break
             lo, hi = min(missing), max(missing)
             targets = [
                 (s, shard.metas[s.key]["first"])
@@ -816,20 +847,41 @@ class SparkReplay:
                 and shard.metas[s.key]["first_ts"] <= hi
                 and shard.metas[s.key]["last_ts"] >= lo
             ]
-            found: list[tuple[int, bytes]] = []
+            found: list[tuple[tuple[int, int, int], int, int, int | None]] = []
             if targets:
                 found = (
                     sc.parallelize(targets, len(targets))
-                    .flatMap(lambda t, wanted=missing: fetch_entries(t[0], t[1], wanted))
+                    .flatMap(
+                        lambda t, wanted=missing: [
+                            (t[0].key, *f) for f in fetch_entries(t[0], t[1], wanted)
+                        ]
+                    )
                     .collect()
                 )
-            absent |= missing - {k for k, _ in found}
+            absent |= missing - {k for _, k, _, _ in found}
             refs = set()
-            for key, raw in found:
-                shard.history[key] = raw
-                ref = _prev_ref(decode_entry(raw))
-                if ref is not None:
-                    refs.add(ref)
+            for split_key, k, offset, prev in found:
+                links[k] = [split_key, offset, prev, None]
+                if prev is not None:
+                    refs.add(prev)
+        for ref, end in terminals:  # chains ended in a later range
+            cur: int | None = ref
+            while cur is not None and cur in links:
+                links[cur][3] = end
+                cur = links[cur][2]
+        # A link nothing ends (a prepared transaction never committed) no range needs.
+        shard.by_end = sorted((e, k) for k, (_s, _o, _p, e) in links.items() if e is not None)
+
+    def _links_for(self, shard: _Shard, lo: int, hi: int) -> list[Any]:
+        """The kept links of the transactions that end in [lo, hi) (those the task reads in
+        its own segments too: an entry a `prevOpTime` names need not be a link)."""
+        i = bisect.bisect_left(shard.by_end, (lo, -1))
+        j = bisect.bisect_left(shard.by_end, (hi, -1))
+        out = []
+        for _end, k in shard.by_end[i:j]:
+            split_key, offset = shard.links[k][:2]
+            out.append((shard.split_of[split_key], offset))
+        return out
 
     def _resume_point(self, spec: ChangeStreamSpec, shards: list[_Shard]) -> bool:
         """Whether the resumed-from event is in the stream, decided by the pipeline over the
@@ -849,13 +901,9 @@ class SparkReplay:
             )
             if raw is None:
                 continue
-            local = {}
             entry = decode_entry(raw)
-            if _is_txn_entry(entry) and _prev_ref(entry) is not None:
-                local = self._chain_of(shard, entry)
-            pipeline = ChangeStreamPipeline(
-                spec, token.cluster_time, history=RawHistory(shard.history, local)
-            )
+            local = self._chain_of(shard, entry) if _is_txn_entry(entry) else {}
+            pipeline = ChangeStreamPipeline(spec, token.cluster_time, history=RawHistory(local))
             try:
                 pipeline.push([entry])
             except MongoError as exc:
@@ -866,24 +914,31 @@ class SparkReplay:
         return seen
 
     def _chain_of(self, shard: _Shard, entry: Entry) -> dict[int, bytes]:
-        """The links of a transaction entry's chain that are not in the broadcast history
-        (those of its own segment), read on the driver (one transaction)."""
+        """The links of one transaction entry's chain, read on the driver."""
         out: dict[int, bytes] = {}
         ref = _prev_ref(entry)
-        while ref is not None and ref not in shard.history:
-            split = next(
-                (s for s in shard.splits
-                 if shard.metas[s.key]["n"] and shard.metas[s.key]["first_ts"] <= ref
-                 <= shard.metas[s.key]["last_ts"]),
-                None,
-            )
-            if split is None:
-                break
-            found = dict(fetch_entries(split, shard.metas[split.key]["first"], frozenset([ref])))
-            if ref not in found:
-                break
-            out[ref] = found[ref]
-            ref = _prev_ref(decode_entry(found[ref]))
+        while ref is not None and ref not in out:
+            link = shard.links.get(ref)
+            if link is not None:
+                split = shard.split_of[link[0]]
+                with sp.Input(split.path) as src:
+                    out[ref] = read_raw_at(src, split, link[1])
+            else:  # in the segment of the entry: not among the kept links
+                split = next(
+                    (s for s in shard.splits
+                     if shard.metas[s.key]["n"] and shard.metas[s.key]["first_ts"] <= ref
+                     <= shard.metas[s.key]["last_ts"]),
+                    None,
+                )
+                if split is None:
+                    break
+                first = shard.metas[split.key]["first"]
+                found = fetch_entries(split, first, frozenset([ref]))
+                if not found:
+                    break
+                with sp.Input(split.path) as src:
+                    out[ref] = read_raw_at(src, split, found[0][1])
+            ref = _prev_ref(decode_entry(out[ref]))
         return out
 
     def _tasks(self, shards: list[_Shard]) -> list[ReplayTask]:
@@ -914,7 +969,7 @@ class SparkReplay:
         if not marks:
             return None
         at = bisect.bisect_right([k for k, _, _ in marks], max(lo, start)) - 1
-        _k, i, offset = marks[max(0, at)]
+        _begin, i, offset = marks[max(0, at)]
         if at < 0:
             offset = shard.metas[splits[0].key]["first"]
         segments = []
@@ -927,7 +982,8 @@ class SparkReplay:
             segments.append((splits[j], offset if j == i else meta["first"], meta["stop"]))
         if not segments:
             return None
-        return ShardPart(shard.index, segments, start, shard.cut)
+        links = self._links_for(shard, max(lo, start), hi)
+        return ShardPart(shard.index, segments, start, shard.cut, links)
 
     def _fail_at_first_event(self, sc: Any, tasks: list[ReplayTask], ctx: ReplayContext) -> None:
         if not tasks:
