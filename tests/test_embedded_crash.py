@@ -246,3 +246,82 @@ def test_retryable_writes_stay_at_most_once_across_a_restart(tmp_path):
         assert newer["n"] == 1 and len(store.oplog_entries()) == before + 1
     finally:
         store.close()
+
+
+KILL_ROUNDS = 10  # SIGKILLs while with_transaction runs (commits included)
+
+
+class TransactionalCounter(threading.Thread):
+    """Increments a counter with pymongo's `with_transaction` until told to stop, counting the
+    calls that returned: each must have been applied exactly once, across kills and restarts
+    (a commit whose reply the kill lost is retried by pymongo and must answer ok, not run the
+    transaction again)."""
+
+    def __init__(self, uri: str) -> None:
+        super().__init__(daemon=True)
+        self.client = MongoClient(uri, serverSelectionTimeoutMS=int(HANG_GUARD_S * 1000))
+        self.succeeded = 0
+        self.failures: list[BaseException] = []
+        self.done = threading.Event()
+        self.progress = threading.Condition()
+
+    def run(self) -> None:
+        coll = self.client.crash.txn_counter
+
+        def increment(session) -> None:
+            coll.update_one({"_id": 0}, {"$inc": {"n": 1}}, session=session)
+
+        try:
+            while not self.done.is_set():
+                with self.client.start_session() as s:
+                    try:
+                        s.with_transaction(increment)
+                    except errors.PyMongoError as exc:  # outcome unknown to the caller
+                        self.failures.append(exc)
+                        continue
+                with self.progress:
+                    self.succeeded += 1
+                    self.progress.notify_all()
+        finally:
+            self.client.close()
+
+    def wait_for(self, count: int) -> bool:
+        with self.progress:
+            return self.progress.wait_for(lambda: self.succeeded >= count, HANG_GUARD_S)
+
+
+def test_sigkill_while_with_transaction_commits(tmp_path):
+    """Issue 13 item 2: SIGKILL while pymongo's with_transaction commits, restart (same port,
+    so the driver's retries reach it), many rounds: the counter equals the successful calls."""
+    import random
+
+    data_dir = tmp_path / "data"
+    server = SubprocessServer(data_dir=data_dir)
+    same_port = ["--port", str(server.port)]
+    writer = None
+    try:
+        with MongoClient(server.uri, serverSelectionTimeoutMS=5000) as client:
+            client.crash.txn_counter.insert_one({"_id": 0, "n": 0})
+        writer = TransactionalCounter(server.uri)
+        writer.start()
+        for _ in range(KILL_ROUNDS):
+            assert writer.wait_for(writer.succeeded + 3)  # it runs against this server
+            threading.Event().wait(random.random() * 0.02)  # jitter: land anywhere in a call
+            server.kill()  # SIGKILL
+            server.stop()
+            server = SubprocessServer(data_dir=data_dir, extra_args=same_port)
+        assert writer.wait_for(writer.succeeded + 3)
+        writer.done.set()
+        writer.join(HANG_GUARD_S)
+        assert not writer.is_alive()
+        with MongoClient(server.uri, serverSelectionTimeoutMS=5000) as client:
+            counter = client.crash.txn_counter.find_one({"_id": 0})["n"]
+            commits = [e for e in read_oplog(client)
+                       if e["op"] == "c" and "applyOps" in e["o"]]
+    finally:
+        if writer is not None:
+            writer.done.set()
+        server.stop()
+    assert not writer.failures, writer.failures
+    assert counter == writer.succeeded
+    assert len(commits) == counter  # one applyOps per increment: none applied twice
