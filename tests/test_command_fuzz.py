@@ -384,3 +384,95 @@ def test_session_fields_fuzz(server, watch, name, session):
         check_reply(body, raw_command(sock, body, 7))
         assert raw_command(sock, {"ping": 1, "$db": "admin"}, 8)["ok"] == 1.0
     watch()
+
+
+# -- nesting depth around mongod's limits ------------------------------------------------------
+# A message's documents may nest 200 levels below their top (201 frames, counting the top and
+# every object or array; 15 Overflow for the request past that); a stored document's fields may
+# be 180 levels down (15 Overflow for that write past that: insert's and update's messages).
+
+MESSAGE_FRAMES, STORAGE_LEVELS = 201, 180
+_DEPTHS = st.sampled_from([178, 179, 180, 181, 182, 196, 197, 198, 199, 200, 201, 202, 203])
+# Where the nested value goes in each command, and how many frames come before it (pymongo
+# sends insert's documents and update's statements as document sequences: each its own top).
+_PLACES = {
+    "insert": 1,  # the document
+    "find": 2,  # body, filter
+    "match": 4,  # body, pipeline, stage, $match
+    "update": 3,  # statement, u, $set
+    "findAndModify": 3,  # body, update, $set
+    "resumeAfter": 4,  # body, pipeline, stage, $changeStream
+}
+
+
+@st.composite
+def nested_values(draw: st.DrawFn) -> tuple[Any, int, int]:
+    """(value, its frames: objects and arrays, its field levels: non-empty ones) for a value
+    of objects and arrays nested around the limits, with a scalar or an empty container at the
+    bottom."""
+    levels = draw(_DEPTHS)
+    kinds = draw(st.lists(st.sampled_from("dl"), min_size=levels, max_size=levels))
+    key = draw(st.sampled_from(["a", "b", "$x", "0"]))
+    leaf = draw(st.one_of(st.sampled_from([1, "s", None, {}, []]), SCALARS))
+    value = leaf
+    for kind in kinds:
+        value = [value] if kind == "l" else {key: value}
+    empty_leaf = isinstance(leaf, (dict, list)) and not leaf
+    return value, levels + empty_leaf, levels
+
+
+def depth_command(place: str, value: Any, n: int) -> SON:
+    if place == "insert":
+        return SON([("insert", "deep"), ("documents", [{"_id": n, "x": value}])])
+    if place == "find":
+        return SON([("find", "deep"), ("filter", {"x": value})])
+    if place == "match":
+        return SON([("aggregate", "deep"), ("pipeline", [{"$match": {"x": value}}]),
+                    ("cursor", {})])
+    if place == "update":
+        return SON([("update", "deep"), ("updates", [
+            {"q": {"_id": n}, "u": {"$set": {"x": value}}, "upsert": True}])])
+    if place == "findAndModify":
+        return SON([("findAndModify", "deep"), ("query", {"_id": n}),
+                    ("update", {"$set": {"x": value}}), ("upsert", True)])
+    return SON([("aggregate", "deep"), ("pipeline", [{"$changeStream": {"resumeAfter": value}}]),
+                ("cursor", {})])
+
+
+_DEPTH_IDS = iter(range(1 << 30))
+
+
+@settings(max_examples=3 * EXAMPLES, deadline=None, derandomize=not HUNT,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                 HealthCheck.data_too_large])
+@given(place=st.sampled_from(sorted(_PLACES)), nested=nested_values())
+def test_nesting_depth_around_limits(server, fuzz_client, watch, place, nested):
+    value, frames, levels = nested
+    frames += _PLACES[place]
+    stored_levels = levels + 1  # the value is a top-level field's: level 1 is that field
+    cmd = depth_command(place, value, next(_DEPTH_IDS))
+    try:
+        reply = fuzz_client.get_database(FUZZ_DB).command(cmd)
+    except OperationFailure as exc:
+        reply = exc.details
+    check_reply(cmd, reply)
+    errors = reply.get("writeErrors") or []
+    if frames > MESSAGE_FRAMES:
+        assert reply["code"] == 15, (frames, reply)
+        assert reply["errmsg"].startswith(
+            "BSONObj exceeds maximum nested object depth in element with field name"), reply
+        return
+    assert reply.get("code") != 15 or place in ("update", "findAndModify"), reply
+    if place == "insert":
+        expected = [15] if stored_levels > STORAGE_LEVELS else []
+        assert [e["code"] for e in errors] == expected, (stored_levels, reply)
+        if expected:
+            assert errors[0]["errmsg"] == (
+                "cannot insert document because it exceeds 180 levels of nesting")
+    elif place in ("update", "findAndModify") and stored_levels > STORAGE_LEVELS:
+        err = errors[0] if place == "update" else reply
+        assert err["code"] == 15, (stored_levels, reply)
+        assert err["errmsg"].endswith("Document exceeds maximum nesting depth of 180"), reply
+    elif place in ("update", "findAndModify"):
+        assert not errors and reply["ok"] == 1.0, (stored_levels, reply)
+    watch()
