@@ -130,7 +130,9 @@ class MetricsConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Prometheus text exposition at http://host:port/metrics (port 0: any free port, logged).
     enabled: bool = True
     host: str = "127.0.0.1"
-    port: int = 9216
+    # Unset: 9216, or a free port (logged with a warning) when something else holds 9216; a
+    # port that is set must be free (startup fails otherwise).
+    port: int | None = None
 
 
 class LogConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -389,8 +391,12 @@ def semantic_errors(config: Config) -> list[tuple[str, str]]:
         elif os.path.exists(st.data_dir) and not os.path.isdir(st.data_dir):
             errors.append(("store.data_dir", f"{st.data_dir} exists and is not a directory"))
     for i, path in enumerate(src.oplog):
-        if not os.path.isfile(path):
-            errors.append((f"source.oplog[{i}]", f"no such file: {path}"))
+        problem = oplog_path_problem(path)
+        if problem:
+            errors.append((f"source.oplog[{i}]", f"{path}: {problem}"))
+    if up.uri and src.oplog:  # one source is served: a second one would be ignored
+        errors.append(("source.oplog", "cannot be used with upstream.uri (serve a recorded "
+                                       "oplog or a live upstream, not both)"))
     if up.uri:
         problem = _check_uri(up.uri)
         if problem:
@@ -424,11 +430,68 @@ def semantic_errors(config: Config) -> list[tuple[str, str]]:
             errors.append(("tls.require_client_certificate",
                            "needs tls.ca_file to verify client certificates against"))
     m = config.metrics
-    if not _port_ok(m.port):
+    if m.port is not None and not _port_ok(m.port):
         errors.append(("metrics.port", f"must be 0..65535, got {m.port}"))
     elif m.enabled and m.port and m.port == sv.port and m.host == sv.host:
         errors.append(("metrics.port", f"{m.host}:{m.port} is also server's listener"))
+    elif m.enabled and m.port is None and sv.port == METRICS_PORT and m.host == sv.host:
+        errors.append(("metrics.port", f"its default {METRICS_PORT} is server.port: "
+                                       "set another metrics.port"))
     return errors
+
+
+# [metrics] port when none is set (Prometheus exporters' registry lists 9216 for MongoDB).
+METRICS_PORT = 9216
+
+
+def oplog_path_problem(path: str) -> str | None:
+    """Why `path` cannot be read as an oplog file (None: it can be tried)."""
+    if os.path.isdir(path):
+        for inside in ("oplog.bson", os.path.join("local", "oplog.rs.bson")):
+            if os.path.isfile(os.path.join(path, inside)):  # a mongodump output directory
+                return f"is a directory (the oplog in it: {os.path.join(path, inside)})"
+        return "is a directory, not an oplog file (mongodump BSON or Extended JSON lines)"
+    if not os.path.exists(path):
+        return "no such file"
+    if not os.path.isfile(path):
+        return "not a regular file"
+    return None
+
+
+# Keys holding file paths: a relative one in a config file is relative to that file's
+# directory (as nginx, systemd units or docker compose read theirs), so a config works from
+# any working directory; environment variables and flags stay relative to the working one.
+PATH_KEYS = {
+    "store": ("data_dir",),
+    "tls": ("certificate_file", "key_file", "ca_file"),
+}
+# pymongo options naming files, in [upstream] client_options.
+_CLIENT_PATH_OPTIONS = ("tlscafile", "tlscertificatekeyfile", "tlscrlfile")
+
+
+def _resolve_paths(data: dict[str, Any], base: str) -> None:
+    """Make the relative paths a config file gives relative to `base` (its directory)."""
+
+    def resolve(value: Any) -> Any:
+        if isinstance(value, str) and value and not os.path.isabs(value):
+            return os.path.normpath(os.path.join(base, value))
+        return value
+
+    for section, keys in PATH_KEYS.items():
+        table = data.get(section)
+        if isinstance(table, dict):
+            for key in keys:
+                if key in table:
+                    table[key] = resolve(table[key])
+    source = data.get("source")
+    if isinstance(source, dict) and isinstance(source.get("oplog"), list):
+        source["oplog"] = [resolve(p) for p in source["oplog"]]
+    upstream = data.get("upstream")
+    options = upstream.get("client_options") if isinstance(upstream, dict) else None
+    if isinstance(options, dict):
+        for key in options:
+            if key.lower() in _CLIENT_PATH_OPTIONS:  # pymongo's option names ignore case
+                options[key] = resolve(options[key])
 
 
 def _auth_errors(auth: AuthConfig) -> list[tuple[str, str]]:
@@ -491,6 +554,7 @@ def check_config(
             data = msgspec.toml.decode(raw)
         except msgspec.DecodeError as exc:
             return None, [f"invalid TOML: {exc}"]
+        _resolve_paths(data, os.path.dirname(os.path.abspath(path)))
     env_values, origins, messages = env_overrides(os.environ if env is None else env)
     # A section that is not a table in the file keeps its error; overrides go elsewhere.
     for section, values in env_values.items():

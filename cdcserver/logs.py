@@ -90,3 +90,41 @@ def log_slow_command(
     slow_log.info(
         "Slow query: conn %d %s on %s took %d ms", conn_id, name, db, millis, extra=fields
     )
+
+
+def _when(ts: Any) -> str:
+    stamp = datetime.datetime.fromtimestamp(ts.time, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"Timestamp({ts.time}, {ts.inc}) ({stamp})"
+
+
+def serving_summary(config: Any, oplog: Any, port: int, metrics_port: int | None) -> str:
+    """The one line `serve` logs once it listens: what it serves (the source, its data
+    directory or files, the oplog's range) and where (wire and metrics ports)."""
+    import os
+
+    paths = getattr(oplog, "paths", None)
+    if config.upstream.uri:
+        source = "the replica set at " + config.upstream.uri.split("@")[-1]  # no credentials
+    elif paths:
+        shown = ", ".join(os.path.abspath(p) for p in paths[:3])
+        more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
+        follow = " (following the last)" if config.source.follow else ""
+        source = f"the recorded oplog {shown}{more}{follow}"
+    elif config.store.in_memory:
+        source = "the embedded store in memory"
+    else:
+        source = f"the embedded store in {os.path.abspath(config.store.data_dir)}"
+    oldest, latest = oplog.oldest_entry(), oplog.latest_ts()
+    if latest is None:
+        span = "oplog empty"
+    elif oldest is None:  # an upstream's oldest entry is read once its tail runs
+        span = f"oplog up to {_when(latest)}"
+    else:
+        n = len(oplog) if hasattr(oplog, "__len__") else None
+        count = "" if n is None else f"{n} entr{'y' if n == 1 else 'ies'}, "
+        span = f"oplog {count}{_when(oldest['ts'])} to {_when(latest)}"
+    host = config.server.host
+    where = f"mongodb://{f'[{host}]' if ':' in host else host}:{port}/"
+    metrics = (f"metrics http://{config.metrics.host}:{metrics_port}/metrics"
+               if metrics_port is not None else "metrics off")
+    return f"serving {source}; {span}; on {where}; {metrics}"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -192,8 +193,28 @@ class MetricsEndpoint:
         self._server: asyncio.AbstractServer | None = None
         self.port = 0
 
-    async def start(self, host: str, port: int) -> int:
-        self._server = await asyncio.start_server(self._on_connection, host, port)
+    async def start(self, host: str, port: int | None) -> int:
+        """Listen on `port`; None (no port configured): the default port, or, when something
+        else holds it (another cdcserver, an exporter), any free port with a warning, so a
+        server nobody asked a metrics port of starts anyway. A port that was asked for must
+        be free: its OSError goes to the caller (startup fails naming metrics.port)."""
+        from cdcserver.config import METRICS_PORT
+
+        self.port = METRICS_PORT if port is None else port  # (named by a startup error)
+        try:
+            self._server = await asyncio.start_server(self._on_connection, host, self.port)
+        except OSError as exc:
+            if port is not None or exc.errno != errno.EADDRINUSE:
+                raise
+            self._server = await asyncio.start_server(self._on_connection, host, 0)
+            self.port = self._server.sockets[0].getsockname()[1]
+            log.warning(
+                "metrics: %s:%d is in use; serving metrics on port %d instead "
+                "(set metrics.port or --metrics-port to choose)",
+                host, METRICS_PORT, self.port,
+                extra={"host": host, "port": self.port, "defaultPort": METRICS_PORT},
+            )
+            return self.port
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 

@@ -33,7 +33,7 @@ from cdcserver.commands import proxy as _proxy  # noqa: F401  (`serve --upstream
 from cdcserver.commands.registry import run_command
 from cdcserver.config import Config
 from cdcserver.context import ConnectionState, ServerState
-from cdcserver.logs import log_slow_command, slow_log
+from cdcserver.logs import log_slow_command, serving_summary, slow_log
 from cdcserver.sources.base import OplogLog
 
 log = logging.getLogger("cdcserver")
@@ -304,7 +304,8 @@ async def serve_forever(config: Config, oplog: OplogLog) -> None:
             port = await endpoint.start(mc.host, mc.port)
         except OSError as exc:
             raise StartupError(
-                f"metrics.port: cannot listen on {mc.host}:{mc.port}: {exc.strerror or exc}"
+                f"metrics.port: cannot listen on {mc.host}:{endpoint.port}: "
+                f"{exc.strerror or exc}"
             ) from None
         log.info("metrics on http://%s:%d/metrics", mc.host, port,
                  extra={"host": mc.host, "port": port})
@@ -324,6 +325,8 @@ async def serve_forever(config: Config, oplog: OplogLog) -> None:
         raise StartupError(
             f"server.port: cannot listen on {sc.host}:{sc.port}: {exc.strerror or exc}"
         ) from None
+    log.info("%s", serving_summary(config, oplog, state.port,
+                                   endpoint.port if endpoint is not None else None))
     stop = asyncio.Event()
     signals: list[int] = []
 
@@ -351,11 +354,19 @@ async def serve_forever(config: Config, oplog: OplogLog) -> None:
     log.info("shutdown complete")
 
 
-def run_server(config: Config, oplog: OplogLog) -> int:
-    import uvloop
-
+def run_loop(main: Any) -> Any:
+    """Run `main` on uvloop where it is installed (not on Windows: pyproject.toml), else on
+    asyncio's own loop."""
     try:
-        uvloop.run(serve_forever(config, oplog))
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+def run_server(config: Config, oplog: OplogLog) -> int:
+    try:
+        run_loop(serve_forever(config, oplog))
     except StartupError as exc:
         log.error("cannot start: %s", exc)
         return 48  # mongod's exit code when it cannot listen (ExitCode::netError)

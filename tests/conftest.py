@@ -1,4 +1,9 @@
+import json
 import pathlib
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
 
 import pytest
 
@@ -6,6 +11,74 @@ import pytest
 pytest_plugins = ["cdcserver.testing"]
 
 SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared"
+NODE_DIR = pathlib.Path(__file__).resolve().parent / "node"
+NPM_TIMEOUT_S = 600  # a hang guard for `npm ci` only
+
+
+def _node_driver_installed() -> bool:
+    """tests/node/node_modules holds exactly what package-lock.json pins (npm's own record
+    of what it installed, node_modules/.package-lock.json, lists the same packages)."""
+    try:
+        pinned = json.loads((NODE_DIR / "package-lock.json").read_text())["packages"]
+        installed = json.loads((NODE_DIR / "node_modules" / ".package-lock.json").read_text())
+    except (OSError, ValueError, KeyError):
+        return False
+    return {k: v for k, v in pinned.items() if k} == installed.get("packages")
+
+
+@pytest.fixture(scope="session")
+def node_driver() -> pathlib.Path:
+    """The Node.js driver in tests/node (pinned by its package-lock.json): installed with
+    `npm ci` on first use when it is missing or stale (then kept: the next runs reuse it);
+    the test is skipped, with the reason, where node or npm is not installed."""
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed: the Node.js driver tests need Node.js >= 20.19")
+    if _node_driver_installed():
+        return NODE_DIR
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed: cannot install the Node.js driver into tests/node")
+    run = subprocess.run(
+        [npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, capture_output=True, text=True,
+        timeout=NPM_TIMEOUT_S,
+    )
+    if run.returncode != 0 or not _node_driver_installed():
+        lines = (run.stderr or run.stdout).strip().splitlines()
+        pytest.skip(f"`npm ci` in tests/node failed (offline?): {lines[-1] if lines else ''}")
+    return NODE_DIR
+
+
+@pytest.fixture
+def default_metrics_port_held() -> Iterator[int]:
+    """127.0.0.1:9216, the metrics port cdcserver uses when none is set, held by a listening
+    socket for the test (the one fixed port a test touches: the situation under test is
+    "something else holds it"). Already held by another process is the same situation."""
+    from cdcserver.config import METRICS_PORT
+
+    held: socket.socket | None = socket.socket()
+    try:
+        held.bind(("127.0.0.1", METRICS_PORT))
+        held.listen()
+    except OSError:
+        held.close()
+        held = None
+    try:
+        yield METRICS_PORT
+    finally:
+        if held is not None:
+            held.close()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """One line for the tests skipped because their data lives outside this repository
+    (../shared: the shared corpus and reference), instead of leaving them among the skips."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    shared = [r for r in skipped if str(SHARED) in str(getattr(r, "longrepr", ""))]
+    if shared:
+        terminalreporter.write_line(
+            f"{len(shared)} skipped: their data lives in {SHARED} (../shared, the shared "
+            "corpus and reference), which is not next to this checkout"
+        )
 
 
 @pytest.fixture(scope="session")

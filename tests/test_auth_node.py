@@ -2,7 +2,8 @@
 and SCRAM-SHA-1, over TLS too, and is refused as mongod refuses it (18, 13).
 
 tests/node/auth.mjs connects, prints connectionStatus's authInfo, watches a collection,
-writes to it and prints the event it saw (or the error). Skipped only where `node` is absent.
+writes to it and prints the event it saw (or the error). The `node_driver` fixture
+(tests/conftest.py) installs the driver when it is missing; skipped where node or npm is absent.
 """
 
 from __future__ import annotations
@@ -35,9 +36,7 @@ USERS = [
 
 
 @pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    if not (NODE_DIR / "node_modules" / "mongodb").is_dir():
-        pytest.fail("the Node.js driver is not installed: run (cd tests/node && npm ci)")
+def pki(tmp_path_factory, node_driver):
     ca = trustme.CA()
     d = tmp_path_factory.mktemp("pki")
     ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(d / "server.pem"))

@@ -236,3 +236,54 @@ def test_busy_metrics_port_fails_startup_naming_the_key() -> None:
     assert result.returncode == 48, out
     assert f"metrics.port: cannot listen on {HOST}:{port}" in out
     assert "listening on" not in out
+
+
+def test_taken_default_metrics_port_falls_back_with_a_warning(
+    tmp_path: pathlib.Path, default_metrics_port_held: int
+) -> None:
+    """No metrics port set and 9216 held by another process: serve starts anyway, metrics on
+    a free port named by a warning (a port nobody chose must not stop startup)."""
+    log_path = tmp_path / "server.log"
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "cdcserver.cli", "serve", "--in-memory", "--host", HOST,
+             "--port", "0"],
+            stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    try:
+        deadline = time.monotonic() + GUARD_S
+        while "listening on" not in log_path.read_text():
+            assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.02)
+        text = log_path.read_text()
+        warning = re.search(
+            rf"WARNING metrics: {HOST}:{default_metrics_port_held} is in use; serving metrics "
+            r"on port (\d+) instead", text)
+        assert warning, text
+        port = int(warning.group(1))
+        assert port != default_metrics_port_held
+        assert f"metrics on http://{HOST}:{port}/metrics" in text
+        assert f"metrics http://{HOST}:{port}/metrics" in text  # the `serving` line
+        assert value(scrape(port), "cdcserver_requests_in_flight") == 0
+    finally:
+        server.terminate()
+        assert server.wait(GUARD_S * 3) == 0
+
+
+def test_taken_metrics_port_that_was_set_still_fails(default_metrics_port_held: int) -> None:
+    """The same port set explicitly (flag, variable or file) is a choice: it must be free."""
+    for how in (["--metrics-port", str(default_metrics_port_held)], []):
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if not how:
+            env["CDCSERVER_METRICS_PORT"] = str(default_metrics_port_held)
+        result = subprocess.run(
+            [sys.executable, "-m", "cdcserver.cli", "serve", "--in-memory", "--host", HOST,
+             "--port", "0", *how],
+            capture_output=True, timeout=60, env=env,
+        )
+        out = result.stderr.decode()
+        assert result.returncode == 48, out
+        assert f"metrics.port: cannot listen on {HOST}:{default_metrics_port_held}" in out
+        assert "listening on" not in out
+

@@ -4,7 +4,8 @@ events as pymongo.
 tests/node/watch.mjs prints each event as canonical Extended JSON; pymongo's events are
 dumped the same way, and both are compared as ordered key/value pairs, so types (int32,
 int64, double, timestamps, binary subtypes) and field order must agree, not just values.
-`.ci/run` installs the driver with `npm ci`; the test is skipped only where `node` is absent.
+The `node_driver` fixture (tests/conftest.py) installs the driver with `npm ci` when it is
+missing; the test is skipped, with the reason, only where node or npm is absent.
 """
 
 from __future__ import annotations
@@ -41,12 +42,7 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    if not (NODE_DIR / "node_modules" / "mongodb").is_dir():
-        pytest.fail(
-            "the Node.js driver is not installed: run (cd tests/node && npm ci --no-audit "
-            "--no-fund), as .ci/run does"
-        )
+def world(tmp_path_factory, node_driver):
     world = World.record(tmp_path_factory.mktemp("node") / "oplog.bson")
     with ThreadServer([world.path]) as server:
         world.server = server

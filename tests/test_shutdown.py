@@ -300,3 +300,53 @@ def test_requests_during_shutdown_and_second_signal(tmp_path: pathlib.Path) -> N
     assert "SIGTERM: shutting down" in text
     assert "SIGTERM during shutdown: exiting now" in text
     assert "shutdown complete" not in text
+
+
+def _wait_for_log(path: pathlib.Path, text: str, after: int = 0) -> int:
+    """Wait until `text` appears in the log past byte `after`; returns where it ends."""
+    deadline = time.monotonic() + GUARD_S
+    while True:
+        data = path.read_text()
+        at = data.find(text, after)
+        if at >= 0:
+            return at + len(text)
+        assert time.monotonic() < deadline, f"{text!r} never logged:\n{data[after:]}"
+        time.sleep(0.02)
+
+
+def test_upstream_shutdown_within_grace_after_the_upstream_died(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`serve --upstream`: the upstream killed, restarted (the reconnect is logged) and killed
+    again; SIGTERM then ends the sidecar within its grace. Its upstream client waits 60 s for
+    a server (serverSelectionTimeoutMS): closing must not wait for that (it took 3 such
+    waits, killCursors and two clients' endSessions), so the hang guard below is far shorter
+    than the unbounded close and far longer than the grace."""
+    from test_upstream_faults import ProcessA
+
+    monkeypatch.setenv("CDCSERVER_UPSTREAM_CLIENT_OPTIONS", "{serverSelectionTimeoutMS = 60000}")
+    monkeypatch.setenv("CDCSERVER_UPSTREAM_BACKOFF_MAX_MS", "200")
+    monkeypatch.setenv("CDCSERVER_SERVER_SHUTDOWN_GRACE_S", "1")
+    a = ProcessA(tmp_path / "a-data", _free_port(), tmp_path / "a.log")
+    b_log = tmp_path / "b.log"
+    b = ProcessA(None, _free_port(), b_log, ("--upstream", a.uri))
+    try:
+        a.start()
+        b.start()
+        seen = _wait_for_log(b_log, "upstream tail reading from")
+        a.kill()
+        seen = _wait_for_log(b_log, "upstream tail lost", seen)
+        a.start()  # same port, same data directory: the tail resumes where it was
+        seen = _wait_for_log(b_log, "upstream tail reconnected to", seen)
+        a.kill()
+        seen = _wait_for_log(b_log, "upstream tail lost", seen)
+        assert b.process is not None
+        b.process.send_signal(signal.SIGTERM)
+        assert b.process.wait(GUARD_S) == 0
+    finally:
+        b.stop()
+        a.stop()
+    text = b_log.read_text()
+    assert "shutdown complete" in text
+    assert text.count("upstream tail lost") == 2  # once per outage, not once per attempt
+    assert "still running after" not in text

@@ -64,6 +64,10 @@ CAPPED_POSITION_LOST = 136
 # client's topology, as a driver does, so the next command finds the new primary).
 NOT_PRIMARY_CODES = frozenset({189, 10107, 11602, 13435, 13436, 91, 11600})
 _CODE_NAMES = {6: "HostUnreachable", 89: "NetworkTimeout"}
+# What closing may spend talking to the upstream (killCursors, endSessions): with the upstream
+# dead or stalled, pymongo would wait serverSelectionTimeoutMS for each, and a shutdown must
+# end within its grace whatever the upstream's state.
+CLOSE_TIMEOUT_S = 1.0
 
 
 def next_ts(ts: Timestamp) -> Timestamp:
@@ -223,6 +227,8 @@ class UpstreamOplog(EntryList, OplogLog):
         self._ready = asyncio.Event()  # the majority commit point is known
         self.connected = False  # the tail is reading (for serverStatus and tests)
         self.reconnects = 0
+        self._down_since: float | None = None  # when the tail was lost (None: it reads)
+        self._attempts = 0  # reconnect attempts in this outage
         self.gaps = 0  # times the tail found its position gone from the upstream
         self._tasks: list[asyncio.Task[Any]] = []
         self._ddl_generation = 0  # bumped by every command entry (UUID cache)
@@ -264,6 +270,10 @@ class UpstreamOplog(EntryList, OplogLog):
         return client.local.get_collection("oplog.rs", codec_options=RAW)
 
     async def aclose(self) -> None:
+        """Stop the tail's tasks and close the clients, talking to the upstream for at most
+        CLOSE_TIMEOUT_S per step (the tasks' cursors are closed by _close_cursor's bound)."""
+        import pymongo
+
         for task in [*self._tasks, *(s.task for s in self._segments if s.task)]:
             task.cancel()
         for task in [*self._tasks, *(s.task for s in self._segments if s.task)]:
@@ -271,13 +281,16 @@ class UpstreamOplog(EntryList, OplogLog):
                 await task
         self._tasks.clear()
         self._segments.clear()
+        # pymongo.timeout bounds endSessions' server selection (to_thread carries it into
+        # the thread); asyncio.timeout backs it up for the asynchronous client.
         if self._client is not None:
             client, self._client = self._client, None
-            with contextlib.suppress(Exception):
-                await client.close()
+            with contextlib.suppress(Exception), pymongo.timeout(CLOSE_TIMEOUT_S):
+                async with asyncio.timeout(2 * CLOSE_TIMEOUT_S):
+                    await client.close()
         if self._sync_client is not None:
             client, self._sync_client = self._sync_client, None
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception), pymongo.timeout(CLOSE_TIMEOUT_S):
                 await asyncio.to_thread(client.close)
 
     # -- OplogLog -------------------------------------------------------------------------------
@@ -410,7 +423,9 @@ class UpstreamOplog(EntryList, OplogLog):
                     raise
                 except Exception as exc:  # noqa: BLE001 - any failure: reconnect
                     progressed = self.connected
-                    log.warning("upstream tail: %s: %s", type(exc).__name__, exc)
+                    self._tail_failed(exc)
+                else:
+                    self._tail_failed(None)
                 self.connected = False
                 self._pending.clear()  # re-read from the last delivered entry
                 self.reconnects += 1
@@ -420,6 +435,34 @@ class UpstreamOplog(EntryList, OplogLog):
                 await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
         finally:
             await self.aclose()
+
+    def _tail_failed(self, exc: Exception | None) -> None:
+        """Log the tail's end: the first failure of an outage as a warning (the following
+        attempts at debug level, with the backoff), so a dead upstream does not fill the log;
+        `_tail_connected` logs the reconnect."""
+        what = "its cursor ended" if exc is None else f"{type(exc).__name__}: {exc}"
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            self._attempts = 0
+            log.warning("upstream tail lost (%s): reconnecting", what,
+                        extra={"reconnects": self.reconnects})
+        else:
+            log.debug("upstream tail: still unreachable (%s)", what)
+        self._attempts += 1
+
+    def _tail_connected(self, address: Any) -> None:
+        """The tail reads again: log the reconnect (once per outage)."""
+        where = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else "the upstream"
+        if self._down_since is None:
+            log.info("upstream tail reading from %s at %s", where, self._resume_ts)
+            return
+        down = time.monotonic() - self._down_since
+        log.info(
+            "upstream tail reconnected to %s after %.1fs (%d attempt(s)); resuming at %s",
+            where, down, self._attempts, self._resume_ts,
+            extra={"reconnects": self.reconnects, "downSeconds": round(down, 3)},
+        )
+        self._down_since = None
 
     async def _initial_position(self, client: Any) -> None:
         """Start at the upstream's majority commit point (its current time for a stream)."""
@@ -477,6 +520,7 @@ class UpstreamOplog(EntryList, OplogLog):
                     batch = await self._check_continuity(client, start, batch)
                     checked = True
                     self.connected = True
+                    self._tail_connected(cursor.address)
                     progressed = True
                 if batch:
                     self._receive(batch)
@@ -487,8 +531,7 @@ class UpstreamOplog(EntryList, OplogLog):
                 while len(self._pending) >= self.options.window_entries:
                     await asyncio.sleep(self.options.majority_poll_ms / 1000 or 0.01)
         finally:
-            with contextlib.suppress(Exception):
-                await cursor.close()
+            await _close_cursor(cursor)
 
     async def _check_continuity(
         self, client: Any, start: Timestamp, batch: list[RawBSONDocument]
@@ -815,9 +858,14 @@ class UpstreamOplog(EntryList, OplogLog):
 
 
 async def _close_cursor(cursor: Any) -> None:
+    """Close a cursor on the upstream (killCursors), within CLOSE_TIMEOUT_S: a dead upstream
+    must not hold a reconnect or a shutdown for a server selection timeout."""
+    import pymongo
+
     if cursor is not None:
-        with contextlib.suppress(Exception):
-            await cursor.close()
+        with contextlib.suppress(Exception), pymongo.timeout(CLOSE_TIMEOUT_S):
+            async with asyncio.timeout(2 * CLOSE_TIMEOUT_S):
+                await cursor.close()
     return None
 
 
