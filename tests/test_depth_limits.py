@@ -16,12 +16,13 @@ every object or array value below it.
 
 from __future__ import annotations
 
+import datetime
 import socket
 import struct
 
 import bson
 import pytest
-from bson import SON
+from bson import SON, ObjectId, Timestamp
 from pymongo.errors import BulkWriteError, OperationFailure, WriteError
 
 from cdcserver.testing import HOST
@@ -243,3 +244,15 @@ def _recv(sock: socket.socket, n: int) -> bytes:
         assert chunk, "closed"
         data += chunk
     return data
+
+
+@pytest.mark.parametrize("_id, text", [
+    ("s", '"s"'),
+    (ObjectId("0123456789abcdef01234567"), "ObjectId('0123456789abcdef01234567')"),
+    (datetime.datetime(2020, 1, 1), "new Date(1577836800000)"),
+    (Timestamp(3, 4), "Timestamp(3, 4)"),
+])
+def test_message_depth_error_names_the_id(coll, _id, text):
+    with pytest.raises(OperationFailure) as info:
+        coll.insert_one({"_id": _id, "x": nest(FRAMES)})
+    assert info.value.details["errmsg"].endswith(f"in object with _id: {text}")

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import datetime
 import struct
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import bson
+import bson.datetime_ms
 import bson.errors
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
+from bson.timestamp import Timestamp
 
 from .errors import ProtocolError
 from .header import BSON_OBJ_MAX_INTERNAL_SIZE
@@ -71,6 +74,12 @@ def element_text(value: Any) -> str:
         return f"ObjectId('{value}')"
     if value is None:
         return "null"
+    if isinstance(value, datetime.datetime):
+        return f"new Date({int(bson.datetime_ms.DatetimeMS(value))})"
+    if isinstance(value, bson.datetime_ms.DatetimeMS):
+        return f"new Date({int(value)})"
+    if isinstance(value, Timestamp):
+        return f"Timestamp({value.time}, {value.inc})"
     return str(value)
 
 
