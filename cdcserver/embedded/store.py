@@ -1479,6 +1479,8 @@ class Store(EntryList):
     def _end(self, txn: Txn, state: str) -> None:
         txn.state = state
         self._release(txn)
+        # its session keeps it (the outcome) until the next txnNumber: not its writes
+        txn.ops, txn.persist, txn.pre_images, txn.overlay = [], [], [], {}
         self._live.pop(id(txn), None)
         if txn.expiry is not None:
             txn.expiry.cancel()
