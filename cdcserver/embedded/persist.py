@@ -36,7 +36,7 @@ CREATE TABLE IF NOT EXISTS documents (
 );
 CREATE TABLE IF NOT EXISTS oplog (ts INTEGER PRIMARY KEY, entry BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS preimages (key BLOB PRIMARY KEY, ts INTEGER NOT NULL, doc BLOB NOT NULL);
--- config.image_collection: a retryable findAndModify's image, one per session (its lsid id)
+-- config.image_collection: a retryable findAndModify's image, one per session ({id, uid})
 CREATE TABLE IF NOT EXISTS retry_images (lsid BLOB PRIMARY KEY, doc BLOB NOT NULL);
 -- config.transactions: each session's ({id, uid}) txnNumber, last write and committed outcome
 CREATE TABLE IF NOT EXISTS transactions (lsid BLOB PRIMARY KEY, doc BLOB NOT NULL);
@@ -208,10 +208,10 @@ class Persistence:
             (key, ts_int(ts), doc),
         )
 
-    def put_retry_image(self, lsid_id: bytes, doc: bytes) -> None:
+    def put_retry_image(self, session_key: bytes, doc: bytes) -> None:
         self.begin()
         self.db.execute(
-            "INSERT OR REPLACE INTO retry_images (lsid, doc) VALUES (?, ?)", (lsid_id, doc)
+            "INSERT OR REPLACE INTO retry_images (lsid, doc) VALUES (?, ?)", (session_key, doc)
         )
 
     def put_transaction(self, session_key: bytes, doc: bytes) -> None:
