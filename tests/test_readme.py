@@ -1,0 +1,223 @@
+"""README.md followed word for word, so it cannot drift from the code.
+
+The two set-up commands, the Python example, the `--sample` example and the fail-point example
+are read out of README.md and run as written, in a temporary directory, with 127.0.0.1:9216
+(the metrics port nobody chose) held by a socket this test holds. The only thing changed is
+the server's own port: a free one appended as `--port N` to the serve command, and put in
+place of the port in the examples' URIs.
+
+What runs where:
+- `... && .venv/bin/cdcserver serve` (command 1): its serve part runs as written in the
+  temporary directory, whose `.venv` is this interpreter's environment (a symlink): the
+  install part (`python3 -m venv .venv && .venv/bin/pip install -e '.[test]'`) takes minutes
+  and the network, so it runs only with CDCSERVER_README_INSTALL=1 (`.ci/run` sets it), in a
+  fresh clone of this checkout.
+- `.venv/bin/python -m pytest -q` (command 2): running the suite from inside the suite would
+  recurse; it is checked to be what `.ci/run` runs, and it collects here with no error.
+- The Python example runs twice in a row against the durable store command 1 started.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+GUARD_S = 60.0  # hang guards only
+URI = "mongodb://127.0.0.1:{port}/"
+
+
+def _blocks() -> list[tuple[str, str]]:
+    return re.findall(r"^```(\w*)\n(.*?)^```", README, re.M | re.S)
+
+
+def _block(lang: str, containing: str) -> str:
+    found = [code for kind, code in _blocks() if kind == lang and containing in code]
+    assert found, f"no ```{lang} block with {containing!r} in README.md"
+    return found[0]
+
+
+def setup_commands() -> tuple[str, str]:
+    """The two commands at the top of README.md."""
+    lang, code = _blocks()[0]
+    lines = code.strip().splitlines()
+    assert lang == "" and len(lines) == 2, code
+    return lines[0], lines[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _with_port(code: str, written: int, port: int) -> str:
+    """The example with the server's port in its URI replaced (nothing else)."""
+    uri = URI.format(port=written)
+    assert code.count(uri) == 1, code
+    return code.replace(uri, URI.format(port=port))
+
+
+class Shell:
+    """A README command run by bash in `cwd`, its output in a log file; stopped with SIGINT
+    (Ctrl-C, as the README says)."""
+
+    def __init__(self, command: str, cwd: pathlib.Path, env: dict[str, str] | None = None):
+        self.log_path = cwd / f"server-{_free_port()}.log"
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                ["bash", "-c", f"exec {command}"], cwd=cwd, stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            )
+
+    def text(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_for(self, pattern: str) -> re.Match[str]:
+        deadline = time.monotonic() + GUARD_S * 3
+        while (match := re.search(pattern, self.text())) is None:
+            assert self.process.poll() is None, self.text()
+            assert time.monotonic() < deadline, self.text()
+            time.sleep(0.05)
+        return match
+
+    def interrupt(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+        try:
+            return self.process.wait(GUARD_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+
+def _python(code: str, cwd: pathlib.Path, python: str = sys.executable) -> str:
+    result = subprocess.run([python, "-c", code], cwd=cwd, capture_output=True, text=True,
+                            timeout=GUARD_S)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+@pytest.fixture
+def venv_here(tmp_path) -> pathlib.Path:
+    """tmp_path/.venv: this interpreter's environment, where cdcserver is installed."""
+    if not (pathlib.Path(sys.prefix) / "bin" / "cdcserver").exists():
+        pytest.skip(f"{sys.prefix} has no bin/cdcserver: run from the venv command 1 makes")
+    (tmp_path / ".venv").symlink_to(sys.prefix, target_is_directory=True)
+    return tmp_path
+
+
+def _check_serve_and_example(cwd: pathlib.Path, serve: str, python: str) -> None:
+    """Command 1's serve part with a free port, the example twice, Ctrl-C."""
+    port = _free_port()
+    server = Shell(f"{serve} --port {port}", cwd)
+    try:
+        line = server.wait_for(r"INFO (serving .*)").group(1)
+        text = server.text()
+        # The metrics port nobody chose is taken: a warning and a free port, not an exit.
+        assert "WARNING metrics: 127.0.0.1:9216 is in use; serving metrics on port" in text
+        assert f"serving the embedded store in {cwd / 'cdcserver-data'};" in line, line
+        assert f"on mongodb://127.0.0.1:{port}/;" in line, line
+        example = _with_port(_block("python", "full_document=\"updateLookup\""), 27017, port)
+        printed = _block("", "insert {'_id': ObjectId('...')").strip().splitlines()
+        for _ in range(2):  # the store is durable: the second run must work too
+            out = _python(example, cwd, python).splitlines()
+            assert len(out) == len(printed) == 2, out
+            for got, want in zip(out, printed):
+                pattern = re.escape(want).replace(re.escape("ObjectId('...')"),
+                                                  r"ObjectId\('[0-9a-f]{24}'\)")
+                assert re.fullmatch(pattern, got), (got, want)
+    finally:
+        status = server.interrupt()
+    assert status == 0, server.text()
+    assert "SIGINT: shutting down" in server.text() and "shutdown complete" in server.text()
+
+
+def test_command_1_serves_and_the_example_runs_twice(venv_here, default_metrics_port_held):
+    install_and_serve, _ = setup_commands()
+    parts = install_and_serve.split(" && ")
+    assert parts == ["python3 -m venv .venv", ".venv/bin/pip install -e '.[test]'",
+                     ".venv/bin/cdcserver serve"], parts
+    _check_serve_and_example(venv_here, parts[2], sys.executable)
+
+
+def test_the_sample_section_prints_its_events(venv_here, default_metrics_port_held):
+    serve = _block("", "cdcserver serve --sample").strip()
+    assert serve == "cdcserver serve --sample --port 27018", serve
+    port = _free_port()
+    server = Shell(serve.replace("--port 27018", f"--port {port}"), venv_here,
+                   env={"PATH": f"{venv_here / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"})
+    try:
+        server.wait_for(r"INFO serving ")
+        example = _with_port(_block("python", "start_at_operation_time"), 27018, port)
+        for _ in range(2):
+            out = _python(example, venv_here).splitlines()
+            assert len(out) == 9, out  # "prints its nine events"
+            assert out[0] == "insert {'_id': 1}" and out[-1] == "delete {'_id': 4}", out
+    finally:
+        assert server.interrupt() == 0, server.text()
+    # The section's first Timestamp is the one `serve` logs as the oplog's start.
+    assert "Timestamp(1763700001, 1)" in _block("python", "start_at_operation_time")
+    assert "oplog 11 entries, Timestamp(1763700001, 1)" in server.text()
+
+
+def test_the_fail_point_example_passes(venv_here, default_metrics_port_held):
+    """The README's pytest example for consumers' resume logic, against `cdcserver serve
+    --in-memory` (what its comment names): both its tests pass."""
+    port = _free_port()
+    server = Shell(f".venv/bin/cdcserver serve --in-memory --port {port}", venv_here)
+    try:
+        server.wait_for(r"INFO serving ")
+        example = _with_port(_block("python", "failGetMoreAfterCursorCheckout"), 27017, port)
+        (venv_here / "test_consumer.py").write_text(example)
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_consumer.py"],
+            cwd=venv_here, capture_output=True, text=True, timeout=GUARD_S * 2,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "2 passed" in result.stdout, result.stdout
+    finally:
+        assert server.interrupt() == 0, server.text()
+
+
+def test_command_2_is_what_ci_runs_and_collects_without_errors():
+    _, test_command = setup_commands()
+    assert test_command == ".venv/bin/python -m pytest -q"
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert test_command in [line.strip() for line in ci], "CI must run the README's command"
+    # The suite itself, collected only (running it from inside itself would recurse).
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider"],
+        cwd=ROOT, capture_output=True, text=True, timeout=GUARD_S * 5,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert re.search(r"^\d+ tests collected", result.stdout, re.M), result.stdout[-500:]
+    assert " error" not in result.stdout.splitlines()[-1], result.stdout[-500:]
+
+
+@pytest.mark.skipif(os.environ.get("CDCSERVER_README_INSTALL") != "1",
+                    reason="the install part of command 1 (a venv, pip install -e '.[test]': "
+                    "minutes, network) runs with CDCSERVER_README_INSTALL=1 (.ci/run sets it)")
+def test_command_1_in_a_fresh_clone(tmp_path, default_metrics_port_held):
+    """Command 1 whole, as written (its serve part with a free port), in a fresh clone."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=GUARD_S)
+    install_and_serve, _ = setup_commands()
+    *install, serve = install_and_serve.split(" && ")
+    result = subprocess.run(["bash", "-c", " && ".join(install)], cwd=clone,
+                            capture_output=True, text=True, timeout=3600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    _check_serve_and_example(clone, serve, str(clone / ".venv" / "bin" / "python"))
