@@ -609,6 +609,162 @@ def test_many_entries_in_three_shards(spark, tmp_path, per_shard, split_size):
     assert count == summary.events
 
 
+# -- an archive many times the heap ----------------------------------------------------------
+
+
+class BigWorkload(Workload):
+    """The workload with large documents (`doc_bytes` on average), so that gigabytes are a few
+    thousand entries: inserts, transactions and their links carry them."""
+
+    def __init__(self, seed: int, shard: int, start: Timestamp, doc_bytes: int) -> None:
+        super().__init__(seed, shard, start)
+        self.doc_bytes = doc_bytes
+        self.blob = "".join(random.Random(seed).choices("abcdefghij", k=2 * doc_bytes))
+
+    def _doc(self) -> dict[str, Any]:
+        doc = super()._doc()
+        n = self.rng.randrange(self.doc_bytes // 2, self.doc_bytes * 3 // 2)
+        doc["blob"] = self.blob[self.next_id % 1000 :][:n]
+        return doc
+
+    def write_bytes(self, path: pathlib.Path, target: int) -> int:
+        """Entries until the file has `target` bytes; the number of entries."""
+        n = 0
+        with open(path, "wb") as f:
+            while f.tell() < target:
+                self.step()
+                for entry in self.oplog.entries:
+                    f.write(_encode(entry))
+                n += len(self.oplog.entries)
+                self.oplog.entries.clear()
+        return n
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _peak_rss(pid: int) -> tuple[str, int]:
+    """(command line, peak resident set in bytes: VmHWM) of a live process."""
+    try:
+        cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return cmdline.decode(errors="replace"), int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return "", 0
+
+
+def _digest_lines(lines: Iterator[bytes]) -> tuple[str, int]:
+    import hashlib
+
+    h, n = hashlib.sha256(), 0
+    for line in lines:
+        h.update(line)
+        n += 1
+    return h.hexdigest(), n
+
+
+def _part_lines(out: pathlib.Path) -> Iterator[bytes]:
+    for path in parts(out, ".txt"):
+        with open(path, "rb") as f:
+            yield from f
+
+
+HEAP = os.environ.get("CDCSERVER_SPARK_HEAP", "256m")  # the JVM's heap in the test below
+HEAP_BYTES = int(HEAP[:-1]) << {"m": 20, "g": 30}[HEAP[-1].lower()]
+
+
+@pytest.mark.spark
+def test_archive_eight_times_the_heap(tmp_path):
+    """Four shards totalling 8x the JVM heap (256 MiB: a 2 GiB archive of ~128 KiB documents,
+    generated to a temporary directory and removed after) through `cdcserver spark-replay
+    --driver-memory 256m` on local[2]: the output is `cdcserver replay`'s of the same shards,
+    event for event (SHA-256 of the lines), and the JVM's peak resident memory stays a
+    fraction of the archive (it held the heap it was given, -Xmx256m)."""
+    import subprocess
+    import sys
+    import tempfile
+    import threading
+
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("Spark needs Java 17")
+    work = pathlib.Path(tempfile.mkdtemp(prefix="cdcserver-big-"))
+    try:
+        base = Timestamp(1_720_000_000, 1)
+        total = 8 * HEAP_BYTES
+        shards, entries = [], 0
+        for s in range(4):
+            path = work / f"shard{s}.bson"
+            entries += BigWorkload(60 + s, s, base, 128 * 1024).write_bytes(path, total // 4 + 1)
+            shards.append([str(path)])
+        size = sum(os.path.getsize(p[0]) for p in shards)
+        assert size >= 8 * HEAP_BYTES
+        out = work / "out"
+        args = [
+            sys.executable, "-m", "cdcserver.cli", "spark-replay",
+            *(a for p in shards for a in ("--oplog", *p)), "--cluster", "--format", "jsonl",
+            "--out", str(out), "--master", "local[2]", "--driver-memory", HEAP,
+            # Spark keeps 300 MiB of any heap for itself unless told otherwise (its own tests'
+            # setting): with it, a 256 MiB heap is a usable one.
+            "--conf", "spark.testing.reservedMemory=67108864",
+            "--conf", "spark.ui.enabled=false", "--split-size", str(32 * 1024 * 1024),
+            "--progress", "10",
+        ]
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        peaks: dict[int, tuple[str, int]] = {}
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(0.5):
+                for pid in _descendants(proc.pid):
+                    cmdline, rss = _peak_rss(pid)
+                    if rss:
+                        peaks[pid] = (cmdline, rss)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            _, err = proc.communicate(timeout=1800)
+        finally:
+            done.set()
+            watcher.join()
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 0, err.decode()[-3000:]
+        assert b"entries/s" in err  # progress was reported
+        jvm = [
+            (c, rss) for c, rss in peaks.values()
+            if c.split(" ")[0].endswith("java") and "-version" not in c  # the Java check
+        ]
+        assert jvm and all(f"-Xmx{HEAP}" in c for c, _ in jvm), [c for c, _ in jvm]
+        jvm_peak = max(rss for _, rss in jvm)
+        assert jvm_peak < size / 2, (jvm_peak, size)
+
+        cmd, db = command("cluster")
+        expected = _digest_lines(
+            json_util.dumps(e, json_options=CANONICAL).encode() + b"\n"
+            for e in merged_reference(shards, cmd, db)
+        )
+        assert _digest_lines(_part_lines(out)) == expected
+        assert expected[1] > entries // 2
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 @pytest.fixture
 def restore_logging():
     """The CLI points the root logger at the stderr of the moment (pytest's capture, closed
