@@ -280,11 +280,13 @@ def _summary(config: Config) -> str:
     else:
         source = f"embedded store in {config.store.data_dir}"
     metrics = config.metrics
+    # Unset: the default port, or a free one if it is taken (cdcserver/metrics.py).
+    metrics_port = metrics.port if metrics.port is not None else "9216 (or a free port)"
     return (
         f"listen {config.server.host}:{config.server.port}, {source}, "
         f"auth {'on' if config.auth.enabled else 'off'}, "
         f"tls {'on' if config.tls.enabled else 'off'}, "
-        f"metrics {f'{metrics.host}:{metrics.port}' if metrics.enabled else 'off'}"
+        f"metrics {f'{metrics.host}:{metrics_port}' if metrics.enabled else 'off'}"
     )
 
 

@@ -31,9 +31,10 @@ mode="subprocess")``: a ``cdcserver serve --data-dir`` process)::
 replay --oplog FILE`` replay later; ``pytest --cdcserver-record-oplog DIR`` records the oplog
 of every embedded server the fixtures started, one file per test.
 
-The in-process server runs the real :class:`cdcserver.server.Server` on a uvloop loop in a
-daemon thread; :meth:`ThreadServer.call` runs a function on that loop (its state belongs to
-it), :attr:`ThreadServer.state` is the live :class:`~cdcserver.context.ServerState`.
+The in-process server runs the real :class:`cdcserver.server.Server` on a uvloop loop
+(asyncio's own where uvloop is not installed, as on Windows) in a daemon thread;
+:meth:`ThreadServer.call` runs a function on that loop (its state belongs to it),
+:attr:`ThreadServer.state` is the live :class:`~cdcserver.context.ServerState`.
 """
 
 from __future__ import annotations
@@ -174,7 +175,8 @@ class RunningServer:
 
 
 class ThreadServer(RunningServer):
-    """The server in this process, on its own event loop (uvloop) in a daemon thread.
+    """The server in this process, on its own event loop (uvloop where installed) in a
+    daemon thread.
 
     Pass the oplog as file paths, or as an :class:`OplogLog` made by ``make_log`` (called on
     the server's loop thread, e.g. an embedded store's log).
@@ -342,7 +344,7 @@ class EmbeddedServer(ThreadServer):
 def _new_loop() -> asyncio.AbstractEventLoop:
     try:
         import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency
+    except ImportError:  # no uvloop (it has no Windows build): asyncio's own loop
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()
 
