@@ -1525,7 +1525,9 @@ class Store(EntryList):
             where.extend((ts, i) for i in range(len(ops)))
         # the outcome, in config.transactions with the commit's entries: a retried
         # commitTransaction answers ok after a restart, other statements 256
-        self._session_records[session_key(txn.lsid)]["state"] = "committed"
+        record = self._session_records.get(session_key(txn.lsid))
+        if record is not None:
+            record["state"] = "committed"
         self._seq += 1
         for uuid, entries in txn.overlay.items():
             c = txn.colls[uuid]
