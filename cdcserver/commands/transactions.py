@@ -179,13 +179,13 @@ def transaction_of(store: Store, cmd: Mapping[str, Any]) -> Txn:
         raise MongoError(
             251, f"Given transaction number {number} does not match any in-progress "
             f"transactions. The active transaction number is {session.txn_number}",
-            labels=_TRANSIENT,
+            labels=list(_TRANSIENT),
         )
     txn = session.txn
     assert txn is not None
     if txn.state == "aborted":  # _checkIsCommandValidWithTxnState
         raise MongoError(251, f"Transaction with {{ txnNumber: {number} }} has been aborted.",
-                         labels=_TRANSIENT)
+                         labels=list(_TRANSIENT))
     if txn.state == "committed" and name != "commitTransaction":  # only a commit may retry
         raise MongoError(256, f"Transaction with {{ txnNumber: {number} }} has been "
                          "committed.")
@@ -264,25 +264,36 @@ async def abort_transaction(server, conn, cmd, db):
 # Ending sessions
 
 
-def _session_ids(cmd: Mapping[str, Any], name: str, ctx: str) -> list[Mapping[str, Any]]:
+_BIN_DATA_TYPES = {0: "general", 1: "function", 2: "binary (old)", 3: "uuid (old)", 4: "UUID",
+                   5: "MD5", 6: "encrypt", 7: "Column", 8: "Sensitive", 9: "Vector"}
+
+
+def _session_ids(cmd: Mapping[str, Any], name: str) -> list[Mapping[str, Any]]:
     """The LogicalSessionFromClient array of endSessions / killSessions, typed as mongod's
     IDL parser checks it."""
     value = cmd.get(name)
     if not isinstance(value, list):
-        raise MongoError(14, f"BSON field '{ctx}.{name}' is the wrong type "
+        raise MongoError(14, f"BSON field '{name}.{name}' is the wrong type "
                          f"'{type_name(value)}', expected type 'array'")
+    where = f"{name}.{name}FromClient"
     out = []
-    for element in value:
+    for i, element in enumerate(value):
         if not isinstance(element, Mapping):
-            raise MongoError(14, f"BSON field '{ctx}.{name}' is the wrong type "
+            raise MongoError(14, f"BSON field '{where}.{i}' is the wrong type "
                              f"'{type_name(element)}', expected type 'object'")
         sid = element.get("id")
         if sid is None:
-            raise MongoError(40414, f"BSON field '{name}.id' is missing but a required field")
-        if not isinstance(sid, Binary) or sid.subtype != 4 or len(sid) != 16:
-            raise MongoError(14 if not isinstance(sid, (bytes, Binary)) else 2,
-                             f"BSON field '{name}.id' is the wrong type "
-                             f"'{type_name(sid)}', expected type 'uuid'")
+            raise MongoError(40414, f"BSON field '{where}.id' is missing but a required field")
+        if not isinstance(sid, bytes):
+            raise MongoError(14, f"BSON field '{where}.id' is the wrong type "
+                             f"'{type_name(sid)}', expected type 'binData'")
+        subtype = sid.subtype if isinstance(sid, Binary) else 0
+        if subtype != 4:
+            kind = _BIN_DATA_TYPES.get(subtype, "user")
+            raise MongoError(14, f"BSON field '{where}.id' is the wrong binData type '{kind}', "
+                             "expected type 'UUID'")
+        if len(sid) != 16:
+            raise MongoError(207, "uuid must be a 16-byte binary field with UUID (4) subtype")
         out.append(element)
     return out
 
@@ -324,14 +335,13 @@ def _end(server: Any, keys: set[bytes] | None, uids: set[bytes] | None) -> None:
 @command("endSessions")
 async def end_sessions(server, conn, cmd, db):
     # mongod ends them at its next session-cache refresh; their transactions end with them
-    _end(server, _by_ids(server, conn, _session_ids(cmd, "endSessions",
-                                                    "EndSessionsCmdFromClient")), None)
+    _end(server, _by_ids(server, conn, _session_ids(cmd, "endSessions")), None)
     return {}
 
 
 @command("killSessions")
 async def kill_sessions(server, conn, cmd, db):
-    elements = _session_ids(cmd, "killSessions", "KillSessionsCmdFromClient")
+    elements = _session_ids(cmd, "killSessions")
     if elements:
         _end(server, _by_ids(server, conn, elements), None)
         return {}
@@ -347,20 +357,21 @@ async def kill_sessions(server, conn, cmd, db):
 @command("killAllSessions")
 async def kill_all_sessions(server, conn, cmd, db):
     users = cmd.get("killAllSessions")
+    where = "KillAllSessionsCmd.killAllSessions"
     if not isinstance(users, list):
-        raise MongoError(14, "BSON field 'KillAllSessionsCmd.killAllSessions' is the wrong type "
-                         f"'{type_name(users)}', expected type 'array'")
+        raise MongoError(14, f"BSON field '{where}' is the wrong type '{type_name(users)}', "
+                         "expected type 'array'")
     uids = set()
-    for user in users:
+    for i, user in enumerate(users):
         if not isinstance(user, Mapping):
-            raise MongoError(14, "BSON field 'KillAllSessionsCmd.killAllSessions' is the wrong "
-                             f"type '{type_name(user)}', expected type 'object'")
-        for name in ("user", "db"):
+            raise MongoError(14, f"BSON field '{where}.{i}' is the wrong type "
+                             f"'{type_name(user)}', expected type 'object'")
+        for name in ("db", "user"):
             if name not in user:
-                raise MongoError(40414, f"BSON field 'killAllSessions.{name}' is missing but a "
+                raise MongoError(40414, f"BSON field '{where}.{name}' is missing but a "
                                  "required field")
             if not isinstance(user[name], str):
-                raise MongoError(14, f"BSON field 'killAllSessions.{name}' is the wrong type "
+                raise MongoError(14, f"BSON field '{where}.{name}' is the wrong type "
                                  f"'{type_name(user[name])}', expected type 'string'")
         uids.add(auth.user_name_digest(user["user"], user["db"]))
     _end(server, None, uids if users else None)  # [] : every session of every user
