@@ -221,3 +221,50 @@ def test_command_1_in_a_fresh_clone(tmp_path, default_metrics_port_held):
                             capture_output=True, text=True, timeout=3600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     _check_serve_and_example(clone, serve, str(clone / ".venv" / "bin" / "python"))
+
+
+def test_tests_without_their_shared_data_are_counted_in_one_line(tmp_path):
+    """Command 2 in a checkout with no ../shared next to it (a fresh clone elsewhere): the
+    tests reading it are skipped and the run ends with one line counting them. Here: this
+    suite's conftest.py in a directory with nothing beside it, and two tests needing it."""
+    tests = tmp_path / "checkout" / "tests"
+    tests.mkdir(parents=True)
+    shutil.copy(ROOT / "tests" / "conftest.py", tests / "conftest.py")
+    (tests / "test_uses_shared.py").write_text(
+        "def test_a(shared_dir):\n    pass\n\n\ndef test_b(shared_dir):\n    pass\n\n\n"
+        "def test_c():\n    pass\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=tests.parent, capture_output=True, text=True, timeout=GUARD_S * 2,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    shared = tmp_path / "shared"
+    lines = [line for line in result.stdout.splitlines() if str(shared) in line]
+    assert lines == [f"2 skipped: their data lives in {shared} (../shared, the shared corpus "
+                     "and reference), which is not next to this checkout"], result.stdout
+    assert "1 passed, 2 skipped" in result.stdout
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_node_driver_tests_say_why_they_skip_without_npm(tmp_path):
+    """Where node is installed but npm is not and the driver is missing, the Node.js driver
+    tests are skipped with that reason (where npm is there, the fixture runs `npm ci`: the
+    tests in test_server_node.py and test_auth_node.py then run)."""
+    tests = tmp_path / "checkout" / "tests"
+    (tests / "node").mkdir(parents=True)
+    shutil.copy(ROOT / "tests" / "conftest.py", tests / "conftest.py")
+    shutil.copy(ROOT / "tests" / "node" / "package-lock.json", tests / "node")
+    (tests / "test_node.py").write_text("def test_a(node_driver):\n    pass\n")
+    only_node = tmp_path / "bin"
+    only_node.mkdir()
+    (only_node / "node").symlink_to(shutil.which("node") or "")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests"],
+        cwd=tests.parent, capture_output=True, text=True, timeout=GUARD_S * 2,
+        env={**os.environ, "PATH": str(only_node)},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 skipped" in result.stdout
+    assert "npm is not installed: cannot install the Node.js driver into tests/node" \
+        in result.stdout, result.stdout
