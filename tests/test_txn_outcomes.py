@@ -107,6 +107,11 @@ def test_committed_transaction_outcome_survives_a_restart(tmp_path, how):
             applied = [e for e in client.local.oplog.rs.find({"op": "c", "o.applyOps": {
                 "$exists": True}})]
             assert len(applied) == 1  # the commit, once
+            record = client.config.transactions.find_one({"_id.id": lsid["id"]})
+            assert list(record) == ["_id", "txnNum", "lastWriteOpTime", "lastWriteDate", "state"]
+            assert (record["txnNum"], record["state"]) == (1, "committed")
+            assert record["lastWriteOpTime"]["ts"] == applied[0]["ts"]
+            assert record["_id"] == applied[0]["lsid"]
             s.end_session()
             s2.end_session()
     finally:

@@ -1100,6 +1100,10 @@ async def find(server, conn, cmd, db):
     filter_doc, projection, skip, limit, batch_size = find_arguments(cmd)
     if db == "config" and coll == "system.preimages" and store.get(db, coll) is None:
         docs = find_pre_images(store, filter_doc, projection, skip, limit)
+    elif db == "config" and coll == "transactions" and store.get(db, coll) is None:
+        docs = [d for d in store.transaction_records.values()  # the sessions' records
+                if engine.matches(filter_doc or {}, d)][skip:]
+        docs = [project(store, db, coll, d, projection) for d in docs[:limit or None]]
     else:
         docs = await find_documents(store, cmd, db, coll, filter_doc, projection,
                                     cmd.get("sort"), skip, limit)

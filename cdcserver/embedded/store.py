@@ -474,6 +474,8 @@ class Store(EntryList):
         self.sessions: dict[bytes, Session] = {}
         # config.transactions documents this batch wrote, made durable with its oplog entries
         self._session_records: dict[bytes, dict[str, Any]] = {}
+        # config.transactions: session_key -> its document (what `find` on it reads)
+        self.transaction_records: dict[bytes, dict[str, Any]] = {}
         self._pre_image_ts: dict[bytes, Timestamp] = {}
         # key -> (_id, operationTime) of each config.system.preimages document
         self._pre_image_meta: dict[bytes, tuple[dict[str, Any], datetime.datetime]] = {}
@@ -557,6 +559,7 @@ class Store(EntryList):
                     entries[entry["ts"]] = entry
         records = [bson.decode(bytes(raw), _DECODE) for _, raw in self.persist.transactions()]
         for record in records:
+            self.transaction_records[session_key(record["_id"])] = record
             session = self.session(dict(record["_id"]))
             session.txn_number = int(record["txnNum"])
             session.last_write = record["lastWriteOpTime"]["ts"]
@@ -692,6 +695,7 @@ class Store(EntryList):
             for key, record in self._session_records.items():  # same SQLite transaction
                 self.persist.put_transaction(key, bson.encode(record))
             self.persist.commit()
+        self.transaction_records.update(self._session_records)
         self._session_records.clear()
         if not self._pending:
             return
