@@ -196,3 +196,44 @@ def test_retryable_write_with_truncated_history_is_not_run_again(tmp_path):
             s.end_session()
     finally:
         server.stop()
+
+
+def test_a_data_directory_without_records_rebuilds_sessions_from_its_oplog(tmp_path):
+    """A data directory written before config.transactions was kept (its table emptied here):
+    sessions come from the oplog's lsid entries, so a committed transaction's retried commit
+    is still ok and a retryable $inc is still not applied twice."""
+    import sqlite3
+
+    data_dir = tmp_path / "data"
+    server = SubprocessServer(data_dir=data_dir)
+    lsid = {"id": Binary(uuid.uuid4().bytes, 4)}
+    inc = {"update": "c", "updates": [{"q": {"_id": 0}, "u": {"$inc": {"n": 1}},
+                                       "upsert": True}], "txnNumber": Int64(3)}
+    commit = {"commitTransaction": 1, "txnNumber": Int64(2), "autocommit": False}
+    try:
+        with MongoClient(server.uri, serverSelectionTimeoutMS=GUARD_MS) as client:
+            s = session_as(client, lsid)
+            client.r.command({"insert": "t", "documents": [{"_id": 1}], "txnNumber": Int64(2),
+                              "autocommit": False, "startTransaction": True}, session=s)
+            client.admin.command(commit, session=s)
+            s.end_session()
+            s = session_as(client, {"id": Binary(uuid.uuid4().bytes, 4)})
+            assert client.r.command(inc, session=s)["nModified"] == 0  # the upsert
+            inc_lsid = dict(s.session_id)
+            s.end_session()
+        server.stop()
+        with sqlite3.connect(data_dir / "cdcserver.sqlite3") as db:
+            assert db.execute("DELETE FROM transactions").rowcount == 2
+        server = SubprocessServer(data_dir=data_dir)
+        with MongoClient(server.uri, serverSelectionTimeoutMS=GUARD_MS) as client:
+            s = session_as(client, lsid)
+            assert client.admin.command(commit, session=s)["ok"] == 1.0
+            s.end_session()
+            s = session_as(client, inc_lsid)
+            reply = client.r.command(inc, session=s)
+            assert reply["upserted"] == [{"index": 0, "_id": 0}]  # answered from the oplog
+            s.end_session()
+            assert client.r.c.find_one() == {"_id": 0, "n": 1}
+            assert client.r.t.count_documents({}) == 1
+    finally:
+        server.stop()
