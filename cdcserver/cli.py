@@ -66,7 +66,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     _setup_logging(config.log.level, config.log.format)
     if config.upstream.uri:
-        oplog = open_upstream(config)
+        from cdcserver.embedded.persist import DataDirError
+
+        try:
+            oplog = open_upstream(config)
+        except DataDirError as exc:  # upstream.retain_dir: unwritable, in use, corrupt
+            print(f"cdcserver: {exc}", file=sys.stderr)
+            return 2
     elif config.source.oplog or args.sample:
         paths = config.source.oplog or [sample_oplog_path()]
         try:

@@ -81,6 +81,11 @@ class UpstreamConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     oldest_refresh_s: float = 5.0
     lookup_timeout_ms: float = 2000.0
     uuid_cache_s: float = 1.0
+    # The durable log of what was tailed (cdcserver/sources/retained.py): its directory ("":
+    # none), kept until either limit is exceeded (0: no limit of that kind).
+    retain_dir: str = ""
+    retain_mb: float = 1024
+    retain_hours: float = 168.0
     # Extra pymongo client options (beyond the URI's), e.g. {serverSelectionTimeoutMS = 5000}.
     client_options: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
 
@@ -319,6 +324,8 @@ _MINIMUM: dict[str, tuple[float, bool]] = {
     "upstream.oldest_refresh_s": (0, False),
     "upstream.lookup_timeout_ms": (0, False),
     "upstream.uuid_cache_s": (0, True),
+    "upstream.retain_mb": (0, True),
+    "upstream.retain_hours": (0, True),
 }
 
 
@@ -401,6 +408,11 @@ def semantic_errors(config: Config) -> list[tuple[str, str]]:
         problem = _check_uri(up.uri)
         if problem:
             errors.append(("upstream.uri", problem))
+    if up.retain_dir and os.path.exists(up.retain_dir) and not os.path.isdir(up.retain_dir):
+        errors.append(("upstream.retain_dir", f"{up.retain_dir} exists and is not a directory"))
+    if up.retain_dir and up.retain_mb == 0 and up.retain_hours == 0:
+        errors.append(("upstream.retain_mb", "retain_mb and retain_hours cannot both be 0 "
+                                             "(the retained log would grow without limit)"))
     if up.backoff_max_ms < up.backoff_initial_ms:
         errors.append(("upstream.backoff_max_ms", "must not be less than backoff_initial_ms"))
     if up.client_options:
@@ -463,6 +475,7 @@ def oplog_path_problem(path: str) -> str | None:
 # any working directory; environment variables and flags stay relative to the working one.
 PATH_KEYS = {
     "store": ("data_dir",),
+    "upstream": ("retain_dir",),
     "tls": ("certificate_file", "key_file", "ca_file"),
 }
 # pymongo options naming files, in [upstream] client_options.

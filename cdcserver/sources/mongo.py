@@ -48,6 +48,12 @@ from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 from cdcserver.sources.base import DECODED_WINDOW, EntryList, OplogLog
+from cdcserver.sources.retained import (
+    RetainedLog,
+    RetainedWriteError,
+    pre_image_ids,
+    pre_image_key,
+)
 from pipeline_stages.check_resumability import HISTORY_LOST_MESSAGE
 from pipeline_stages.errors import MongoError
 from pipeline_stages.image_source import Document, equality_key, matches_document_key
@@ -68,6 +74,8 @@ _CODE_NAMES = {6: "HostUnreachable", 89: "NetworkTimeout"}
 # dead or stalled, pymongo would wait serverSelectionTimeoutMS for each, and a shutdown must
 # end within its grace whatever the upstream's state.
 CLOSE_TIMEOUT_S = 1.0
+# Pre-image ids waiting to be fetched into the retained log (bounded: memory).
+PRE_IMAGE_QUEUE = 100_000
 
 
 def next_ts(ts: Timestamp) -> Timestamp:
@@ -93,6 +101,12 @@ class UpstreamOptions:
     oldest_refresh_s: float = 5.0  # how often the upstream's oldest entry is re-read
     lookup_timeout_ms: float = 2000.0  # updateLookup / pre-image / oplog entry lookups
     uuid_cache_s: float = 1.0  # collection UUIDs (updateLookup's UUID check) are re-read after
+    # The durable log of what was tailed (sources/retained.py): its data directory (None: no
+    # log, history is the window and the upstream's oplog), and its retention (either limit
+    # exceeded drops the oldest entries; 0: no limit of that kind).
+    retain_dir: str | None = None
+    retain_mb: float = 1024
+    retain_hours: float = 168.0
     # Options for both clients (AsyncMongoClient for the tail and image lookups, MongoClient
     # for the few synchronous reads),
     # beyond what the URI says (its auth and TLS options apply as given).
@@ -236,6 +250,18 @@ class UpstreamOplog(EntryList, OplogLog):
         # fail fast while it is silent (rather than each getMore waiting lookup_timeout_ms).
         self._last_heard = time.monotonic()
         self._lookup_failed_at: float | None = None
+        # The durable log (opened here: an unusable data directory fails at start).
+        self.retained: RetainedLog | None = None
+        self._retain_pre_images: list[dict[str, Any]] = []  # ids to fetch from the upstream
+        self._retain_pre_images_wanted = asyncio.Event()
+        self._new_stream_floor: Timestamp | None = None  # the commit point read at start
+        if options.retain_dir:
+            self.retained = RetainedLog(
+                options.retain_dir, options.retain_mb, options.retain_hours
+            )
+            last = self.retained.last_ts()
+            if last is not None:
+                self._cluster_time = last
 
     # -- clients --------------------------------------------------------------------------------
 
@@ -292,11 +318,19 @@ class UpstreamOplog(EntryList, OplogLog):
             client, self._sync_client = self._sync_client, None
             with contextlib.suppress(Exception), pymongo.timeout(CLOSE_TIMEOUT_S):
                 await asyncio.to_thread(client.close)
+        if self.retained is not None:  # its data directory's lock is released
+            retained, self.retained = self.retained, None
+            retained.close()
 
     # -- OplogLog -------------------------------------------------------------------------------
 
     def cluster_time(self) -> Timestamp:
         return self._cluster_time
+
+    def latest_ts(self) -> Timestamp | None:
+        if self._ts:
+            return self._ts[-1]
+        return None if self.retained is None else self.retained.last_ts()
 
     def start_for_new_stream(self) -> Timestamp:
         latest = self.latest_ts()
@@ -304,11 +338,21 @@ class UpstreamOplog(EntryList, OplogLog):
             raise UpstreamError(
                 6, "cdcserver has not reached its upstream's oplog yet (it is connecting)"
             )
+        floor = self._new_stream_floor  # a restarted sidecar catching up: start at "now"
+        if floor is not None and floor > latest:
+            return next_ts(floor)
         return next_ts(latest)
 
     def oldest_entry(self) -> Entry | None:
-        """The upstream's oldest entry as last read (it only moves forward: a stale one lets
-        a stream open, and its first read from the upstream then fails it with 286)."""
+        """The oldest entry a stream can start from: the retained log's when it reaches
+        further back than the upstream's oplog, else the upstream's oldest as last read (it
+        only moves forward: a stale one lets a stream open, and its first read from the
+        upstream then fails it with 286)."""
+        retained = self.retained
+        if retained is not None:
+            mine = retained.oldest_entry()
+            if mine is not None and (self._oldest is None or mine["ts"] < self._oldest["ts"]):
+                return mine
         return self._oldest
 
     def namespaces(self) -> set[tuple[str, str]]:
@@ -318,6 +362,9 @@ class UpstreamOplog(EntryList, OplogLog):
         cf = self._covered_from
         if cf is not None and start >= cf:
             return EntryList.read_from(self, start, limit)
+        retained = self.retained
+        if retained is not None and retained.covers(start):
+            return retained.read_from(start, limit)  # before asking the upstream
         return self._history_read(start, limit)
 
     def entry_at(self, ts: Timestamp) -> Entry | None:
@@ -326,6 +373,10 @@ class UpstreamOplog(EntryList, OplogLog):
             return entry
         for seg in self._segments:
             entry = seg.entry_at(ts)
+            if entry is not None:
+                return entry
+        if self.retained is not None and self.retained.covers(ts):
+            entry = self.retained.entry_at(ts)
             if entry is not None:
                 return entry
         return self._lookup_entry(ts)
@@ -344,6 +395,10 @@ class UpstreamOplog(EntryList, OplogLog):
         if cf is not None and start >= cf:
             latest = self.latest_ts()
             return latest is not None and latest >= start
+        retained = self.retained
+        if retained is not None and retained.covers(start):
+            last = retained.last_ts()
+            return last is not None and last >= start
         seg = self._segment_for(start)
         if seg is None:
             return True  # the next read opens a history reader
@@ -365,6 +420,7 @@ class UpstreamOplog(EntryList, OplogLog):
             "majorityCommitPoint": self._majority,
             "historyReaders": len(self._segments),
             "upstreamOldest": None if self._oldest is None else self._oldest["ts"],
+            "retained": None if self.retained is None else self.retained.status(),
         }
 
     # -- the tail -------------------------------------------------------------------------------
@@ -402,6 +458,11 @@ class UpstreamOplog(EntryList, OplogLog):
         entry = decode_entry(doc.raw)
         self._majority = MAX_TS if majority is None else majority
         self._ready.set()
+        if self.retained is not None and self.retained.last_ts() is not None:
+            # A restart: the tail continues from the last retained entry (checked against
+            # the upstream first); new streams start at the upstream's present meanwhile.
+            self._new_stream_floor = entry["ts"]
+            return True
         self._deliver([(entry["ts"], doc.raw, entry)])
         return True
 
@@ -412,6 +473,8 @@ class UpstreamOplog(EntryList, OplogLog):
             asyncio.create_task(self._majority_loop()),
             asyncio.create_task(self._housekeeping_loop()),
         ]
+        if self.retained is not None:
+            self._tasks.append(asyncio.create_task(self._retain_pre_images_loop()))
         initial = self.options.backoff_initial_ms / 1000
         backoff = initial
         try:
@@ -487,11 +550,101 @@ class UpstreamOplog(EntryList, OplogLog):
         self._resume_ts = start
         self._skip_resume_entry = False
 
+    async def _resume_retained(self, client: Any) -> bool:
+        """A restart with a retained log: continue the tail after its newest entry that the
+        upstream still has, byte for byte, at or before its majority commit point (entries
+        retained after it were rolled back: dropped). False when nothing retained can be
+        continued (empty log; or the upstream's oplog rolled over past it while the sidecar
+        was down: the log is emptied, as no reader could cross that gap)."""
+        retained = self.retained
+        if retained is None or retained.last_ts() is None:
+            return False
+        majority = _majority_ts(await client.admin.command("hello")) or MAX_TS
+        oplog = self._oplog_collection(client)
+        before: Timestamp | None = None
+        n = 1  # the newest entry first (a plain restart), then further back in larger steps
+        while True:
+            chunk = retained.newest(before, n)
+            if not chunk:
+                break
+            lo, hi = chunk[-1][0], chunk[0][0]
+            docs = await oplog.find({"ts": {"$gte": lo, "$lte": hi}}).to_list()
+            upstream = {d["ts"]: d.raw for d in docs}
+            for ts, raw in chunk:
+                if ts <= majority and upstream.get(ts) == raw:
+                    dropped = retained.drop_after(ts)
+                    if dropped:
+                        log.error(
+                            "the upstream no longer has the %d retained entries after %s (a "
+                            "rollback): dropped them", dropped, ts,
+                        )
+                        self._cluster_time = ts  # the dropped times are no longer history
+                    self._majority = majority
+                    self._ready.set()
+                    self._resume_ts = ts
+                    self._skip_resume_entry = True
+                    if ts > self._cluster_time:
+                        self._cluster_time = ts
+                    return True
+            oldest = await self._refresh_oldest(client)
+            if oldest is None or oldest["ts"] > lo:
+                break  # the upstream has nothing this far back: a gap, not a rollback
+            before, n = lo, min(n * 16, 4096)
+        self.gaps += 1
+        dropped = retained.reset()
+        log.error(
+            "the upstream's oplog no longer reaches the sidecar's last retained entry (it "
+            "rolled over while the sidecar was away): the %d retained entries end at a gap "
+            "and were dropped; streams resuming from before it fail with "
+            "ChangeStreamHistoryLost", dropped,
+        )
+        return False
+
+    async def _retain_pre_images_loop(self) -> None:
+        """Fetch the pre-images of retained update/delete entries from the upstream's
+        config.system.preimages while it has them (it drops them with its oplog)."""
+        retained = self.retained
+        assert retained is not None
+        backoff = self.options.backoff_initial_ms / 1000
+        while True:
+            await self._retain_pre_images_wanted.wait()
+            queue = self._retain_pre_images
+            if not queue:
+                self._retain_pre_images_wanted.clear()
+                continue
+            ids = queue[:1000]
+            try:
+                coll = self.async_client().config.get_collection(
+                    "system.preimages", codec_options=RAW
+                )
+                docs = await coll.find(
+                    {"_id": {"$in": [_pre_image_query_id(i) for i in ids]}}
+                ).to_list()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the upstream is away: try again
+                log.debug("retained log: fetching pre-images: %s", exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self.options.backoff_max_ms / 1000)
+                continue
+            backoff = self.options.backoff_initial_ms / 1000
+            found = [
+                (doc["_id"], doc["preImage"].raw)
+                for doc in docs
+                if isinstance(doc.get("preImage"), RawBSONDocument)
+            ]
+            try:
+                retained.put_pre_images(found)
+            except RetainedWriteError:
+                await asyncio.sleep(1.0)  # logged by the log; the ids stay queued
+                continue
+            del queue[: len(ids)]
+
     async def _tail_once(self) -> bool:
         """One tailable cursor from the resume point until it fails or dies. True when it
         delivered something (the reconnect backoff starts over)."""
         client = self.async_client()
-        if self._resume_ts is None:
+        if self._resume_ts is None and not await self._resume_retained(client):
             await self._initial_position(client)
         if self._oldest is None:
             await self._refresh_oldest(client)
@@ -530,6 +683,9 @@ class UpstreamOplog(EntryList, OplogLog):
                 # members down), stop reading rather than hold ever more entries back.
                 while len(self._pending) >= self.options.window_entries:
                     await asyncio.sleep(self.options.majority_poll_ms / 1000 or 0.01)
+                    if self.retained is not None and self.retained.failing is not None:
+                        await asyncio.sleep(1.0)  # the disk refused: try again, slowly
+                        self._deliver_committed()
         finally:
             await _close_cursor(cursor)
 
@@ -557,6 +713,9 @@ class UpstreamOplog(EntryList, OplogLog):
                 start, oldest["ts"],
             )
             self._drop_window()
+            if self.retained is not None:  # nothing retained can be read across the gap
+                dropped = self.retained.reset()
+                log.error("the retained log's %d entries end at the gap: dropped", dropped)
             if first is None:
                 self._resume_ts = oldest["ts"]
                 self._skip_resume_entry = False
@@ -596,12 +755,30 @@ class UpstreamOplog(EntryList, OplogLog):
             while k < n and pending[k][0] <= majority:
                 k += 1
         if k:
-            self._deliver(pending[:k])
+            if not self._deliver(pending[:k]):
+                return  # not retained (the disk refuses): kept pending, delivered later
             del pending[:k]
         if pending:
             self._majority_wanted.set()
 
-    def _deliver(self, items: list[tuple[Timestamp, bytes, Entry]]) -> None:
+    def _deliver(self, items: list[tuple[Timestamp, bytes, Entry]]) -> bool:
+        """Make `items` (majority-committed, ascending) readable; with the durable log, only
+        once they are retained (False: the log cannot be written, nothing is delivered)."""
+        retained = self.retained
+        if retained is not None:
+            try:
+                retained.append([(ts, raw) for ts, raw, _ in items])
+            except RetainedWriteError:
+                return False
+            ids = pre_image_ids(entry for _, _, entry in items)
+            if ids:
+                queue = self._retain_pre_images
+                queue.extend(ids)
+                if len(queue) > PRE_IMAGE_QUEUE:  # the upstream unreachable for long
+                    log.warning("retained log: %d pre-images not fetched (the upstream did "
+                                "not answer)", len(queue) - PRE_IMAGE_QUEUE)
+                    del queue[: len(queue) - PRE_IMAGE_QUEUE]
+                self._retain_pre_images_wanted.set()
         raw_list, ts_list, cache = self._raw, self._ts, self._decoded
         size = 0
         for ts, raw, entry in items:
@@ -627,6 +804,7 @@ class UpstreamOplog(EntryList, OplogLog):
             self._cluster_time = last
         self._trim()
         self.notify()
+        return True
 
     def _trim(self) -> None:
         max_n, max_b = self.options.window_entries, self.options.window_bytes
@@ -691,6 +869,12 @@ class UpstreamOplog(EntryList, OplogLog):
             for seg in list(self._segments):
                 if now - seg.last_used > self.options.history_idle_s:
                     self._close_segment(seg)
+            if self.retained is not None:
+                if self.retained.failing is not None and self._pending:
+                    self._deliver_committed()  # retry what the disk refused
+                elif self._ts and self.retained.retain_hours > 0:
+                    with contextlib.suppress(RetainedWriteError):
+                        self.retained.trim()  # age retention while no entries arrive
             if self.connected and now - last_oldest >= self.options.oldest_refresh_s:
                 last_oldest = now
                 try:
@@ -1013,6 +1197,9 @@ class UpstreamImages:
 
         what = "reading pre-images"
         prepared.pre_asked.update(_pre_image_key(i) for i in ids)
+        ids = self._retained_pre_images(ids, prepared.pre_images)
+        if not ids:
+            return
         try:
             self.source.lookup_allowed(what)
             coll = self.source.async_client().config.get_collection(
@@ -1139,7 +1326,11 @@ class UpstreamImages:
         import pymongo
 
         self.sync_lookups += 1
-        wanted = [_pre_image_query_id(i) for i in ids]
+        retained: dict[tuple[bytes, Timestamp, int], Document] = {}
+        missing = self._retained_pre_images(ids, retained)
+        if not missing:
+            return [retained.get(_pre_image_key(i)) for i in ids]
+        wanted = [_pre_image_query_id(i) for i in missing]
         self.source.lookup_allowed("reading pre-images")
         coll = self.source.sync_client().config.get_collection(
             "system.preimages", codec_options=RAW
@@ -1150,12 +1341,33 @@ class UpstreamImages:
                 docs = list(coll.find({"_id": {"$in": wanted}}))
         except pymongo.errors.PyMongoError as exc:
             raise self.source.lookup_error("reading pre-images", exc) from None
-        table = {}
+        table = retained
         for doc in docs:
             image = doc.get("preImage")
             if isinstance(image, Mapping):
                 table[_pre_image_key(doc["_id"])] = image
         return [table.get(_pre_image_key(i)) for i in ids]
+
+    def _retained_pre_images(
+        self, ids: Sequence[Document], table: dict[tuple[bytes, Timestamp, int], Document]
+    ) -> list[Document]:
+        """Answer from the retained log what it kept (into `table`); the ids left to ask the
+        upstream for (it may still have what the log has not fetched yet)."""
+        retained = self.source.retained
+        if retained is None or not ids:
+            return list(ids)
+        keys = [_pre_image_key(i) for i in ids]
+        found = retained.pre_images([pre_image_key(k[0], k[1], k[2]) for k in keys])
+        if not found:
+            return list(ids)
+        missing = []
+        for id_doc, key in zip(ids, keys):
+            image = found.get(pre_image_key(key[0], key[1], key[2]))
+            if image is None:
+                missing.append(id_doc)
+            else:
+                table[key] = RawBSONDocument(image, codec_options=RAW)
+        return missing
 
     def _collection_uuid(self, db: str, coll: str) -> bytes | None:
         hit, uuid = self._cached_uuid(db, coll)
