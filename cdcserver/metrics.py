@@ -20,6 +20,9 @@ Exposed names (all `cdcserver_`):
 - `upstream_connected`, `upstream_reconnects_total`, `upstream_history_lost_total`,
   `upstream_pending_entries`, `upstream_window_entries`, `upstream_window_bytes`,
   `upstream_history_readers` (only with `--upstream`)
+- `upstream_retained_entries`, `upstream_retained_bytes`,
+  `upstream_retained_oldest_timestamp_seconds`, `upstream_retained_beyond_upstream_seconds`,
+  `upstream_retained_write_errors_total`, `upstream_retained_failing` (with `upstream.retain_dir`)
 - `shutting_down`, `requests_in_flight`
 """
 
@@ -183,6 +186,32 @@ class StateCollector(Collector):
                          "Bytes of upstream entries in the live window", st["windowBytes"])
             yield _gauge("cdcserver_upstream_history_readers",
                          "Readers of older upstream history", st["historyReaders"])
+            retained = st.get("retained")
+            if retained is not None:  # the durable log (upstream.retain_dir)
+                yield from _retained_metrics(retained, st.get("upstreamOldest"))
+
+
+def _retained_metrics(retained: dict[str, Any], upstream_oldest: Any) -> Iterator[Metric]:
+    yield _gauge("cdcserver_upstream_retained_entries",
+                 "Entries in the sidecar's durable retained log", retained["entries"])
+    yield _gauge("cdcserver_upstream_retained_bytes",
+                 "Bytes of entries in the durable retained log", retained["bytes"])
+    oldest = retained["oldest"]
+    yield _gauge("cdcserver_upstream_retained_oldest_timestamp_seconds",
+                 "Time of the oldest retained entry (0: none)",
+                 0.0 if oldest is None else float(oldest.time))
+    # How much further back than the upstream's own oplog a stream can resume.
+    gap = 0.0
+    if oldest is not None and upstream_oldest is not None:
+        gap = max(0.0, float(upstream_oldest.time - oldest.time))
+    yield _gauge("cdcserver_upstream_retained_beyond_upstream_seconds",
+                 "Seconds between the oldest retained entry and the upstream's oldest oplog "
+                 "entry", gap)
+    yield _counter("cdcserver_upstream_retained_write_errors",
+                   "Writes of the retained log the disk refused (the tail waits meanwhile)",
+                   retained["writeErrors"])
+    yield _gauge("cdcserver_upstream_retained_failing",
+                 "1 while the retained log cannot be written", 1.0 if retained["failing"] else 0.0)
 
 
 class MetricsEndpoint:

@@ -38,6 +38,7 @@ from test_upstream import (  # noqa: F401  (proxy_routing: an autouse fixture)
 )
 
 from cdcserver.embedded.persist import DataDirError
+from cdcserver.hub import next_ts
 from cdcserver.sources import retained as retained_module
 from cdcserver.sources.retained import RetainedLog, RetainedWriteError, export_oplog
 from cdcserver.testing import HOST
@@ -167,6 +168,48 @@ def test_token_older_than_the_upstreams_oplog_resumes_from_the_retained_log(a_se
         ca.close()
 
 
+def test_retention_drops_under_a_slow_reader_who_then_gets_286(a_server, tmp_path):
+    """B keeps about 60 KB: a stream that fell behind both A's oplog and B's log gets 286 at
+    its next getMore, after only events of A's in order (nothing skipped before the error)."""
+    a = a_server
+    ca = a.client()
+    setup_a(ca)
+    b = UpstreamServer(a.uri, max_await_ms=100, window_entries=5, retain_hours=0,
+                       retain_mb=60_000 / (1024 * 1024), retain_dir=str(tmp_path / "b"))
+    recorder = None
+    try:
+        b.wait_ready()
+        t0 = next_ts(latest_ts(a))  # where the recorder starts too
+        recorder = Recorder(a)
+        write_chunk(ca, 0, 10)
+        recorder.catch_up()
+        b.wait_caught_up(latest_ts(a))
+        got = []
+        with raw_client(b.direct_uri) as cb:
+            options = {**OPTIONS, "start_at_operation_time": t0, "batch_size": 2}
+            with watch(cb, "cluster", options) as slow:
+                got.append(slow.next())
+                for start in range(10, 130, 10):  # A and B's log both roll past it
+                    write_chunk(ca, start, 10)
+                    recorder.catch_up()
+                b.wait_caught_up(latest_ts(a))
+                status = b.call(lambda: b.source.status()["retained"])
+                assert status["bytes"] <= 60_000 + 20_000
+                with pytest.raises(errors.OperationFailure) as lost:
+                    deadline = time.monotonic() + GUARD_S
+                    while time.monotonic() < deadline:
+                        event = slow.try_next()
+                        if event is not None:
+                            got.append(event)
+        assert lost.value.code == 286
+        assert raws(got) == raws(recorder.events[: len(got)])
+    finally:
+        b.stop()
+        if recorder is not None:
+            recorder.close()
+        ca.close()
+
+
 def test_required_pre_image_missing_from_the_log_is_mongods_error(a_server, tmp_path):
     """A collection without pre-images: `required` on retained history fails as A fails while
     it still has the history (same code)."""
@@ -238,6 +281,21 @@ class Sidecar:
     def uri(self) -> str:
         return f"mongodb://{HOST}:{self.port}/?directConnection=true"
 
+    def metrics(self) -> dict[str, float]:
+        """The retained log's samples from B's /metrics endpoint."""
+        import re
+        import urllib.request
+
+        ports = re.findall(r"metrics on http://[^:]+:(\d+)/", self.log_path.read_text())
+        url = f"http://{HOST}:{ports[-1]}/metrics"  # this run's (the log is appended to)
+        with urllib.request.urlopen(url, timeout=GUARD_S) as reply:
+            text = reply.read().decode()
+        return {
+            name: float(value)
+            for name, value in re.findall(r"^(cdcserver_upstream_retained_\w+) (\S+)$", text,
+                                          re.MULTILINE)
+        }
+
     def wait_caught_up(self, ts: Timestamp) -> None:
         """Until B's operationTime (its newest delivered entry) reaches `ts`."""
         with MongoClient(self.uri, serverSelectionTimeoutMS=5000) as client:
@@ -300,6 +358,12 @@ def test_killed_sidecar_restarts_from_its_log_without_gap_or_duplicate(a_server,
         assert [ts for ts, _ in rows] == sorted({ts for ts, _ in rows})
         a_tail = a.call(a.store.oplog_entries)
         assert [bytes(raw) for _, raw in rows[-len(a_tail):]] == [bytes(r) for r in a_tail]
+        metrics = b.metrics()
+        assert metrics["cdcserver_upstream_retained_entries"] == len(rows)
+        assert metrics["cdcserver_upstream_retained_bytes"] == sum(len(r) for _, r in rows)
+        assert metrics["cdcserver_upstream_retained_oldest_timestamp_seconds"] == rows[0][0] >> 32
+        assert metrics["cdcserver_upstream_retained_beyond_upstream_seconds"] >= 0
+        assert metrics["cdcserver_upstream_retained_failing"] == 0
     finally:
         b.stop()
         recorder.close()
