@@ -468,6 +468,10 @@ def main(argv: list[str] | None = None) -> int:
 
     add_parser(sub)
 
+    from cdcserver.sources import retained  # `archive export`: the sidecar's retained log
+
+    retained.add_parser(sub)
+
     check = sub.add_parser(
         "check-config",
         help="validate a config file (with CDCSERVER_* overrides); print every error",

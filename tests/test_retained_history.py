@@ -23,6 +23,7 @@ from typing import Any
 
 import bson
 import pytest
+from bson import json_util
 from bson.timestamp import Timestamp
 from embedded_support import EmbeddedServer
 from pymongo import MongoClient, errors
@@ -94,6 +95,13 @@ class Recorder:
         self.client.close()
 
 
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cdcserver.cli", *args], capture_output=True, text=True,
+        timeout=GUARD_S * 3, stdin=subprocess.DEVNULL,
+    )
+
+
 def assert_history_lost(uri: str, token: Any) -> None:
     """A stream resumed from `token` fails with 286 (at once or at its first getMore)."""
     with raw_client(uri) as client, pytest.raises(errors.OperationFailure) as lost:
@@ -163,6 +171,17 @@ def test_token_older_than_the_upstreams_oplog_resumes_from_the_retained_log(a_se
         with raw_client(b.direct_uri) as cb:
             with watch(cb, "cluster", {**OPTIONS, "start_at_operation_time": first_ts}) as s:
                 assert raws(drain_until(s, end)) == raws(events)
+        # `archive export` (beside the running sidecar), then `replay` of what it wrote: the
+        # same events as A's from the token on (tokens compared: pre-images are not in it).
+        token_json = json_util.dumps(token)
+        exported = run_cli("archive", "export", "--retain-dir", str(tmp_path / "b"),
+                           "--since", token_json, "--out", str(tmp_path / "dump"))
+        assert exported.returncode == 0, exported.stderr
+        replayed = run_cli("replay", "--oplog", str(tmp_path / "dump" / "oplog.bson"),
+                           "--cluster", "--options", json_util.dumps({"resumeAfter": token}))
+        assert replayed.returncode == 0, replayed.stderr
+        ids = [json_util.loads(line)["_id"] for line in replayed.stdout.splitlines()]
+        assert ids == [dict(e["_id"]) for e in events[k + 1 :]]
     finally:
         b.stop()
         ca.close()
@@ -566,3 +585,25 @@ def test_export_writes_mongodump_oplog_bson(tmp_path):
     log.close()
     assert n == 6
     assert pathlib.Path(path).read_bytes() == b"".join(raw for _, raw in items[4:])
+
+
+def test_since_accepts_tokens_timestamps_and_times():
+    token = rt.encode(rt.ResumeTokenData(
+        cluster_time=Timestamp(1_700_000_000, 7), token_type=rt.HIGH_WATER_MARK_TOKEN
+    ))
+    assert retained_module.parse_since(json_util.dumps(token)) == Timestamp(1_700_000_000, 7)
+    assert retained_module.parse_since(token["_data"]) == Timestamp(1_700_000_000, 7)
+    assert retained_module.parse_since("1700000000:3") == Timestamp(1_700_000_000, 3)
+    assert retained_module.parse_since("1700000000") == Timestamp(1_700_000_000, 0)
+    assert retained_module.parse_since("2023-11-14T22:13:20Z") == Timestamp(1_700_000_000, 0)
+
+
+def test_export_refuses_a_bad_since_or_a_missing_log_in_one_line(tmp_path):
+    bad = run_cli("archive", "export", "--retain-dir", str(tmp_path), "--since", "yesterday",
+                  "--out", str(tmp_path / "out"))
+    assert bad.returncode == 2 and "--since 'yesterday'" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    missing = run_cli("archive", "export", "--retain-dir", str(tmp_path / "none"),
+                      "--since", "1:1", "--out", str(tmp_path / "out"))
+    assert missing.returncode == 2 and "no retained log" in missing.stderr
+    assert not (tmp_path / "out").exists()
