@@ -100,3 +100,22 @@ def test_arguments_are_checked(client):
     with pytest.raises(OperationFailure) as info:
         client.admin.command({"killAllSessions": [{"user": "x"}]})
     assert info.value.code == 40414
+
+
+def test_kill_all_sessions_by_pattern(client):
+    db = client.k
+    db.c.drop()
+    db.create_collection("c")
+    first, second = open_transaction(client, db.c, 1), open_transaction(client, db.c, 2)
+    client.admin.command({"killAllSessionsByPattern": [{"lsid": first.session_id}]})
+    assert_aborted(client, first)
+    second.commit_transaction()
+    second.end_session()
+    third = open_transaction(client, db.c, 3)
+    uid = next(client.config.transactions.find({}, {"_id.uid": 1}))["_id"]["uid"]
+    client.admin.command({"killAllSessionsByPattern": [{"uid": uid}]})  # everyone's, no auth
+    assert_aborted(client, third)
+    with pytest.raises(OperationFailure) as info:
+        client.admin.command({"killAllSessionsByPattern": [{"uid": "x"}]})
+    assert info.value.code == 14
+    assert sorted(d["_id"] for d in db.c.find()) == [2]

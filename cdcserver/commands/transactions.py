@@ -376,3 +376,41 @@ async def kill_all_sessions(server, conn, cmd, db):
         uids.add(auth.user_name_digest(user["user"], user["db"]))
     _end(server, None, uids if users else None)  # [] : every session of every user
     return {}
+
+
+@command("killAllSessionsByPattern")
+async def kill_all_sessions_by_pattern(server, conn, cmd, db):
+    """Each pattern names a session (`lsid`), a user's sessions (`uid`) or, with neither, every
+    session (`users` / `roles` are impersonation data, not filters); [] is every session."""
+    patterns = cmd.get("killAllSessionsByPattern")
+    where = "KillAllSessionsByPatternCmd.killAllSessionsByPattern"
+    if not isinstance(patterns, list):
+        raise MongoError(14, f"BSON field '{where}' is the wrong type '{type_name(patterns)}', "
+                         "expected type 'array'")
+    keys: set[bytes] = set()
+    uids: set[bytes] = set()
+    for i, pattern in enumerate(patterns):
+        if not isinstance(pattern, Mapping):
+            raise MongoError(14, f"BSON field '{where}.{i}' is the wrong type "
+                             f"'{type_name(pattern)}', expected type 'object'")
+        lsid, uid = pattern.get("lsid"), pattern.get("uid")
+        if isinstance(lsid, Mapping) and isinstance(lsid.get("id"), bytes):
+            keys.add(session_key(full_lsid(lsid)))
+        elif isinstance(uid, bytes):
+            uids.add(bytes(uid))
+        elif lsid is None and uid is None:
+            _end(server, None, None)  # a pattern without a filter: every session
+            return {}
+        else:
+            raise MongoError(14, f"BSON field '{where}.{'lsid' if lsid is not None else 'uid'}' "
+                             "is the wrong type "
+                             f"'{type_name(lsid if lsid is not None else uid)}', expected type "
+                             f"'{'object' if lsid is not None else 'binData'}'")
+    if not patterns:
+        _end(server, None, None)
+        return {}
+    if keys:
+        _end(server, keys, None)
+    if uids:
+        _end(server, None, uids)
+    return {}
