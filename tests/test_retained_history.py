@@ -229,6 +229,46 @@ def test_retention_drops_under_a_slow_reader_who_then_gets_286(a_server, tmp_pat
         ca.close()
 
 
+def test_refused_write_stops_delivery_until_the_log_is_writable(a_server, tmp_path, caplog):
+    """The log's writes fail (SQLite refuses them: query_only) while A is written: the error
+    is logged and counted, B's streams get nothing past what is retained, and once writes
+    succeed again every event arrives, in order, none lost."""
+    a = a_server
+    ca = a.client()
+    b = UpstreamServer(a.uri, max_await_ms=100, retain_dir=str(tmp_path / "b"))
+    try:
+        b.wait_ready()
+        with raw_client(b.direct_uri) as cb, watch(cb, "shop.refused", {}) as stream:
+            ca.shop.refused.insert_one({"_id": 0})
+            first = None
+            deadline = time.monotonic() + GUARD_S
+            while first is None:
+                assert time.monotonic() < deadline
+                first = stream.try_next()
+            b.call(lambda: b.source.retained.db.execute("PRAGMA query_only = ON"))
+            ca.shop.refused.insert_many([{"_id": i} for i in range(1, 4)])
+            while not b.call(lambda: b.source.retained.failing):
+                assert time.monotonic() < deadline, "the refused write was not noticed"
+                time.sleep(0.01)
+            assert stream.try_next() is None  # nothing delivered past what is retained
+            retained_before = b.call(lambda: b.source.retained.count)
+            b.call(lambda: b.source.retained.db.execute("PRAGMA query_only = OFF"))
+            got = []
+            while len(got) < 3:
+                assert time.monotonic() < deadline, "delivery did not resume"
+                event = stream.try_next()
+                if event is not None:
+                    got.append(event["documentKey"]["_id"])
+            assert got == [1, 2, 3]
+            status = b.call(lambda: b.source.status()["retained"])
+            assert status["writeErrors"] >= 1 and status["failing"] is None
+            assert status["entries"] == retained_before + 3  # one entry per document
+        assert "cannot write the retained log" in caplog.text
+    finally:
+        b.stop()
+        ca.close()
+
+
 def test_required_pre_image_missing_from_the_log_is_mongods_error(a_server, tmp_path):
     """A collection without pre-images: `required` on retained history fails as A fails while
     it still has the history (same code)."""

@@ -872,7 +872,7 @@ class UpstreamOplog(EntryList, OplogLog):
             if self.retained is not None:
                 if self.retained.failing is not None and self._pending:
                     self._deliver_committed()  # retry what the disk refused
-                elif self._ts and self.retained.retain_hours > 0:
+                else:
                     with contextlib.suppress(RetainedWriteError):
                         self.retained.trim()  # age retention while no entries arrive
             if self.connected and now - last_oldest >= self.options.oldest_refresh_s:

@@ -42,8 +42,12 @@ CREATE TABLE IF NOT EXISTS preimages (key BLOB PRIMARY KEY, ts INTEGER NOT NULL,
 CREATE INDEX IF NOT EXISTS preimages_ts ON preimages (ts);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
-# Trim a tenth below the limits, so trimming is amortised over many appends.
+# Trim a little below the size limit (a tenth, at most 16 MiB), so trimming is amortised over
+# many appends; at most TRIM_MAX_ROWS per call, so one trim never holds the event loop long
+# (the rest goes at the next append or housekeeping pass).
 TRIM_SLACK = 0.9
+TRIM_SLACK_MAX_BYTES = 16 * 1024 * 1024
+TRIM_MAX_ROWS = 20_000
 
 
 class RetainedWriteError(Exception):
@@ -321,10 +325,14 @@ class RetainedLog:
         )
         if not (over_size or over_age) or self.count <= 1:
             return 0
-        target = int(self.retain_bytes * TRIM_SLACK) if over_size else self.bytes
+        target = self.bytes
+        if over_size:
+            target = max(int(self.retain_bytes * TRIM_SLACK),
+                         self.retain_bytes - TRIM_SLACK_MAX_BYTES)
         drop_n, freed, until = 0, 0, None
         cursor = self.db.execute(
-            "SELECT ts, length(entry) FROM oplog ORDER BY ts LIMIT ?", (self.count - 1,)
+            "SELECT ts, length(entry) FROM oplog ORDER BY ts LIMIT ?",
+            (min(self.count - 1, TRIM_MAX_ROWS),),
         )
         for ts, length in cursor:
             young = cutoff is None or int_ts(ts).time >= cutoff
