@@ -198,21 +198,22 @@ def _info(path: str) -> Any:
     return filesystem.get_file_info(inner)
 
 
-def _exists(path: str) -> bool | None:
-    """Whether a file or directory exists (None: the kind is a file), by its URI."""
-    if sp._is_local(path):
-        return os.path.exists(sp._local_path(path))
+def _exists(path: str) -> bool:
+    """Whether a file or directory exists at a path or URI."""
+    if sp.is_local(path):
+        return os.path.exists(path)
     from pyarrow import fs
 
     return _info(path).type != fs.FileType.NotFound
 
 
-def check_inputs(shards: list[list[str]], out: str, mode: str) -> None:
+def check_inputs(shards: list[list[str]], out: str, mode: str) -> bool:
+    """Check every oplog file and `--out`; whether `--out` exists."""
     for paths in shards:
         for path in paths:
             try:
-                if sp._is_local(path):
-                    local = sp._local_path(path)
+                if sp.is_local(path):
+                    local = path
                     if os.path.isdir(local):
                         raise CheckError(f"{path}: Is a directory")
                     with open(local, "rb"):
@@ -233,10 +234,26 @@ def check_inputs(shards: list[list[str]], out: str, mode: str) -> None:
                 raise CheckError(f"{path}: {' '.join(str(exc).split())}") from None
     try:
         exists = _exists(out)
-    except Exception as exc:  # noqa: BLE001
-        raise CheckError(f"--out {out}: {' '.join(str(exc).split())}") from None
+    except Exception:  # noqa: BLE001 - a scheme Spark writes and pyarrow cannot see: Spark checks
+        exists = False
     if exists and mode != "overwrite":
         raise CheckError(f"--out {out} exists: give --mode overwrite to replace it")
+    return exists
+
+
+def remove_output(out: str) -> None:
+    """What a failed job left of an output that did not exist before (Spark leaves its
+    `_temporary` when the JVM dies)."""
+    try:
+        if sp.is_local(out):
+            shutil.rmtree(out, ignore_errors=True)
+        else:
+            from pyarrow import fs
+
+            filesystem, inner = fs.FileSystem.from_uri(out)
+            filesystem.delete_dir(inner)
+    except Exception:  # noqa: BLE001 - nothing there, or nothing we may delete
+        pass
 
 
 # -- the JVM's root cause -----------------------------------------------------------------------
@@ -256,26 +273,41 @@ def _java_chain(exc: BaseException) -> list[str]:
     return out
 
 
-def root_cause(exc: BaseException, conf: dict[str, str] | None = None) -> str:
-    """One line: why a Spark job failed."""
+# Spark's exit status for an OutOfMemoryError (SparkExitCode.OOM): in local mode, an executor
+# thread's OOM ends the driver's JVM with it (SparkUncaughtExceptionHandler).
+SPARK_EXIT_OOM = 52
+
+
+def jvm_exit_status(spark: Any, wait: float = 5.0) -> int | None:
+    """The exit status of the JVM this Python process launched, once it has exited."""
+    proc = getattr(getattr(getattr(spark, "sparkContext", None), "_gateway", None), "proc", None)
+    if proc is None:
+        return None
+    deadline = time.monotonic() + wait
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return proc.poll()
+
+
+def root_cause(
+    exc: BaseException, conf: dict[str, str] | None = None, exit_status: int | None = None
+) -> str:
+    """One line: why a Spark job failed (`exit_status`: the JVM's, when it has died)."""
     conf = conf or {}
+    memory = conf.get("spark.driver.memory", "1g, Spark's default")
+    raise_it = (
+        f"raise --driver-memory (now {memory}), and --executor-memory on a cluster, "
+        "or lower --split-size"
+    )
+    if exit_status is not None:
+        if exit_status == SPARK_EXIT_OOM:
+            return f"the Spark JVM ran out of memory (java.lang.OutOfMemoryError): {raise_it}"
+        return f"the Spark JVM exited with status {exit_status} (its messages are above)"
     chain = _java_chain(exc)
     text = "\n".join([str(exc), *chain])
     oom = re.search(r"java\.lang\.OutOfMemoryError(?::[^\n]*)?", text)
     if oom is not None:
-        memory = conf.get("spark.driver.memory", "1g (Spark's default)")
-        return (
-            f"the JVM ran out of memory ({oom.group(0).strip()}): raise --driver-memory "
-            f"(now {memory}), and --executor-memory on a cluster, or lower --split-size"
-        )
-    if "Py4JNetworkError" in type(exc).__name__ or "Answer from Java side is empty" in text or (
-        "Connection refused" in text and "py4j" in text.lower()
-    ):
-        memory = conf.get("spark.driver.memory", "1g (Spark's default)")
-        return (
-            "the Spark JVM exited during the job (most often out of memory: raise "
-            f"--driver-memory, now {memory}; its own messages are above)"
-        )
+        return f"the JVM ran out of memory ({oom.group(0).strip()}): {raise_it}"
     python = re.findall(r"PythonException:[\s\S]*?\n(\w[\w.]*(?:Error|Exception)[^\n]*)", text)
     if python:
         return python[-1].strip()
@@ -325,7 +357,7 @@ def run_args(args: argparse.Namespace, spark: Any = None) -> int:
             running = bool(os.environ.get("PYSPARK_GATEWAY_PORT"))  # under spark-submit
             if not running:
                 check_java()
-        check_inputs(args.oplog, args.out, mode)
+        existed = check_inputs(args.oplog, args.out, mode)
     except CheckError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
@@ -358,10 +390,15 @@ def run_args(args: argparse.Namespace, spark: Any = None) -> int:
     try:
         summary = job.run(spark)
     except ReplayError as exc:
+        if not existed:
+            remove_output(args.out)
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # noqa: BLE001 - Spark's own (a lost executor, memory, ...)
-        print(f"{PROG}: {root_cause(exc, conf)}", file=sys.stderr)
+        status = jvm_exit_status(spark) if own else None
+        if not existed:
+            remove_output(args.out)
+        print(f"{PROG}: {root_cause(exc, conf, status)}", file=sys.stderr)
         return 1
     finally:
         if own:
@@ -378,6 +415,9 @@ def run(args: argparse.Namespace) -> int:
     from cdcserver.logs import setup_logging
 
     setup_logging("info", "text")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # its connections' comings and goings
+    for handler in logging.getLogger().handlers:  # ... and what py4j logs on the root logger
+        handler.addFilter(lambda record: "py4j" not in record.pathname)
     return run_args(args)
 
 

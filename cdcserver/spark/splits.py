@@ -27,8 +27,8 @@ where the previous one stopped (`replay.py`); a file where that fails (corrupt d
 pathological coincidence) is read again as one range, sequentially from offset 0, so the
 result never depends on the guess.
 
-Paths: local files, `file://` URIs, and anything else pyarrow's filesystems open
-(`hdfs://`, `s3://`, `gs://`, `abfs://` ...).
+Paths: local files (read with `os.pread`), and URIs that pyarrow's filesystems open: `file://`,
+`hdfs://`, `s3://`, `gs://`, `abfs://` ...
 """
 
 from __future__ import annotations
@@ -89,12 +89,10 @@ class Split:
 # -- files -------------------------------------------------------------------------------------
 
 
-def _is_local(path: str) -> bool:
-    return "://" not in path or path.startswith("file://")
-
-
-def _local_path(path: str) -> str:
-    return path[len("file://") :] if path.startswith("file://") else path
+def is_local(path: str) -> bool:
+    """A plain path, read with `os.pread`. Any URI, `file://` included, goes through pyarrow's
+    filesystems (so `file://` exercises the code path of `hdfs://`, `s3://`, ...)."""
+    return "://" not in path
 
 
 class Input:
@@ -102,8 +100,8 @@ class Input:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        if _is_local(path):
-            self._fd: int | None = os.open(_local_path(path), os.O_RDONLY)
+        if is_local(path):
+            self._fd: int | None = os.open(path, os.O_RDONLY)
             self._file = None
             self.size = os.fstat(self._fd).st_size
         else:
@@ -120,7 +118,8 @@ class Input:
             return b""
         if self._fd is not None:
             return os.pread(self._fd, n, offset)
-        return self._file.read_at(n, offset).to_pybytes()
+        data = self._file.read_at(n, offset)  # bytes, or a Buffer in older pyarrow
+        return data if isinstance(data, bytes) else data.to_pybytes()
 
     def close(self) -> None:
         if self._fd is not None:
