@@ -84,7 +84,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from cdcserver.embedded.persist import DataDirError
 
         try:
-            oplog = open_embedded(config)
+            if getattr(args, "shards", None):  # a sharded cluster: N embedded shards, a front
+                from cdcserver.sharding.cluster import open_cluster
+
+                oplog = open_cluster(config, args.shards)
+            else:
+                oplog = open_embedded(config)
         except (OSError, ValueError, DataDirError) as exc:  # DataDirError: in use, corrupt
             print(f"cdcserver: {exc}", file=sys.stderr)
             return 2
@@ -134,6 +139,7 @@ def open_embedded(config: Config):
         txn_oplog_entry_ops=sc.txn_oplog_entry_ops,
         ttl_monitor_sleep_secs=sc.ttl_monitor_sleep_secs,
         transaction_lifetime_limit_seconds=sc.transaction_lifetime_limit_seconds,
+        oplog_min_retention_hours=sc.oplog_min_retention_hours,
     )
     config.source.follow = sc.noop_interval_s > 0  # runs the periodic no-op writer
     return EmbeddedOplog(store, noop_interval_s=sc.noop_interval_s)
@@ -447,6 +453,11 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument(
         "--sample", action="store_true",
         help="serve the small recorded oplog shipped with cdcserver",
+    )
+    serve.add_argument(
+        "--shards", type=int, metavar="N",
+        help="an embedded sharded cluster: N shards (each on its own port) behind a mongos "
+        "front on --port (with --in-memory or --data-dir)",
     )
     serve.set_defaults(func=cmd_serve)
 

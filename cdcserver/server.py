@@ -57,8 +57,10 @@ class Server:
         *,
         ssl_context: ssl.SSLContext | None = None,
         idle_timeout_s: float = 0.0,
+        commands: dict[str, Any] | None = None,
     ) -> None:
         self.state = state
+        self.commands = commands  # a mode's own command table (the sharded front's), or None
         self.max_connections = max_connections
         self.ssl_context = ssl_context  # TLS on the listener ([tls])
         self.idle_timeout_s = idle_timeout_s  # close a connection silent this long (0: never)
@@ -213,7 +215,7 @@ class Server:
                 conn.awaited_s = 0.0
                 started = time.perf_counter()
                 try:
-                    reply = await run_command(state, conn, cmd)
+                    reply = await run_command(state, conn, cmd, self.commands)
                     # Like mongod's durationMillis: the awaitData wait for events is left out.
                     took = time.perf_counter() - started - conn.awaited_s
                     if name == "getMore" and state.metrics is not None:
@@ -293,6 +295,11 @@ async def serve_forever(config: Config, oplog: OplogLog) -> None:
     state.argv = list(sys.argv)  # getCmdLineOpts's argv
     failpoints.set_enabled(state, config.server.enable_fail_points)
     server = server_for_config(state, config)
+    # `serve --shards N` (cdcserver/sharding): the front's table; its shards listen first.
+    server.commands = getattr(oplog, "command_table", None)
+    start_cluster = getattr(oplog, "start_cluster", None)
+    if start_cluster is not None:
+        await start_cluster(config.server.host)
     endpoint = None
     mc = config.metrics
     if mc.enabled:  # before the wire listener: "listening on" means everything is up
@@ -349,6 +356,9 @@ async def serve_forever(config: Config, oplog: OplogLog) -> None:
             loop.add_signal_handler(sig, on_signal, sig)
     await stop.wait()
     await server.shutdown(sc.shutdown_grace_s)
+    stop_cluster = getattr(oplog, "stop_cluster", None)
+    if stop_cluster is not None:
+        await stop_cluster()
     if endpoint is not None:
         await endpoint.close()
     log.info("shutdown complete")
@@ -374,4 +384,7 @@ def run_server(config: Config, oplog: OplogLog) -> int:
         store = getattr(oplog, "store", None)
         if store is not None:
             store.close()  # commits what is pending and closes the SQLite file
+        close_stores = getattr(oplog, "close_stores", None)
+        if close_stores is not None:
+            close_stores()  # a sharded cluster's shards
     return 0

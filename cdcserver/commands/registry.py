@@ -107,13 +107,16 @@ def live_cursor_ids(server: ServerState) -> set[int]:
 
 
 async def run_command(
-    server: ServerState, conn: ConnectionState, cmd: dict[str, Any]
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any],
+    table: dict[str, Handler] | None = None,
 ) -> dict[str, Any]:
+    """`table`: the command table of a server mode that has its own (the sharded front's)."""
+    commands = COMMANDS if table is None else table
     name = next(iter(cmd), "")
     db = cmd.get("$db", "admin")
     # "$"-names are internal hooks between handlers, not commands a client may call.
-    handler = COMMANDS.get(name) if not name.startswith("$") else None
-    proxy = COMMANDS.get("$proxy")  # `serve --upstream`: what cdcserver does not answer itself
+    handler = commands.get(name) if not name.startswith("$") else None
+    proxy = commands.get("$proxy")  # `serve --upstream`: what cdcserver does not answer itself
     if proxy is not None and proxy.forwards(server, name, cmd):
         handler = proxy
     # Decided before running: a failed change-stream getMore closes its cursor.
@@ -125,7 +128,7 @@ async def run_command(
         if server.auth is not None and handler is not None:
             server.auth.check(conn, name, cmd, db)  # 13 Unauthorized (cdcserver/auth.py)
         # Fail points (configureFailPoint) first: block, close the connection, or fail.
-        pending = failpoints.before_command(server, conn, name, cmd, db, COMMANDS)
+        pending = failpoints.before_command(server, conn, name, cmd, db, commands)
         if pending is not None:
             await pending
         if handler is None:
@@ -162,7 +165,7 @@ async def run_command(
         log.exception("command %r failed", name)
         err = MongoError(1, f"{name} failed: {type(exc).__name__}: {exc}")
         return error_reply(server, err, change_stream)
-    failpoints.after_command(server, conn, name, cmd, db, COMMANDS, reply)
+    failpoints.after_command(server, conn, name, cmd, db, commands, reply)
     reply["ok"] = 1.0
     reply.update(cluster_time_fields(server))
     return reply

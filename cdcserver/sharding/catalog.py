@@ -1,0 +1,363 @@
+"""The sharding catalog of the embedded cluster: what a config server holds.
+
+`config.shards`, `config.databases` (each database's primary shard), `config.collections`
+(sharded collections: key, unique, uuid) and `config.chunks` (ranges of the shard key and the
+shard that owns each). Chunk bounds are compared as KeyStrings (BSON order, MinKey/MaxKey
+included); a hashed field is compared by its 64-bit hash (`hashed_value`, mongod's
+`BSONElementHasher::hash64` with seed 0).
+
+Durable as one BSON file (`config.bson` in the data directory) rewritten on every change.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+import struct
+import uuid as uuid_module
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import bson
+from bson.binary import Binary
+from bson.int64 import Int64
+from bson.max_key import MaxKey
+from bson.min_key import MinKey
+from bson.objectid import ObjectId
+from bson.timestamp import Timestamp
+
+from pipeline_stages.keystring import encode_values
+
+_MISSING = object()
+
+
+def path_value(doc: Mapping[str, Any], path: str) -> Any:
+    """The value at a dotted path (`_MISSING` when a part is absent or not a document)."""
+    value: Any = doc
+    for part in path.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return _MISSING
+        value = value[part]
+    return value
+
+
+# BSONElement::canonicalType: numbers share one, as do strings and symbols.
+_CANONICAL = {
+    1: 10, 16: 10, 18: 10, 19: 10, 2: 15, 14: 15, 3: 20, 4: 25, 5: 30, 7: 35, 8: 40,
+    9: 45, 17: 47, 10: 5, 6: 0, 11: 50, 12: 55, 13: 60, 15: 65, 255: -1, 127: 127,
+}
+
+
+def _hash_element(md5: Any, type_byte: int, value: bytes, name: bytes | None) -> None:
+    md5.update(struct.pack("<i", _CANONICAL.get(type_byte, type_byte)))
+    if name is not None:
+        md5.update(name + b"\x00")
+    if type_byte in (3, 4):  # embedded document/array: each element, named
+        pos, end = 4, len(value) - 1
+        while pos < end:
+            t = value[pos]
+            name_end = value.index(b"\x00", pos + 1)
+            field = value[pos + 1:name_end]
+            size = _value_size(t, value, name_end + 1)
+            _hash_element(md5, t, value[name_end + 1:name_end + 1 + size], field)
+            pos = name_end + 1 + size
+        return
+    if type_byte in (1, 16, 18, 19):  # numbers squash to safeNumberLong
+        number = bson.decode(_wrap(type_byte, value))["v"]
+        md5.update(struct.pack("<q", _safe_long(number)))
+        return
+    md5.update(value)
+
+
+def _wrap(type_byte: int, value: bytes) -> bytes:
+    body = bytes([type_byte]) + b"v\x00" + value + b"\x00"
+    return struct.pack("<i", len(body) + 4) + body
+
+
+def _safe_long(number: Any) -> int:
+    try:
+        value = float(number.to_decimal()) if hasattr(number, "to_decimal") else number
+        if value != value:
+            return 0
+        if value >= 2**63:
+            return 2**63 - 1
+        if value < -(2**63):
+            return -(2**63)
+        return int(value)
+    except (OverflowError, ValueError):
+        return 0
+
+
+def _value_size(t: int, buf: bytes, pos: int) -> int:
+    if t in (1, 9, 17, 18):
+        return 8
+    if t == 16:
+        return 4
+    if t == 8:
+        return 1
+    if t in (6, 10, 127, 255):
+        return 0
+    if t == 7:
+        return 12
+    if t == 19:
+        return 16
+    if t in (2, 13, 14):
+        return 4 + struct.unpack_from("<i", buf, pos)[0]
+    if t in (3, 4, 15):
+        return struct.unpack_from("<i", buf, pos)[0]
+    if t == 5:
+        return 5 + struct.unpack_from("<i", buf, pos)[0]
+    if t == 11:
+        a = buf.index(b"\x00", pos)
+        b = buf.index(b"\x00", a + 1)
+        return b + 1 - pos
+    if t == 12:
+        return 4 + struct.unpack_from("<i", buf, pos)[0] + 12
+    raise ValueError(f"BSON type {t}")
+
+
+def hashed_value(value: Any) -> Int64:
+    """mongod's hash of a shard key value (`BSONElementHasher::hash64(e, 0)`): MD5 over the
+    seed, the canonical type and the value (numbers as 64-bit integers), first 8 bytes."""
+    raw = bson.encode({"v": value})
+    t = raw[4]
+    md5 = hashlib.md5()
+    md5.update(struct.pack("<i", 0))
+    _hash_element(md5, t, raw[7:-1], None)
+    return Int64(struct.unpack("<q", md5.digest()[:8])[0])
+
+
+def _key_bytes(values: Sequence[Any]) -> bytes:
+    return encode_values(values)[0]
+
+
+class ShardingCatalog:
+    def __init__(self, shard_names: list[str], path: str | None = None) -> None:
+        self.shard_names = shard_names
+        self.path = path  # config.bson, or None in memory
+        self.databases: dict[str, dict[str, Any]] = {}
+        self.collections: dict[str, dict[str, Any]] = {}
+        self.chunks: dict[str, list[dict[str, Any]]] = {}
+        self.shard_hosts: dict[str, str] = {}
+        self.balancer = False
+        if path is not None and os.path.exists(path):
+            with open(path, "rb") as f:
+                saved = bson.decode(f.read())
+            self.databases = {d["_id"]: d for d in saved["databases"]}
+            self.collections = {c["_id"]: c for c in saved["collections"]}
+            for chunk in saved["chunks"]:
+                self.chunks.setdefault(chunk["ns"], []).append(chunk)
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        doc = {
+            "databases": list(self.databases.values()),
+            "collections": list(self.collections.values()),
+            "chunks": [c for cs in self.chunks.values() for c in cs],
+        }
+        tmp = self.path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(bson.encode(doc))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    # -- databases ------------------------------------------------------------------------------
+
+    def primary(self, db: str) -> str | None:
+        entry = self.databases.get(db)
+        return None if entry is None else entry["primary"]
+
+    def ensure_database(self, db: str, primary: str | None = None) -> str:
+        """The database's primary shard, choosing one for a new database (mongos picks the
+        shard with the least data: here the one that is primary for the fewest databases)."""
+        entry = self.databases.get(db)
+        if entry is not None:
+            return entry["primary"]
+        if primary is None:
+            counts = {name: 0 for name in self.shard_names}
+            for d in self.databases.values():
+                counts[d["primary"]] = counts.get(d["primary"], 0) + 1
+            primary = min(self.shard_names, key=lambda n: (counts[n], self.shard_names.index(n)))
+        now = Timestamp(int(datetime.datetime.now(datetime.UTC).timestamp()), 1)
+        self.databases[db] = {
+            "_id": db,
+            "primary": primary,
+            "version": {"uuid": Binary.from_uuid(uuid_module.uuid4()), "timestamp": now,
+                        "lastMod": 1},
+        }
+        self.save()
+        return primary
+
+    def drop_database(self, db: str) -> None:
+        self.databases.pop(db, None)
+        for ns in [ns for ns in self.collections if ns.split(".", 1)[0] == db]:
+            self.drop_collection(ns)
+        self.save()
+
+    # -- collections ----------------------------------------------------------------------------
+
+    def key_pattern(self, ns: str) -> dict[str, Any] | None:
+        entry = self.collections.get(ns)
+        return None if entry is None else entry["key"]
+
+    def is_sharded(self, ns: str) -> bool:
+        return ns in self.collections
+
+    def shard_collection(
+        self, ns: str, key: dict[str, Any], unique: bool, uuid: bytes, primary: str
+    ) -> None:
+        epoch = ObjectId()
+        now = Timestamp(int(datetime.datetime.now(datetime.UTC).timestamp()), 1)
+        self.collections[ns] = {
+            "_id": ns,
+            "lastmodEpoch": epoch,
+            "lastmod": datetime.datetime.now(datetime.UTC),
+            "timestamp": now,
+            "uuid": Binary(uuid, 4),
+            "key": dict(key),
+            "unique": unique,
+            "noBalance": False,
+        }
+        fields = list(key)
+        hashed = [f for f, v in key.items() if v == "hashed"]
+        if hashed and len(self.shard_names) > 1:
+            # One chunk per shard, splitting the hash space evenly (presplit hashed key).
+            n = len(self.shard_names)
+            bounds: list[Any] = [MinKey()]
+            step = 2**64 // n
+            bounds += [Int64(-(2**63) + step * i) for i in range(1, n)]
+            bounds.append(MaxKey())
+            ranges = [(bounds[i], bounds[i + 1], self.shard_names[i]) for i in range(n)]
+        else:
+            ranges = [(MinKey(), MaxKey(), primary)]
+        chunks = []
+        for i, (low, high, shard) in enumerate(ranges):
+            chunks.append(self._chunk(ns, uuid, fields, hashed, low, high, shard, i + 1))
+        self.chunks[ns] = chunks
+        self.save()
+
+    def _chunk(
+        self, ns: str, uuid: bytes, fields: list[str], hashed: list[str], low: Any, high: Any,
+        shard: str, minor: int,
+    ) -> dict[str, Any]:
+        def bound(v: Any) -> dict[str, Any]:
+            if isinstance(v, (MinKey, MaxKey)):
+                return dict.fromkeys(fields, v)
+            # A presplit point: the hashed field takes it, the others MinKey.
+            return {f: (v if f == hashed[0] else MinKey()) for f in fields}
+
+        lo, hi = bound(low), bound(high)
+        return {
+            "_id": ObjectId(),
+            "uuid": Binary(uuid, 4),
+            "min": lo,
+            "max": hi,
+            "shard": shard,
+            "lastmod": Timestamp(1, minor),
+            "onCurrentShardSince": Timestamp(
+                int(datetime.datetime.now(datetime.UTC).timestamp()), 1),
+            "history": [{"validAfter": Timestamp(1, 0), "shard": shard}],
+            "ns": ns,
+        }
+
+    def drop_collection(self, ns: str) -> None:
+        self.collections.pop(ns, None)
+        self.chunks.pop(ns, None)
+        self.save()
+
+    def rename_collection(self, source: str, target: str) -> None:
+        entry = self.collections.pop(source, None)
+        chunks = self.chunks.pop(source, None)
+        if entry is not None:
+            entry["_id"] = target
+            self.collections[target] = entry
+            for chunk in chunks or []:
+                chunk["ns"] = target
+            self.chunks[target] = chunks or []
+        self.save()
+
+    # -- chunks ---------------------------------------------------------------------------------
+
+    def key_values(self, ns: str, doc: Mapping[str, Any]) -> list[Any]:
+        """The shard key of `doc` as chunk bounds compare it (hashed fields hashed; missing
+        fields null)."""
+        pattern = self.key_pattern(ns) or {}
+        out = []
+        for field, kind in pattern.items():
+            value = path_value(doc, field)
+            if value is _MISSING:
+                value = None
+            out.append(hashed_value(value) if kind == "hashed" else value)
+        return out
+
+    def chunk_for_values(self, ns: str, values: Sequence[Any]) -> dict[str, Any]:
+        key = _key_bytes(values)
+        for chunk in self.chunks[ns]:
+            if _key_bytes(list(chunk["min"].values())) <= key < _key_bytes(
+                list(chunk["max"].values())
+            ) or (isinstance(list(chunk["max"].values())[0], MaxKey)
+                  and _key_bytes(list(chunk["min"].values())) <= key):
+                return chunk
+        return self.chunks[ns][-1]
+
+    def shard_for(self, ns: str, doc: Mapping[str, Any]) -> str:
+        return self.chunk_for_values(ns, self.key_values(ns, doc))["shard"]
+
+    def in_chunk(self, ns: str, chunk: Mapping[str, Any], doc: Mapping[str, Any]) -> bool:
+        key = _key_bytes(self.key_values(ns, doc))
+        low = _key_bytes(list(chunk["min"].values()))
+        high = list(chunk["max"].values())
+        if isinstance(high[0], MaxKey):
+            return low <= key
+        return low <= key < _key_bytes(high)
+
+    def find_chunk(self, ns: str, point: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The chunk whose min equals `point` (a bound), else the chunk containing it."""
+        values = list(point.values())
+        for chunk in self.chunks.get(ns, []):
+            if _key_bytes(list(chunk["min"].values())) == _key_bytes(values):
+                return chunk
+        return self.chunk_for_values(ns, values) if ns in self.chunks else None
+
+    def split(self, ns: str, middle: Mapping[str, Any]) -> None:
+        """Split the chunk containing `middle` at `middle` (a bound in the key's fields)."""
+        values = list(middle.values())
+        chunk = self.chunk_for_values(ns, values)
+        if _key_bytes(list(chunk["min"].values())) == _key_bytes(values):
+            return  # already a bound
+        chunks = self.chunks[ns]
+        minor = max(c["lastmod"].inc for c in chunks) + 1
+        upper = dict(chunk)
+        upper["_id"] = ObjectId()
+        upper["min"] = dict(middle)
+        upper["lastmod"] = Timestamp(chunk["lastmod"].time, minor + 1)
+        chunk["max"] = dict(middle)
+        chunk["lastmod"] = Timestamp(chunk["lastmod"].time, minor)
+        chunks.insert(chunks.index(chunk) + 1, upper)
+        self.save()
+
+    def move(self, ns: str, chunk: dict[str, Any], to: str) -> None:
+        major = max(c["lastmod"].time for c in self.chunks[ns]) + 1
+        chunk["shard"] = to
+        chunk["lastmod"] = Timestamp(major, 0)
+        chunk["history"] = [{"validAfter": Timestamp(major, 0), "shard": to}]
+        self.save()
+
+    def document_key(self, ns: str, doc: Mapping[str, Any]) -> dict[str, Any] | None:
+        """mongod's documentKey of a document of a sharded collection: the shard key's fields
+        in the key's order, then `_id` unless the key has it (None: not sharded)."""
+        pattern = self.key_pattern(ns)
+        if pattern is None:
+            return None
+        out: dict[str, Any] = {}
+        for field in pattern:
+            value = path_value(doc, field)
+            if value is not _MISSING:
+                out[field] = value
+        if "_id" not in out and "_id" in doc:
+            out["_id"] = doc["_id"]
+        return out
+

@@ -1,0 +1,177 @@
+"""The embedded sharded cluster: N shards (each an embedded replica set with its own store,
+oplog and port) behind a mongos front (`front.py`), sharing one catalog and one clock.
+
+The front reaches the shards in-process (their command handlers, their oplogs); each shard
+also listens on its own loopback port, as listed in `config.shards` / `listShards`, so that a
+client or a sidecar can talk to it directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from bson.timestamp import Timestamp
+
+from cdcserver.context import ConnectionState, ServerState
+from cdcserver.sharding.catalog import ShardingCatalog
+from cdcserver.sharding.shard_store import ClusterClock, ShardStore
+from cdcserver.sources.base import OplogLog
+from cdcserver.sources.embedded import EmbeddedOplog
+from pipeline_stages.oplog_entry import Entry
+
+
+@dataclass(eq=False)
+class Shard:
+    name: str
+    store: ShardStore
+    log: EmbeddedOplog
+    state: ServerState
+    conn: ConnectionState  # the front's connection to this shard (in-process)
+    server: Any = None  # its listener (cdcserver.server.Server) once started
+    host: str = "127.0.0.1"
+    port: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def host_string(self) -> str:
+        return f"{self.name}/{self.host}:{self.port}"
+
+
+class ClusterLog(OplogLog):
+    """The front's view of time: the cluster clock (operationTime, $clusterTime, hello's
+    lastWrite). It holds no entries: the front's streams read the shards' oplogs."""
+
+    def __init__(self, cluster: ShardedCluster) -> None:
+        super().__init__()
+        self.cluster = cluster
+        self.store = None
+
+    def latest_ts(self) -> Timestamp | None:
+        last = self.cluster.clock.last
+        return None if last == Timestamp(0, 0) else last
+
+    def oldest_entry(self) -> Entry | None:
+        return None
+
+    def read_from(self, start: Timestamp, limit: int) -> list[Entry]:
+        return []
+
+    def entry_at(self, ts: Timestamp) -> Entry | None:
+        return None
+
+    def namespaces(self) -> set[tuple[str, str]]:
+        out: set[tuple[str, str]] = set()
+        for shard in self.cluster.shards:
+            out |= shard.log.namespaces()
+        return out
+
+    def changed_event(self) -> asyncio.Event:
+        return self._changed
+
+    def __len__(self) -> int:
+        return sum(len(s.log) for s in self.cluster.shards)
+
+    # serve_forever's hooks (cdcserver/server.py): the front's command table, the shards'
+    # listeners started before the front's and closed after it.
+    @property
+    def command_table(self) -> dict[str, Any]:
+        from cdcserver.sharding.front import FRONT_COMMANDS
+
+        return FRONT_COMMANDS
+
+    async def start_cluster(self, host: str) -> None:
+        await self.cluster.start_shards(host)
+
+    async def stop_cluster(self) -> None:
+        await self.cluster.stop_shards()
+
+    def close_stores(self) -> None:
+        self.cluster.close_stores()
+
+
+class ShardedCluster:
+    def __init__(
+        self,
+        shards: int,
+        data_dir: str | None = None,
+        *,
+        noop_interval_s: float = 0.0,
+        store_options: dict[str, Any] | None = None,
+    ) -> None:
+        if shards < 1:
+            raise ValueError("--shards takes a number of shards >= 1")
+        self.clock = ClusterClock()
+        names = [f"shard{k}" for k in range(shards)]
+        config_path = None
+        if data_dir is not None:
+            os.makedirs(data_dir, exist_ok=True)
+            config_path = os.path.join(data_dir, "config.bson")
+        self.catalog = ShardingCatalog(names, config_path)
+        self.shards: list[Shard] = []
+        self._by_name: dict[str, Shard] = {}
+        self.front_log = ClusterLog(self)
+        for k, name in enumerate(names):
+            shard_dir = None
+            if data_dir is not None:
+                shard_dir = os.path.join(data_dir, name)
+                os.makedirs(shard_dir, exist_ok=True)
+            store = ShardStore(shard_dir, clock=self.clock, catalog=self.catalog,
+                               **(store_options or {}))
+            log = EmbeddedOplog(store, noop_interval_s=noop_interval_s)
+            store.listeners.append(self.front_log.notify)
+            state = ServerState(log=log, set_name=name)
+            shard = Shard(name, store, log, state, ConnectionState(-1 - k, "mongos"))
+            self.shards.append(shard)
+            self._by_name[name] = shard
+        # Transactions through the front: (lsid id, txnNumber) -> the shards it wrote to.
+        self.participants: dict[tuple[bytes, int], list[str]] = {}
+        self.cursor_owner: dict[int, str] = {}  # forwarded cursors: id -> shard
+
+    def shard(self, name: str) -> Shard:
+        return self._by_name[name]
+
+    async def start_shards(self, host: str = "127.0.0.1") -> None:
+        from cdcserver.server import Server
+
+        for shard in self.shards:
+            server = Server(shard.state)
+            shard.port = await server.start(host, 0)
+            shard.host = host
+            shard.server = server
+            self.catalog.shard_hosts[shard.name] = shard.host_string
+
+    async def stop_shards(self) -> None:
+        for shard in self.shards:
+            if shard.server is not None:
+                await shard.server.close()
+                shard.server = None
+        for shard in self.shards:
+            for cursor in list(shard.state.cursors.cursors.values()):
+                cursor.close()
+
+    def close_stores(self) -> None:
+        for shard in self.shards:
+            shard.store.close()
+
+
+def open_cluster(config: Any, shards: int) -> ClusterLog:
+    """`serve --shards N`: the cluster of `config.store` (in memory or in store.data_dir)."""
+    sc = config.store
+    options = {
+        "synchronous": sc.synchronous,
+        "oplog_size_bytes": sc.oplog_size_mb * 1024 * 1024,
+        "txn_oplog_entry_bytes": sc.txn_oplog_entry_bytes,
+        "txn_oplog_entry_ops": sc.txn_oplog_entry_ops,
+        "ttl_monitor_sleep_secs": sc.ttl_monitor_sleep_secs,
+        "transaction_lifetime_limit_seconds": sc.transaction_lifetime_limit_seconds,
+        "oplog_min_retention_hours": sc.oplog_min_retention_hours,
+    }
+    cluster = ShardedCluster(
+        shards, None if sc.in_memory else sc.data_dir, noop_interval_s=0.0,
+        store_options=options,
+    )
+    config.source.follow = False
+    return cluster.front_log

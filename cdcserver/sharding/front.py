@@ -1,0 +1,874 @@
+"""The mongos front of the embedded cluster: its command table and the routing.
+
+`FRONT_COMMANDS` is the front's whole table, built here in one place: the commands mongos
+answers itself (hello with `msg: "isdbgrid"`, the sharding commands, `config.*` reads, fail
+points), the routed ones (CRUD by shard key, DDL on the database's primary shard or on every
+shard of a sharded collection, change streams merged from every shard), and, for every other
+command a shard knows, forwarding to the database's primary shard (shard0 for admin).
+
+A forwarded command runs through the shard's own `run_command` in-process; a shard's error
+comes back to the client as the shard gave it (code, codeName, message, labels).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from bson.int64 import Int64
+from bson.max_key import MaxKey
+from bson.min_key import MinKey
+from bson.objectid import ObjectId
+from bson.timestamp import Timestamp
+
+from cdcserver import server as _server  # noqa: F401  (every shard command is registered)
+from cdcserver.commands import failpoints, handshake
+from cdcserver.commands.registry import COMMANDS, int_arg, run_command
+from cdcserver.cursors import cursor_reply
+from cdcserver.sharding.catalog import _MISSING, _key_bytes, hashed_value, path_value
+from cdcserver.sharding.streams import MergedChangeStream
+from pipeline_stages.errors import MongoError
+from pipeline_stages.spec import is_change_stream_aggregate, parse_aggregate
+
+if TYPE_CHECKING:
+    from cdcserver.sharding.cluster import Shard, ShardedCluster
+
+FRONT_COMMANDS: dict[str, Any] = {}
+
+_REPLY_TIME_FIELDS = ("ok", "$clusterTime", "operationTime")
+
+
+class ShardError(failpoints.FailPointError):
+    """A shard's error reply, passed on as it is (its labels are final)."""
+
+    def __init__(self, reply: Mapping[str, Any]) -> None:
+        extra = {
+            k: v for k, v in reply.items()
+            if k not in ("ok", "errmsg", "code", "codeName", "errorLabels", "$clusterTime",
+                         "operationTime")
+        }
+        super().__init__(int(reply.get("code", 1)), str(reply.get("errmsg", "")),
+                         list(reply.get("errorLabels", [])), extra)
+
+
+def front(*names: str) -> Any:
+    def register(handler: Any) -> Any:
+        for name in names:
+            FRONT_COMMANDS[name] = handler
+        return handler
+
+    return register
+
+
+def cluster_of(server: Any) -> ShardedCluster:
+    return server.log.cluster
+
+
+async def forward(cluster: ShardedCluster, shard: Shard, cmd: Mapping[str, Any], db: str
+                  ) -> dict[str, Any]:
+    """Run `cmd` on `shard`; its reply without ok/times, or its error raised."""
+    body = {k: v for k, v in cmd.items() if k != "$clusterTime"}
+    body["$db"] = db
+    reply = await run_command(shard.state, shard.conn, body)
+    if reply.get("ok") != 1:
+        raise ShardError(reply)
+    out = {k: v for k, v in reply.items() if k not in _REPLY_TIME_FIELDS}
+    cursor = out.get("cursor")
+    if isinstance(cursor, Mapping) and cursor.get("id"):
+        cluster.cursor_owner[int(cursor["id"])] = shard.name
+    _note_participant(cluster, shard, cmd)
+    return out
+
+
+def _note_participant(cluster: ShardedCluster, shard: Shard, cmd: Mapping[str, Any]) -> None:
+    lsid, number = cmd.get("lsid"), cmd.get("txnNumber")
+    if cmd.get("autocommit") is False and isinstance(lsid, Mapping) and number is not None:
+        key = (bytes(lsid.get("id", b"")), int(number))
+        shards = cluster.participants.setdefault(key, [])
+        if shard.name not in shards:
+            shards.append(shard.name)
+
+
+def _primary(cluster: ShardedCluster, db: str, create: bool) -> Shard:
+    if db in ("admin", "config", "local"):
+        return cluster.shards[0]
+    name = cluster.catalog.ensure_database(db) if create else cluster.catalog.primary(db)
+    return cluster.shard(name) if name is not None else cluster.shards[0]
+
+
+async def forward_default(server, conn, cmd, db):
+    """mongos passes a command it does not route otherwise to the database's primary shard."""
+    cluster = cluster_of(server)
+    return await forward(cluster, _primary(cluster, db, create=False), cmd, db)
+
+
+# -- handshake ------------------------------------------------------------------------------------
+
+_HELLO_KEEP = ("maxBsonObjectSize", "maxMessageSizeBytes", "maxWriteBatchSize", "localTime",
+               "logicalSessionTimeoutMinutes", "connectionId", "minWireVersion",
+               "maxWireVersion")
+
+
+async def _front_hello(server, conn, cmd, db, legacy: bool) -> dict[str, Any]:
+    base = await handshake._hello(server, conn, cmd, db, legacy)
+    reply: dict[str, Any] = {}
+    if cmd.get("helloOk") is True:
+        reply["helloOk"] = True
+    reply["ismaster" if legacy else "isWritablePrimary"] = True
+    reply["msg"] = "isdbgrid"
+    reply["topologyVersion"] = base["topologyVersion"]
+    for key in _HELLO_KEEP:
+        reply[key] = base[key]
+    for key, value in base.items():  # compression, saslSupportedMechs, speculative auth
+        if key not in reply and key not in (
+            "hosts", "setName", "setVersion", "secondary", "primary", "me", "electionId",
+            "lastWrite", "readOnly", "ismaster", "isWritablePrimary",
+        ):
+            reply[key] = value
+    return reply
+
+
+@front("hello")
+async def hello(server, conn, cmd, db):
+    return await _front_hello(server, conn, cmd, db, legacy=False)
+
+
+@front("isMaster", "ismaster")
+async def is_master(server, conn, cmd, db):
+    return await _front_hello(server, conn, cmd, db, legacy=True)
+
+
+@front("isdbgrid")
+async def isdbgrid(server, conn, cmd, db):
+    import socket
+
+    return {"isdbgrid": 1, "hostname": socket.gethostname()}
+
+
+@front("ping")
+async def ping(server, conn, cmd, db):
+    return {}
+
+
+FRONT_COMMANDS["configureFailPoint"] = COMMANDS["configureFailPoint"]
+
+
+# -- sharding commands ----------------------------------------------------------------------------
+
+def _admin_only(name: str, db: str) -> None:
+    if db != "admin":
+        raise MongoError(13, f"{name} may only be run against the admin database.")
+
+
+@front("listShards")
+async def list_shards(server, conn, cmd, db):
+    _admin_only("listShards", db)
+    return {"shards": _shard_docs(cluster_of(server))}
+
+
+def _shard_docs(cluster: ShardedCluster) -> list[dict[str, Any]]:
+    return [
+        {"_id": s.name, "host": s.host_string, "state": 1, "topologyTime": Timestamp(1, 1 + i)}
+        for i, s in enumerate(cluster.shards)
+    ]
+
+
+@front("enableSharding", "enablesharding")
+async def enable_sharding(server, conn, cmd, db):
+    _admin_only("enableSharding", db)
+    cluster = cluster_of(server)
+    name = cmd[next(iter(cmd))]
+    if not isinstance(name, str) or not name:
+        raise MongoError(73, f"Invalid db name specified: {name}")
+    primary = cmd.get("primaryShard")
+    if primary is not None and primary not in cluster.catalog.shard_names:
+        raise MongoError(70, f"Shard {primary} not found")
+    current = cluster.catalog.primary(name)
+    if current is not None and primary is not None and current != primary:
+        raise MongoError(
+            48, f"Database {name} already exists with primary shard {current}",
+        )
+    cluster.catalog.ensure_database(name, primary)
+    return {}
+
+
+def _namespace_arg(cmd: Mapping[str, Any], name: str) -> tuple[str, str, str]:
+    ns = cmd.get(name)
+    if not isinstance(ns, str) or "." not in ns or ns.startswith(".") or ns.endswith("."):
+        raise MongoError(73, f"Invalid namespace specified '{ns}'")
+    db, coll = ns.split(".", 1)
+    return ns, db, coll
+
+
+def _check_key_pattern(key: Any) -> dict[str, Any]:
+    if not isinstance(key, Mapping) or not key:
+        raise MongoError(2, "Shard key cannot be empty")
+    hashed = 0
+    for value in key.values():
+        if value == "hashed":
+            hashed += 1
+        elif value != 1 or isinstance(value, bool):
+            raise MongoError(
+                2, f"Shard key {dict(key)} must be a pattern with values 1 or 'hashed'"
+            )
+    if hashed > 1:
+        raise MongoError(31303, "A shard key pattern cannot contain more than 1 hashed field")
+    return dict(key)
+
+
+@front("shardCollection", "shardcollection")
+async def shard_collection(server, conn, cmd, db):
+    _admin_only("shardCollection", db)
+    cluster = cluster_of(server)
+    ns, dbname, coll = _namespace_arg(cmd, next(iter(cmd)))
+    key = _check_key_pattern(cmd.get("key"))
+    catalog = cluster.catalog
+    existing = catalog.key_pattern(ns)
+    if existing is not None:
+        if existing != key:
+            raise MongoError(
+                20, f"sharding already enabled for collection {ns} with options "
+                f"{{ shardKey: {existing} }}",
+            )
+        return {"collectionsharded": ns}
+    unique = cmd.get("unique") is True
+    primary = cluster.shard(catalog.ensure_database(dbname))
+    store = primary.store
+    c = store.get(dbname, coll)
+    if c is None:
+        await forward(cluster, primary, {"create": coll}, dbname)
+        c = store.get(dbname, coll)
+    if list(key) != ["_id"] or key["_id"] == "hashed":
+        name = "_".join(f"{f}_{v}" for f, v in key.items())
+        index: dict[str, Any] = {"key": key, "name": name}
+        if unique:
+            index["unique"] = True
+        await forward(cluster, primary, {"createIndexes": coll, "indexes": [index]}, dbname)
+    empty = not store.documents(c)
+    catalog.shard_collection(ns, key if empty else key, unique, bytes(c.uuid), primary.name)
+    if not empty:  # only an empty collection is presplit
+        catalog.chunks[ns] = catalog.chunks[ns][:1]
+        catalog.chunks[ns][0].update({"min": dict.fromkeys(key, MinKey()),
+                                      "max": dict.fromkeys(key, MaxKey()),
+                                      "shard": primary.name})
+        catalog.save()
+    for chunk in catalog.chunks[ns]:
+        _ensure_collection_on(cluster, cluster.shard(chunk["shard"]), primary, dbname, coll)
+    return {"collectionsharded": ns}
+
+
+def _ensure_collection_on(cluster: ShardedCluster, shard: Shard, primary: Shard, db: str,
+                          coll: str) -> Any:
+    """The sharded collection on a shard that owns a chunk of it: same UUID and indexes as on
+    the primary, created as a migration does (fromMigrate: invisible to change streams)."""
+    c = shard.store.get(db, coll)
+    if c is not None:
+        return c
+    source = primary.store.get(db, coll)
+    with shard.store.migrating(), shard.store.batch():
+        c = shard.store.create_collection(db, coll, dict(source.options) if source else {},
+                                          uuid=source.uuid if source is not None else None)
+        if source is not None:
+            extra = [dict(i) for i in getattr(source, "indexes", []) if i.get("name") != "_id_"]
+            if extra:
+                shard.store.create_indexes(c, extra)
+    return c
+
+
+def _find_chunk_arg(cluster: ShardedCluster, ns: str, cmd: Mapping[str, Any]) -> dict[str, Any]:
+    catalog = cluster.catalog
+    if "bounds" in cmd:
+        bounds = cmd["bounds"]
+        chunk = catalog.find_chunk(ns, bounds[0])
+    elif "min" in cmd:
+        chunk = catalog.find_chunk(ns, cmd["min"])
+    elif "find" in cmd:
+        chunk = catalog.chunk_for_values(ns, catalog.key_values(ns, cmd["find"]))
+    else:
+        raise MongoError(72, "need to specify either a find query, or both lower and upper "
+                         "bounds.")
+    if chunk is None:
+        raise MongoError(61, f"no chunk found for {ns}")
+    return chunk
+
+
+@front("split")
+async def split(server, conn, cmd, db):
+    _admin_only("split", db)
+    cluster = cluster_of(server)
+    ns, _, _ = _namespace_arg(cmd, "split")
+    catalog = cluster.catalog
+    if not catalog.is_sharded(ns):
+        raise MongoError(118, f"ns {ns} is not sharded")  # NamespaceNotSharded
+    if "middle" in cmd:
+        catalog.split(ns, cmd["middle"])
+    else:
+        chunk = _find_chunk_arg(cluster, ns, cmd)
+        values = _median(cluster, ns, chunk)
+        if values is not None:
+            catalog.split(ns, values)
+    return {}
+
+
+def _median(cluster: ShardedCluster, ns: str, chunk: Mapping[str, Any]) -> dict | None:
+    db, coll = ns.split(".", 1)
+    store = cluster.shard(chunk["shard"]).store
+    c = store.get(db, coll)
+    pattern = cluster.catalog.key_pattern(ns) or {}
+    docs = [d for d in store.documents(c).values() if cluster.catalog.in_chunk(ns, chunk, d)]
+    if len(docs) < 2:
+        return None
+    keys = sorted((cluster.catalog.key_values(ns, d) for d in docs), key=_key_bytes)
+    mid = keys[len(keys) // 2]
+    return dict(zip(pattern, mid, strict=True))
+
+
+@front("moveChunk", "movechunk")
+async def move_chunk(server, conn, cmd, db):
+    _admin_only("moveChunk", db)
+    cluster = cluster_of(server)
+    ns, _, _ = _namespace_arg(cmd, next(iter(cmd)))
+    if not cluster.catalog.is_sharded(ns):
+        raise MongoError(118, f"ns {ns} is not sharded")
+    to = cmd.get("to")
+    if to not in cluster.catalog.shard_names:
+        raise MongoError(ShardNotFound, f"Could not find shard {to}")
+    await migrate(cluster, ns, _find_chunk_arg(cluster, ns, cmd), to)
+    return {"millis": 0}
+
+
+ShardNotFound = 70
+
+
+@front("moveRange")
+async def move_range(server, conn, cmd, db):
+    _admin_only("moveRange", db)
+    cluster = cluster_of(server)
+    ns, _, _ = _namespace_arg(cmd, "moveRange")
+    if not cluster.catalog.is_sharded(ns):
+        raise MongoError(118, f"ns {ns} is not sharded")
+    to = cmd.get("toShard")
+    if to not in cluster.catalog.shard_names:
+        raise MongoError(ShardNotFound, f"Could not find shard {to}")
+    if "min" not in cmd:
+        raise MongoError(40414, "BSON field 'moveRange.min' is missing but a required field")
+    catalog = cluster.catalog
+    chunk = catalog.find_chunk(ns, cmd["min"])
+    if "max" in cmd and chunk is not None:
+        catalog.split(ns, cmd["max"])  # moves only [min, max)
+    if chunk is not None and _key_bytes(list(chunk["min"].values())) != _key_bytes(
+        list(cmd["min"].values())
+    ):
+        catalog.split(ns, cmd["min"])
+        chunk = catalog.find_chunk(ns, cmd["min"])
+    await migrate(cluster, ns, chunk, to)
+    return {}
+
+
+async def migrate(cluster: ShardedCluster, ns: str, chunk: dict[str, Any], to: str) -> None:
+    """A chunk migration: the recipient inserts the chunk's documents and the donor deletes
+    them, both with `fromMigrate: true` (no change-stream events); then the chunk moves."""
+    if chunk["shard"] == to:
+        return
+    db, coll = ns.split(".", 1)
+    donor, recipient = cluster.shard(chunk["shard"]), cluster.shard(to)
+    catalog = cluster.catalog
+    primary = cluster.shard(catalog.primary(db) or chunk["shard"])
+    source = donor.store.get(db, coll)
+    target = _ensure_collection_on(cluster, recipient, primary, db, coll)
+    docs = [] if source is None else [
+        copy.deepcopy(d) for d in donor.store.documents(source).values()
+        if catalog.in_chunk(ns, chunk, d)
+    ]
+    with recipient.store.migrating(), recipient.store.batch():
+        for doc in docs:
+            recipient.store.insert_document(target, copy.deepcopy(doc))
+    if docs:
+        with donor.store.migrating(), donor.store.batch():
+            for doc in docs:
+                donor.store.delete_document(source, doc)
+    catalog.move(ns, chunk, to)
+
+
+@front("balancerStart", "balancerStop", "balancerStatus")
+async def balancer(server, conn, cmd, db):
+    _admin_only(next(iter(cmd)), db)
+    catalog = cluster_of(server).catalog
+    name = next(iter(cmd))
+    if name == "balancerStart":
+        catalog.balancer = True
+    elif name == "balancerStop":
+        catalog.balancer = False
+    else:
+        return {"mode": "full" if catalog.balancer else "off", "inBalancerRound": False,
+                "numBalancerRounds": Int64(0)}
+    return {}
+
+
+# -- routing of CRUD --------------------------------------------------------------------------
+
+def _sharded_ns(cluster: ShardedCluster, cmd: Mapping[str, Any], db: str) -> str | None:
+    coll = cmd.get(next(iter(cmd)))
+    if not isinstance(coll, str):
+        return None
+    ns = f"{db}.{coll}"
+    return ns if cluster.catalog.is_sharded(ns) else None
+
+
+def _target(cluster: ShardedCluster, ns: str, query: Any) -> Shard | None:
+    """The one shard a query's equality on the whole shard key targets (None: broadcast)."""
+    if not isinstance(query, Mapping):
+        return None
+    pattern = cluster.catalog.key_pattern(ns) or {}
+    values = []
+    for field, kind in pattern.items():
+        value = query.get(field, _MISSING)
+        if value is _MISSING:
+            value = path_value(query, field)
+        if value is _MISSING:
+            return None
+        if isinstance(value, Mapping) and any(str(k).startswith("$") for k in value):
+            if set(value) == {"$eq"}:
+                value = value["$eq"]
+            else:
+                return None
+        if isinstance(value, list):
+            return None
+        values.append(hashed_value(value) if kind == "hashed" else value)
+    return cluster.shard(cluster.catalog.chunk_for_values(ns, values)["shard"])
+
+
+def _owning_shards(cluster: ShardedCluster, ns: str) -> list[Shard]:
+    names = {c["shard"] for c in cluster.catalog.chunks.get(ns, [])}
+    return [s for s in cluster.shards if s.name in names]
+
+
+def _merge_write_replies(replies: list[tuple[list[int], dict[str, Any]]]) -> dict[str, Any]:
+    """Per-shard write replies into one (indexes mapped back to the client's statements)."""
+    out: dict[str, Any] = {"n": 0}
+    modified = None
+    upserted: list[dict[str, Any]] = []
+    errors: list[dict[str, Any]] = []
+    for indexes, reply in replies:
+        out["n"] += int(reply.get("n", 0))
+        if "nModified" in reply:
+            modified = (modified or 0) + int(reply["nModified"])
+        for u in reply.get("upserted", []):
+            upserted.append({**u, "index": indexes[u["index"]]})
+        for e in reply.get("writeErrors", []):
+            errors.append({**e, "index": indexes[e["index"]]})
+    if upserted:
+        out["upserted"] = sorted(upserted, key=lambda u: u["index"])
+    if modified is not None:
+        out["nModified"] = modified
+    if errors:
+        out["writeErrors"] = sorted(errors, key=lambda e: e["index"])
+    return out
+
+
+@front("insert")
+async def insert(server, conn, cmd, db):
+    cluster = cluster_of(server)
+    ns = _sharded_ns(cluster, cmd, db)
+    if ns is None:
+        return await forward(cluster, _primary(cluster, db, create=True), cmd, db)
+    docs = cmd.get("documents")
+    if not isinstance(docs, list):
+        return await forward(cluster, _primary(cluster, db, create=True), cmd, db)
+    docs = [d if not isinstance(d, dict) or "_id" in d else {"_id": ObjectId(), **d}
+            for d in docs]
+    by_shard: dict[str, list[int]] = {}
+    for i, doc in enumerate(docs):
+        shard = cluster.catalog.shard_for(ns, doc) if isinstance(doc, Mapping) else \
+            cluster.shards[0].name
+        by_shard.setdefault(shard, []).append(i)
+    replies = []
+    ordered = cmd.get("ordered", True) is not False
+    for name, indexes in by_shard.items():
+        sub = {**cmd, "documents": [docs[i] for i in indexes]}
+        reply = await forward(cluster, cluster.shard(name), sub, db)
+        replies.append((indexes, reply))
+        if ordered and reply.get("writeErrors"):
+            break
+    return _merge_write_replies(replies)
+
+
+async def _routed_writes(server, cmd, db, field: str, multi_of: Any) -> dict[str, Any]:
+    cluster = cluster_of(server)
+    ns = _sharded_ns(cluster, cmd, db)
+    statements = cmd.get(field)
+    if ns is None or not isinstance(statements, list):
+        create = field == "updates"
+        return await forward(cluster, _primary(cluster, db, create=create), cmd, db)
+    groups: dict[str, list[int]] = {}
+    broadcast: list[int] = []
+    for i, stmt in enumerate(statements):
+        shard = _target(cluster, ns, stmt.get("q") if isinstance(stmt, Mapping) else None)
+        if shard is None:
+            broadcast.append(i)
+        else:
+            groups.setdefault(shard.name, []).append(i)
+    replies = []
+    for name, indexes in groups.items():
+        sub = {**cmd, field: [statements[i] for i in indexes]}
+        replies.append((indexes, await forward(cluster, cluster.shard(name), sub, db)))
+    for i in broadcast:
+        stmt = statements[i]
+        shards = _owning_shards(cluster, ns)
+        if multi_of(stmt):
+            for shard in shards:
+                replies.append(([i], await forward(cluster, shard, {**cmd, field: [stmt]}, db)))
+            continue
+        # One document without the shard key: the first shard that has a match takes it.
+        for k, shard in enumerate(shards):
+            one = dict(stmt)
+            if k < len(shards) - 1 and field == "updates":
+                one["upsert"] = False
+            reply = await forward(cluster, shard, {**cmd, field: [one]}, db)
+            if reply.get("n") or reply.get("writeErrors") or k == len(shards) - 1:
+                replies.append(([i], reply))
+                break
+    return _merge_write_replies(replies)
+
+
+@front("update")
+async def update(server, conn, cmd, db):
+    return await _routed_writes(server, cmd, db, "updates", lambda s: s.get("multi") is True)
+
+
+@front("delete")
+async def delete(server, conn, cmd, db):
+    return await _routed_writes(server, cmd, db, "deletes", lambda s: s.get("limit") == 0)
+
+
+@front("findAndModify", "findandmodify")
+async def find_and_modify(server, conn, cmd, db):
+    cluster = cluster_of(server)
+    ns = _sharded_ns(cluster, cmd, db)
+    if ns is None:
+        return await forward(cluster, _primary(cluster, db, create=True), cmd, db)
+    shard = _target(cluster, ns, cmd.get("query"))
+    if shard is not None:
+        return await forward(cluster, shard, cmd, db)
+    shards = _owning_shards(cluster, ns)
+    for k, shard in enumerate(shards):
+        reply = await forward(cluster, shard, cmd, db)
+        if reply.get("value") is not None or k == len(shards) - 1:
+            return reply
+    return {}
+
+
+def _sort_key(sort: Mapping[str, Any]) -> Any:
+    def compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
+        for field, direction in sort.items():
+            va, vb = path_value(a, field), path_value(b, field)
+            ka = _key_bytes([None if va is _MISSING else va])
+            kb = _key_bytes([None if vb is _MISSING else vb])
+            if ka != kb:
+                less = ka < kb
+                return (-1 if less else 1) * (1 if direction != -1 else -1)
+        return 0
+
+    return functools.cmp_to_key(compare)
+
+
+async def _drain(cluster: ShardedCluster, shard: Shard, cmd: dict[str, Any], db: str
+                 ) -> list[Any]:
+    reply = await forward(cluster, shard, cmd, db)
+    cursor = reply["cursor"]
+    out = list(cursor.get("firstBatch", []))
+    cursor_id = int(cursor.get("id", 0))
+    coll = cursor["ns"].split(".", 1)[1]
+    while cursor_id:
+        more = await forward(cluster, shard, {"getMore": Int64(cursor_id), "collection": coll},
+                             db)
+        out.extend(more["cursor"]["nextBatch"])
+        cursor_id = int(more["cursor"]["id"])
+    cluster.cursor_owner.pop(int(cursor.get("id", 0)), None)
+    return out
+
+
+@front("find")
+async def find(server, conn, cmd, db):
+    cluster = cluster_of(server)
+    if db == "config" and cmd.get("find") in ("shards", "databases", "collections", "chunks"):
+        return _config_find(cluster, cmd)
+    ns = _sharded_ns(cluster, cmd, db)
+    if ns is None:
+        return await forward(cluster, _primary(cluster, db, create=False), cmd, db)
+    shard = _target(cluster, ns, cmd.get("filter"))
+    if shard is not None:
+        return await forward(cluster, shard, cmd, db)
+    skip = int_arg(cmd, "skip", "find", 0) or 0
+    limit = int_arg(cmd, "limit", "find", 0) or 0
+    sub = {k: v for k, v in cmd.items() if k not in ("skip", "limit", "batchSize",
+                                                     "singleBatch")}
+    if limit:
+        sub["limit"] = skip + abs(limit)
+    docs: list[Any] = []
+    for shard in _owning_shards(cluster, ns):
+        docs.extend(await _drain(cluster, shard, sub, db))
+    sort = cmd.get("sort")
+    if isinstance(sort, Mapping) and sort:
+        docs.sort(key=_sort_key(sort))
+    docs = docs[skip:]
+    if limit:
+        docs = docs[: abs(limit)]
+    return {"cursor": {"firstBatch": docs, "id": Int64(0), "ns": ns}}
+
+
+def _config_find(cluster: ShardedCluster, cmd: Mapping[str, Any]) -> dict[str, Any]:
+    catalog = cluster.catalog
+    name = cmd["find"]
+    if name == "shards":
+        docs = _shard_docs(cluster)
+    elif name == "databases":
+        docs = list(catalog.databases.values())
+    elif name == "collections":
+        docs = list(catalog.collections.values())
+    else:
+        docs = [c for cs in catalog.chunks.values() for c in cs]
+    flt = cmd.get("filter") or {}
+    docs = [d for d in docs if all(d.get(k) == v for k, v in flt.items())]
+    if name == "chunks":
+        docs = [{k: v for k, v in d.items() if k != "ns"} for d in docs]
+    return {"cursor": {"firstBatch": docs, "id": Int64(0), "ns": f"config.{name}"}}
+
+
+@front("count")
+async def count(server, conn, cmd, db):
+    cluster = cluster_of(server)
+    ns = _sharded_ns(cluster, cmd, db)
+    if ns is None:
+        return await forward(cluster, _primary(cluster, db, create=False), cmd, db)
+    total = 0
+    for shard in _owning_shards(cluster, ns):
+        total += int((await forward(cluster, shard, cmd, db)).get("n", 0))
+    return {"n": total}
+
+
+# -- DDL ----------------------------------------------------------------------------------------
+
+@front("create", "createIndexes", "renameCollection", "collMod")
+async def ddl_create(server, conn, cmd, db):
+    cluster = cluster_of(server)
+    name = next(iter(cmd))
+    if name == "renameCollection":
+        source = cmd.get("renameCollection")
+        target = cmd.get("to")
+        if isinstance(source, str) and isinstance(target, str):
+            src_db = source.split(".", 1)[0]
+            primary = _primary(cluster, src_db, create=False)
+            reply = await forward(cluster, primary, cmd, db)
+            cluster.catalog.rename_collection(source, target)
+            return reply
+    ns = _sharded_ns(cluster, cmd, db)
+    primary = _primary(cluster, db, create=name != "collMod")
+    if ns is None:
+        return await forward(cluster, primary, cmd, db)
+    return await _on_every_shard(cluster, primary, cmd, db)
+
+
+async def _on_every_shard(cluster: ShardedCluster, primary: Shard, cmd: Mapping[str, Any],
+                          db: str) -> dict[str, Any]:
+    """A sharded collection's DDL: the primary shard's entries are the ones change streams
+    see; the other shards' are written as a migration's (fromMigrate)."""
+    reply = await forward(cluster, primary, cmd, db)
+    for shard in cluster.shards:
+        if shard is primary:
+            continue
+        coll = cmd.get(next(iter(cmd)))
+        if shard.store.get(db, coll) is None:
+            continue
+        with shard.store.migrating():
+            await forward(cluster, shard, cmd, db)
+    return reply
+
+
+@front("drop", "dropIndexes", "deleteIndexes")
+async def ddl_drop(server, conn, cmd, db):
+    cluster = cluster_of(server)
+    ns = _sharded_ns(cluster, cmd, db)
+    primary = _primary(cluster, db, create=False)
+    if ns is None:
+        return await forward(cluster, primary, cmd, db)
+    reply = await _on_every_shard(cluster, primary, cmd, db)
+    if next(iter(cmd)) == "drop":
+        cluster.catalog.drop_collection(ns)
+    return reply
+
+
+@front("dropDatabase")
+async def drop_database(server, conn, cmd, db):
+    cluster = cluster_of(server)
+    primary = _primary(cluster, db, create=False)
+    reply = await forward(cluster, primary, cmd, db)
+    for shard in cluster.shards:
+        if shard is not primary and db in shard.store.databases():
+            with shard.store.migrating():
+                await forward(cluster, shard, cmd, db)
+    cluster.catalog.drop_database(db)
+    return reply
+
+
+@front("listDatabases")
+async def list_databases(server, conn, cmd, db):
+    cluster = cluster_of(server)
+    seen: dict[str, dict[str, Any]] = {}
+    for shard in cluster.shards:
+        reply = await forward(cluster, shard, cmd, db)
+        for entry in reply.get("databases", []):
+            seen.setdefault(entry["name"], entry)
+    out: dict[str, Any] = {"databases": [seen[k] for k in sorted(seen)]}
+    if not cmd.get("nameOnly"):
+        out["totalSize"] = Int64(0)
+        out["totalSizeMb"] = Int64(0)
+    return out
+
+
+# -- sessions and transactions ------------------------------------------------------------------
+
+@front("commitTransaction", "abortTransaction")
+async def end_transaction(server, conn, cmd, db):
+    cluster = cluster_of(server)
+    lsid, number = cmd.get("lsid"), cmd.get("txnNumber")
+    key = None
+    if isinstance(lsid, Mapping) and number is not None:
+        key = (bytes(lsid.get("id", b"")), int(number))
+    shards = cluster.participants.get(key, []) if key is not None else []
+    if not shards:
+        return await forward(cluster, cluster.shards[0], cmd, db)
+    reply: dict[str, Any] = {}
+    # Not a two-phase commit: each participant commits in turn.
+    for name in shards:
+        reply = await forward(cluster, cluster.shard(name), cmd, db)
+    if key is not None:
+        cluster.participants.pop(key, None)
+    return reply
+
+
+@front("endSessions", "killSessions", "killAllSessions", "killAllSessionsByPattern",
+       "refreshSessions")
+async def sessions(server, conn, cmd, db):
+    cluster = cluster_of(server)
+    reply: dict[str, Any] = {}
+    for shard in cluster.shards:
+        reply = await forward(cluster, shard, cmd, db)
+    return reply
+
+
+# -- cursors ------------------------------------------------------------------------------------
+
+@front("aggregate")
+async def aggregate(server, conn, cmd, db):
+    cluster = cluster_of(server)
+    if not is_change_stream_aggregate(cmd):
+        ns = _sharded_ns(cluster, cmd, db)
+        if ns is None:
+            return await forward(cluster, _primary(cluster, db, create=False), cmd, db)
+        # Stages each shard can run alone ($match, $project...): the shards' results together.
+        docs: list[Any] = []
+        for shard in _owning_shards(cluster, ns):
+            docs.extend(await _drain(cluster, shard, dict(cmd), db))
+        return {"cursor": {"firstBatch": docs, "id": Int64(0), "ns": ns}}
+    cursor_doc = cmd.get("cursor")
+    if not isinstance(cursor_doc, dict):
+        raise MongoError(
+            9, "The 'cursor' option is required, except for aggregate with the explain argument",
+        )
+    batch_size = int_arg(cursor_doc, "batchSize", "aggregate.cursor")
+    if batch_size is not None and batch_size < 0:
+        raise MongoError(51024, "BSON field 'batchSize' value must be >= 0, actual value "
+                         f"'{batch_size}'")
+    spec = parse_aggregate(cmd, db)
+    if spec.resume_token is not None:
+        start = spec.resume_token.cluster_time
+    elif spec.start_at_operation_time is not None:
+        start = spec.start_at_operation_time
+    else:
+        start = cluster.clock.next_ts()
+    ns = f"{db}.{spec.coll}" if spec.scope == "collection" else f"{db}.$cmd.aggregate"
+    stream = MergedChangeStream(server.cursors.new_id(), ns, cluster, spec, start)
+    try:
+        batch = await stream.first_batch(batch_size)
+    except MongoError:
+        stream.close()
+        raise
+    if batch.invalidated:
+        stream.close()
+    else:
+        server.cursors.cursors[stream.id] = stream
+    return {"cursor": cursor_reply(stream.id, ns, batch, first=True)}
+
+
+@front("getMore")
+async def get_more(server, conn, cmd, db):
+    cluster = cluster_of(server)
+    cursor_id = cmd.get("getMore")
+    stream = server.cursors.cursors.get(cursor_id) if isinstance(cursor_id, int) else None
+    if stream is None:
+        owner = cluster.cursor_owner.get(int(cursor_id)) if isinstance(cursor_id, int) else None
+        shard = cluster.shard(owner) if owner is not None else cluster.shards[0]
+        reply = await forward(cluster, shard, cmd, db)
+        if not reply.get("cursor", {}).get("id"):
+            cluster.cursor_owner.pop(int(cursor_id), None)
+        return reply
+    coll = cmd.get("collection")
+    if f"{db}.{coll}" != stream.ns:
+        raise MongoError(
+            13, f"Requested getMore on namespace '{db}.{coll}', but cursor belongs to a "
+            f"different namespace {stream.ns}",
+        )
+    batch_size = int_arg(cmd, "batchSize", "getMore")
+    max_time_ms = int_arg(cmd, "maxTimeMS", "getMore")
+    if stream.busy:
+        raise MongoError(292, f"cursor id {stream.id} is already in use")
+    stream.busy = True
+    try:
+        batch = await stream.get_more(batch_size, max_time_ms)
+    except MongoError:
+        server.cursors.kill(stream.id)
+        raise
+    finally:
+        stream.busy = False
+        stream.touch()
+        conn.awaited_s = stream.awaited_s
+    if batch.invalidated:
+        server.cursors.kill(stream.id)
+    return {"cursor": cursor_reply(stream.id, stream.ns, batch, first=False)}
+
+
+@front("killCursors")
+async def kill_cursors(server, conn, cmd, db):
+    cluster = cluster_of(server)
+    ids = cmd.get("killCursors") and cmd.get("cursors")
+    if not isinstance(ids, list):
+        return await forward_default(server, conn, cmd, db)
+    killed, not_found = [], []
+    for cid in ids:
+        cid = int(cid)
+        if server.cursors.kill(cid):
+            killed.append(Int64(cid))
+            continue
+        owner = cluster.cursor_owner.pop(cid, None)
+        if owner is None:
+            not_found.append(Int64(cid))
+            continue
+        reply = await forward(cluster, cluster.shard(owner),
+                              {**cmd, "cursors": [Int64(cid)]}, db)
+        (killed if reply.get("cursorsKilled") else not_found).append(Int64(cid))
+    return {"cursorsKilled": killed, "cursorsNotFound": not_found, "cursorsAlive": [],
+            "cursorsUnknown": []}
+
+
+def _build_table() -> None:
+    """Every other command a shard knows: forwarded to the primary shard of its database."""
+    for name in COMMANDS:
+        if name.startswith("$"):
+            continue
+        FRONT_COMMANDS.setdefault(name, forward_default)
+
+
+_build_table()

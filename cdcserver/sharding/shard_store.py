@@ -1,0 +1,154 @@
+"""A shard's embedded store: mongod's store, with the cluster's clock and the shard key.
+
+Every shard of the embedded cluster is a replica set of its own (its own oplog), but their
+timestamps come from one cluster clock (mongod's hybrid logical clock, gossiped through
+`$clusterTime`): a write anywhere gets a time after every time already handed out, so the
+shards' streams merge in clusterTime order and an idle shard can promise "nothing before the
+cluster's time" (`ClusterClock.next_ts`).
+
+For a sharded collection the oplog carries the documentKey as mongod writes it: the shard
+key's fields, then `_id` (insert and update `o2`, delete `o`). Chunk migrations and the
+non-primary shards' part of a sharded DDL write their entries with `fromMigrate: true`, which
+change streams skip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import bson
+from bson.int64 import Int64
+from bson.timestamp import Timestamp
+
+from cdcserver.embedded.store import (
+    ID_INDEX,
+    Collection,
+    Store,
+    _now_ms,
+    ordered_options,
+    validate_collection_name,
+)
+from cdcserver.sharding.catalog import ShardingCatalog
+
+
+class ClusterClock:
+    """One logical clock for every shard: seconds from the wall clock, increments after."""
+
+    def __init__(self) -> None:
+        self.last = Timestamp(0, 0)
+
+    def advance_to(self, ts: Timestamp | None) -> None:
+        if ts is not None and ts > self.last:
+            self.last = ts
+
+    def tick(self) -> Timestamp:
+        now = int(time.time())
+        last = self.last
+        self.last = Timestamp(now, 1) if now > last.time else Timestamp(last.time, last.inc + 1)
+        return self.last
+
+    def next_ts(self) -> Timestamp:
+        """The earliest time a write from now on can get."""
+        last = self.last
+        now = int(time.time())
+        return Timestamp(now, 1) if now > last.time else Timestamp(last.time, last.inc + 1)
+
+
+class ShardStore(Store):
+    def __init__(
+        self, data_dir: str | None, *, clock: ClusterClock, catalog: ShardingCatalog,
+        **options: Any,
+    ) -> None:
+        self.clock = clock
+        self.sharding = catalog
+        self._key_doc: Mapping[str, Any] | None = None  # the document of the update/delete
+        self.from_migrate = False
+        super().__init__(data_dir, **options)
+        clock.advance_to(self.latest_ts())
+
+    def _next_ts(self) -> Timestamp:
+        ts = self.clock.tick()
+        self._last_ts = ts
+        return ts
+
+    @contextlib.contextmanager
+    def migrating(self) -> Iterator[None]:
+        """Writes in here are a migration's (or another internal writer's): fromMigrate."""
+        self.from_migrate = True
+        try:
+            yield
+        finally:
+            self.from_migrate = False
+
+    def create_collection(
+        self, db: str, coll: str, options: Mapping[str, Any] | None = None, *,
+        uuid: bytes | None = None,
+    ) -> Collection:
+        """Store.create_collection; with `uuid`, the sharded collection's UUID (the same on
+        every shard, as mongod's)."""
+        if uuid is None:
+            return super().create_collection(db, coll, options)
+        validate_collection_name(db, coll)
+        options = ordered_options(options or {})
+        c = Collection(db, coll, uuid, options)
+        self.catalog[(db, coll)] = c
+        cs = self._cs(c)
+        cs.drop()
+        cs.create()
+        self._save_meta(c)
+        self.log("c", f"{db}.$cmd", {"create": coll, **options, "idIndex": dict(ID_INDEX)},
+                 ui=c.ui)
+        return c
+
+    def update_document(self, c: Any, pre: dict[str, Any], post: dict[str, Any],
+                        **kwargs: Any) -> bool:
+        self._key_doc = post
+        try:
+            return super().update_document(c, pre, post, **kwargs)
+        finally:
+            self._key_doc = None
+
+    def delete_document(self, c: Any, pre: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        self._key_doc = pre
+        try:
+            super().delete_document(c, pre, *args, **kwargs)
+        finally:
+            self._key_doc = None
+
+    def log(self, op: str, ns: str, o: Mapping[str, Any], **kwargs: Any
+            ) -> tuple[Timestamp, Any]:
+        if op in ("i", "u", "d") and self.sharding.is_sharded(ns):
+            if op == "i":
+                kwargs["o2"] = self.sharding.document_key(ns, o)
+            elif op == "u" and self._key_doc is not None:
+                kwargs["o2"] = self.sharding.document_key(ns, self._key_doc)
+            elif op == "d" and self._key_doc is not None:
+                o = self.sharding.document_key(ns, self._key_doc) or o
+        if self.from_migrate and self.txn is None:
+            return self._log_from_migrate(op, ns, o, kwargs.get("ui"), kwargs.get("o2"))
+        return super().log(op, ns, o, **kwargs)
+
+    def _log_from_migrate(
+        self, op: str, ns: str, o: Mapping[str, Any], ui: Any, o2: Mapping[str, Any] | None
+    ) -> tuple[Timestamp, Any]:
+        ts = self._next_ts()
+        wall = _now_ms()
+        entry: dict[str, Any] = {"op": op, "ns": ns}
+        if ui is not None:
+            entry["ui"] = ui
+        entry["o"] = o
+        if o2 is not None:
+            entry["o2"] = o2
+        entry["fromMigrate"] = True
+        entry["ts"] = ts
+        entry["t"] = Int64(1)
+        entry["v"] = Int64(2)
+        entry["wall"] = wall
+        raw = bson.encode(entry)
+        self._pending.append((ts, raw))
+        if self.persist is not None:
+            self.persist.append_oplog(ts, raw)
+        return ts, wall

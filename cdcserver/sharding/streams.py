@@ -1,0 +1,199 @@
+"""Change streams through the front: one stream per shard, merged as mongos merges them.
+
+Each shard runs the expanded `$changeStream` (with the user's stages) over its own oplog, as a
+shard does for mongos, but without `EnsureResumeTokenPresent`: only the shard that wrote the
+resumed event has it, so mongos checks the token on the merged stream (here too). The shards'
+batches go into `pipeline_stages/merge.py` (`AsyncResultsMerger`'s sorted tailable merge);
+an event leaves when every shard has promised past it.
+
+A shard that has read its whole oplog promises a high-water mark at the cluster's next time
+(`ClusterClock.next_ts`): its timestamps come from the cluster clock, so nothing it writes from
+now on can sort before that. mongos cannot know that of a real shard before the shard's next
+(periodic no-op) write, which is what makes sharded streams lag on idle shards; here an idle
+shard never holds the others back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from bson.raw_bson import RawBSONDocument
+from bson.timestamp import Timestamp
+
+from cdcserver.cursors import DEFAULT_AWAIT_MS, DEFAULT_BATCH_SIZE, ChangeStreamCursor
+from pipeline_stages import resume_token
+from pipeline_stages.ensure_resume_token_present import EnsureResumeTokenPresent
+from pipeline_stages.merge import ShardMerge
+from pipeline_stages.pipeline import MAX_BATCH_BYTES, Batch, ChangeStreamPipeline
+from pipeline_stages.resume_token import ResumeTokenData
+from pipeline_stages.spec import ChangeStreamSpec
+
+if TYPE_CHECKING:
+    from cdcserver.sharding.cluster import Shard, ShardedCluster
+
+# Events asked of each shard per poll.
+SHARD_BATCH = 1000
+
+
+def open_shard_cursor(shard: Shard, spec: ChangeStreamSpec, start: Timestamp, ns: str
+                      ) -> ChangeStreamCursor:
+    """A shard's part of a merged stream (not registered with the shard's cursors: it belongs
+    to the front)."""
+    state = shard.state
+    log = state.log
+    group, pipeline = state.cursors.hub.group_for(
+        spec, start, log,
+        lambda: ChangeStreamPipeline(spec, start, history=log, images=state.images),
+    )
+    pipeline.ensure_token = None  # checked on the merged stream
+    pipeline.check_history(log.oldest_entry())
+    cursor = ChangeStreamCursor(state.cursors.new_id(), ns, pipeline, group)
+    group.members.append(cursor)
+    return cursor
+
+
+class MergedChangeStream:
+    """A change-stream cursor of the front (duck-types `ChangeStreamCursor` for the registry:
+    id, ns, busy, closed, last_used, close)."""
+
+    def __init__(
+        self, cursor_id: int, ns: str, cluster: ShardedCluster, spec: ChangeStreamSpec,
+        start: Timestamp,
+    ) -> None:
+        self.id = cursor_id
+        self.ns = ns
+        self.cluster = cluster
+        self.spec = spec
+        self.busy = False
+        self.closed = False
+        self.draining = False
+        self.awaited_s = 0.0
+        self.last_used = time.monotonic()
+        self.subs: dict[str, ChangeStreamCursor] = {}
+        try:
+            for shard in cluster.shards:
+                self.subs[shard.name] = open_shard_cursor(shard, spec, start, ns)
+        except BaseException:
+            self.close()
+            raise
+        self.merge: ShardMerge[RawBSONDocument] = ShardMerge(list(self.subs))
+        client = spec.resume_token
+        if client is None and spec.start_at_operation_time is not None:
+            client = ResumeTokenData.high_water_mark(start, resume_token.DEFAULT_TOKEN_VERSION)
+        self.ensure = (
+            EnsureResumeTokenPresent(client)
+            if client is not None and not client.is_high_water_mark else None
+        )
+        self.pending: deque[RawBSONDocument] = deque()
+        self.invalidated = False  # the invalidate has left the merge
+        if spec.resume_token is not None:
+            self.pbrt: dict[str, Any] = spec.resume_token.to_document()
+        else:
+            self.pbrt = ResumeTokenData.high_water_mark(start).to_document()
+
+    def touch(self) -> None:
+        self.last_used = time.monotonic()
+
+    def close(self) -> None:
+        self.closed = True
+        for sub in self.subs.values():
+            sub.close()
+            with contextlib.suppress(Exception):
+                sub.group.hub.forget_empty()  # type: ignore[union-attr]
+
+    # -- reading the shards ---------------------------------------------------------------------
+
+    async def _poll(self) -> None:
+        """Ask every open shard for what it has now; an idle shard promises the cluster's next
+        time."""
+        merge = self.merge
+        for name, sub in self.subs.items():
+            if sub.closed or name not in merge.shards:
+                continue
+            if merge.buffered(name) >= SHARD_BATCH:
+                continue
+            batch = await sub.get_more(SHARD_BATCH, 0)
+            token = batch.post_batch_resume_token
+            events = batch.events
+            if batch.invalidated:
+                merge.push(name, events, token)
+                merge.close(name)
+                sub.closed = True
+                continue
+            shard = self.cluster.shard(name)
+            latest = shard.log.latest_ts()
+            caught_up = (
+                len(events) < SHARD_BATCH and sub.pipeline.pending_count == 0
+                and (latest is None or sub.group.next_ts > latest)
+            )
+            if caught_up:
+                ts = self.cluster.clock.next_ts()
+                version = resume_token.version_for_event(ts, self.spec.resume_token)
+                promise = ResumeTokenData.high_water_mark(ts, version).to_document()
+                if resume_token.sort_key(promise) > resume_token.sort_key(token):
+                    token = promise
+            merge.push(name, events, token)
+
+    def _drain_merge(self) -> None:
+        ready = self.merge.pop_ready()
+        if self.ensure is not None and ready:
+            ready = self.ensure.process(ready)  # type: ignore[arg-type]
+        for event in ready:
+            self.pending.append(event)
+            if event["operationType"] == "invalidate":
+                self.invalidated = True
+                break
+
+    def _batch(self, size: int) -> Batch:
+        out: list[RawBSONDocument] = []
+        total = 0
+        pending = self.pending
+        while pending and len(out) < size:
+            n = len(pending[0].raw)
+            if out and total + n > MAX_BATCH_BYTES:
+                break
+            total += n
+            out.append(pending.popleft())
+        if out:
+            self.pbrt = dict(out[-1]["_id"])
+        if not pending and (not out or len(out) < size):
+            if self.invalidated:
+                return Batch(out, self.pbrt, True)
+            high = self.merge.post_batch_resume_token
+            if high is not None and resume_token.sort_key(high) > resume_token.sort_key(
+                self.pbrt
+            ):
+                self.pbrt = dict(high)
+        return Batch(out, self.pbrt, False)
+
+    async def first_batch(self, batch_size: int | None) -> Batch:
+        size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
+        if size > 0:
+            await self._poll()
+            self._drain_merge()
+        return self._batch(size)
+
+    async def get_more(self, batch_size: int | None, max_time_ms: int | None) -> Batch:
+        size = DEFAULT_BATCH_SIZE if batch_size is None or batch_size <= 0 else batch_size
+        wait_s = (DEFAULT_AWAIT_MS if max_time_ms is None else max_time_ms) / 1000
+        deadline = time.monotonic() + wait_s
+        self.awaited_s = 0.0
+        log = self.cluster.front_log
+        while True:
+            changed = log.changed_event()  # taken before reading: a write meanwhile wakes us
+            if not self.pending and not self.invalidated:
+                await self._poll()
+                self._drain_merge()
+            if self.pending or self.invalidated:
+                return self._batch(size)
+            now = time.monotonic()
+            remaining = deadline - now
+            if remaining <= 0 or self.draining:
+                return self._batch(size)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), remaining)
+            self.awaited_s += time.monotonic() - now
