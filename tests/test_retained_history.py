@@ -647,3 +647,28 @@ def test_export_refuses_a_bad_since_or_a_missing_log_in_one_line(tmp_path):
                       "--since", "1:1", "--out", str(tmp_path / "out"))
     assert missing.returncode == 2 and "no retained log" in missing.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_unusable_log_paths_fail_at_start_naming_them(tmp_path):
+    as_file = tmp_path / "file"
+    as_file.write_text("x")
+    with pytest.raises(DataDirError, match="cannot create the data directory"):
+        RetainedLog(str(as_file / "sub"))
+    (tmp_path / "d" / retained_module.FILE_NAME).mkdir(parents=True)  # not openable
+    with pytest.raises(DataDirError, match="cannot use the retained log") as bad:
+        RetainedLog(str(tmp_path / "d"))
+    assert retained_module.FILE_NAME in str(bad.value)
+
+
+def test_serve_refuses_a_corrupt_log_in_one_line(tmp_path):
+    (tmp_path / retained_module.FILE_NAME).write_bytes(b"garbage, not SQLite " * 200)
+    result = subprocess.run(
+        [sys.executable, "-m", "cdcserver.cli", "serve", "--port", "0", "--metrics-port", "0",
+         "--upstream", "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=100"],
+        capture_output=True, text=True, timeout=GUARD_S * 3, stdin=subprocess.DEVNULL,
+        env={**os.environ, "CDCSERVER_UPSTREAM_RETAIN_DIR": str(tmp_path)},
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("cdcserver: ") and "corrupt" in lines[-1]
+    assert str(tmp_path / retained_module.FILE_NAME) in lines[-1]

@@ -255,6 +255,7 @@ class UpstreamOplog(EntryList, OplogLog):
         self._retain_pre_images: list[dict[str, Any]] = []  # ids to fetch from the upstream
         self._retain_pre_images_wanted = asyncio.Event()
         self._new_stream_floor: Timestamp | None = None  # the commit point read at start
+        self._pre_image_errors: set[int] = set()  # codes the upstream answered (logged once)
         if options.retain_dir:
             self.retained = RetainedLog(
                 options.retain_dir, options.retain_mb, options.retain_hours
@@ -622,9 +623,19 @@ class UpstreamOplog(EntryList, OplogLog):
                 ).to_list()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - the upstream is away: try again
+            except Exception as exc:  # noqa: BLE001
+                err = upstream_unavailable("fetching pre-images for the retained log", exc)
+                if err.code not in (6, 89):
+                    # An answer (e.g. Unauthorized: no find on config.system.preimages): asking
+                    # again would get it again. Logged once per code; these ids are skipped
+                    # (their streams ask the upstream, as without a log).
+                    if err.code not in self._pre_image_errors:
+                        self._pre_image_errors.add(err.code)
+                        log.warning("retained log: %s", err.errmsg)
+                    del queue[: len(ids)]
+                    continue
                 log.debug("retained log: fetching pre-images: %s", exc)
-                await asyncio.sleep(backoff)
+                await asyncio.sleep(backoff)  # the upstream is away: try again
                 backoff = min(backoff * 2, self.options.backoff_max_ms / 1000)
                 continue
             backoff = self.options.backoff_initial_ms / 1000
@@ -633,6 +644,7 @@ class UpstreamOplog(EntryList, OplogLog):
                 for doc in docs
                 if isinstance(doc.get("preImage"), RawBSONDocument)
             ]
+            self._pre_image_errors.discard(0)
             try:
                 retained.put_pre_images(found)
             except RetainedWriteError:
@@ -775,8 +787,10 @@ class UpstreamOplog(EntryList, OplogLog):
                 queue = self._retain_pre_images
                 queue.extend(ids)
                 if len(queue) > PRE_IMAGE_QUEUE:  # the upstream unreachable for long
-                    log.warning("retained log: %d pre-images not fetched (the upstream did "
-                                "not answer)", len(queue) - PRE_IMAGE_QUEUE)
+                    if not self._pre_image_errors:  # warned once (until it answers again)
+                        log.warning("retained log: pre-images of older entries are not "
+                                    "fetched (the upstream does not answer)")
+                        self._pre_image_errors.add(0)
                     del queue[: len(queue) - PRE_IMAGE_QUEUE]
                 self._retain_pre_images_wanted.set()
         raw_list, ts_list, cache = self._raw, self._ts, self._decoded

@@ -120,10 +120,14 @@ class RetainedLog:
             except BaseException:
                 self.db.close()
                 raise
+        except sqlite3.OperationalError as exc:  # read-only, disk full, cannot open...
+            self._unlock()
+            raise DataDirError(
+                f"cannot use the retained log {self.path}: {exc} (is its directory writable, "
+                "with free space?)"
+            ) from None
         except sqlite3.DatabaseError as exc:  # "file is not a database", "malformed"...
             self._unlock()
-            if isinstance(exc, sqlite3.OperationalError) and "readonly" in str(exc).lower():
-                raise DataDirError(f"the retained log {self.path} is not writable") from None
             raise corrupt(self.path, exc) from None
         except BaseException:
             self._unlock()
