@@ -402,6 +402,7 @@ def test_killed_sidecar_restarts_from_its_log_without_gap_or_duplicate(a_server,
         before_kill = resumed_on(b.uri, token, latest_ts(a))
         assert before_kill == raws(recorder.events[k + 1 :])
         b.kill()
+        last_kept = retained_rows(retain_dir)[-1][0]
         write_chunk(ca, 80, 5)  # while B is down (A keeps B's last entry)
         recorder.catch_up()
         b = Sidecar(a.uri, retain_dir, tmp_path / "b.log")
@@ -411,6 +412,9 @@ def test_killed_sidecar_restarts_from_its_log_without_gap_or_duplicate(a_server,
         b.wait_caught_up(end)
         assert_history_lost(a.uri, token)
         assert resumed_on(b.uri, token, end) == raws(recorder.events[k + 1 :])
+        # B's tail went on after its last retained entry, not from A's present or oldest.
+        restarted = b.log_path.read_text().rsplit("listening on", 1)[1]
+        assert f"at {Timestamp(last_kept >> 32, last_kept & 0xFFFFFFFF)}" in restarted
         # The log itself: one entry per A entry, ascending, none twice (A's own oplog: the
         # entries it still has are B's newest ones, byte for byte).
         rows = retained_rows(retain_dir)
