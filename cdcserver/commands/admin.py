@@ -11,6 +11,7 @@ runs on behalf of another (explain) are looked up in the table `bind` was given.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import itertools
 import os
 import platform
@@ -90,6 +91,8 @@ class Counters:
         )
         self.opids = itertools.count(1)
         self.in_progress: dict[int, tuple[ConnectionState, str, Mapping[str, Any], float]] = {}
+        # The logical sessions commands used here ($listLocalSessions): id bytes -> record.
+        self.sessions: dict[bytes, dict[str, Any]] = {}
 
 
 def counters(server: Any) -> Counters:
@@ -106,7 +109,67 @@ def op_started(
     table = counters(server)
     opid = next(table.opids)
     table.in_progress[opid] = (conn, db, cmd, time.monotonic())
+    lsid = cmd.get("lsid")
+    if isinstance(lsid, Mapping) and isinstance(lsid.get("id"), bytes):
+        _note_session(table, conn, lsid["id"])
     return opid
+
+
+_SESSIONS_MAX = 100_000
+_SESSION_IDLE = datetime.timedelta(minutes=30)  # localLogicalSessionTimeoutMinutes
+
+
+def _user_name(conn: ConnectionState) -> str | None:
+    users = getattr(conn.auth, "users", None)
+    return users[0].full_name if users else None
+
+
+def _note_session(table: Counters, conn: ConnectionState, session_id: bytes) -> None:
+    """Keep the session's record as mongod's logical session cache does: its id, the digest of
+    the user who uses it (SHA-256 of "user@db", of nothing without authentication), last use."""
+    name = _user_name(conn)
+    record = table.sessions.pop(session_id, None)  # re-inserted: the dict stays in use order
+    if record is None:
+        digest = hashlib.sha256((name or "").encode()).digest()
+        record = {"_id": {"id": Binary(session_id, 4), "uid": Binary(digest, 0)}}
+        if name is not None:
+            record["user"] = {"name": name}
+    now = _now()
+    record["lastUse"] = now.replace(microsecond=now.microsecond // 1000 * 1000)  # a BSON date
+    table.sessions[session_id] = record
+    while len(table.sessions) > _SESSIONS_MAX:
+        table.sessions.pop(next(iter(table.sessions)))
+
+
+def list_local_sessions_stage(
+    server: ServerState, conn: ConnectionState, spec: Any, target: Any
+) -> list[dict]:
+    """`$listLocalSessions` (`{aggregate: 1}`): the sessions this server has seen used, the
+    connection's user's only unless `allUsers` (or `users`) says otherwise."""
+    if target != 1:
+        raise MongoError(73, "$listLocalSessions must be run against the database with "
+                         "{aggregate: 1}, not a collection")
+    if not isinstance(spec, Mapping):
+        raise MongoError(_FAILED_TO_PARSE, "$listLocalSessions options must be specified in "
+                         "an object, but found: " + type_name(spec))
+    for key in spec:
+        if key not in ("allUsers", "users", "$_internalPredicate"):
+            raise MongoError(40415, f"BSON field '$listLocalSessions.{key}' is an unknown "
+                             "field.")
+    table = counters(server)
+    cutoff = _now() - _SESSION_IDLE
+    for key in [k for k, r in table.sessions.items() if r["lastUse"] < cutoff]:
+        del table.sessions[key]
+    records = [dict(r) for r in table.sessions.values()]
+    if spec.get("allUsers") is True:
+        return records
+    users = spec.get("users")
+    if isinstance(users, list):
+        names = {f"{u.get('user')}@{u.get('db')}" for u in users if isinstance(u, Mapping)}
+        digests = {hashlib.sha256(n.encode()).digest() for n in names}
+    else:
+        digests = {hashlib.sha256((_user_name(conn) or "").encode()).digest()}
+    return [r for r in records if bytes(r["_id"]["uid"]) in digests]
 
 
 def op_finished(
@@ -121,7 +184,8 @@ def op_finished(
     """Count a finished command as mongod's opcounters and metrics do."""
     table = counters(server)
     table.in_progress.pop(opid, None)
-    counts = table.commands.setdefault(name, [0, 0])
+    # mongod counts the commands it does not know under one name.
+    counts = table.commands.setdefault(name if name in _commands else "<UNKNOWN>", [0, 0])
     counts[1] += 1
     if error is not None:
         counts[0] += 1
@@ -706,8 +770,6 @@ def _user_doc(user: Any, mechanisms: bool) -> dict[str, Any]:
 
 
 def _user_uuid(user: Any) -> bytes:
-    import hashlib
-
     return hashlib.md5(f"{user.db}.{user.name}".encode()).digest()  # stable per user
 
 
@@ -1177,6 +1239,9 @@ def aggregate_source(
     target = cmd.get("aggregate")
     if name == "$currentOp":
         docs = current_op_stage(server, conn, pipeline[0][name], db, target)
+        ns = f"{db}.$cmd.aggregate"
+    elif name == "$listLocalSessions":
+        docs = list_local_sessions_stage(server, conn, pipeline[0][name], target)
         ns = f"{db}.$cmd.aggregate"
     elif name == "$collStats":
         if not isinstance(target, str):

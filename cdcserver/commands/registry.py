@@ -127,18 +127,18 @@ async def run_command(
             raise shutdown_error(name, cmd, change_stream)
         if server.auth is not None and handler is not None:
             server.auth.check(conn, name, cmd, db)  # 13 Unauthorized (cdcserver/auth.py)
-        # Fail points (configureFailPoint) first: block, close the connection, or fail.
-        pending = failpoints.before_command(server, conn, name, cmd, db, commands)
-        if pending is not None:
-            await pending
-        if handler is None:
-            raise MongoError(59, f"no such command: '{name}'")
-        arguments.check_session_arguments(cmd)  # lsid, txnNumber...: typed for every command
-        if handler is not proxy:
-            txn_rules.check_allowed(name, cmd)  # 263, before the session is checked out
-            checked_out = True
         opid = admin.op_started(server, conn, name, cmd, db)  # currentOp shows it meanwhile
         try:
+            # Fail points (configureFailPoint) first: block, close the connection, or fail.
+            pending = failpoints.before_command(server, conn, name, cmd, db, commands)
+            if pending is not None:
+                await pending
+            if handler is None:
+                raise MongoError(59, f"no such command: '{name}'")
+            arguments.check_session_arguments(cmd)  # lsid, txnNumber...: typed for every one
+            if handler is not proxy:
+                txn_rules.check_allowed(name, cmd)  # 263, before the session is checked out
+                checked_out = True
             reply = await handler(server, conn, cmd, db)
         except MongoError as err:
             admin.op_finished(server, opid, name, cmd, None, err, change_stream)

@@ -1,0 +1,224 @@
+"""PyMongo's own test suite, run unchanged against cdcserver.
+
+The test tree comes from the sdist of the PyMongo release installed here (the package index's
+file, its sha256 checked), unpacked once into a cache outside the repository:
+``$CDCSERVER_PYMONGO_TESTS_CACHE``, else ``$XDG_CACHE_HOME/cdcserver-pymongo-tests``, else
+``~/.cache/cdcserver-pymongo-tests``. A run starts ``cdcserver serve --in-memory`` on a free
+port, points PyMongo's suite at it the way the suite expects (``DB_IP`` / ``DB_PORT``, read
+by its ``test/helpers_shared.py``), runs the chosen files with pytest in a subprocess under
+PyMongo's own pytest configuration (its ``pyproject.toml``), and reads the JUnit XML report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.error
+import urllib.request
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable
+
+INDEX_URL = os.environ.get("CDCSERVER_PYMONGO_INDEX", "https://pypi.org/simple/pymongo/")
+DOWNLOAD_TIMEOUT_S = 60.0
+
+
+class Unavailable(Exception):
+    """The test tree cannot be had (offline, no such release): the suite is skipped."""
+
+
+def cache_root() -> pathlib.Path:
+    explicit = os.environ.get("CDCSERVER_PYMONGO_TESTS_CACHE")
+    if explicit:
+        return pathlib.Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = pathlib.Path(xdg) if xdg else pathlib.Path.home() / ".cache"
+    return base / "cdcserver-pymongo-tests"
+
+
+def installed_version() -> str:
+    return importlib.metadata.version("pymongo")
+
+
+def _sdist_entry(version: str) -> dict:
+    """The index's record of pymongo-VERSION.tar.gz (PEP 691 JSON: url and sha256)."""
+    request = urllib.request.Request(
+        INDEX_URL, headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=DOWNLOAD_TIMEOUT_S) as response:
+            index = json.load(response)
+    except (OSError, urllib.error.URLError, ValueError) as exc:
+        raise Unavailable(f"cannot read the package index {INDEX_URL}: {exc}") from None
+    name = f"pymongo-{version}.tar.gz"
+    for entry in index.get("files", []):
+        if entry.get("filename") == name:
+            return entry
+    raise Unavailable(f"{INDEX_URL} has no {name} (the installed pymongo's sdist)")
+
+
+def _download(url: str, sha256: str | None, dest: pathlib.Path) -> None:
+    digest = hashlib.sha256()
+    partial = dest.with_suffix(".partial")
+    try:
+        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response, \
+                open(partial, "wb") as out:
+            while chunk := response.read(1 << 16):
+                digest.update(chunk)
+                out.write(chunk)
+    except (OSError, urllib.error.URLError) as exc:
+        partial.unlink(missing_ok=True)
+        raise Unavailable(f"cannot download {url}: {exc}") from None
+    if sha256 and digest.hexdigest() != sha256:
+        partial.unlink(missing_ok=True)
+        raise Unavailable(f"{url}: sha256 {digest.hexdigest()} is not the index's {sha256}")
+    partial.replace(dest)
+
+
+def _unpack(sdist: pathlib.Path, root: pathlib.Path) -> None:
+    """Only `test/` and `pyproject.toml` (PyMongo's pytest settings), without the sdist's
+    `pymongo/` package, so the installed PyMongo is the one under test."""
+    staging = pathlib.Path(tempfile.mkdtemp(prefix="unpack-", dir=root.parent))
+    try:
+        with tarfile.open(sdist) as tar:
+            members = []
+            for member in tar.getmembers():
+                parts = pathlib.PurePosixPath(member.name).parts
+                if len(parts) >= 2 and (parts[1] == "test" or parts[1:] == ("pyproject.toml",)):
+                    members.append(member)
+            tar.extractall(staging, members=members, filter="data")
+        top = next(staging.iterdir())
+        if root.exists():
+            shutil.rmtree(root)
+        top.replace(root)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def suite_tree(version: str | None = None) -> pathlib.Path:
+    """The unpacked tree (with `test/` and `pyproject.toml`) of this PyMongo release."""
+    version = version or installed_version()
+    base = cache_root()
+    root = base / f"pymongo-{version}"
+    if (root / "test" / "__init__.py").is_file() and (root / "pyproject.toml").is_file():
+        return root
+    base.mkdir(parents=True, exist_ok=True)
+    sdist = base / f"pymongo-{version}.tar.gz"
+    local = os.environ.get("CDCSERVER_PYMONGO_SDIST")  # a tarball at hand (offline machines)
+    if local:
+        shutil.copyfile(local, sdist)
+    elif not sdist.is_file():
+        entry = _sdist_entry(version)
+        _download(entry["url"], entry.get("hashes", {}).get("sha256"), sdist)
+    try:
+        _unpack(sdist, root)
+    except (tarfile.TarError, OSError, StopIteration) as exc:
+        sdist.unlink(missing_ok=True)
+        raise Unavailable(f"cannot unpack {sdist}: {exc}") from None
+    return root
+
+
+# -- running and reading the results ------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Case:
+    file: str  # as given to pytest, e.g. test/test_change_stream.py
+    nodeid: str  # file::Class::test
+    outcome: str  # passed | failed | error | skipped
+    message: str = ""
+
+
+@dataclasses.dataclass
+class Run:
+    cases: list[Case]
+    returncode: int
+    output: str
+
+    def of(self, file: str) -> list[Case]:
+        return [c for c in self.cases if c.file == file]
+
+    def counts(self, file: str) -> dict[str, int]:
+        out = dict.fromkeys(("passed", "failed", "error", "skipped"), 0)
+        for case in self.of(file):
+            out[case.outcome] += 1
+        return out
+
+
+def _nodeid(classname: str, name: str, files: Iterable[str]) -> tuple[str, str]:
+    """JUnit's `test.asynchronous.test_x.TestY` + `test_z` -> (file, file::TestY::test_z)."""
+    dotted = classname.split(".")
+    for file in files:
+        module = file[:-3].replace("/", ".")
+        if classname == module or classname.startswith(module + "."):
+            rest = classname[len(module) + 1:]
+            parts = [p for p in rest.split(".") if p] + [name]
+            return file, "::".join([file, *parts])
+    return "", "::".join([*dotted, name])
+
+
+def parse_junit(path: pathlib.Path, files: list[str]) -> list[Case]:
+    cases = []
+    for tc in ET.parse(path).getroot().iter("testcase"):
+        file, nodeid = _nodeid(tc.get("classname", ""), tc.get("name", ""), files)
+        outcome, message = "passed", ""
+        for child in tc:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome = {"failure": "failed"}.get(child.tag, child.tag)
+                message = child.get("message") or (child.text or "")[:500]
+                if child.tag == "skipped" and child.get("type") == "pytest.xfail":
+                    outcome = "skipped"
+                break
+        cases.append(Case(file, nodeid, outcome, message))
+    return cases
+
+
+def run_files(
+    tree: pathlib.Path, files: list[str], host: str, port: int, timeout_s: float,
+    extra_args: Iterable[str] = (),
+) -> Run:
+    """Run PyMongo's test `files` (paths under `tree`) against host:port."""
+    report = tree / f"cdcserver-report-{os.getpid()}-{port}.xml"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DB_"))}
+    env.update({"DB_IP": host, "DB_PORT": str(port)})
+    args = [
+        sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rN",
+        f"--junitxml={report}", *extra_args, *files,
+    ]
+    try:
+        done = subprocess.run(
+            args, cwd=tree, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+            text=True, timeout=timeout_s,
+        )
+        if not report.is_file():
+            raise RuntimeError(
+                f"PyMongo's tests wrote no report (exit {done.returncode}):\n"
+                f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+            )
+        return Run(parse_junit(report, files), done.returncode, done.stdout + done.stderr)
+    finally:
+        report.unlink(missing_ok=True)
+
+
+# Skips that say "this test is not for this server": a version, a topology, an API the test
+# does not cover (PyMongo's sync-only tests in the async file), or a property of the test
+# itself that holds for mongod alike.
+TOPOLOGY_OR_VERSION_SKIPS = re.compile(
+    r"runOnRequirements not satisfied"
+    r"|Server version must be"
+    r"|This test only works with the synchronous API"
+    r"|cluster-level change streams cannot be invalidated"
+    r"|Must be connected to a mongos|Must not be connected to a mongos"
+    r"|Must be connected to a replica set|Not connected to a replica set"
+    r"|Must have secondaries|Not connected to a load balancer|Must be connected to a load"
+    r"|[Ss]harded"
+)
