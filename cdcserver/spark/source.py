@@ -16,28 +16,39 @@
 It reads from a cdcserver or from MongoDB itself (any URI pymongo takes) with `watch()`. Rows
 have the columns of `rows.py` (`event` is the BSON the server sent, byte for byte).
 
+Each event is read once. The source is a `SimpleDataSourceStreamReader`: for a micro-batch,
+`read(start)` takes the events after `start` from one change stream (kept open from one batch
+to the next), at most `maxEventsPerTrigger` of them or what the server has right now, and
+returns them with the token of the last one as the batch's end; Spark keeps those rows for the
+batch. Only a batch that must be run again after a failure (a query restarted from its
+checkpoint with a batch in its offset log that was not committed) is read again, by
+`readBetweenOffsets(start, end)`: the events after `start` up to and including the one whose
+token is `end`, the same events however often it runs. With a file sink, a query killed at
+any point and restarted from its checkpoint writes every event exactly once.
+
 Offsets are resume tokens: `{"_data": ...}` (or `{"ts": [t, i]}` for a `startAtOperationTime`
-start). A micro-batch `(start, end]` is the events after `start` up to and including the event
-whose token is `end`: `read()` opens `watch(start_after=start)` and stops at `end`, so it gives
-the same events however often Spark runs it, and a query restarted from its checkpoint goes on
-exactly where it stopped (with a file sink: no loss, no duplicate). `latestOffset()` finds `end`
-by reading ahead from `start` on the driver, tokens only (the stream plus `{$project: {_id: 1}}`),
-up to `maxEventsPerTrigger` events or until the server has nothing more right now.
-A collection or database stream goes on past an invalidate, as a stream opened with
+start). A collection or database stream goes on past an invalidate, as a stream opened with
 `startAfter` the invalidate's token does (the next events are those of a re-created
 collection); the invalidate event itself is a row like any other.
+
+`register(spark)` on a local master makes Spark's Python workers run this interpreter (the one
+that has cdcserver) unless `PYSPARK_PYTHON` or `spark.pyspark.python` says otherwise; on a
+cluster, ship cdcserver to the executors (see `cdcserver/spark/__init__.py`).
 
 Options: `uri` (required); one of `ns` (`db.coll`), `db`, `cluster` (`true`); `pipeline` (a
 JSON array of stages after `$changeStream`); `options` (a JSON object of `$changeStream`
 options, Extended JSON: `fullDocument`, `fullDocumentBeforeChange`, `showExpandedEvents`, and
 where a new query starts: `resumeAfter`/`startAfter` a token or `startAtOperationTime`; else it
-starts at the time it is first run); `maxEventsPerTrigger`; `maxAwaitTimeMS` (how long the
-read-ahead waits for events, default 200); `readTimeoutSeconds` (how long a task waits for the
-events of its batch, default 300).
+starts at the time it is first run); `maxEventsPerTrigger` (default 10000: the events of a
+batch are held by the driver); `maxAwaitTimeMS` (how long a batch waits for events when there
+are none, default 200); `readTimeoutSeconds` (how long a re-read waits for the events of its
+batch, default 300).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -45,20 +56,24 @@ from typing import Any
 from bson import json_util
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 
 from cdcserver.spark.rows import SCHEMA_DDL, event_row
 
-try:  # Spark >= 4.2: admission control
-    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
-except ImportError:  # pragma: no cover - Spark 4.0 / 4.1
-    ReadAllAvailable = ReadLimit = ReadMaxRows = None  # type: ignore[assignment,misc]
-
 __all__ = ["CdcServerDataSource", "ChangeStreamReader", "register"]
+
+DEFAULT_MAX_EVENTS = 10_000
 
 
 def register(spark: Any) -> None:
-    """Make `format("cdcserver")` known to this session."""
+    """Make `format("cdcserver")` known to this session. On a local master, the Python workers
+    run this interpreter (it has cdcserver), unless the user chose theirs."""
+    sc = spark.sparkContext
+    chosen = os.environ.get("PYSPARK_PYTHON") or sc.getConf().get("spark.pyspark.python")
+    if sc.master.startswith("local") and not chosen:
+        # Spark's default is `python3` on PATH, which need not be this one. The data source
+        # is wrapped with the context's interpreter when it is registered.
+        sc.pythonExec = sys.executable
     spark.dataSource.register(CdcServerDataSource)
 
 
@@ -70,17 +85,8 @@ class CdcServerDataSource(DataSource):
     def schema(self) -> str:
         return SCHEMA_DDL
 
-    def streamReader(self, schema: Any) -> ChangeStreamReader:
+    def simpleStreamReader(self, schema: Any) -> ChangeStreamReader:
         return ChangeStreamReader(dict(self.options))
-
-
-class TokenRange(InputPartition):
-    """The events after `start` up to and including the one whose token is `end`."""
-
-    def __init__(self, start: dict[str, Any], end: dict[str, Any]) -> None:
-        super().__init__((start, end))
-        self.start = start
-        self.end = end
 
 
 class StreamSpec:
@@ -108,7 +114,9 @@ class StreamSpec:
             if k in self.options
         }
         max_events = opts.get("maxeventspertrigger")
-        self.max_events = int(max_events) if max_events is not None else None
+        self.max_events = int(max_events) if max_events is not None else DEFAULT_MAX_EVENTS
+        if self.max_events < 1:
+            raise ValueError("option maxEventsPerTrigger takes a positive number")
         self.max_await_ms = int(opts.get("maxawaittimems", 200))
         self.read_timeout_s = float(opts.get("readtimeoutseconds", 300))
 
@@ -155,11 +163,14 @@ def _offset_of(token: Mapping[str, Any]) -> dict[str, Any]:
     return {"_data": token["_data"]}
 
 
-class ChangeStreamReader(DataSourceStreamReader):
+class ChangeStreamReader(SimpleDataSourceStreamReader):
     def __init__(self, options: Mapping[str, str]) -> None:
         self.spec = StreamSpec(options)
         self._client: Any = None
-        self._last: dict[str, Any] | None = None
+        # The open change stream and the offset it has read up to: the next batch goes on
+        # reading it when it starts there.
+        self._stream: Any = None
+        self._position: dict[str, Any] | None = None
 
     def _driver_client(self) -> Any:
         if self._client is None:
@@ -178,49 +189,53 @@ class ChangeStreamReader(DataSourceStreamReader):
         with self.spec.watch(self._driver_client(), None, ids_only=True) as stream:
             return _offset_of(stream.resume_token)
 
-    def getDefaultReadLimit(self) -> Any:
-        if ReadMaxRows is not None and self.spec.max_events is not None:
-            return ReadMaxRows(self.spec.max_events)
-        return ReadAllAvailable() if ReadAllAvailable is not None else None
+    def _stream_at(self, start: dict[str, Any]) -> Any:
+        if self._stream is not None and self._position == start and self._stream.alive:
+            return self._stream
+        self._close_stream()
+        self._stream = self.spec.watch(self._driver_client(), start)
+        self._position = dict(start)
+        return self._stream
 
-    def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None):
-        """The token of the last event now available after `start` (at most the limit's)."""
-        if start is None:  # Spark < 4.2 does not say where the next batch starts
-            start = self._last or self.initialOffset()
-        max_rows = self.spec.max_events
-        if limit is not None:
-            max_rows = getattr(limit, "max_rows", None)
-        end = None
-        count = 0
-        position = start
-        while max_rows is None or count < max_rows:
-            ended = False
-            with self.spec.watch(self._driver_client(), position, ids_only=True) as stream:
-                while max_rows is None or count < max_rows:
-                    event = stream.try_next() if stream.alive else None
-                    if event is None:
-                        ended = not stream.alive
-                        break
-                    end = event["_id"]
-                    count += 1
-            if not ended or end is None or _offset_of(end) == position:
-                break
-            position = _offset_of(end)  # an invalidate closed the stream: go on after it
-        self._last = _offset_of(end) if end is not None else start
-        return self._last
+    def _close_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+            self._position = None
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[TokenRange]:
-        if start == end:
-            return []
-        return [TokenRange(start, end)]
+    def read(self, start: dict[str, Any]) -> tuple[Iterator[tuple], dict[str, Any]]:
+        """The events after `start` available now (at most `maxEventsPerTrigger`), each read
+        once, and the token of the last one (`start` when there is none)."""
+        rows: list[tuple] = []
+        end = start
+        limit = self.spec.max_events
+        opened_at = None
+        while len(rows) < limit:
+            if self._stream is None or self._position != end or not self._stream.alive:
+                if opened_at == end:
+                    break  # a stream opened here ended at once: nothing more now
+                opened_at = end
+            stream = self._stream_at(end)
+            event = stream.try_next() if stream.alive else None
+            if event is None:
+                if stream.alive:
+                    break  # nothing more right now
+                self._close_stream()  # an invalidate closed it: go on after it
+                continue
+            rows.append(event_row(event))
+            end = _offset_of(event["_id"])
+            self._position = end
+        return iter(rows), end
 
-    def read(self, partition: TokenRange) -> Iterator[tuple]:
-        return read_range(self.spec, partition.start, partition.end)
+    def readBetweenOffsets(self, start: dict[str, Any], end: dict[str, Any]) -> Iterator[tuple]:
+        """A batch again, after a failure: the same rows as when it was first read."""
+        return read_range(self.spec, start, end)
 
     def commit(self, end: dict[str, Any]) -> None:
         pass
 
     def stop(self) -> None:
+        self._close_stream()
         if self._client is not None:
             self._client.close()
             self._client = None
