@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
 from cdcserver.context import ConnectionState, ServerState
@@ -129,6 +130,44 @@ class ShardedCluster:
         # Transactions through the front: (lsid id, txnNumber) -> the shards it wrote to.
         self.participants: dict[tuple[bytes, int], list[str]] = {}
         self.cursor_owner: dict[int, str] = {}  # forwarded cursors: id -> shard
+        self._merger: tuple[ServerState, ConnectionState] | None = None
+        self._merges = 0
+
+    async def merge_pipeline(
+        self, docs: list[Any], stages: list[Any], cmd: Any, ns: str
+    ) -> dict[str, Any]:
+        """The merging half of an aggregation on a sharded collection ($group, $sort...), run
+        over the shards' results by an in-memory store of the front's own (no client sees
+        it)."""
+        from cdcserver.commands.registry import run_command
+        from cdcserver.embedded.store import Store
+        from cdcserver.sources.embedded import EmbeddedOplog
+
+        if self._merger is None:
+            store = Store(None, oplog_size_bytes=1024 * 1024)
+            self._merger = (ServerState(log=EmbeddedOplog(store, noop_interval_s=0)),
+                            ConnectionState(-1000, "mongos merger"))
+        state, conn = self._merger
+        self._merges += 1
+        db = f"__merge{self._merges}"
+        try:
+            if docs:
+                await run_command(state, conn, {"insert": "docs", "documents": docs,
+                                                "$db": db})
+            options = {k: v for k, v in cmd.items()
+                       if k in ("collation", "let", "allowDiskUse", "maxTimeMS")}
+            reply = await run_command(state, conn, {
+                "aggregate": "docs", "pipeline": stages, "cursor": {"batchSize": 1 << 30},
+                **options, "$db": db,
+            })
+        finally:
+            await run_command(state, conn, {"dropDatabase": 1, "$db": db})
+        if reply.get("ok") != 1:
+            from cdcserver.sharding.front import ShardError
+
+            raise ShardError(reply)
+        out = reply["cursor"]["firstBatch"]
+        return {"cursor": {"firstBatch": out, "id": Int64(0), "ns": ns}}
 
     def shard(self, name: str) -> Shard:
         return self._by_name[name]

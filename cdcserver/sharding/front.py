@@ -768,11 +768,7 @@ async def aggregate(server, conn, cmd, db):
         ns = _sharded_ns(cluster, cmd, db)
         if ns is None:
             return await forward(cluster, _primary(cluster, db, create=False), cmd, db)
-        # Stages each shard can run alone ($match, $project...): the shards' results together.
-        docs: list[Any] = []
-        for shard in _owning_shards(cluster, ns):
-            docs.extend(await _drain(cluster, shard, dict(cmd), db))
-        return {"cursor": {"firstBatch": docs, "id": Int64(0), "ns": ns}}
+        return await _sharded_aggregate(cluster, cmd, db, ns)
     cursor_doc = cmd.get("cursor")
     if not isinstance(cursor_doc, dict):
         raise MongoError(
@@ -801,6 +797,27 @@ async def aggregate(server, conn, cmd, db):
     else:
         server.cursors.cursors[stream.id] = stream
     return {"cursor": cursor_reply(stream.id, ns, batch, first=True)}
+
+
+# Stages a shard runs alone on its documents; the first other stage and what follows it run on
+# the merger (mongos's merging half of a split pipeline).
+_SHARD_STAGES = frozenset({"$match", "$project", "$addFields", "$set", "$unset", "$replaceRoot",
+                           "$replaceWith", "$unwind", "$redact"})
+
+
+async def _sharded_aggregate(cluster: ShardedCluster, cmd: Mapping[str, Any], db: str,
+                             ns: str) -> dict[str, Any]:
+    pipeline = list(cmd.get("pipeline") or [])
+    split = next((i for i, st in enumerate(pipeline)
+                  if not isinstance(st, Mapping) or next(iter(st), "") not in _SHARD_STAGES),
+                 len(pipeline))
+    shard_part = {**cmd, "pipeline": pipeline[:split], "cursor": {}}
+    docs: list[Any] = []
+    for shard in _owning_shards(cluster, ns):
+        docs.extend(await _drain(cluster, shard, shard_part, db))
+    if split == len(pipeline):
+        return {"cursor": {"firstBatch": docs, "id": Int64(0), "ns": ns}}
+    return await cluster.merge_pipeline(docs, pipeline[split:], cmd, ns)
 
 
 @front("getMore")

@@ -1,0 +1,277 @@
+"""The embedded sharded cluster (`serve --shards N`) through pymongo: the mongos front, routing
+by shard key, migrations, and change streams merged from every shard."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+
+import pymongo
+import pytest
+from bson.max_key import MaxKey
+from bson.min_key import MinKey
+from pymongo.errors import OperationFailure
+
+from cdcserver.sharding.catalog import hashed_value
+from cdcserver.sharding.testing import ShardedServer
+from cdcserver.testing import EmbeddedServer
+
+
+@pytest.fixture(params=[2, 3], ids=["2shards", "3shards"])
+def cluster(request):
+    with ShardedServer(request.param) as server:
+        yield server
+
+
+@pytest.fixture
+def client(cluster):
+    with pymongo.MongoClient(cluster.uri) as c:
+        yield c
+
+
+def _spread(client: pymongo.MongoClient, cluster: ShardedServer, ns: str) -> None:
+    """A collection sharded on {x: 1} with one chunk per shard: [.., 100), [100, 200), ..."""
+    client.admin.command("shardCollection", ns, key={"x": 1})
+    names = [s.name for s in cluster.cluster.shards]
+    for k in range(1, len(names)):
+        client.admin.command("split", ns, middle={"x": 100 * k})
+        client.admin.command("moveChunk", ns, find={"x": 100 * k}, to=names[k])
+
+
+def _shard_counts(cluster: ShardedServer, db: str, coll: str) -> list[int]:
+    out = []
+    for uri in cluster.shard_uris:
+        with pymongo.MongoClient(uri) as c:
+            out.append(c[db][coll].count_documents({}))
+    return out
+
+
+def test_front_is_a_mongos_and_shards_are_replica_sets(cluster, client):
+    hello = client.admin.command("hello")
+    assert hello["msg"] == "isdbgrid"
+    assert "setName" not in hello and "hosts" not in hello
+    assert client.topology_description.topology_type_name == "Sharded"
+    shards = client.admin.command("listShards")["shards"]
+    assert [s["_id"] for s in shards] == [s.name for s in cluster.cluster.shards]
+    assert list(client.config.shards.find()) == shards
+    for shard, uri in zip(shards, cluster.shard_uris, strict=True):
+        with pymongo.MongoClient(uri) as direct:
+            own = direct.admin.command("hello")
+            assert own["setName"] == shard["_id"]
+            assert shard["host"] == f"{own['setName']}/{own['me']}"
+            with pytest.raises(OperationFailure) as err:
+                direct.admin.command("isdbgrid")
+            assert err.value.code == 59
+    assert client.admin.command("isdbgrid")["isdbgrid"] == 1
+
+
+def test_unsharded_collections_live_on_their_database_primary(cluster, client):
+    client.admin.command("enableSharding", "pinned", primaryShard=cluster.cluster.shards[-1].name)
+    client.pinned.c.insert_many([{"i": i} for i in range(5)])
+    counts = _shard_counts(cluster, "pinned", "c")
+    assert counts[-1] == 5 and sum(counts) == 5
+    primary = client.config.databases.find_one({"_id": "pinned"})["primary"]
+    assert primary == cluster.cluster.shards[-1].name
+    assert client.pinned.c.count_documents({}) == 5
+
+
+def test_range_and_hashed_sharding_route_documents(cluster, client):
+    _spread(client, cluster, "r.c")
+    n = len(cluster.cluster.shards)
+    client.r.c.insert_many([{"x": x} for x in range(0, 100 * n, 10)])
+    assert _shard_counts(cluster, "r", "c") == [10] * n
+    # Targeted and broadcast reads and writes through the front.
+    assert client.r.c.count_documents({}) == 10 * n
+    assert [d["x"] for d in client.r.c.find({}, sort=[("x", -1)], limit=3)] == [
+        100 * n - 10, 100 * n - 20, 100 * n - 30]
+    assert client.r.c.find_one({"x": 110})["x"] == 110
+    assert client.r.c.update_many({}, {"$inc": {"y": 1}}).modified_count == 10 * n
+    assert client.r.c.delete_one({"x": 20}).deleted_count == 1
+    assert client.r.c.delete_many({"x": {"$gte": 100}}).deleted_count == 10 * (n - 1)
+    chunks = list(client.config.chunks.find())
+    assert len(chunks) == n and {c["shard"] for c in chunks} == {
+        s.name for s in cluster.cluster.shards}
+
+    client.admin.command("shardCollection", "h.c", key={"k": "hashed"})
+    client.h.c.insert_many([{"k": k} for k in range(60)])
+    counts = _shard_counts(cluster, "h", "c")
+    assert sum(counts) == 60 and all(counts)  # presplit: one chunk per shard
+    # mongod's own hash (hasher.cpp's test value for 1).
+    assert hashed_value(1) == 5902408780260971510
+    for chunk in client.config.chunks.find({"uuid": client.config.collections.find_one(
+            {"_id": "h.c"})["uuid"]}):
+        assert isinstance(chunk["min"]["k"], (MinKey, int))
+        assert isinstance(chunk["max"]["k"], (MaxKey, int))
+
+
+def test_interleaved_writes_merge_in_cluster_time_order(cluster, client):
+    _spread(client, cluster, "app.orders")
+    n = len(cluster.cluster.shards)
+    client.other.notes.insert_one({"seed": 1})  # another database, another primary maybe
+    with client.watch(max_await_time_ms=50) as stream:
+        expected = []
+        for round_ in range(5):
+            for k in range(n):
+                x = 100 * k + round_
+                client.app.orders.insert_one({"_id": f"{k}-{round_}", "x": x})
+                expected.append(("insert", f"{k}-{round_}"))
+            client.other.notes.insert_one({"_id": round_})
+            expected.append(("insert", round_))
+        client.app.orders.update_one({"x": 100 * (n - 1)}, {"$set": {"done": True}})
+        expected.append(("update", f"{n - 1}-0"))
+        client.app.orders.delete_one({"x": 1})
+        expected.append(("delete", "0-1"))
+        events = [stream.next() for _ in expected]
+    assert [(e["operationType"], e["documentKey"]["_id"]) for e in events] == expected
+    times = [e["clusterTime"] for e in events]
+    assert times == sorted(times) and len(set(times)) == len(times)
+    tokens = [e["_id"]["_data"] for e in events]
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+    # documentKey as mongod writes it for a sharded collection: the shard key, then _id.
+    orders = [e for e in events if e["ns"] == {"db": "app", "coll": "orders"}]
+    assert all(list(e["documentKey"]) == ["x", "_id"] for e in orders)
+    assert orders[-1]["documentKey"] == {"x": 1, "_id": "0-1"}
+    assert list(events[0]["documentKey"]) == ["x", "_id"]
+
+
+def test_resume_from_any_token_continues_with_the_following_events(cluster, client):
+    _spread(client, cluster, "app.c")
+    n = len(cluster.cluster.shards)
+    with client.app.c.watch() as stream:
+        for i in range(4 * n):
+            client.app.c.insert_one({"_id": i, "x": 100 * (i % n) + i})
+        events = [stream.next() for _ in range(4 * n)]
+    ids = [e["documentKey"]["_id"] for e in events]
+    assert ids == list(range(4 * n))
+    for i, event in enumerate(events):
+        for option in ("resume_after", "start_after"):
+            with client.app.c.watch(**{option: event["_id"]}, max_await_time_ms=50) as resumed:
+                rest = [resumed.next()["documentKey"]["_id"] for _ in range(len(ids) - i - 1)]
+                assert rest == ids[i + 1:]
+                assert resumed.try_next() is None  # nothing more, nothing doubled
+    # A high-water-mark token (an idle stream's) resumes too.
+    with client.app.c.watch(max_await_time_ms=50) as idle:
+        assert idle.try_next() is None
+        token = idle.resume_token
+    client.app.c.insert_one({"_id": "after", "x": 5})
+    with client.app.c.watch(resume_after=token) as resumed:
+        assert resumed.next()["documentKey"]["_id"] == "after"
+
+
+def test_migrations_write_from_migrate_entries_and_produce_no_events(cluster, client):
+    client.admin.command("shardCollection", "m.c", key={"x": 1})
+    client.m.c.insert_many([{"_id": i, "x": i} for i in range(20)])
+    names = [s.name for s in cluster.cluster.shards]
+    with client.m.c.watch(max_await_time_ms=50) as stream:
+        client.admin.command("split", "m.c", middle={"x": 10})
+        client.admin.command("moveChunk", "m.c", find={"x": 15}, to=names[1])
+        client.admin.command("moveRange", "m.c", min={"x": 10}, toShard=names[0])
+        client.admin.command("moveRange", "m.c", min={"x": MinKey()}, toShard=names[-1])
+        assert stream.try_next() is None
+        client.m.c.insert_one({"_id": "sentinel", "x": 3})
+        event = stream.next()
+        assert event["documentKey"] == {"x": 3, "_id": "sentinel"}
+    assert sum(_shard_counts(cluster, "m", "c")) == 21
+    assert client.m.c.count_documents({}) == 21
+    # The shards' oplogs hold the migrations' writes, marked fromMigrate.
+    moved = 0
+    for uri in cluster.shard_uris:
+        with pymongo.MongoClient(uri) as direct:
+            moved += direct.local["oplog.rs"].count_documents(
+                {"ns": "m.c", "fromMigrate": True})
+    assert moved >= 40  # 20 documents moved out (deletes) and in (inserts) at least once
+
+
+def test_an_idle_shard_does_not_hold_events_back(cluster, client):
+    busy = cluster.cluster.shards[0]
+    client.admin.command("enableSharding", "busy", primaryShard=busy.name)
+    client.busy.c.insert_one({"warm": 1})
+    with client.busy.c.watch(max_await_time_ms=10) as stream:
+        assert stream.try_next() is None
+        for i in range(5):
+            client.busy.c.insert_one({"_id": i})
+            # The very next getMore returns the event: the idle shards (whose oplogs end
+            # before it) already promised the cluster's time.
+            event = stream.try_next()
+            assert event is not None and event["documentKey"]["_id"] == i
+        assert stream.try_next() is None
+        # Its post-batch token is a high-water mark past the last event.
+        assert stream.resume_token["_data"] > event["_id"]["_data"]
+    idle_latest = [cluster.call(s.log.latest_ts) for s in cluster.cluster.shards[1:]]
+    assert all(ts < event["clusterTime"] for ts in idle_latest)
+
+
+def test_sharding_command_errors_on_the_front(cluster, client):
+    with pytest.raises(OperationFailure) as err:
+        client.app.command("shardCollection", "app.c", key={"x": 1})
+    assert err.value.code == 13
+    with pytest.raises(OperationFailure) as err:
+        client.admin.command("shardCollection", "app.c", key={"x": 2})
+    assert err.value.code == 2
+    client.admin.command("shardCollection", "app.c", key={"x": 1})
+    with pytest.raises(OperationFailure) as err:
+        client.admin.command("shardCollection", "app.c", key={"y": 1})
+    assert err.value.code == 20
+    with pytest.raises(OperationFailure) as err:
+        client.admin.command("moveChunk", "app.c", find={"x": 1}, to="nowhere")
+    assert err.value.code == 70
+
+
+@pytest.mark.parametrize("name", ["shardCollection", "enableSharding", "listShards",
+                                  "moveChunk", "split", "moveRange", "isdbgrid"])
+def test_sharding_commands_on_a_replica_set_get_mongods_error(name):
+    with EmbeddedServer() as server, server.client() as client:
+        with pytest.raises(OperationFailure) as err:
+            client.admin.command({name: "a.b"})
+    assert err.value.code == 59
+    assert err.value.details["errmsg"] == f"no such command: '{name}'"
+    assert err.value.details["codeName"] == "CommandNotFound"
+
+
+def test_durable_cluster_keeps_data_and_catalog(tmp_path):
+    with ShardedServer(2, data_dir=tmp_path) as server, pymongo.MongoClient(server.uri) as c:
+        _spread(c, server, "d.c")
+        c.d.c.insert_many([{"_id": i, "x": i * 10} for i in range(20)])
+    assert (tmp_path / "shard0").is_dir() and (tmp_path / "shard1").is_dir()
+    with ShardedServer(2, data_dir=tmp_path) as server, pymongo.MongoClient(server.uri) as c:
+        assert c.d.c.count_documents({}) == 20
+        assert c.config.collections.find_one({"_id": "d.c"})["key"] == {"x": 1}
+        assert _shard_counts(server, "d", "c") == [10, 10]
+        # startAtOperationTime is inclusive: the last write before the restart comes first.
+        last = c.admin.command("ping")["operationTime"]
+        with c.d.c.watch(start_at_operation_time=last, max_await_time_ms=50) as stream:
+            c.d.c.insert_one({"_id": 99, "x": 150})
+            assert stream.next()["documentKey"] == {"x": 190, "_id": 19}
+            assert stream.next()["documentKey"] == {"x": 150, "_id": 99}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_cli_serve_shards():
+    port = _free_port()
+    proc = subprocess.Popen(
+        [str(pathlib.Path(sys.executable).parent / "cdcserver"), "serve", "--in-memory",
+         "--shards", "2", "--port", str(port), "--metrics-port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            if "serving" in line:
+                break
+        with pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/",
+                                 serverSelectionTimeoutMS=5000) as c:
+            assert c.admin.command("hello")["msg"] == "isdbgrid"
+            assert len(c.admin.command("listShards")["shards"]) == 2
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert proc.returncode == 0
