@@ -42,7 +42,7 @@ from cdcserver.embedded.persist import DataDirError
 from cdcserver.hub import next_ts
 from cdcserver.sources import retained as retained_module
 from cdcserver.sources.retained import RetainedLog, RetainedWriteError, export_oplog
-from cdcserver.testing import HOST
+from cdcserver.testing import HOST, ThreadServer
 from pipeline_stages import resume_token as rt
 
 OPLOG_BYTES = 48 * 1024  # A's capped oplog
@@ -182,6 +182,12 @@ def test_token_older_than_the_upstreams_oplog_resumes_from_the_retained_log(a_se
         assert replayed.returncode == 0, replayed.stderr
         ids = [json_util.loads(line)["_id"] for line in replayed.stdout.splitlines()]
         assert ids == [dict(e["_id"]) for e in events[k + 1 :]]
+        # ...and `serve --oplog` serves it: a driver resumes there with the same token.
+        with ThreadServer([tmp_path / "dump" / "oplog.bson"], follow=False) as served:
+            with raw_client(served.direct_uri) as cs:
+                with watch(cs, "cluster", {"resume_after": token}) as stream:
+                    from_file = drain_until(stream, end)
+        assert [dict(e["_id"]) for e in from_file] == ids
     finally:
         b.stop()
         ca.close()
