@@ -70,7 +70,11 @@ class ChangeStreamCursor:
         if not self.prepares_images:
             self.group.pull(want, self)  # in-memory images (or none): nothing to await
             return
-        while self.pipeline.pending_count < want and not self.group.producer.invalidated:
+        while (
+            self.pipeline.pending_count < want
+            and not self.group.producer.invalidated
+            and self.pipeline.error is None
+        ):
             if not await self.step_prepared(READ_CHUNK):
                 break
 
@@ -130,14 +134,15 @@ class ChangeStreamCursor:
                 raise MongoError(
                     lost.code, f"Executor error during getMore :: caused by :: {lost.errmsg}"
                 ) from None
-            if self.pipeline.pending_count or self.pipeline.invalidated:
-                return self.pipeline.next_batch(size)
+            pipeline = self.pipeline
+            if pipeline.pending_count or pipeline.invalidated or pipeline.error is not None:
+                return pipeline.next_batch(size)  # (raises the error its filter met)
             now = time.monotonic()
             remaining = deadline - now
             if remaining <= 0 or self.draining:
                 # An empty batch; its token is a high-water mark at what was scanned.
                 return self.pipeline.next_batch(size)
-            await self.group.log.wait_for_entries(self.group.next_ts, remaining)
+            await self.group.wait(self, remaining)  # woken only when it got something
             self.awaited_s += time.monotonic() - now
 
     def close(self) -> None:

@@ -17,14 +17,16 @@ CappedPositionLost, as mongod's tailable oplog scan does, instead of going on af
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-import bson
 from bson.timestamp import Timestamp
 
 from cdcserver.sources.base import CappedPositionLost
 from pipeline_stages import resume_token
+from pipeline_stages.filter_index import FilterGroup, group_key, ready_to_join
+from pipeline_stages.image_lookups import needs_images
 from pipeline_stages.pipeline import ChangeStreamPipeline
 from pipeline_stages.spec import ChangeStreamSpec
 
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
 # Events a member may have queued and not yet returned before it is detached.
 MAX_MEMBER_LAG = 10_000
 READ_CHUNK = 1000
+# How long a group's reader waits on the source before looking at its waiters again.
+READER_IDLE_S = 1.0
 
 
 def next_ts(ts: Timestamp) -> Timestamp:
@@ -57,10 +61,44 @@ def shareable_key(spec: ChangeStreamSpec) -> bytes | None:
         or spec.start_at_operation_time is not None
     ):
         return None
-    fields = dataclasses.asdict(spec)
-    for name in ("resume_after", "start_after", "start_at_operation_time", "resume_token"):
-        fields.pop(name, None)
-    return bson.encode({"spec": fields})
+    # Streams that differ only in their user stages share a filter group (filter_index.py).
+    return group_key(spec)
+
+
+class _Members:
+    """A group's cursors, by their pipelines (a member reached by an entry is found without
+    looking at the others); joining or leaving also joins or leaves the filter group."""
+
+    def __init__(self, group: StreamGroup) -> None:
+        self._group = group
+        self.by_pipeline: dict[ChangeStreamPipeline, ChangeStreamCursor] = {}
+
+    def append(self, cursor: ChangeStreamCursor) -> None:
+        self.by_pipeline[cursor.pipeline] = cursor
+        fanout = self._group.fanout
+        if fanout is not None:
+            fanout.add(cursor.pipeline)
+
+    def remove(self, cursor: ChangeStreamCursor) -> None:
+        pipeline = cursor.pipeline
+        if self.by_pipeline.get(pipeline) is cursor:
+            del self.by_pipeline[pipeline]
+            fanout = self._group.fanout
+            if fanout is not None:
+                fanout.remove(pipeline)
+
+    def __contains__(self, cursor: object) -> bool:
+        pipeline = getattr(cursor, "pipeline", None)
+        return pipeline is not None and self.by_pipeline.get(pipeline) is cursor
+
+    def __iter__(self) -> Any:
+        return iter(list(self.by_pipeline.values()))
+
+    def __len__(self) -> int:
+        return len(self.by_pipeline)
+
+    def __bool__(self) -> bool:
+        return bool(self.by_pipeline)
 
 
 class StreamGroup:
@@ -71,15 +109,24 @@ class StreamGroup:
         log: OplogLog,
         start: Timestamp,
         last_seen: Timestamp | None = None,
+        fanout: FilterGroup | None = None,
     ) -> None:
         self.key = key
-        self.producer = producer
+        # With a filter group: its producer, shared by every member; else the one member's own
+        # pipeline (a stream with a resume point, until it has read past it).
+        self.fanout = fanout
+        self.producer = producer if fanout is None else fanout.producer
+        self.hub: Hub | None = None
+        # awaitData getMores waiting for this group's members, and the one task that waits on
+        # the source for them (filter groups only).
+        self._waiters: dict[ChangeStreamCursor, asyncio.Future[None]] = {}
+        self._reader: asyncio.Task[None] | None = None
         self.log = log
         self.next_ts = start  # the first ts the producer has not read
         # The last entry read (mongod's "last seen record"); before the first read, the place
         # just before the start.
         self.last_seen = prev_ts(start) if last_seen is None else last_seen
-        self.members: list[ChangeStreamCursor] = []
+        self.members = _Members(self)
 
     def read(self, chunk: int) -> list[Entry]:
         """Up to `chunk` entries from the group's position. CappedPositionLost when the capped
@@ -91,8 +138,14 @@ class StreamGroup:
     def pull(self, want: int, member: ChangeStreamCursor) -> None:
         """Read the oplog until `member` has `want` events queued or the oplog is exhausted;
         every member gets what the producer made."""
-        while member.pipeline.pending_count < want and not self.producer.invalidated:
+        while (
+            member.pipeline.pending_count < want
+            and not self.producer.invalidated
+            and member.pipeline.error is None
+        ):
             if not self.step(member, READ_CHUNK):
+                if self.fanout is None and self.hub is not None:
+                    self.hub.rejoin(member)  # caught up: it may share a group from here on
                 break
 
     def step(
@@ -107,23 +160,108 @@ class StreamGroup:
         if not entries:
             return False
         last = entries[-1]["ts"]
-        producer.push(entries, scanned_to=last)
+        fanout = self.fanout
+        if fanout is not None:
+            reached = fanout.push(entries, scanned_to=last)  # only members that got something
+        else:
+            producer.push(entries, scanned_to=last)
+            reached = [producer]
         self.next_ts = next_ts(last)
         self.last_seen = last
-        items = producer.take_pending()
-        for m in self.members:
-            m.pipeline.share(items, producer)
-        self._detach_laggards(member)
+        self._reached(reached, member)
         return True
 
-    def _detach_laggards(self, reader: ChangeStreamCursor) -> None:
-        for m in list(self.members):
-            if m is not reader and m.pipeline.pending_count > MAX_MEMBER_LAG:
-                detach(m)
+    def _reached(
+        self, pipelines: list[ChangeStreamPipeline], reader: ChangeStreamCursor | None
+    ) -> None:
+        """Wake the getMores of members that got something; detach those too far behind."""
+        by_pipeline = self.members.by_pipeline
+        waiters = self._waiters
+        for pipeline in pipelines:
+            cursor = by_pipeline.get(pipeline)
+            if cursor is None:
+                continue
+            if cursor is not reader and pipeline.pending_count > MAX_MEMBER_LAG:
+                detach(cursor)
+            future = waiters.pop(cursor, None)
+            if future is not None and not future.done():
+                future.set_result(None)
 
     def remove(self, member: ChangeStreamCursor) -> None:
         if member in self.members:
             self.members.remove(member)
+        future = self._waiters.pop(member, None)
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    async def wait(self, cursor: ChangeStreamCursor, timeout: float) -> None:
+        """Return once the group has read something for `cursor` (an event, the invalidate, an
+        error), the server drains, or after `timeout` seconds. In a filter group one task
+        waits on the source for all members and wakes only those an entry reached, so a write
+        does not wake the getMores of streams it does not reach."""
+        producer = self.producer
+        if self.fanout is None or (
+            needs_images(producer) and hasattr(producer.images, "prepare")
+        ):
+            # By itself, or its reads await lookups (a live upstream): the getMore reads for
+            # itself when the source grows, bounded by its own lookups' timeouts.
+            await self.log.wait_for_entries(self.next_ts, timeout)
+            return
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self._waiters[cursor] = future
+        if self._reader is None or self._reader.done():
+            self._reader = loop.create_task(self._read_for_waiters())
+        timer = loop.call_later(timeout, _resolve, future)
+        try:
+            await future  # raises what the reader met on this group's read (a failed lookup)
+        finally:
+            timer.cancel()
+            if self._waiters.get(cursor) is future:
+                del self._waiters[cursor]
+            reader = self._reader
+            if not self._waiters and reader is not None and not reader.done():
+                reader.cancel()  # nobody waits: no task left behind
+                self._reader = None
+
+    async def _read_for_waiters(self) -> None:
+        """Read the source as it grows, for as long as some member's getMore waits."""
+        waiters = self._waiters
+        while waiters:
+            await self.log.wait_for_entries(self.next_ts, READER_IDLE_S)
+            if waiters and next(iter(waiters)).draining:  # shutdown: everyone answers now
+                self._wake_all()
+                return
+            try:
+                read = False
+                while waiters and await self._step_for_waiters():
+                    read = True
+                    await asyncio.sleep(0)  # let woken getMores (and everyone else) run
+            except CappedPositionLost:
+                self._wake_all()  # each getMore reads again and reports it in its own words
+                return
+            except Exception as exc:  # noqa: BLE001 - every waiting member met it
+                self._wake_all(exc)
+                return
+            if not read:
+                await asyncio.sleep(0.001)  # the source said ready but had nothing: no spin
+
+    async def _step_for_waiters(self) -> bool:
+        return self.step(None, READ_CHUNK)  # type: ignore[arg-type]
+
+    def _wake_all(self, error: BaseException | None = None) -> None:
+        for future in self._waiters.values():
+            if not future.done():
+                if error is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(error)
+        self._waiters.clear()
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def detach(member: ChangeStreamCursor) -> None:
@@ -149,11 +287,24 @@ def detach(member: ChangeStreamCursor) -> None:
     member.group = StreamGroup(
         None, pipeline, group.log, data.cluster_time, last_seen=data.cluster_time
     )
+    member.group.hub = group.hub  # to rejoin a filter group once it has caught up
     member.group.members.append(member)
 
 
+def _catch_up(group: StreamGroup, start: Timestamp) -> None:
+    """Read `group` on up to `start` if that needs no awaited image lookups."""
+    producer = group.producer
+    if needs_images(producer) and hasattr(producer.images, "prepare"):
+        return
+    try:
+        while group.next_ts < start and group.step(None, READ_CHUNK):  # type: ignore[arg-type]
+            pass
+    except Exception:  # noqa: BLE001 - its members' getMores read the same entries and say so
+        return
+
+
 class Hub:
-    """Groups of identical streams, per source."""
+    """Groups of streams that differ only in their filters, per source."""
 
     def __init__(self) -> None:
         self.groups: dict[bytes, list[StreamGroup]] = {}
@@ -174,20 +325,64 @@ class Hub:
         key = shareable_key(spec)
         if key is not None:
             for group in self.groups.get(key, []):
-                if (
-                    group.log is log
-                    and group.next_ts == start
-                    and not group.producer.invalidated
-                    and group.members
-                ):
+                if group.log is not log or group.producer.invalidated or not group.members:
+                    continue
+                if group.next_ts < start:
+                    _catch_up(group, start)  # reads it would read anyway, to share it
+                if group.next_ts == start:
                     return group, make_pipeline()
-        producer = make_pipeline()
-        group = StreamGroup(key, producer, log, start)
+        pipeline = make_pipeline()
         if key is None:
-            # Nothing to share: the stream's own pipeline is the producer.
-            return group, producer
+            # Nothing to share yet: the stream's own pipeline is the producer, until it has
+            # read past its resume point (`rejoin`).
+            group = StreamGroup(key, pipeline, log, start)
+            group.hub = self
+            return group, pipeline
+        return self._new_group(key, spec, start, log, pipeline), pipeline
+
+    def _new_group(
+        self,
+        key: bytes,
+        spec: ChangeStreamSpec,
+        start: Timestamp,
+        log: OplogLog,
+        like: ChangeStreamPipeline,
+    ) -> StreamGroup:
+        fanout = FilterGroup(spec, start, history=like.history, images=like.images)
+        group = StreamGroup(key, fanout.producer, log, start, fanout=fanout)
+        group.hub = self
         self.groups.setdefault(key, []).append(group)
-        return group, make_pipeline()
+        return group
+
+    def rejoin(self, cursor: ChangeStreamCursor) -> None:
+        """A stream reading by itself (resumed, or detached) that has caught up with the source
+        and read past its resume point joins a filter group at its position (a new one if
+        none is there): from then on its events cost nothing when a write does not reach it."""
+        group = cursor.group
+        pipeline = cursor.pipeline
+        if group.fanout is not None or group.next_ts != next_ts(group.last_seen):
+            return
+        if not ready_to_join(pipeline, group.last_seen):
+            return
+        key = group_key(pipeline.spec)
+        target = None
+        for candidate in self.groups.get(key, []):
+            if (
+                candidate.log is not group.log
+                or candidate.producer.invalidated
+                or not candidate.members
+            ):
+                continue
+            if candidate.next_ts < group.next_ts:
+                _catch_up(candidate, group.next_ts)
+            if candidate.next_ts == group.next_ts:
+                target = candidate
+                break
+        if target is None:
+            target = self._new_group(key, pipeline.spec, group.next_ts, group.log, pipeline)
+        group.remove(cursor)
+        cursor.group = target
+        target.members.append(cursor)
 
     def forget_empty(self) -> None:
         for key, groups in list(self.groups.items()):
