@@ -87,17 +87,30 @@ async def create(server, conn, cmd, db):
             raise MongoError(263, "Cannot create a view in a multi-document transaction.")
         return _create_view(store, cmd, db, coll)
     options: dict[str, Any] = {}
+    id_index: Mapping[str, Any] | None = None
     for k, v in cmd.items():
         if k == "create" or k in _GENERIC:
             continue
         if k in ("timeseries", "encryptedFields"):
             raise MongoError(2, f"'{k}' (time series, queryable encryption) is not "
                              "supported by cdcserver's embedded store yet")
+        if k == "idIndex":
+            if not isinstance(v, Mapping):
+                raise MongoError(14, "BSON field 'create.idIndex' is the wrong type "
+                                 f"'{type_name(v)}', expected type 'object'")
+            id_index = v  # not a collection option: it describes the _id index
+            continue
         if k not in _CREATE_OPTIONS:
             raise MongoError(40415, f"BSON field 'create.{k}' is an unknown field.")
         if k == "changeStreamPreAndPostImages":
             _check_pre_post(v)
             v = {"enabled": v["enabled"]}
+        elif k == "clusteredIndex" and isinstance(v, Mapping):
+            # As ClusteredIndexSpec serializes it: version first, the name defaulted.
+            v = {"v": 2, "key": v.get("key"), "name": v.get("name", "_id_"),
+                 **({"unique": v["unique"]} if "unique" in v else {})}
+        elif k == "expireAfterSeconds" and isinstance(v, (int, float)):
+            v = Int64(v)  # CollectionOptions keeps it as a long
         options[k] = v
     if _in_txn(cmd) and coll.startswith("system."):
         raise MongoError(263, f"Cannot create system collection {db}.{coll} within a "
@@ -113,7 +126,7 @@ async def create(server, conn, cmd, db):
         if view is not None:
             raise MongoError(48, f"namespace {db}.{coll} already exists, but is a view on "
                              f"{db}.{view['viewOn']} rather than {db}")
-        store.create_collection(db, coll, options)
+        store.create_collection(db, coll, options, id_index=id_index)
     return {}
 
 
@@ -725,13 +738,16 @@ def _coll_mod_view(store: Store, cmd: Mapping[str, Any], db: str, coll: str) -> 
 
 
 def collection_info(c: Collection) -> dict[str, Any]:
-    return {
+    info = {
         "name": c.name,
         "type": "collection",
         "options": dict(c.options),
         "info": {"readOnly": False, "uuid": Binary(c.uuid, 4)},
-        "idIndex": dict(ID_INDEX),
     }
+    if "clusteredIndex" not in c.options:  # a clustered collection has no _id index
+        id_index = next((i for i in c.indexes if i.get("name") == "_id_"), ID_INDEX)
+        info["idIndex"] = dict(id_index)
+    return info
 
 
 def view_info(view: Mapping[str, Any]) -> dict[str, Any]:

@@ -844,11 +844,25 @@ class Store(EntryList):
             self.persist.put_collection(c.db, c.name, c.uuid, c.meta_bytes())
 
     def create_collection(
-        self, db: str, coll: str, options: Mapping[str, Any] | None = None
+        self, db: str, coll: str, options: Mapping[str, Any] | None = None,
+        id_index: Mapping[str, Any] | None = None,
     ) -> Collection:
         validate_collection_name(db, coll)
         options = ordered_options(options or {})
         c = Collection(db, coll, uuid_module.uuid4().bytes, options)
+        # The _id index as mongod builds it: the requested version, its own name and key, and
+        # the collection's default collation; a clustered collection has none (its clustered
+        # index, an option, takes its place).
+        id_spec: dict[str, Any] | None = {
+            "v": (id_index or {}).get("v", 2), "key": {"_id": 1}, "name": "_id_"
+        }
+        collation = options.get("collation")
+        if isinstance(collation, Mapping) and collation.get("locale") != "simple":
+            id_spec["collation"] = collation
+        if "clusteredIndex" in options:
+            id_spec = None
+        else:
+            c.indexes[0] = id_spec
         txn = self._txn()
         if txn is not None:
             c.created_by = txn
@@ -858,7 +872,8 @@ class Store(EntryList):
         cs.drop()
         cs.create()
         self._save_meta(c)
-        self.log("c", f"{db}.$cmd", {"create": coll, **options, "idIndex": dict(ID_INDEX)},
+        self.log("c", f"{db}.$cmd",
+                 {"create": coll, **options, **({"idIndex": id_spec} if id_spec else {})},
                  ui=c.ui)
         return c
 
