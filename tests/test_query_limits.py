@@ -41,13 +41,20 @@ def every_document(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class Gate:
-    """Holds every scan at its first pause until released."""
+    """Holds the first scan that pauses, at its pauses, until released (other commands'
+    scans go on)."""
 
     def __init__(self) -> None:
         self.reached = threading.Event()
         self.released = threading.Event()
+        self.holding: asyncio.Task[Any] | None = None
 
     async def __call__(self) -> None:
+        task = asyncio.current_task()
+        if self.holding is None:
+            self.holding = task
+        if task is not self.holding:
+            return
         self.reached.set()
         while not self.released.is_set():
             await asyncio.sleep(0.001)
@@ -288,3 +295,75 @@ def test_change_stream_match_regex_is_linear_and_pcre(client) -> None:
         with c.watch([{"$match": {"fullDocument.s": {"$regex": "("}}}]) as stream:
             stream.try_next()
     assert err.value.code == 51091
+
+
+class WriteGate(Gate):
+    """Holds a multi-document write at its first pause after it has written `after`
+    documents (the store's oplog grows by one entry per document)."""
+
+    def __init__(self, server: Any, after: int) -> None:
+        super().__init__()
+        self.store = server.store
+        self.threshold = self.store.oplog_count() + after
+
+    async def __call__(self) -> None:
+        if self.store.oplog_count() >= self.threshold:
+            await super().__call__()
+
+
+@pytest.mark.parametrize("name", ["update_many", "delete_many"])
+def test_a_multi_document_write_pauses_between_documents(
+    server, coll, every_document, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    gate = WriteGate(server, after=10)
+    monkeypatch.setattr(query, "pause_hook", gate)
+    slow = Outside(lambda: OPERATIONS[name](coll))
+    slow.start()
+    other = server.client()
+    try:
+        assert gate.reached.wait(GUARD_S), "the write never paused"
+        assert other.admin.command("ping")["ok"] == 1.0
+        # part-way: what it has written is visible (each document's write commits on its own)
+        view = other.qlimits.docs
+        done = (view.count_documents({"seen": True}) if name == "update_many"
+                else N - view.count_documents({}))
+        assert 10 <= done < N
+        assert slow.is_alive()
+    finally:
+        gate.released.set()
+        slow.join(GUARD_S)
+        other.close()
+    assert slow.error is None, slow.error
+    assert slow.result == N
+    if name == "update_many":
+        assert coll.count_documents({"seen": True}) == N
+    else:
+        assert coll.count_documents({}) == 0
+
+
+class StallAfterWrites:
+    """Makes the first pause after `after` written documents outlast maxTimeMS."""
+
+    def __init__(self, server: Any, after: int) -> None:
+        self.store = server.store
+        self.threshold = self.store.oplog_count() + after
+        self.done = False
+
+    async def __call__(self) -> None:
+        if not self.done and self.store.oplog_count() >= self.threshold:
+            self.done = True
+            await asyncio.sleep(0.2)
+
+
+def test_max_time_ms_ends_a_multi_document_write_part_way(
+    server, coll, every_document, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(query, "pause_hook", StallAfterWrites(server, after=10))
+    with pytest.raises(ExecutionTimeout) as err:
+        coll.database.command({
+            "update": coll.name, "maxTimeMS": MAX_TIME_MS,
+            "updates": [{"q": {"n": {"$gte": 0}}, "u": {"$set": {"seen": True}}, "multi": True}],
+        })
+    assert err.value.code == 50
+    # as mongod: the documents written before the deadline stay written
+    assert 10 <= coll.count_documents({"seen": True}) < N

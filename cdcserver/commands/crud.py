@@ -153,6 +153,10 @@ class _Progress:
     done: set[bytes] = field(default_factory=set)
     n: int = 0
     modified: int = 0
+    # the matched documents as they were (a write re-checks only those that changed), and
+    # the position in `keys` of the next one to write
+    matched: list[Any] | None = None
+    pos: int = 0
 
     def retry_state(self, store: Store, cmd: Mapping[str, Any]) -> _Retry:
         if self.retry is None or cmd.get("autocommit") is False:
@@ -161,7 +165,14 @@ class _Progress:
 
     def statement_done(self, i: int) -> None:
         self.next, self.keys, self.n, self.modified = i + 1, None, 0, 0
+        self.matched, self.pos = None, 0
         self.done.clear()
+
+
+class _Pause(Exception):  # noqa: N818 - a signal to _run_writes, never a reply
+    """A multi-document statement outside a transaction has written for a while: its batch
+    ends there (durable and visible, as mongod commits each document's write) and the loop
+    gets a turn before it goes on (mongod's executor yields between documents)."""
 
 
 async def _run_writes(store: Store, cmd: Mapping[str, Any], run: Callable[[], Any]) -> Any:
@@ -178,6 +189,10 @@ async def _run_writes(store: Store, cmd: Mapping[str, Any], run: Callable[[], An
         try:
             with store.batch():
                 return run()
+        except _Pause:
+            await query.pause()
+            if deadline is not None and loop.time() >= deadline:
+                raise MongoError(50, "operation exceeded time limit") from None
         except TxnBlocked as blocked:
             timeout = None if deadline is None else deadline - loop.time()
             store.waiting_writes += 1
@@ -488,12 +503,37 @@ def _multi_matching(
     if progress.keys is None or c is None:
         docs = matching(store, c, q, False, collation)
         progress.keys = [id_key(d["_id"]) for d in docs]
-        return docs, 0, 0
+        progress.matched, progress.pos = docs, 0
+        if c is None:
+            return docs, 0, 0
+    return _still_matching(store, c, q, progress, collation), progress.n, progress.modified
+
+
+def _still_matching(
+    store: Store, c: Collection, q: Mapping[str, Any], progress: _Progress,
+    collation: query.Collation | None,
+) -> Iterator[dict[str, Any]]:
+    """The matched documents not written yet, as they are now and if they still match; a
+    document is done when the caller asks for the next. Outside a transaction, raises
+    _Pause between documents once the batch has run for query.YIELD_AFTER_S."""
+    assert progress.keys is not None and progress.matched is not None
     current = store.documents(c)
     match = query.matcher(q, collation)
-    docs = [d for k in progress.keys if k not in progress.done
-            and (d := current.get(k)) is not None and match(d)]
-    return docs, progress.n, progress.modified
+    may_pause = not getattr(store.txn, "lsid", None)
+    started = time.monotonic()
+    while progress.pos < len(progress.keys):
+        i = progress.pos
+        key = progress.keys[i]
+        doc = current.get(key)
+        if key not in progress.done and doc is not None and (
+            doc is progress.matched[i] or match(doc)
+        ):
+            yield doc
+        progress.pos = i + 1
+        if may_pause and time.monotonic() - started >= query.YIELD_AFTER_S and (
+            progress.pos < len(progress.keys)
+        ):
+            raise _Pause
 
 
 # Errors raised while the update runs on a document (not those of parsing it), which mongod
