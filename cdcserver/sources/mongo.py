@@ -76,6 +76,7 @@ _CODE_NAMES = {6: "HostUnreachable", 89: "NetworkTimeout"}
 CLOSE_TIMEOUT_S = 1.0
 # Pre-image ids waiting to be fetched into the retained log (bounded: memory).
 PRE_IMAGE_QUEUE = 100_000
+PRE_IMAGE_REQUEUE = 10_000  # newest retained entries whose pre-images a restart asks again
 
 
 def next_ts(ts: Timestamp) -> Timestamp:
@@ -584,6 +585,7 @@ class UpstreamOplog(EntryList, OplogLog):
                     self._ready.set()
                     self._resume_ts = ts
                     self._skip_resume_entry = True
+                    self._requeue_pre_images()
                     if ts > self._cluster_time:
                         self._cluster_time = ts
                     return True
@@ -600,6 +602,24 @@ class UpstreamOplog(EntryList, OplogLog):
             "ChangeStreamHistoryLost", dropped,
         )
         return False
+
+    def _requeue_pre_images(self) -> None:
+        """After a restart: the newest retained entries' pre-images not fetched before the
+        process ended (the queue was in memory) are asked for again, while the upstream may
+        still have them."""
+        retained = self.retained
+        assert retained is not None
+        entries = [decode_entry(raw) for _, raw in retained.newest(None, PRE_IMAGE_REQUEUE)]
+        ids = pre_image_ids(entries)
+        if not ids:
+            return
+        keys = [
+            pre_image_key(_pre_image_key(i)[0], i["ts"], int(i["applyOpsIndex"])) for i in ids
+        ]
+        have = retained.pre_images(keys)
+        self._retain_pre_images.extend(i for i, k in zip(ids, keys) if k not in have)
+        if self._retain_pre_images:
+            self._retain_pre_images_wanted.set()
 
     async def _retain_pre_images_loop(self) -> None:
         """Fetch the pre-images of retained update/delete entries from the upstream's
