@@ -682,3 +682,23 @@ def test_serve_refuses_a_corrupt_log_in_one_line(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith("cdcserver: ") and "corrupt" in lines[-1]
     assert str(tmp_path / retained_module.FILE_NAME) in lines[-1]
+
+
+def test_retention_keys_from_the_environment_and_their_checks(tmp_path):
+    from cdcserver.config import check_config
+
+    env = {"CDCSERVER_UPSTREAM_RETAIN_DIR": str(tmp_path), "CDCSERVER_UPSTREAM_RETAIN_MB": "5",
+           "CDCSERVER_UPSTREAM_RETAIN_HOURS": "0.5"}
+    config, problems = check_config(None, env=env)
+    assert problems == [] and config is not None
+    up = config.upstream
+    assert (up.retain_dir, up.retain_mb, up.retain_hours) == (str(tmp_path), 5, 0.5)
+    _, problems = check_config(None, env={**env, "CDCSERVER_UPSTREAM_RETAIN_MB": "0",
+                                          "CDCSERVER_UPSTREAM_RETAIN_HOURS": "0"})
+    assert any("upstream.retain_mb" in p and "both be 0" in p for p in problems)
+    _, problems = check_config(None, env={**env, "CDCSERVER_UPSTREAM_RETAIN_HOURS": "-1"})
+    assert any("upstream.retain_hours" in p for p in problems)
+    (tmp_path / "f").write_text("")
+    _, problems = check_config(None, env={**env, "CDCSERVER_UPSTREAM_RETAIN_DIR":
+                                          str(tmp_path / "f")})
+    assert any("upstream.retain_dir" in p and "not a directory" in p for p in problems)
