@@ -29,6 +29,12 @@ any client with read access to `local` and `config`:
 
 The live window of recent entries is bounded (entries and bytes); entries are kept as their
 BSON bytes (`EntryList`) and decoded once, when they arrive, for every cursor.
+
+With `retain_dir`, every entry is written to a durable log (`retained.py`) before it is
+delivered; history is read from the window, then that log, then the upstream, so a token the
+upstream's oplog has lost still resumes, and a restart continues after the log's newest entry
+the upstream still has (`_resume_retained`). Pre-images of retained entries are fetched into
+it from `config.system.preimages` and answered from it first.
 """
 
 from __future__ import annotations
