@@ -275,6 +275,44 @@ def test_refused_write_stops_delivery_until_the_log_is_writable(a_server, tmp_pa
         ca.close()
 
 
+def test_upstream_rolling_past_a_cut_off_sidecar_empties_its_log(a_server, tmp_path):
+    """B is cut off while A's oplog rolls past B's position: when B reaches A again its log
+    ends at a gap, so it is emptied; a token from before the gap gets 286 on B, never events
+    from after the gap as if nothing was missing. Later events are retained again."""
+    from test_upstream import FAST_CLIENT
+    from test_upstream_faults import Relay
+
+    a = a_server
+    relay = Relay(a.port)
+    b = UpstreamServer(f"mongodb://{HOST}:{relay.port}/?directConnection=true",
+                       max_await_ms=100, backoff_max_ms=300, client_options=FAST_CLIENT,
+                       retain_dir=str(tmp_path / "b"))
+    ca = a.client()
+    try:
+        b.wait_ready()
+        recorder = Recorder(a)
+        write_chunk(ca, 0, 3)
+        recorder.catch_up()
+        b.wait_caught_up(latest_ts(a))
+        token = recorder.events[0]["_id"]
+        relay.pause()
+        for start in range(3, 80, 10):
+            write_chunk(ca, start, 10)
+            recorder.catch_up()
+        recorder.close()
+        relay.drop()
+        relay.resume()
+        b.wait_caught_up(latest_ts(a))
+        assert b.call(lambda: b.source.gaps) >= 1
+        assert_history_lost(b.direct_uri, token)
+        oldest_kept = b.call(lambda: b.source.retained.oldest_ts())
+        assert oldest_kept is not None and oldest_kept >= a.call(a.store.oldest_ts)
+    finally:
+        b.stop()
+        relay.stop()
+        ca.close()
+
+
 def test_required_pre_image_missing_from_the_log_is_mongods_error(a_server, tmp_path):
     """A collection without pre-images: `required` on retained history fails as A fails while
     it still has the history (same code)."""
