@@ -483,7 +483,33 @@ def normalize_index_spec(raw: Any) -> dict[str, Any]:
                  "prepareUnique"):
             continue
         spec[k] = dict(v) if isinstance(v, Mapping) else v
+    if "text" in spec["key"].values():
+        _fix_text_spec(spec)
     return spec
+
+
+_TEXT_OPTIONS = ("weights", "default_language", "language_override", "textIndexVersion")
+
+
+def _fix_text_spec(spec: dict[str, Any]) -> None:
+    """A text index as FTSSpec::fixSpec stores it: its text fields become `_fts: "text",
+    _ftsx: 1` in the key (other fields keep their place), and the text options follow the
+    spec's other fields with their defaults (each text field weighing 1)."""
+    key: dict[str, Any] = {}
+    weights: dict[str, Any] = {}
+    for field_name, kind in spec["key"].items():
+        if kind == "text":
+            weights[field_name] = 1
+            if "_fts" not in key:
+                key["_fts"], key["_ftsx"] = "text", 1
+        else:
+            key[field_name] = kind
+    spec["key"] = key
+    given = {k: spec.pop(k) for k in _TEXT_OPTIONS if k in spec}
+    spec["weights"] = given.get("weights", weights)
+    spec["default_language"] = given.get("default_language", "english")
+    spec["language_override"] = given.get("language_override", "language")
+    spec["textIndexVersion"] = given.get("textIndexVersion", 3)
 
 
 def _comparable(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -581,8 +607,11 @@ async def drop_indexes(server, conn, cmd, db):
             raise _ns_not_found(f"{db}.{coll}")
         was = len(c.indexes)
         names: list[str]
-        if which == "*":
-            names = [s["name"] for s in c.indexes[1:]]
+        # "*", or a list whose first name is "*" (dropReadyIndexes looks only at the front):
+        # every index but _id.
+        wildcard = which == "*" or (isinstance(which, list) and which[:1] == ["*"])
+        if wildcard:
+            names = [s["name"] for s in c.indexes if s["name"] != "_id_"]
         elif isinstance(which, str):
             names = [which]
         elif isinstance(which, list):
@@ -609,6 +638,8 @@ async def drop_indexes(server, conn, cmd, db):
                 raise MongoError(27, f"index not found with name [{n}]")
         for n in names:
             store.drop_index(c, n)
+    if wildcard:
+        return {"nIndexesWas": was, "msg": "non-_id indexes dropped for collection"}
     return {"nIndexesWas": was}
 
 
