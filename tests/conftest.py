@@ -83,7 +83,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
 
 @pytest.fixture(scope="session")
 def shared_dir() -> pathlib.Path:
-    if not SHARED.is_dir():
+    # Both parts, not just a directory of that name (another checkout's scratch space).
+    if not ((SHARED / "corpus").is_dir() and (SHARED / "reference").is_dir()):
         pytest.skip(f"{SHARED} (the shared corpus and reference) is not present")
     return SHARED
 

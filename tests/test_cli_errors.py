@@ -78,6 +78,9 @@ def test_replay_ctrl_c_exits_130_quietly(big_oplog):
     proc = subprocess.Popen(
         [*CLI, "replay", "--oplog", str(big_oplog), "--cluster"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV,
+        # As at a terminal: a shell's background job (CI's, say) starts with SIGINT ignored,
+        # which the child would inherit (and Python then never raises KeyboardInterrupt).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stdout is not None
     proc.stdout.readline()  # it runs; unread, its output soon fills the pipe and it waits
