@@ -256,6 +256,13 @@ async def shard_collection(server, conn, cmd, db):
         catalog.save()
     for chunk in catalog.chunks[ns]:
         _ensure_collection_on(cluster, cluster.shard(chunk["shard"]), primary, dbname, coll)
+    # The primary shard's no-op at the commit (notifyChangeStreamsOnShardCollection): the
+    # `shardCollection` event of streams with showExpandedEvents.
+    with store.batch():
+        store.log("n", ns, {"msg": {"shardCollection": ns}}, ui=c.ui, o2={
+            "shardCollection": ns, "shardKey": key, "unique": unique,
+            "presplitHashedZones": False,
+        })
     return {"collectionsharded": ns}
 
 

@@ -23,14 +23,7 @@ import bson
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
-from cdcserver.embedded.store import (
-    ID_INDEX,
-    Collection,
-    Store,
-    _now_ms,
-    ordered_options,
-    validate_collection_name,
-)
+from cdcserver.embedded.store import Collection, Store, _now_ms
 from cdcserver.sharding.catalog import ShardingCatalog
 
 
@@ -84,23 +77,15 @@ class ShardStore(Store):
             self.from_migrate = False
 
     def create_collection(
-        self, db: str, coll: str, options: Mapping[str, Any] | None = None, *,
-        uuid: bytes | None = None,
+        self, db: str, coll: str, options: Mapping[str, Any] | None = None, *args: Any,
+        uuid: bytes | None = None, **kwargs: Any,
     ) -> Collection:
         """Store.create_collection; with `uuid`, the sharded collection's UUID (the same on
-        every shard, as mongod's)."""
-        if uuid is None:
-            return super().create_collection(db, coll, options)
-        validate_collection_name(db, coll)
-        options = ordered_options(options or {})
-        c = Collection(db, coll, uuid, options)
-        self.catalog[(db, coll)] = c
-        cs = self._cs(c)
-        cs.drop()
-        cs.create()
-        self._save_meta(c)
-        self.log("c", f"{db}.$cmd", {"create": coll, **options, "idIndex": dict(ID_INDEX)},
-                 ui=c.ui)
+        every shard, as mongod's), given to the new, still empty collection."""
+        c = super().create_collection(db, coll, options, *args, **kwargs)
+        if uuid is not None and c.uuid != uuid:
+            c.uuid = uuid
+            self._save_meta(c)  # (db, coll) keys the row: the UUID is replaced
         return c
 
     def update_document(self, c: Any, pre: dict[str, Any], post: dict[str, Any],
