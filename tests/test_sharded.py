@@ -14,6 +14,7 @@ import pymongo
 import pytest
 from bson.max_key import MaxKey
 from bson.min_key import MinKey
+from bson.timestamp import Timestamp
 from pymongo.errors import OperationFailure
 
 from cdcserver.sharding.catalog import hashed_value
@@ -275,3 +276,39 @@ def test_cli_serve_shards():
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     assert proc.returncode == 0
+
+
+def test_cross_shard_transaction_events_share_cluster_time_lsid_and_txn_number(cluster, client):
+    _spread(client, cluster, "t.c")
+    n = len(cluster.cluster.shards)
+    client.t.c.insert_one({"x": -1})
+    with client.t.c.watch(max_await_time_ms=50) as stream:
+        with client.start_session() as session, session.start_transaction():
+            lsid = bytes(session.session_id["id"])
+            for k in range(n):
+                client.t.c.insert_one({"_id": k, "x": 100 * k + 1}, session=session)
+            client.t.c.update_one({"x": -1}, {"$set": {"in": "txn"}}, session=session)
+        events = [stream.next() for _ in range(n + 1)]
+        assert stream.try_next() is None
+    assert {e["clusterTime"] for e in events} == {events[0]["clusterTime"]}
+    assert {bytes(e["lsid"]["id"]) for e in events} == {lsid}
+    assert {e["txnNumber"] for e in events} == {events[0]["txnNumber"]}
+    assert sorted(e["documentKey"].get("_id") for e in events if e["operationType"] == "insert"
+                  ) == list(range(n))
+    assert all(_shard_counts(cluster, "t", "c"))  # every shard took part
+    tokens = [e["_id"]["_data"] for e in events]
+    assert tokens == sorted(tokens)
+
+
+def test_cluster_time_gossip_advances_the_cluster_clock(cluster, client):
+    now = client.admin.command("ping")["operationTime"]
+    ahead = Timestamp(now.time + 1000, 7)
+    with client.start_session() as session:  # pymongo sends the session's time if later
+        session.advance_cluster_time(
+            {"clusterTime": ahead, "signature": {"hash": b"\0" * 20, "keyId": 0}})
+        client.admin.command("ping", session=session)
+    with client.g.c.watch() as stream:
+        client.g.c.insert_one({"a": 1})
+        event = stream.next()
+    assert event["clusterTime"] > ahead
+    assert client.admin.command("ping")["$clusterTime"]["clusterTime"] >= event["clusterTime"]

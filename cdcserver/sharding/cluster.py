@@ -130,6 +130,7 @@ class ShardedCluster:
         # Transactions through the front: (lsid id, txnNumber) -> the shards it wrote to.
         self.participants: dict[tuple[bytes, int], list[str]] = {}
         self.cursor_owner: dict[int, str] = {}  # forwarded cursors: id -> shard
+        self.txn_read_concern: dict[tuple[bytes, int], Any] = {}
         self._merger: tuple[ServerState, ConnectionState] | None = None
         self._merges = 0
 

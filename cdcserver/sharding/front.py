@@ -71,6 +71,7 @@ async def forward(cluster: ShardedCluster, shard: Shard, cmd: Mapping[str, Any],
     """Run `cmd` on `shard`; its reply without ok/times, or its error raised."""
     body = {k: v for k, v in cmd.items() if k != "$clusterTime"}
     body["$db"] = db
+    _join_transaction(cluster, shard, body)
     reply = await run_command(shard.state, shard.conn, body)
     if reply.get("ok") != 1:
         raise ShardError(reply)
@@ -80,6 +81,30 @@ async def forward(cluster: ShardedCluster, shard: Shard, cmd: Mapping[str, Any],
         cluster.cursor_owner[int(cursor["id"])] = shard.name
     _note_participant(cluster, shard, cmd)
     return out
+
+
+def _txn_key(cmd: Mapping[str, Any]) -> tuple[bytes, int] | None:
+    lsid, number = cmd.get("lsid"), cmd.get("txnNumber")
+    if cmd.get("autocommit") is False and isinstance(lsid, Mapping) and number is not None:
+        return (bytes(lsid.get("id", b"")), int(number))
+    return None
+
+
+def _join_transaction(cluster: ShardedCluster, shard: Shard, body: dict[str, Any]) -> None:
+    """mongos starts the transaction on each shard the first time it sends it a statement of
+    it (`startTransaction: true`, with the transaction's readConcern)."""
+    key = _txn_key(body)
+    if key is None or next(iter(body)) in ("commitTransaction", "abortTransaction"):
+        return
+    if body.get("startTransaction") is True:
+        cluster.participants[key] = []
+        cluster.txn_read_concern[key] = body.get("readConcern")
+        return
+    if shard.name not in cluster.participants.get(key, [shard.name]):
+        body["startTransaction"] = True
+        read_concern = cluster.txn_read_concern.get(key)
+        if read_concern is not None:
+            body["readConcern"] = read_concern
 
 
 def _note_participant(cluster: ShardedCluster, shard: Shard, cmd: Mapping[str, Any]) -> None:
@@ -748,12 +773,41 @@ async def end_transaction(server, conn, cmd, db):
     if not shards:
         return await forward(cluster, cluster.shards[0], cmd, db)
     reply: dict[str, Any] = {}
-    # Not a two-phase commit: each participant commits in turn.
-    for name in shards:
-        reply = await forward(cluster, cluster.shard(name), cmd, db)
+    if next(iter(cmd)) == "commitTransaction" and len(shards) > 1:
+        if db != "admin":
+            raise MongoError(13, "commitTransaction may only be run against the admin "
+                             "database.")
+        _commit_across_shards(cluster, [cluster.shard(n) for n in shards], cmd)
+    else:
+        for name in shards:
+            reply = await forward(cluster, cluster.shard(name), cmd, db)
     if key is not None:
         cluster.participants.pop(key, None)
+        cluster.txn_read_concern.pop(key, None)
     return reply
+
+
+def _commit_across_shards(cluster: ShardedCluster, shards: list[Shard],
+                          cmd: Mapping[str, Any]) -> None:
+    """A transaction that wrote on several shards commits on all of them at one commit time
+    (the coordinator's commitTimestamp), without yielding to the loop in between: no stream
+    can see one participant's commit without the others'. Every participant is checked
+    first (an aborted one fails the commit with its error and the others abort)."""
+    from cdcserver.commands.transactions import transaction_of
+
+    txns = []
+    try:
+        for shard in shards:
+            txns.append((shard, transaction_of(shard.store, cmd)))
+    except MongoError:
+        for shard, txn in txns:
+            with shard.store.batch():
+                shard.store.abort_transaction(txn)
+        raise
+    commit_ts = cluster.clock.tick()
+    for shard, txn in txns:
+        with shard.store.commit_at(commit_ts), shard.store.batch():
+            shard.store.commit_transaction(txn)
 
 
 @front("endSessions", "killSessions", "killAllSessions", "killAllSessionsByPattern",
@@ -887,12 +941,28 @@ async def kill_cursors(server, conn, cmd, db):
             "cursorsUnknown": []}
 
 
+def _gossiping(handler: Any) -> Any:
+    """mongos advances its logical clock to the `$clusterTime` a client gossips (no key
+    checks: the cluster signs nothing, as a cluster without auth)."""
+
+    async def run(server, conn, cmd, db):
+        gossip = cmd.get("$clusterTime")
+        if isinstance(gossip, Mapping) and isinstance(gossip.get("clusterTime"), Timestamp):
+            cluster_of(server).clock.advance_to(gossip["clusterTime"])
+        return await handler(server, conn, cmd, db)
+
+    run.__name__ = getattr(handler, "__name__", "forward")
+    return run
+
+
 def _build_table() -> None:
     """Every other command a shard knows: forwarded to the primary shard of its database."""
     for name in COMMANDS:
         if name.startswith("$"):
             continue
         FRONT_COMMANDS.setdefault(name, forward_default)
+    for name, handler in list(FRONT_COMMANDS.items()):
+        FRONT_COMMANDS[name] = _gossiping(handler)
 
 
 _build_table()

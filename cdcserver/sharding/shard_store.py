@@ -59,13 +59,25 @@ class ShardStore(Store):
         self.sharding = catalog
         self._key_doc: Mapping[str, Any] | None = None  # the document of the update/delete
         self.from_migrate = False
+        self._pinned: Timestamp | None = None
         super().__init__(data_dir, **options)
         clock.advance_to(self.latest_ts())
 
     def _next_ts(self) -> Timestamp:
-        ts = self.clock.tick()
+        ts = self._pinned if self._pinned is not None else self.clock.tick()
+        self._pinned = None
         self._last_ts = ts
         return ts
+
+    @contextlib.contextmanager
+    def commit_at(self, ts: Timestamp) -> Iterator[None]:
+        """The next entry gets `ts` (a cross-shard transaction's commit time, one for every
+        participant; taken from the cluster clock just before)."""
+        self._pinned = ts
+        try:
+            yield
+        finally:
+            self._pinned = None
 
     @contextlib.contextmanager
     def migrating(self) -> Iterator[None]:
