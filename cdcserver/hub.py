@@ -156,6 +156,9 @@ class StreamGroup:
         image lookups were fetched for them: cursors.py `step_prepared`)."""
         producer = self.producer
         if entries is None:
+            latest = self.log.latest_ts()
+            if latest is None or latest < self.next_ts:
+                return False  # nothing new: an idle getMore's common case, without a search
             entries = self.read(chunk)
         if not entries:
             return False

@@ -488,6 +488,10 @@ def split_filter(
     return None, list(stages)
 
 
+# Beyond this many distinct pre-filters, testing them all per entry costs more than it saves.
+MAX_UNION_PREFILTERS = 8
+
+
 class FilterGroup:
     """One producer for streams that differ only in their user stages (see the module doc).
 
@@ -517,6 +521,11 @@ class FilterGroup:
         self.index = FilterIndex()
         self._as_is: dict[ChangeStreamPipeline, bool] = {}  # member -> no stages after $match
         self._reached: dict[ChangeStreamPipeline, None] = {}
+        # The members' leading-$match pre-filters on (operationType, db, coll), as each
+        # stream's own pipeline checks them before the transform: while every member has one
+        # and they are few, the producer skips CRUD entries none of them can accept.
+        self._prefilters: dict[bytes, tuple[Any, int]] = {}  # $match bytes -> (test, members)
+        self._unfiltered = 0  # members without a pre-filter
 
     # The scan clock members read their high-water mark from.
     @property
@@ -538,11 +547,32 @@ class FilterGroup:
         self._as_is[member] = not rest
         member.scan_clock = self
         self.index.add(member, match)
+        self._count_prefilter(member, +1)
+
+    def _count_prefilter(self, member: ChangeStreamPipeline, delta: int) -> None:
+        test = member.prefilter
+        if test is None:
+            self._unfiltered += delta
+        else:
+            key = bson.encode({"f": member.spec.user_pipeline[0]})
+            held, n = self._prefilters.get(key, (test, 0))
+            if n + delta > 0:
+                self._prefilters[key] = (held, n + delta)
+            else:
+                self._prefilters.pop(key, None)
+        tests = [t for t, _ in self._prefilters.values()]
+        if self._unfiltered or not tests or len(tests) > MAX_UNION_PREFILTERS:
+            self.producer.prefilter = None
+        elif len(tests) == 1:
+            self.producer.prefilter = tests[0]
+        else:
+            self.producer.prefilter = lambda *v: any(t(*v) for t in tests)
 
     def remove(self, member: ChangeStreamPipeline) -> None:
         if self._as_is.pop(member, None) is None:
             return
         self.index.remove(member)
+        self._count_prefilter(member, -1)
         scanned = self.scanned_ts
         if scanned is not None and (member._scanned_ts is None or scanned > member._scanned_ts):
             member._scanned_ts = scanned  # keeps its high-water mark without the clock

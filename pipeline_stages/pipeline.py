@@ -31,7 +31,7 @@ from pipeline_stages.oplog_entry import Entry, encode_in_order, encode_many_in_o
 from pipeline_stages.oplog_match import OplogFilter
 from pipeline_stages.resume_token import ResumeTokenData
 from pipeline_stages.spec import ChangeStreamSpec
-from pipeline_stages.split_large_event import SplitLargeEvent
+from pipeline_stages.split_large_event import SplitLargeEvent, check_event_size
 from pipeline_stages.transform import CLASSIC_EVENT_TYPES, ChangeStreamTransform
 from pipeline_stages.unwind_transaction import TransactionHistory, unwind
 from pipeline_stages.user_stages import UserStages, match_prefilter
@@ -303,7 +303,7 @@ class ChangeStreamPipeline:
                 scanned = clock.scanned_ts
             if scanned is not None and scanned > self._pbrt_ts and not self.invalidated:
                 version = resume_token.version_for_event(scanned, self.spec.resume_token)
-                self._pbrt = ResumeTokenData.high_water_mark(scanned, version).to_document()
+                self._pbrt = _high_water_mark(scanned, version)
                 self._pbrt_ts = scanned
         return Batch(out, self._pbrt, self.invalidated and eof)
 
@@ -311,6 +311,21 @@ class ChangeStreamPipeline:
         """`push` then `next_batch`: events of this oplog batch and the post-batch token."""
         self.push(entries)
         return self.next_batch(batch_size)
+
+
+_last_high_water_mark: tuple[Timestamp, int, dict[str, Any]] | None = None
+
+
+def _high_water_mark(ts: Timestamp, version: int) -> dict[str, Any]:
+    """The high-water-mark token at `ts`: idle streams report the same one after each write,
+    so the last one made is kept (about 10 us of KeyString encoding per idle getMore)."""
+    global _last_high_water_mark
+    last = _last_high_water_mark
+    if last is not None and last[0] == ts and last[1] == version:
+        return last[2]
+    doc = ResumeTokenData.high_water_mark(ts, version).to_document()
+    _last_high_water_mark = (ts, version, doc)
+    return doc
 
 
 def encode_events(events: list[dict[str, Any]], out: Any) -> Any:
@@ -326,6 +341,7 @@ def encode_events(events: list[dict[str, Any]], out: Any) -> Any:
         if ts is None:  # a stage removed clusterTime: read it from the token
             ts = resume_token.decode(token).cluster_time
         raw = encoded[i] if encoded is not None else encode_in_order(event)
+        check_event_size(raw, event)  # 10334 over 16 MiB + 16 KiB, as mongod's batch does
         out.append((RawBSONDocument(raw), token, ts))
     return out
 
