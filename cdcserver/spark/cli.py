@@ -331,19 +331,12 @@ def _first_line(text: str) -> str:
 # -- running ------------------------------------------------------------------------------------
 
 
-def _progress_printer():
-    started: dict[str, float] = {}
-
-    def report(phase: str, done: int, total: int, entries: int) -> None:
-        t0 = started.setdefault(phase, time.monotonic())
-        rate = entries / max(1e-9, time.monotonic() - t0)
-        what = "splits" if phase == "scan" else "ranges"
-        log.info(
-            "spark-replay: %s %d/%d %s, %d entries, %.0f entries/s",
-            phase, done, total, what, entries, rate,
-        )
-
-    return report
+def _progress(phase: str, done: int, total: int, entries: int, seconds: float) -> None:
+    what = "splits" if phase == "scan" else "ranges"
+    log.info(
+        "spark-replay: %s %d/%d %s, %d entries, %.0f entries/s",
+        phase, done, total, what, entries, entries / max(seconds, 1e-3),
+    )
 
 
 def run_args(args: argparse.Namespace, spark: Any = None) -> int:
@@ -366,7 +359,7 @@ def run_args(args: argparse.Namespace, spark: Any = None) -> int:
     try:
         job = SparkReplay(
             args.oplog, cmd, db, args.out, fmt=args.format, split_size=args.split_size,
-            mode=mode, progress=_progress_printer() if args.progress > 0 else None,
+            mode=mode, progress=_progress if args.progress > 0 else None,
         )
     except ValueError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)

@@ -679,7 +679,7 @@ class SparkReplay:
         fmt: str = "parquet",
         split_size: int = sp.DEFAULT_SPLIT_SIZE,
         mode: str = "errorifexists",
-        progress: Callable[[str, int, int, int], None] | None = None,
+        progress: Callable[[str, int, int, int, float], None] | None = None,
     ) -> None:
         if fmt not in ("parquet", "jsonl"):
             raise ValueError(f"format must be parquet or jsonl, not {fmt!r}")
@@ -692,10 +692,12 @@ class SparkReplay:
         self.fmt = fmt
         self.split_size = split_size
         self.mode = mode
-        # progress(phase, tasks done, tasks, entries so far): called from a watcher thread
+        # progress(phase, tasks done, tasks, entries so far, seconds in the phase): called
+        # from a watcher thread
         self.progress = progress
         self.progress_interval = 5.0
-        self._phase: tuple[str, int, Any] | None = None  # (phase, tasks, entry counter)
+        # (phase, tasks, entry counter, when it started)
+        self._phase: tuple[str, int, Any, float] | None = None
 
     def run(self, spark: Any) -> ReplaySummary:
         started = time.monotonic()
@@ -797,7 +799,8 @@ class SparkReplay:
         if not splits:
             return {}
         counter = sc.accumulator(0)
-        self._phase = ("scan", len(splits), counter)
+        self._phase = ("scan", len(splits), counter, time.monotonic())
+        sc.setJobGroup("cdcserver-scan", "spark-replay: scan")
         results = (
             sc.parallelize(splits, len(splits))
             .map(lambda s: scan_split(s, ctx, counter))
@@ -1014,7 +1017,8 @@ class SparkReplay:
 
         df = task_df.mapInArrow(run, _spark_schema(fmt))
         writer = df.write.mode(self.mode)
-        self._phase = ("replay", len(tasks), accs[0])
+        self._phase = ("replay", len(tasks), accs[0], time.monotonic())
+        sc.setJobGroup("cdcserver-replay", "spark-replay: replay and write")
         try:
             if fmt == "jsonl":
                 writer.text(self.out)
@@ -1060,14 +1064,18 @@ class _Watcher:
             phase = self.job._phase
             if phase is None or self.job.progress is None:
                 continue
-            name, total, counter = phase
+            name, total, counter, started = phase
             try:
                 done = 0
-                for stage in tracker.getActiveStageIds():
-                    info = tracker.getStageInfo(stage)
-                    if info is not None:
-                        done = max(done, info.numCompletedTasks)
-                self.job.progress(name, min(done, total), total, counter.value)
+                for job in tracker.getJobIdsForGroup(f"cdcserver-{name}"):
+                    info = tracker.getJobInfo(job)
+                    for stage in info.stageIds if info is not None else ():
+                        stage_info = tracker.getStageInfo(stage)
+                        if stage_info is not None:
+                            done = max(done, stage_info.numCompletedTasks)
+                self.job.progress(
+                    name, min(done, total), total, counter.value, time.monotonic() - started
+                )
             except Exception:  # noqa: BLE001 - progress must never fail the job
                 continue
 
