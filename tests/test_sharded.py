@@ -312,3 +312,46 @@ def test_cluster_time_gossip_advances_the_cluster_clock(cluster, client):
         event = stream.next()
     assert event["clusterTime"] > ahead
     assert client.admin.command("ping")["$clusterTime"]["clusterTime"] >= event["clusterTime"]
+
+
+def test_a_balancer_round_spreads_chunks_without_events(cluster, client):
+    client.admin.command("shardCollection", "b.c", key={"x": 1})
+    n = len(cluster.cluster.shards)
+    client.b.c.insert_many([{"_id": i, "x": i} for i in range(10 * n)])
+    for k in range(1, 2 * n):
+        client.admin.command("split", "b.c", middle={"x": 5 * k})
+    assert _shard_counts(cluster, "b", "c")[1:] == [0] * (n - 1)  # every chunk on the primary
+    with client.b.c.watch(max_await_time_ms=50) as stream:
+        client.admin.command("balancerStart")
+        assert client.admin.command("balancerStatus")["mode"] == "full"
+        assert stream.try_next() is None
+        client.b.c.insert_one({"_id": "after", "x": -5})
+        assert stream.next()["documentKey"] == {"x": -5, "_id": "after"}
+    per_shard = {}
+    for chunk in client.config.chunks.find():
+        per_shard[chunk["shard"]] = per_shard.get(chunk["shard"], 0) + 1
+    assert max(per_shard.values()) - min(per_shard.values()) <= 1 and len(per_shard) == n
+    counts = _shard_counts(cluster, "b", "c")
+    assert sum(counts) == 10 * n + 1 and all(counts)
+    assert sorted(d["_id"] for d in client.b.c.find({"x": {"$gte": 0}})) == list(range(10 * n))
+    client.admin.command("balancerStop")
+    assert client.admin.command("balancerStatus")["mode"] == "off"
+
+
+def test_refine_collection_shard_key(cluster, client):
+    client.admin.command("shardCollection", "f.c", key={"a": 1})
+    client.f.c.create_index([("a", 1), ("b", 1)])
+    with client.f.c.watch(show_expanded_events=True, max_await_time_ms=50) as stream:
+        client.admin.command("refineCollectionShardKey", "f.c", key={"a": 1, "b": 1})
+        event = stream.next()
+        while event["operationType"] != "refineCollectionShardKey":
+            event = stream.next()
+    assert event["operationDescription"] == {"shardKey": {"a": 1, "b": 1},
+                                             "oldShardKey": {"a": 1}}
+    assert client.config.collections.find_one({"_id": "f.c"})["key"] == {"a": 1, "b": 1}
+    with client.f.c.watch() as stream:
+        client.f.c.insert_one({"_id": 1, "b": 2, "a": 3})
+        assert list(stream.next()["documentKey"].items()) == [("a", 3), ("b", 2), ("_id", 1)]
+    with pytest.raises(OperationFailure) as err:
+        client.admin.command("refineCollectionShardKey", "f.c", key={"b": 1})
+    assert err.value.code == 72

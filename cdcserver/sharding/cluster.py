@@ -131,6 +131,7 @@ class ShardedCluster:
         self.participants: dict[tuple[bytes, int], list[str]] = {}
         self.cursor_owner: dict[int, str] = {}  # forwarded cursors: id -> shard
         self.txn_read_concern: dict[tuple[bytes, int], Any] = {}
+        self.balancer_rounds = 0
         self._merger: tuple[ServerState, ConnectionState] | None = None
         self._merges = 0
 

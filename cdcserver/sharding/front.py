@@ -31,6 +31,7 @@ from cdcserver.sharding.catalog import _MISSING, _key_bytes, hashed_value, path_
 from cdcserver.sharding.streams import MergedChangeStream
 from pipeline_stages.errors import MongoError
 from pipeline_stages.spec import is_change_stream_aggregate, parse_aggregate
+from pipeline_stages.value_string import document_string
 
 if TYPE_CHECKING:
     from cdcserver.sharding.cluster import Shard, ShardedCluster
@@ -427,15 +428,73 @@ async def migrate(cluster: ShardedCluster, ns: str, chunk: dict[str, Any], to: s
 @front("balancerStart", "balancerStop", "balancerStatus")
 async def balancer(server, conn, cmd, db):
     _admin_only(next(iter(cmd)), db)
-    catalog = cluster_of(server).catalog
+    cluster = cluster_of(server)
+    catalog = cluster.catalog
     name = next(iter(cmd))
     if name == "balancerStart":
         catalog.balancer = True
+        await balancer_round(cluster)
     elif name == "balancerStop":
         catalog.balancer = False
     else:
         return {"mode": "full" if catalog.balancer else "off", "inBalancerRound": False,
-                "numBalancerRounds": Int64(0)}
+                "numBalancerRounds": Int64(cluster.balancer_rounds)}
+    return {}
+
+
+async def balancer_round(cluster: ShardedCluster) -> int:
+    """One balancer round: chunks move (as migrations: no events) from the shard with the
+    most chunks of a collection to the one with the fewest until they differ by at most one.
+    (mongod 8.0 balances by data size; here by chunk count.) Returns the chunks moved."""
+    catalog = cluster.catalog
+    moved = 0
+    for ns in list(catalog.collections):
+        while True:
+            counts = dict.fromkeys(catalog.shard_names, 0)
+            for chunk in catalog.chunks.get(ns, []):
+                counts[chunk["shard"]] += 1
+            most = max(catalog.shard_names, key=lambda n: counts[n])
+            least = min(catalog.shard_names, key=lambda n: counts[n])
+            if counts[most] - counts[least] <= 1:
+                break
+            chunk = next(c for c in catalog.chunks[ns] if c["shard"] == most)
+            await migrate(cluster, ns, chunk, least)
+            moved += 1
+    cluster.balancer_rounds += 1
+    return moved
+
+
+@front("refineCollectionShardKey")
+async def refine_collection_shard_key(server, conn, cmd, db):
+    _admin_only("refineCollectionShardKey", db)
+    cluster = cluster_of(server)
+    ns, dbname, coll = _namespace_arg(cmd, "refineCollectionShardKey")
+    catalog = cluster.catalog
+    old = catalog.key_pattern(ns)
+    if old is None:
+        raise MongoError(118, f"refineCollectionShardKey namespace {ns} is not sharded")
+    key = _check_key_pattern(cmd.get("key"))
+    if list(key)[: len(old)] != list(old) or any(key[f] != old[f] for f in old):
+        raise MongoError(
+            72, f"refineCollectionShardKey: the proposed shard key {document_string(key)} does "
+            f"not extend the current shard key {document_string(old)}",
+        )
+    entry = catalog.collections[ns]
+    entry["key"] = dict(key)
+    for chunk in catalog.chunks[ns]:  # the new fields start at MinKey in every bound
+        for bound in ("min", "max"):
+            first = next(iter(chunk[bound].values()))
+            filler = MaxKey() if isinstance(first, MaxKey) else MinKey()
+            chunk[bound] = {f: chunk[bound].get(f, filler) for f in key}
+    catalog.save()
+    primary = cluster.shard(catalog.primary(dbname) or cluster.shards[0].name)
+    store = primary.store
+    c = store.get(dbname, coll)
+    with store.batch():  # notifyChangeStreamsOnRefineCollectionShardKeyComplete
+        store.log("n", ns, {"msg": f"Refine shard key for collection {ns} with "
+                                   f"{document_string(key)}"},
+                  ui=c.ui if c is not None else None,
+                  o2={"refineCollectionShardKey": ns, "shardKey": key, "oldShardKey": old})
     return {}
 
 
