@@ -355,3 +355,25 @@ def test_refine_collection_shard_key(cluster, client):
     with pytest.raises(OperationFailure) as err:
         client.admin.command("refineCollectionShardKey", "f.c", key={"b": 1})
     assert err.value.code == 72
+
+
+def test_broadcast_reads_merge_on_the_front_in_batches(cluster, client):
+    _spread(client, cluster, "q.c")
+    n = len(cluster.cluster.shards)
+    client.q.c.insert_many([{"_id": i, "x": (i * 37) % (100 * n), "g": i % 3}
+                            for i in range(50)])
+    xs = sorted((i * 37) % (100 * n) for i in range(50))
+    cursor = client.q.c.find({}, sort=[("x", 1)], batch_size=7)
+    assert [d["x"] for d in cursor] == xs
+    assert [d["x"] for d in client.q.c.find({"x": {"$gt": 40}}, sort=[("x", -1)], skip=2,
+                                            limit=5)] == sorted(
+        (x for x in xs if x > 40), reverse=True)[2:7]
+    groups = list(client.q.c.aggregate(
+        [{"$match": {"x": {"$gte": 0}}}, {"$group": {"_id": "$g", "n": {"$sum": 1}}},
+         {"$sort": {"_id": 1}}], batchSize=1))
+    assert groups == [{"_id": g, "n": len([i for i in range(50) if i % 3 == g])}
+                      for g in range(3)]
+    assert client.q.c.count_documents({"g": 1}) == len([i for i in range(50) if i % 3 == 1])
+    assert client.q.c.estimated_document_count() == 50
+    assert client.q.c.distinct("g") == [0, 1, 2]
+    assert client.q.c.distinct("x", {"x": {"$gte": 100}}) == [x for x in xs if x >= 100]

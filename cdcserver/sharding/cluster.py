@@ -132,6 +132,8 @@ class ShardedCluster:
         self.cursor_owner: dict[int, str] = {}  # forwarded cursors: id -> shard
         self.txn_read_concern: dict[tuple[bytes, int], Any] = {}
         self.balancer_rounds = 0
+        # Results merged on the front, read by getMore: cursor id -> (ns, documents left).
+        self.results: dict[int, tuple[str, Any]] = {}
         self._merger: tuple[ServerState, ConnectionState] | None = None
         self._merges = 0
 
@@ -159,16 +161,25 @@ class ShardedCluster:
             options = {k: v for k, v in cmd.items()
                        if k in ("collation", "let", "allowDiskUse", "maxTimeMS")}
             reply = await run_command(state, conn, {
-                "aggregate": "docs", "pipeline": stages, "cursor": {"batchSize": 1 << 30},
-                **options, "$db": db,
+                "aggregate": "docs", "pipeline": stages, "cursor": {}, **options, "$db": db,
             })
+            if reply.get("ok") != 1:
+                from cdcserver.sharding.front import ShardError
+
+                raise ShardError(reply)
+            out = list(reply["cursor"]["firstBatch"])
+            cursor_id = int(reply["cursor"]["id"])
+            while cursor_id:
+                more = await run_command(state, conn, {
+                    "getMore": Int64(cursor_id), "collection": "docs", "$db": db})
+                if more.get("ok") != 1:
+                    from cdcserver.sharding.front import ShardError
+
+                    raise ShardError(more)
+                out.extend(more["cursor"]["nextBatch"])
+                cursor_id = int(more["cursor"]["id"])
         finally:
             await run_command(state, conn, {"dropDatabase": 1, "$db": db})
-        if reply.get("ok") != 1:
-            from cdcserver.sharding.front import ShardError
-
-            raise ShardError(reply)
-        out = reply["cursor"]["firstBatch"]
         return {"cursor": {"firstBatch": out, "id": Int64(0), "ns": ns}}
 
     def shard(self, name: str) -> Shard:

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import bson
 from bson.int64 import Int64
 from bson.max_key import MaxKey
 from bson.min_key import MinKey
@@ -707,7 +709,37 @@ async def find(server, conn, cmd, db):
     docs = docs[skip:]
     if limit:
         docs = docs[: abs(limit)]
-    return {"cursor": {"firstBatch": docs, "id": Int64(0), "ns": ns}}
+    single = cmd.get("singleBatch") is True or (limit or 0) < 0
+    return _results_reply(server, cluster, docs, ns, int_arg(cmd, "batchSize", "find"), single)
+
+
+# A reply's batch holds up to 16 MiB of documents, 101 by default in a first batch.
+_MAX_BATCH_BYTES = 16 * 1024 * 1024
+
+
+def _take(docs: Any, size: int | None) -> list[Any]:
+    out: list[Any] = []
+    total = 0
+    while docs and (size is None or len(out) < size):
+        n = len(bson.encode(docs[0]))
+        if out and total + n > _MAX_BATCH_BYTES:
+            break
+        total += n
+        out.append(docs.popleft())
+    return out
+
+
+def _results_reply(server: Any, cluster: ShardedCluster, docs: list[Any], ns: str,
+                   batch_size: int | None, single: bool = False) -> dict[str, Any]:
+    """Results merged on the front (a broadcast find, the merging half of an aggregation):
+    a first batch, and a cursor of the front's own for the rest."""
+    rest = deque(docs)
+    first = _take(rest, 101 if batch_size is None else batch_size)
+    cursor_id = 0
+    if rest and not single:
+        cursor_id = server.cursors.new_id()
+        cluster.results[cursor_id] = (ns, rest)
+    return {"cursor": {"firstBatch": first, "id": Int64(cursor_id), "ns": ns}}
 
 
 def _config_find(cluster: ShardedCluster, cmd: Mapping[str, Any]) -> dict[str, Any]:
@@ -738,6 +770,19 @@ async def count(server, conn, cmd, db):
     for shard in _owning_shards(cluster, ns):
         total += int((await forward(cluster, shard, cmd, db)).get("n", 0))
     return {"n": total}
+
+
+@front("distinct")
+async def distinct(server, conn, cmd, db):
+    cluster = cluster_of(server)
+    ns = _sharded_ns(cluster, cmd, db)
+    if ns is None:
+        return await forward(cluster, _primary(cluster, db, create=False), cmd, db)
+    seen: dict[bytes, Any] = {}
+    for shard in _owning_shards(cluster, ns):
+        for value in (await forward(cluster, shard, cmd, db)).get("values", []):
+            seen.setdefault(_key_bytes([value]), value)
+    return {"values": [seen[k] for k in sorted(seen)]}
 
 
 # -- DDL ----------------------------------------------------------------------------------------
@@ -888,7 +933,7 @@ async def aggregate(server, conn, cmd, db):
         ns = _sharded_ns(cluster, cmd, db)
         if ns is None:
             return await forward(cluster, _primary(cluster, db, create=False), cmd, db)
-        return await _sharded_aggregate(cluster, cmd, db, ns)
+        return await _sharded_aggregate(server, cluster, cmd, db, ns)
     cursor_doc = cmd.get("cursor")
     if not isinstance(cursor_doc, dict):
         raise MongoError(
@@ -925,8 +970,8 @@ _SHARD_STAGES = frozenset({"$match", "$project", "$addFields", "$set", "$unset",
                            "$replaceWith", "$unwind", "$redact"})
 
 
-async def _sharded_aggregate(cluster: ShardedCluster, cmd: Mapping[str, Any], db: str,
-                             ns: str) -> dict[str, Any]:
+async def _sharded_aggregate(server: Any, cluster: ShardedCluster, cmd: Mapping[str, Any],
+                             db: str, ns: str) -> dict[str, Any]:
     pipeline = list(cmd.get("pipeline") or [])
     split = next((i for i, st in enumerate(pipeline)
                   if not isinstance(st, Mapping) or next(iter(st), "") not in _SHARD_STAGES),
@@ -935,9 +980,13 @@ async def _sharded_aggregate(cluster: ShardedCluster, cmd: Mapping[str, Any], db
     docs: list[Any] = []
     for shard in _owning_shards(cluster, ns):
         docs.extend(await _drain(cluster, shard, shard_part, db))
-    if split == len(pipeline):
-        return {"cursor": {"firstBatch": docs, "id": Int64(0), "ns": ns}}
-    return await cluster.merge_pipeline(docs, pipeline[split:], cmd, ns)
+    if split < len(pipeline):
+        reply = await cluster.merge_pipeline(docs, pipeline[split:], cmd, ns)
+        docs = reply["cursor"]["firstBatch"]
+    cursor_doc = cmd.get("cursor")
+    size = int_arg(cursor_doc, "batchSize", "aggregate.cursor") if isinstance(
+        cursor_doc, Mapping) else None
+    return _results_reply(server, cluster, docs, ns, size)
 
 
 @front("getMore")
@@ -945,6 +994,20 @@ async def get_more(server, conn, cmd, db):
     cluster = cluster_of(server)
     cursor_id = cmd.get("getMore")
     stream = server.cursors.cursors.get(cursor_id) if isinstance(cursor_id, int) else None
+    results = cluster.results.get(cursor_id) if isinstance(cursor_id, int) else None
+    if results is not None:
+        ns, rest = results
+        coll = cmd.get("collection")
+        if f"{db}.{coll}" != ns:
+            raise MongoError(
+                13, f"Requested getMore on namespace '{db}.{coll}', but cursor belongs to a "
+                f"different namespace {ns}",
+            )
+        batch = _take(rest, int_arg(cmd, "batchSize", "getMore"))
+        if not rest:
+            del cluster.results[cursor_id]
+        return {"cursor": {"nextBatch": batch, "id": Int64(cursor_id if rest else 0),
+                           "ns": ns}}
     if stream is None:
         owner = cluster.cursor_owner.get(int(cursor_id)) if isinstance(cursor_id, int) else None
         shard = cluster.shard(owner) if owner is not None else cluster.shards[0]
@@ -986,7 +1049,7 @@ async def kill_cursors(server, conn, cmd, db):
     killed, not_found = [], []
     for cid in ids:
         cid = int(cid)
-        if server.cursors.kill(cid):
+        if server.cursors.kill(cid) or cluster.results.pop(cid, None) is not None:
             killed.append(Int64(cid))
             continue
         owner = cluster.cursor_owner.pop(cid, None)
