@@ -381,20 +381,29 @@ def matching(
     store: Store, c: Collection | None, q: Mapping[str, Any], one: bool,
     collation: query.Collation | None = None,
 ) -> list[dict]:
+    return [doc for _, doc in _matching_items(store, c, q, one, collation)]
+
+
+def _matching_items(
+    store: Store, c: Collection | None, q: Mapping[str, Any], one: bool,
+    collation: query.Collation | None = None,
+) -> list[tuple[bytes, dict]]:
+    """The (key, document) pairs `q` matches, in natural order."""
     if c is None:
         engine.matches(q, {})  # still validate the filter
         return []
     by_id, value = _id_lookup(q)
     if by_id and not (collation is not None and isinstance(value, str)):
-        doc = store.documents(c).get(id_key(value))
-        return [doc] if doc is not None and engine.matches(q, doc) else []
+        key = id_key(value)
+        doc = store.documents(c).get(key)
+        return [(key, doc)] if doc is not None and engine.matches(q, doc) else []
     match = query.matcher(q, collation)  # parse errors before any document
     known = query.prematched(q, collation)  # matched before the write, in steps (_prematch)
     out = []
-    for doc in list(store.documents(c).values()):
+    for key, doc in list(store.documents(c).items()):
         hit = known.get(id(doc)) if known is not None else None
         if hit[1] if hit is not None and hit[0] is doc else match(doc):
-            out.append(doc)
+            out.append((key, doc))
             if one:
                 break
     return out
@@ -501,11 +510,11 @@ def _multi_matching(
     if progress is None or not multi:
         return matching(store, c, q, not multi, collation), 0, 0
     if progress.keys is None or c is None:
-        docs = matching(store, c, q, False, collation)
-        progress.keys = [id_key(d["_id"]) for d in docs]
-        progress.matched, progress.pos = docs, 0
+        items = _matching_items(store, c, q, False, collation)
+        progress.keys = [key for key, _ in items]
+        progress.matched, progress.pos = [doc for _, doc in items], 0
         if c is None:
-            return docs, 0, 0
+            return progress.matched, 0, 0
     return _still_matching(store, c, q, progress, collation), progress.n, progress.modified
 
 
@@ -859,10 +868,18 @@ class ResultCursor:
     docs: list[Any]
     pos: int = 0
     last_used: float = field(default_factory=time.monotonic)
+    busy: bool = False  # a getMore is gathering its batch
 
 
 def _take(cursor: ResultCursor, batch_size: int | None) -> list[Any]:
-    out, size = [], 0
+    out: list[Any] = []
+    query.run_sync(_taking(cursor, batch_size, out))
+    return out
+
+
+def _taking(cursor: ResultCursor, batch_size: int | None, out: list[Any]) -> query.Scan:
+    """The next batch (up to `batch_size` documents and 16 MiB) into `out`, in steps."""
+    size = 0
     while cursor.pos < len(cursor.docs):
         if batch_size is not None and len(out) >= batch_size:
             break
@@ -873,7 +890,8 @@ def _take(cursor: ResultCursor, batch_size: int | None) -> list[Any]:
         out.append(doc)
         size += n
         cursor.pos += 1
-    return out
+        if len(out) % query.CHECK_EVERY == 0:
+            yield
 
 
 def _cursors(server: Any) -> dict[int, ResultCursor]:
@@ -931,7 +949,14 @@ async def get_more(server, conn, cmd, db):
         reply = await _oplog_get_more(table, cursor, cmd, batch_size)
         conn.awaited_s = cursor.awaited_s  # its wait for entries is not its work (slow log)
         return reply
-    batch = _take(cursor, batch_size)
+    if cursor.busy:  # mongod's CursorManager::pinCursor
+        raise MongoError(292, f"cursor id {cursor.id} is already in use")
+    cursor.busy = True  # a batch of up to 16 MiB is gathered in steps
+    try:
+        batch: list[Any] = []
+        await query.run_async(_taking(cursor, batch_size, batch))
+    finally:
+        cursor.busy = False
     cursor.last_used = time.monotonic()
     done = cursor.pos >= len(cursor.docs)
     if done:
