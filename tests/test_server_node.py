@@ -167,3 +167,69 @@ def test_live_events_match_pymongo(world, client):
     assert [e["operationType"] for e in ours] == ["insert", "update", "delete"]
     assert events == [_canonical(e) for e in ours]
     assert token_order(token_doc(token)) >= token_order(our_token)
+
+
+MONGOSH_DIR = NODE_DIR / "mongosh"
+NPM_TIMEOUT_S = 600  # a hang guard for the first install (about 150 MB)
+
+
+def _mongosh_installed() -> bool:
+    try:
+        pinned = json.loads((MONGOSH_DIR / "package-lock.json").read_text())["packages"]
+        installed = json.loads((MONGOSH_DIR / "node_modules" / ".package-lock.json").read_text())
+    except (OSError, ValueError, KeyError):
+        return False
+    got = installed.get("packages", {})
+    # Everything pinned is installed as pinned, except optional packages for other platforms.
+    wanted = {k: v for k, v in pinned.items() if k and (k in got or not v.get("optional"))}
+    return all(got.get(k) == v for k, v in wanted.items()) and set(got) <= set(pinned)
+
+
+@pytest.fixture(scope="module")
+def mongosh() -> pathlib.Path:
+    """mongosh 2.x, pinned by tests/node/mongosh/package-lock.json (its own directory, so the
+    driver tests do not install it): `npm ci` on first use (no install scripts: mongosh's
+    native extras are optional), skipped with the reason where npm cannot install it."""
+    if not _mongosh_installed():
+        npm = shutil.which("npm")
+        if npm is None:
+            pytest.skip("npm is not installed: cannot install mongosh into tests/node/mongosh")
+        run = subprocess.run(
+            [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"], cwd=MONGOSH_DIR,
+            capture_output=True, text=True, timeout=NPM_TIMEOUT_S,
+        )
+        if run.returncode != 0 or not _mongosh_installed():
+            lines = (run.stderr or run.stdout).strip().splitlines()
+            pytest.skip(f"`npm ci` in tests/node/mongosh failed (offline?): "
+                        f"{lines[-1] if lines else ''}")
+    return MONGOSH_DIR / "node_modules" / ".bin" / "mongosh"
+
+
+def test_mongosh_shell_helpers(world, client, mongosh):
+    """mongosh 2.x: `rs.status()`, `db.serverStatus()` and `db.adminCommand({getCmdLineOpts:
+    1})` work and say what pymongo is told (tests/node/mongosh/mongosh_admin.js)."""
+    run = subprocess.run(
+        [str(mongosh), world.server.direct_uri, "--quiet", "--norc", "--file", "mongosh_admin.js"],
+        cwd=MONGOSH_DIR, capture_output=True, text=True, timeout=TIMEOUT_S,
+    )
+    assert run.returncode == 0, f"mongosh exited {run.returncode}:\n{run.stderr}\n{run.stdout}"
+    shell = {}
+    for line in run.stdout.splitlines():
+        if line.startswith("{"):
+            shell.update(json_util.loads(line))
+    hello = client.admin.command("hello")
+    status = shell["rsStatus"]
+    assert status["ok"] == 1 and status["set"] == hello["setName"]
+    assert [(m["name"], m["stateStr"], m["self"]) for m in status["members"]] == [
+        (hello["me"], "PRIMARY", True)]
+    server_status = shell["serverStatus"]
+    assert server_status["ok"] == 1
+    assert server_status["version"] == client.server_info()["version"]
+    assert server_status["repl"]["setName"] == hello["setName"]
+    assert set(server_status["opcounters"]) == {
+        "insert", "query", "update", "delete", "getmore", "command"}
+    opts = shell["cmdLineOpts"]
+    assert opts["ok"] == 1
+    assert opts["parsed"] == client.admin.command("getCmdLineOpts")["parsed"]
+    assert opts["parsed"]["net"]["port"] == world.server.port
+    assert shell["hello"]["setName"] == hello["setName"]
