@@ -76,9 +76,9 @@ CAPPED_POSITION_LOST = 136
 # client's topology, as a driver does, so the next command finds the new primary).
 NOT_PRIMARY_CODES = frozenset({189, 10107, 11602, 13435, 13436, 91, 11600})
 _CODE_NAMES = {6: "HostUnreachable", 89: "NetworkTimeout"}
-# What closing may spend talking to the upstream (killCursors, endSessions): with the upstream
-# dead or stalled, pymongo would wait serverSelectionTimeoutMS for each, and a shutdown must
-# end within its grace whatever the upstream's state.
+# What closing may spend talking to the upstream (killCursors, endSessions), all steps
+# together: with the upstream dead or stalled pymongo would wait serverSelectionTimeoutMS for
+# each, and a shutdown must end within its grace whatever the upstream's state.
 CLOSE_TIMEOUT_S = 1.0
 # Pre-image ids waiting to be fetched into the retained log (bounded: memory).
 PRE_IMAGE_QUEUE = 100_000
@@ -248,6 +248,7 @@ class UpstreamOplog(EntryList, OplogLog):
         self._ready = asyncio.Event()  # the majority commit point is known
         self.connected = False  # the tail is reading (for serverStatus and tests)
         self.reconnects = 0
+        self._close_by: float | None = None  # closing's deadline, set by its first step
         self._down_since: float | None = None  # when the tail was lost (None: it reads)
         self._attempts = 0  # reconnect attempts in this outage
         self.gaps = 0  # times the tail found its position gone from the upstream
@@ -303,9 +304,24 @@ class UpstreamOplog(EntryList, OplogLog):
     def _oplog_collection(self, client: Any) -> Any:
         return client.local.get_collection("oplog.rs", codec_options=RAW)
 
+    def _close_budget(self) -> float:
+        """Seconds left to talk to the upstream while closing: CLOSE_TIMEOUT_S from the first
+        step for all of them (the tail's and history readers' cursors, then the clients)."""
+        now = time.monotonic()
+        if self._close_by is None:
+            self._close_by = now + CLOSE_TIMEOUT_S
+        return max(0.0, self._close_by - now)
+
+    async def _close_own_cursor(self, cursor: Any) -> None:
+        """A task's cursor: within the close budget when the task is being cancelled (the
+        source closes), within CLOSE_TIMEOUT_S otherwise (a reconnect)."""
+        task = asyncio.current_task()
+        closing = task is not None and task.cancelling() > 0
+        await _close_cursor(cursor, self._close_budget() if closing else CLOSE_TIMEOUT_S)
+
     async def aclose(self) -> None:
         """Stop the tail's tasks and close the clients, talking to the upstream for at most
-        CLOSE_TIMEOUT_S per step (the tasks' cursors are closed by _close_cursor's bound)."""
+        CLOSE_TIMEOUT_S in all (`_close_budget`)."""
         import pymongo
 
         for task in [*self._tasks, *(s.task for s in self._segments if s.task)]:
@@ -315,17 +331,20 @@ class UpstreamOplog(EntryList, OplogLog):
                 await task
         self._tasks.clear()
         self._segments.clear()
-        # pymongo.timeout bounds endSessions' server selection (to_thread carries it into
-        # the thread); asyncio.timeout backs it up for the asynchronous client.
+        # Both clients at once. pymongo.timeout bounds endSessions' server selection
+        # (to_thread carries it into the thread); asyncio.timeout backs it up.
+        closing = []
         if self._client is not None:
             client, self._client = self._client, None
-            with contextlib.suppress(Exception), pymongo.timeout(CLOSE_TIMEOUT_S):
-                async with asyncio.timeout(2 * CLOSE_TIMEOUT_S):
-                    await client.close()
+            closing.append(client.close())
         if self._sync_client is not None:
             client, self._sync_client = self._sync_client, None
-            with contextlib.suppress(Exception), pymongo.timeout(CLOSE_TIMEOUT_S):
-                await asyncio.to_thread(client.close)
+            closing.append(asyncio.to_thread(client.close))
+        if closing:
+            budget = self._close_budget()
+            with contextlib.suppress(Exception), pymongo.timeout(max(budget, 0.001)):
+                async with asyncio.timeout(budget + 0.1):
+                    await asyncio.gather(*closing, return_exceptions=True)
         if self.retained is not None:  # its data directory's lock is released
             retained, self.retained = self.retained, None
             retained.close()
@@ -725,7 +744,7 @@ class UpstreamOplog(EntryList, OplogLog):
                         await asyncio.sleep(1.0)  # the disk refused: try again, slowly
                         self._deliver_committed()
         finally:
-            await _close_cursor(cursor)
+            await self._close_own_cursor(cursor)
 
     async def _check_continuity(
         self, client: Any, start: Timestamp, batch: list[RawBSONDocument]
@@ -1027,7 +1046,7 @@ class UpstreamOplog(EntryList, OplogLog):
                     # The reader is at the upstream's head: the tail will deliver what comes.
                     await asyncio.sleep(max(0.01, self.options.majority_poll_ms / 1000))
         finally:
-            await _close_cursor(cursor)
+            await self._close_own_cursor(cursor)
 
     async def _segment_continuity(
         self, seg: _Segment, frm: Timestamp, batch: list[RawBSONDocument]
@@ -1081,14 +1100,14 @@ class UpstreamOplog(EntryList, OplogLog):
         return None if doc is None else decode_entry(doc.raw)
 
 
-async def _close_cursor(cursor: Any) -> None:
-    """Close a cursor on the upstream (killCursors), within CLOSE_TIMEOUT_S: a dead upstream
-    must not hold a reconnect or a shutdown for a server selection timeout."""
+async def _close_cursor(cursor: Any, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+    """Close a cursor on the upstream (killCursors) within `timeout_s`: a dead upstream must
+    not hold a reconnect or a shutdown for a server selection timeout."""
     import pymongo
 
-    if cursor is not None:
-        with contextlib.suppress(Exception), pymongo.timeout(CLOSE_TIMEOUT_S):
-            async with asyncio.timeout(2 * CLOSE_TIMEOUT_S):
+    if cursor is not None and timeout_s > 0:
+        with contextlib.suppress(Exception), pymongo.timeout(timeout_s):
+            async with asyncio.timeout(timeout_s + 0.1):
                 await cursor.close()
     return None
 
