@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import bson
+import pytest
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
 from cdcserver.cli import replay_events
+from pipeline_stages.errors import MongoError
 
 
 def test_replay_writes_events_beyond_one_reply_budget(tmp_path):
@@ -21,3 +23,31 @@ def test_replay_writes_events_beyond_one_reply_budget(tmp_path):
     cmd = {"aggregate": "c", "pipeline": [{"$changeStream": {}}]}
     events = [e for batch, _ in replay_events([str(path)], cmd, "db") for e in batch]
     assert [e["documentKey"]["_id"] for e in events] == list(range(1000))
+
+
+def _sample_events(options: dict) -> list:
+    from cdcserver.cli import sample_oplog_path
+
+    cmd = {"aggregate": "orders", "pipeline": [{"$changeStream": options}]}
+    return [e for batch, _ in replay_events([sample_oplog_path()], cmd, "shop") for e in batch]
+
+
+def test_what_an_offline_replay_can_and_cannot_look_up():
+    """README's replay section: inserts and replaces carry their document (it is in the
+    oplog); updateLookup finds no current document offline (null, as mongod for a document
+    deleted since); pre-/post-images are absent, or 47 NoMatchingDocument when required."""
+    events = _sample_events({"fullDocument": "updateLookup"})
+    by_type: dict[str, list] = {}
+    for e in events:
+        by_type.setdefault(e["operationType"], []).append(e)
+    assert all(e["fullDocument"]["_id"] == e["documentKey"]["_id"]
+               for kind in ("insert", "replace") for e in by_type[kind])
+    assert len(by_type["update"]) == 2
+    assert all("fullDocument" in e and e["fullDocument"] is None for e in by_type["update"])
+    events = _sample_events({"fullDocumentBeforeChange": "whenAvailable"})
+    updates = [e for e in events if e["operationType"] in ("update", "replace", "delete")]
+    assert updates and all(e.get("fullDocumentBeforeChange") is None for e in updates)
+    for options in ({"fullDocumentBeforeChange": "required"}, {"fullDocument": "required"}):
+        with pytest.raises(MongoError) as error:
+            _sample_events(options)
+        assert (error.value.code, error.value.code_name) == (47, "NoMatchingDocument")
