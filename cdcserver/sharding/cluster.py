@@ -185,11 +185,20 @@ class ShardedCluster:
     def shard(self, name: str) -> Shard:
         return self._by_name[name]
 
+    def idle_promise(self, shard: Shard) -> Timestamp:
+        """What a shard that has read its whole oplog promises: the cluster's next time (its
+        timestamps come from the cluster clock)."""
+        return self.clock.next_ts()
+
+    def start_for_new_stream(self) -> Timestamp:
+        return self.clock.next_ts()
+
     async def start_shards(self, host: str = "127.0.0.1") -> None:
         from cdcserver.server import Server
+        from cdcserver.sharding.shard_commands import SHARD_COMMANDS
 
         for shard in self.shards:
-            server = Server(shard.state)
+            server = Server(shard.state, commands=SHARD_COMMANDS)
             shard.port = await server.start(host, 0)
             shard.host = host
             shard.server = server

@@ -30,6 +30,7 @@ from cdcserver.commands import failpoints, handshake
 from cdcserver.commands.registry import COMMANDS, int_arg, run_command
 from cdcserver.cursors import cursor_reply
 from cdcserver.sharding.catalog import _MISSING, _key_bytes, hashed_value, path_value
+from cdcserver.sharding.shard_commands import SHARD_COMMANDS
 from cdcserver.sharding.streams import MergedChangeStream
 from pipeline_stages.errors import MongoError
 from pipeline_stages.spec import is_change_stream_aggregate, parse_aggregate
@@ -75,7 +76,7 @@ async def forward(cluster: ShardedCluster, shard: Shard, cmd: Mapping[str, Any],
     body = {k: v for k, v in cmd.items() if k != "$clusterTime"}
     body["$db"] = db
     _join_transaction(cluster, shard, body)
-    reply = await run_command(shard.state, shard.conn, body)
+    reply = await run_command(shard.state, shard.conn, body, SHARD_COMMANDS)
     if reply.get("ok") != 1:
         raise ShardError(reply)
     out = {k: v for k, v in reply.items() if k not in _REPLY_TIME_FIELDS}
@@ -934,6 +935,13 @@ async def aggregate(server, conn, cmd, db):
         if ns is None:
             return await forward(cluster, _primary(cluster, db, create=False), cmd, db)
         return await _sharded_aggregate(server, cluster, cmd, db, ns)
+    return await open_change_stream(server, cluster, cmd, db)
+
+
+async def open_change_stream(server: Any, cluster: Any, cmd: Mapping[str, Any], db: str
+                             ) -> dict[str, Any]:
+    """aggregate with $changeStream through a front: one stream per shard of `cluster` (the
+    embedded cluster, or a sidecar's shards), merged."""
     cursor_doc = cmd.get("cursor")
     if not isinstance(cursor_doc, dict):
         raise MongoError(
@@ -949,7 +957,7 @@ async def aggregate(server, conn, cmd, db):
     elif spec.start_at_operation_time is not None:
         start = spec.start_at_operation_time
     else:
-        start = cluster.clock.next_ts()
+        start = cluster.start_for_new_stream()
     ns = f"{db}.{spec.coll}" if spec.scope == "collection" else f"{db}.$cmd.aggregate"
     stream = MergedChangeStream(server.cursors.new_id(), ns, cluster, spec, start)
     try:
@@ -1015,6 +1023,12 @@ async def get_more(server, conn, cmd, db):
         if not reply.get("cursor", {}).get("id"):
             cluster.cursor_owner.pop(int(cursor_id), None)
         return reply
+    return await stream_get_more(server, conn, cmd, db, stream)
+
+
+async def stream_get_more(server: Any, conn: Any, cmd: Mapping[str, Any], db: str,
+                          stream: MergedChangeStream) -> dict[str, Any]:
+    """getMore on a merged change stream of a front."""
     coll = cmd.get("collection")
     if f"{db}.{coll}" != stream.ns:
         raise MongoError(

@@ -131,12 +131,22 @@ class MergedChangeStream:
                 and (latest is None or sub.group.next_ts > latest)
             )
             if caught_up:
-                ts = self.cluster.clock.next_ts()
+                ts = self.cluster.idle_promise(shard)
                 version = resume_token.version_for_event(ts, self.spec.resume_token)
                 promise = ResumeTokenData.high_water_mark(ts, version).to_document()
                 if resume_token.sort_key(promise) > resume_token.sort_key(token):
                     token = promise
             merge.push(name, events, token)
+
+    def _nudge_blocker(self) -> None:
+        """Events wait for a shard that has promised nothing later yet: a cluster that can
+        (a sidecar: `appendOplogNote` on that shard) makes the shard write past them."""
+        nudge = getattr(self.cluster, "nudge", None)
+        if nudge is None or not self.merge.buffered():
+            return
+        blocker = self.merge.blocking()
+        if blocker is not None:
+            nudge(blocker)
 
     def _drain_merge(self) -> None:
         ready = self.merge.pop_ready()
@@ -190,6 +200,7 @@ class MergedChangeStream:
                 self._drain_merge()
             if self.pending or self.invalidated:
                 return self._batch(size)
+            self._nudge_blocker()
             now = time.monotonic()
             remaining = deadline - now
             if remaining <= 0 or self.draining:
