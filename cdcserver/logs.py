@@ -114,7 +114,10 @@ def serving_summary(config: Any, oplog: Any, port: int, metrics_port: int | None
         source = "the embedded store in memory"
     else:
         source = f"the embedded store in {os.path.abspath(config.store.data_dir)}"
-    oldest, latest = oplog.oldest_entry(), oplog.latest_ts()
+    try:
+        oldest, latest = oplog.oldest_entry(), oplog.latest_ts()
+    except (AttributeError, NotImplementedError):  # a source that does not say (a front)
+        oldest = latest = None
     if latest is None:
         span = "oplog empty"
     elif oldest is None:  # an upstream's oldest entry is read once its tail runs
