@@ -115,14 +115,13 @@ def serving_summary(config: Any, oplog: Any, port: int, metrics_port: int | None
     else:
         source = f"the embedded store in {os.path.abspath(config.store.data_dir)}"
     try:
-        oldest, latest = oplog.oldest_entry(), oplog.latest_ts()
+        oldest, latest, span = oplog.oldest_entry(), oplog.latest_ts(), "oplog empty"
     except (AttributeError, NotImplementedError):  # a source that does not say (a front)
         oldest = latest = None
-    if latest is None:
-        span = "oplog empty"
-    elif oldest is None:  # an upstream's oldest entry is read once its tail runs
+        span = "oplog range not known"
+    if latest is not None and oldest is None:  # an upstream's oldest: read once it tails
         span = f"oplog up to {_when(latest)}"
-    else:
+    elif latest is not None and oldest is not None:
         n = len(oplog) if hasattr(oplog, "__len__") else None
         count = "" if n is None else f"{n} entr{'y' if n == 1 else 'ies'}, "
         span = f"oplog {count}{_when(oldest['ts'])} to {_when(latest)}"
