@@ -218,6 +218,11 @@ def test_regex_semantics_are_pcre(texts, flt: dict[str, Any], expected: list[int
 @pytest.mark.parametrize(("flt", "code", "message"), [
     ({"s": {"$regex": "a", "$options": "g"}}, 51108, " invalid flag in regex options: g"),
     ({"s": {"$regex": "a("}}, 51091, "Regular expression is invalid"),
+    ({"s": {"$regex": Regex("a", "i"), "$options": "m"}}, 51075,
+     "options set in both $regex and $options"),
+    ({"s": {"$options": "m", "$regex": Regex("a", "i")}}, 51074,
+     "options set in both $regex and $options"),
+    ({"s": {"$regex": "a", "$options": 1}}, 2, "$options has to be a string"),
 ])
 def test_regex_parse_errors(texts, flt: dict[str, Any], code: int, message: str) -> None:
     with pytest.raises(OperationFailure) as err:

@@ -430,6 +430,15 @@ def _compile_operand(value: Any) -> Any:
 def _compile_operators(spec: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     options = spec.get("$options")
+    if "$regex" in spec and options is not None:
+        if not isinstance(options, str):
+            raise MongoError(2, "$options has to be a string")
+        own = spec["$regex"]
+        if _is_regex(own) and options and options_of(own):
+            # mongod's parser meets them in order: 51074 when $options came first
+            first = next(k for k in spec if k in ("$regex", "$options"))
+            raise MongoError(51074 if first == "$options" else 51075,
+                             "options set in both $regex and $options")
     for op, arg in spec.items():
         if op == "$regex" and (isinstance(arg, str) or _is_regex(arg)) and (
             options is None or isinstance(options, str)
