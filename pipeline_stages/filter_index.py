@@ -25,10 +25,10 @@ a candidate:
   finds `u: [1, 5]` and `u: [{...}]` paths;
 - `null` (which matches missing fields), NaN, documents, arrays, regexes, dates, numeric paths
   (`a.0`) and every other operator are not indexed: a filter without an indexed predicate, or
-  with an operator whose evaluation could raise on some event (`$expr`, `$where`, ranges, ...),
-  is evaluated on every event, as today;
-- an event holding a value whose comparison can raise (a signalling-NaN decimal) is evaluated by
-  every stream's filter, so the stream that would raise does.
+  with an operator whose evaluation could raise on some event (`$expr`, `$where`, `$regex`,
+  ...), is evaluated on every event, as today;
+- an event holding a value whose comparison can raise (a decimal NaN) is evaluated by every
+  stream's filter, so the stream that would raise does.
 
 Streams with the same filter share one *slot*: the filter runs once per event for all of them,
 and an event they take as it is (no stages after the `$match`) is encoded once and queued by
@@ -52,7 +52,7 @@ from pipeline_stages.oplog_entry import Entry, encode_in_order
 from pipeline_stages.pipeline import ChangeStreamPipeline, encode_events
 from pipeline_stages.spec import ChangeStreamSpec
 from pipeline_stages.unwind_transaction import TransactionHistory
-from pipeline_stages.user_stages import _PLAIN, _Match, _without_missing
+from pipeline_stages.user_stages import _PLAIN, _Match, _without_missing, match_prefilter
 
 __all__ = [
     "FilterGroup", "FilterIndex", "compile_cover", "group_key", "ready_to_join", "split_filter",
@@ -87,8 +87,8 @@ def _keys_for(value: Any) -> frozenset[Hashable] | None:
 
 
 def _safe_value(value: Any) -> bool:
-    """A value whose comparison with any event value cannot raise (beside the signalling NaN
-    an event may hold, which `FilterIndex.match` handles)."""
+    """A value whose comparison with any event value cannot raise (beside a decimal NaN an
+    event may hold, which `plain_event` reports)."""
     return value is None or _keys_for(value) is not None
 
 
@@ -110,7 +110,8 @@ def _path_parts(path: str) -> list[str] | None:
 def _safe_query(query: Any) -> bool:
     """Whether every predicate in `query` is one whose evaluation cannot raise, so that a
     stream that is not a candidate may skip it: equality, `$eq`, `$ne`, `$in`, `$nin` with
-    scalar values, `$exists`, and `$and`/`$or`/`$nor` of those."""
+    scalar values, `$exists`, `$gt`/`$gte`/`$lt`/`$lte` with a number or a string, and
+    `$and`/`$or`/`$nor` of those."""
     if not isinstance(query, Mapping):
         return False
     for key, condition in query.items():
@@ -135,6 +136,11 @@ def _safe_query(query: Any) -> bool:
                         return False
                 elif op == "$exists":
                     if type(arg) not in (bool, int, float):
+                        return False
+                elif op in ("$gt", "$gte", "$lt", "$lte"):
+                    # Compared only with values of the same kind; a decimal NaN, the one such
+                    # value whose ordering raises, makes every filter run (`plain_event`).
+                    if type(arg) is bool or _keys_for(arg) is None or type(arg) is ObjectId:
                         return False
                 else:
                     return False
@@ -242,21 +248,21 @@ def _values_at(value: Any, parts: list[str], i: int, out: list[Any]) -> None:
         out.extend(value)  # an array matches a value its elements equal
 
 
-def _has_signalling_nan(value: Any) -> bool:
+def _has_decimal_nan(value: Any) -> bool:
     if isinstance(value, dict):
-        return any(_has_signalling_nan(v) for v in value.values())
+        return any(_has_decimal_nan(v) for v in value.values())
     if isinstance(value, list):
-        return any(_has_signalling_nan(v) for v in value)
-    return type(value) is decimal.Decimal and value.is_snan()
+        return any(_has_decimal_nan(v) for v in value)
+    return type(value) is decimal.Decimal and value.is_nan()
 
 
 def plain_event(event: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
     """The event as the query engine sees it (what `UserStages` converts it to), and whether it
-    holds a value whose comparison raises (then every filter must run)."""
+    holds a value whose comparison can raise, a decimal NaN (then every filter must run)."""
     raw = encode_in_order(_without_missing(event))
     plain = bson.decode(raw, codec_options=_PLAIN)
     # 0x13 is the Decimal128 type byte: without it there is no decimal, so no NaN to find.
-    return plain, b"\x13" in raw and _has_signalling_nan(plain)
+    return plain, b"\x13" in raw and _has_decimal_nan(plain)
 
 
 # -- the index ----------------------------------------------------------------------------------
@@ -265,12 +271,17 @@ def plain_event(event: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
 class Slot:
     """One distinct filter and the subscribers that have it."""
 
-    __slots__ = ("cover", "key", "match", "subscribers")
+    __slots__ = ("cover", "key", "match", "prefilter", "subscribers")
 
-    def __init__(self, key: bytes, match: _Match | None, cover: Cover | None) -> None:
+    def __init__(
+        self, key: bytes, query: Mapping[str, Any] | None, cover: Cover | None
+    ) -> None:
         self.key = key
-        self.match = match  # None: no leading $match, every event passes
+        self.match = None if query is None else _Match(query)  # None: every event passes
         self.cover = cover  # None: not indexed, the filter runs on every event
+        # What a stream's own pipeline checks before its transform (`match_prefilter`): a
+        # CRUD event it rejects never reaches the stream's $match (which might raise on it).
+        self.prefilter = None if query is None else match_prefilter([{"$match": query}])
         self.subscribers: dict[Hashable, None] = {}
 
 
@@ -298,11 +309,7 @@ class FilterIndex:
         key = b"" if query is None else bson.encode({"f": query})
         slot = self._slots.get(key)
         if slot is None:
-            if query is None:
-                slot = Slot(key, None, None)
-            else:
-                cover = compile_cover(query)
-                slot = Slot(key, _Match(query), cover)
+            slot = Slot(key, query, None if query is None else compile_cover(query))
             self._slots[key] = slot
             if slot.match is not None:
                 self._filtered += 1
@@ -383,10 +390,13 @@ class FilterIndex:
         """(slots whose filter accepts the event, slots whose filter raised on it)."""
         matched: list[Slot] = []
         failed: list[tuple[Slot, BaseException]] = []
+        crud = _crud_fields(plain)
         for slot in self.candidates(plain, hazard):
             if slot.match is None:
                 matched.append(slot)
                 continue
+            if crud is not None and slot.prefilter is not None and not slot.prefilter(*crud):
+                continue  # its own pipeline skips the entry before the transform
             try:
                 if slot.match.matches(plain):
                     matched.append(slot)
@@ -400,6 +410,24 @@ class FilterIndex:
 
     def all_slots(self) -> list[Slot]:
         return list(self._slots.values())
+
+
+_CRUD_EVENTS = frozenset({"insert", "update", "replace", "delete"})
+
+
+def _crud_fields(plain: Mapping[str, Any]) -> tuple[str, Any, Any] | None:
+    """(operationType, ns.db, ns.coll) of a CRUD event, as `pipeline._may_match` reads them
+    from its entry; None for other events (which every stream's pipeline transforms)."""
+    operation_type = plain.get("operationType")
+    if operation_type not in _CRUD_EVENTS:
+        return None
+    ns = plain.get("ns")
+    if not isinstance(ns, dict):
+        return None
+    coll = ns.get("coll")
+    if coll == "system.views":
+        return None
+    return operation_type, ns.get("db"), coll
 
 
 def _updated_field_names(plain: Mapping[str, Any]) -> list[str] | None:

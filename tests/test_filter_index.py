@@ -44,7 +44,7 @@ VALUES: list[Any] = [
     5, 5.0, Int64(5), Decimal128("5"), Decimal128("5.00"), -0.0, 0, 1, 2, Int64(2**40),
     1.5, Decimal128("1.5"), True, False, "5", "a", "", None, OID, str(OID),
     [1, 5], [[5]], [], ["a", None], {"x": 5}, float("nan"), Decimal128("NaN"),
-    float("inf"), Decimal128("Infinity"),
+    float("inf"), Decimal128("Infinity"), Decimal128("sNaN"),
 ]
 value = st.sampled_from(VALUES)
 scalar = st.sampled_from([v for v in VALUES if not isinstance(v, (list, dict))])
@@ -434,6 +434,11 @@ def test_signalling_nan_makes_every_filter_run() -> None:
     plain, hazard = plain_event(event_with({"u": 3, "v": Decimal128("sNaN")}))
     assert hazard
     assert len(index.candidates(plain, hazard)) == 1
+
+
+def test_a_conjunction_is_indexed_by_its_equality() -> None:
+    cover = compile_cover({"fullDocument.v": {"$gt": 1}, "fullDocument.u": {"$in": [1, "a"]}})
+    assert cover == [("fullDocument.u", frozenset({1, "a"}))]
 
 
 @pytest.mark.parametrize("query", [
