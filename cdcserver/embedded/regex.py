@@ -21,7 +21,6 @@ from __future__ import annotations
 import atexit
 import marshal
 import re
-import select
 import subprocess
 import sys
 import threading
@@ -111,21 +110,28 @@ class _Worker:
             )
         assert proc.stdin is not None and proc.stdout is not None
         request = marshal.dumps((pattern, flags, text))
+        # At the deadline the worker is killed (its match may never end): the read then ends.
+        timer = None
+        if deadline is not None:
+            timer = threading.Timer(max(deadline - time.monotonic(), 0.0), proc.kill)
+            timer.daemon = True
+            timer.start()
         try:
             proc.stdin.write(len(request).to_bytes(4, "big") + request)
             proc.stdin.flush()
-            timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            ready, _, _ = select.select([proc.stdout], [], [], timeout)
-            answer = proc.stdout.read(1) if ready else b""
+            answer = proc.stdout.read(1)
         except OSError:
             answer = b""
+        finally:
+            if timer is not None:
+                timer.cancel()
         if answer in (b"0", b"1"):
             return answer == b"1"
-        self.close()  # past the deadline (the match may never end), or the worker died
-        if ready or deadline is None:
-            raise MongoError(51156, "Error occurred while executing the regular expression. "
-                             "Result code: the matching process ended")
-        raise MongoError(50, "operation exceeded time limit")
+        self.close()
+        if deadline is not None and time.monotonic() >= deadline:
+            raise MongoError(50, "operation exceeded time limit")
+        raise MongoError(51156, "Error occurred while executing the regular expression. "
+                         "Result code: the matching process ended")
 
     def close(self) -> None:
         proc, self._proc = self._proc, None
