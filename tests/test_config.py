@@ -447,3 +447,47 @@ def test_ping_through_tls_and_auth(tmp_path: pathlib.Path) -> None:
         assert "Authentication failed" in bad.stderr and "wrong" not in bad.stderr
         plain = _run("ping", "--uri", f"mongodb://127.0.0.1:{port}/", "--timeout", "1")
         assert plain.returncode == 1  # a plaintext client on a TLS listener gets nowhere
+
+
+def test_relative_paths_in_a_file_are_relative_to_its_directory(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "a.jsonl").write_text("")
+    (conf / "c.toml").write_text(
+        "[store]\ndata_dir = 'data'\n"
+        "[source]\noplog = ['a.jsonl', '/abs/b.bson']\n"
+        "[tls]\ncertificate_file = 'certs/server.pem'\nca_file = '../ca.pem'\n"
+        "[upstream]\nclient_options = {tlsCAFile = 'ca.pem', appname = 'x'}\n"
+    )
+    monkeypatch.chdir(tmp_path)  # elsewhere: the file's paths do not depend on it
+    config, _ = check_config(str(conf / "c.toml"), env={})
+    assert config is not None
+    assert config.store.data_dir == str(conf / "data")
+    assert config.source.oplog == [str(conf / "a.jsonl"), "/abs/b.bson"]
+    assert config.tls.certificate_file == str(conf / "certs" / "server.pem")
+    assert config.tls.ca_file == str(tmp_path / "ca.pem")
+    assert config.upstream.client_options == {"tlsCAFile": str(conf / "ca.pem"), "appname": "x"}
+    # A variable (or a flag) is relative to the working directory, as given.
+    config, _ = check_config(str(conf / "c.toml"), env={"CDCSERVER_STORE_DATA_DIR": "here"})
+    assert config is not None and config.store.data_dir == "here"
+
+
+def test_one_source(tmp_path: pathlib.Path) -> None:
+    oplog = tmp_path / "a.jsonl"
+    oplog.write_text("")
+    _, errors = check_config(None, env={"CDCSERVER_SOURCE_OPLOG": f'["{oplog}"]',
+                                        "CDCSERVER_UPSTREAM_URI": "mongodb://127.0.0.1:1/"})
+    assert errors == ["source.oplog (from CDCSERVER_SOURCE_OPLOG): cannot be used with "
+                      "upstream.uri (serve a recorded oplog or a live upstream, not both)"]
+    _, errors = check_config(None, env={"CDCSERVER_SOURCE_OPLOG": f'["{tmp_path}"]'})
+    assert errors == [f"source.oplog[0] (from CDCSERVER_SOURCE_OPLOG): {tmp_path}: is a "
+                      "directory, not an oplog file (mongodump BSON or Extended JSON lines)"]
+
+
+def test_metrics_port_unset_and_set() -> None:
+    assert load_config(None, env={}).metrics.port is None  # 9216, or a free port if taken
+    assert load_config(None, env={"CDCSERVER_METRICS_PORT": "9216"}).metrics.port == 9216
+    _, errors = check_config(None, env={"CDCSERVER_SERVER_PORT": "9216"})
+    assert errors == ["metrics.port: its default 9216 is server.port: set another metrics.port"]
