@@ -21,6 +21,10 @@ class EnsureResumeTokenPresent:
         self.client = client
         self.found = False
         self.done = False
+        # Resuming from a fragment: the split stage regenerates the resumed event's fragments
+        # from the client's one on, and this stage (after it in mongod's optimized pipeline)
+        # must see that fragment first and swallow it (`after_split`).
+        self.awaiting_fragment = False
 
     def process(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if self.done:
@@ -30,6 +34,7 @@ class EnsureResumeTokenPresent:
             cmp = compare_to_client_token(resume_token.decode(event["_id"]), self.client)
             if cmp == SPLIT_OF_RESUME_POINT:  # the split stage drops the fragments before it
                 self.found = self.done = True
+                self.awaiting_fragment = True
                 out.extend(events[i:])
                 break
             if cmp <= 0:  # the resume point itself (or a duplicate of it)
@@ -45,3 +50,18 @@ class EnsureResumeTokenPresent:
             out.extend(events[i:])
             break
         return out
+
+    def after_split(self, events: list[Any]) -> list[Any]:
+        """The events out of $changeStreamSplitLargeEvent: when resuming from a fragment, the
+        first must be the client's fragment (swallowed); anything else means the resumed
+        pipeline split the event differently, or filtered it out: 280."""
+        if not self.awaiting_fragment or not events:
+            return events
+        self.awaiting_fragment = False
+        first = events[0]
+        if compare_to_client_token(resume_token.decode(first["_id"]), self.client) == 0:
+            return events[1:]
+        raise MongoError(
+            280, "cannot resume stream; the resume token was not found. "
+            + document_string(first["_id"]),
+        )

@@ -248,6 +248,8 @@ class ChangeStreamPipeline:
             events = self.user_stages.process(events)  # 280 if a stage changed `_id`
         elif self.split is not None:
             events = self.split.process(events)
+        if self.split is not None and self.ensure_token is not None:
+            events = self.ensure_token.after_split(events)  # it follows the split in mongod
         encode_events(events, self._pending)
         if self.check_invalidate.invalidated:
             self.invalidated = True

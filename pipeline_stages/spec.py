@@ -53,9 +53,15 @@ class ChangeStreamSpec:
 ALLOWED_USER_STAGES = frozenset(
     {
         "$match", "$project", "$addFields", "$set", "$unset", "$replaceRoot", "$replaceWith",
-        "$redact", "$changeStreamSplitLargeEvent",
+        "$redact", "$changeStreamSplitLargeEvent", "$_internalInhibitOptimization",
     }
 )
+# Stages a pipeline may hold only when it is a $changeStream pipeline (ChangeStreamRequirement::
+# kRequiresChangeStream).
+REQUIRES_CHANGE_STREAM = frozenset({"$changeStreamSplitLargeEvent"})
+# $_internalInhibitOptimization passes every document on unchanged; it only stops the stages
+# after it from moving ahead of the stages before it.
+INHIBIT_OPTIMIZATION = "$_internalInhibitOptimization"
 
 # Stage names mongod knows (so others get 40324), with the name of the stage they become
 # (an alias desugars before the allowed-stage check, which reports the desugared name).
@@ -256,7 +262,49 @@ def parse_aggregate(cmd: Mapping[str, Any], db: str) -> ChangeStreamSpec:
         spec.resume_token = data
 
     _validate_user_stages(spec.user_pipeline)
+    split = any(next(iter(s)) == "$changeStreamSplitLargeEvent" for s in spec.user_pipeline)
+    if spec.resume_token is not None and spec.resume_token.fragment_num is not None and not split:
+        raise MongoError(
+            280,
+            "To resume from a split event, the $changeStream pipeline must include a "
+            "$changeStreamSplitLargeEvent stage",
+        )
+    if split and any(next(iter(s)) == INHIBIT_OPTIMIZATION for s in spec.user_pipeline):
+        _check_split_position(spec)
+    # A no-op once the pipeline is validated.
+    spec.user_pipeline = [s for s in spec.user_pipeline if next(iter(s)) != INHIBIT_OPTIMIZATION]
     return spec
+
+
+def _check_split_position(spec: ChangeStreamSpec) -> None:
+    """DocumentSourceChangeStreamSplitLargeEvent::optimizeAt moves the stage ahead of the
+    router stages (add pre-/post-image, ensure the resume token is present) that mongod puts
+    between $changeStream's internal stages and the user's; $_internalInhibitOptimization
+    before it stops that move, and the check after optimization fails."""
+    token = spec.resume_token
+    router_stages = (
+        spec.full_document != "default"
+        or spec.full_document_before_change != "off"
+        or (token is not None and not token.is_high_water_mark)
+    )
+    if router_stages:
+        raise MongoError(
+            7182803,
+            "$changeStreamSplitLargeEvent is at the wrong position in the pipeline after "
+            "optimization",
+        )
+
+
+def check_requires_change_stream(pipeline: Any) -> None:
+    """A pipeline that is not a $changeStream pipeline must not hold stages that only a
+    change stream may (Pipeline::validateTopLevelPipeline)."""
+    if not isinstance(pipeline, list):
+        return
+    for stage in pipeline:
+        if isinstance(stage, Mapping) and len(stage) == 1:
+            name = next(iter(stage))
+            if name in REQUIRES_CHANGE_STREAM:
+                raise MongoError(20, f"{name} can only be used in a $changeStream pipeline")
 
 
 def _validate_user_stages(stages: list[dict[str, Any]]) -> None:
@@ -271,10 +319,8 @@ def _validate_user_stages(stages: list[dict[str, Any]]) -> None:
                 raise MongoError(
                     7182800, "$changeStreamSplitLargeEvent spec should be an empty object"
                 )
-            if any(next(iter(s)) == name for s in stages[i + 1 :]):
-                raise MongoError(
-                    7183900, "$changeStreamSplitLargeEvent can only be used once in the pipeline"
-                )
+            # validatePipelinePosition runs before the single-use check (validateCommon):
+            # a second split stage makes the first one not the last.
             if i != len(stages) - 1:
                 raise MongoError(
                     7182802, "$changeStreamSplitLargeEvent must be the last stage in the pipeline"

@@ -24,6 +24,7 @@ from pipeline_stages.check_resumability import SPLIT_OF_RESUME_POINT, compare_to
 from pipeline_stages.errors import MongoError
 from pipeline_stages.resume_token import ResumeTokenData
 from pipeline_stages.transform import MISSING
+from pipeline_stages.value_string import bson_obj_string
 
 # DocumentSourceChangeStreamSplitLargeEvent::kBSONObjMaxChangeEventSize:
 # BSONObjMaxInternalSize (16 MiB + 16 KiB) - 8 KiB.
@@ -39,6 +40,24 @@ DIFFERENT_SPLIT_MESSAGE = (
 )
 
 _ELEMENT_OVERHEAD = 5  # a one-field document's size minus its element's size
+
+# BSONObjMaxInternalSize: the largest document mongod builds; a change event above it (one
+# without $changeStreamSplitLargeEvent) fails the cursor with BSONObjectTooLarge.
+BSON_OBJ_MAX_INTERNAL_SIZE = 16 * 1024 * 1024 + 16 * 1024
+
+
+def check_event_size(raw: bytes, event: Mapping[str, Any]) -> None:
+    """10334 as BSONObj's size check words it when an encoded event is over the limit."""
+    size = len(raw)
+    if size <= BSON_OBJ_MAX_INTERNAL_SIZE:
+        return
+    first = next(((k, v) for k, v in event.items() if v is not MISSING), None)
+    element = f" First element: {first[0]}: {bson_obj_string(first[1])}" if first else ""
+    raise MongoError(
+        10334,
+        f"BSONObj size: {size} (0x{size:X}) is invalid. Size must be between 0 and "
+        f"{BSON_OBJ_MAX_INTERNAL_SIZE}(16MB){element}",
+    )
 
 
 def element_size(name: str, value: Any) -> int:

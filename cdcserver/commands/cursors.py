@@ -11,12 +11,17 @@ from cdcserver.commands.registry import COMMANDS, command, int_arg
 from cdcserver.cursors import DEFAULT_BATCH_SIZE, ChangeStreamCursor, cursor_reply
 from pipeline_stages.errors import MongoError
 from pipeline_stages.pipeline import ChangeStreamPipeline
-from pipeline_stages.spec import is_change_stream_aggregate, parse_aggregate
+from pipeline_stages.spec import (
+    check_requires_change_stream,
+    is_change_stream_aggregate,
+    parse_aggregate,
+)
 
 
 @command("aggregate")
 async def aggregate(server, conn, cmd, db):
     if not is_change_stream_aggregate(cmd):
+        check_requires_change_stream(cmd.get("pipeline"))
         other = COMMANDS.get("$aggregate")  # the embedded store's own aggregate, if any
         if other is not None:
             return await other(server, conn, cmd, db)
