@@ -114,7 +114,12 @@ def open_upstream(config: Config):
     import dataclasses
 
     from cdcserver.commands import proxy  # noqa: F401  (registers the forwarding)
+    from cdcserver.sharding.sidecar import open_sharded_upstream
     from cdcserver.sources.mongo import UpstreamOplog, UpstreamOptions
+
+    sharded = open_sharded_upstream(config)  # a mongos: every shard tailed, streams merged
+    if sharded is not None:
+        return sharded
 
     fields = {f.name for f in dataclasses.fields(UpstreamOptions)}
     values = {k: getattr(config.upstream, k) for k in fields if hasattr(config.upstream, k)}

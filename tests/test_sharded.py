@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 
+import bson
 import pymongo
 import pytest
 from bson.max_key import MaxKey
@@ -18,6 +19,7 @@ from bson.timestamp import Timestamp
 from pymongo.errors import OperationFailure
 
 from cdcserver.sharding.catalog import hashed_value
+from cdcserver.sharding.sidecar import NUDGE_NOTE
 from cdcserver.sharding.testing import ShardedServer
 from cdcserver.testing import EmbeddedServer
 
@@ -377,3 +379,81 @@ def test_broadcast_reads_merge_on_the_front_in_batches(cluster, client):
     assert client.q.c.estimated_document_count() == 50
     assert client.q.c.distinct("g") == [0, 1, 2]
     assert client.q.c.distinct("x", {"x": {"$gte": 100}}) == [x for x in xs if x >= 100]
+
+
+# -- a sidecar of the cluster (`serve --upstream <mongos>`) ---------------------------------------
+
+@pytest.fixture
+def sidecar(cluster):
+    from cdcserver.sharding.testing import ShardedSidecar
+
+    with ShardedSidecar(cluster.uri, majority_poll_ms=1.0) as side:
+        yield side
+
+
+def _write_round(client, n: int, tag: str) -> int:
+    for k in range(n):
+        client.app.c.insert_one({"_id": f"{tag}{k}", "x": 100 * k + 1})
+    client.idle.c.insert_one({"_id": tag})  # on the idle database's primary only
+    return n + 1
+
+
+def test_sidecar_events_are_the_fronts_byte_for_byte(cluster, client, sidecar):
+    _spread(client, cluster, "app.c")
+    client.admin.command("enableSharding", "idle", primaryShard=cluster.cluster.shards[0].name)
+    n = len(cluster.cluster.shards)
+    with pymongo.MongoClient(sidecar.uri) as side:
+        assert side.admin.command("hello")["msg"] == "isdbgrid"
+        with client.watch() as front, side.watch() as through:
+            count = _write_round(client, n, "a") + _write_round(client, n, "b")
+            client.app.c.update_one({"x": 1}, {"$set": {"u": 1}})
+            client.app.c.delete_one({"x": 101})
+            count += 2
+            expected = [front.next() for _ in range(count)]
+            got = [through.next() for _ in range(count)]
+        assert [bson.encode(e) for e in got] == [bson.encode(e) for e in expected]
+        # Resumed on the sidecar from any token: exactly the events after it.
+        for i in range(0, count, 3):
+            with side.watch(resume_after=expected[i]["_id"]) as resumed:
+                rest = [resumed.next() for _ in range(count - i - 1)]
+            assert [bson.encode(e) for e in rest] == [bson.encode(e) for e in expected[i + 1:]]
+        # Everything else goes to the cluster's mongos.
+        assert side.app.c.count_documents({}) == client.app.c.count_documents({})
+        assert side.admin.command("listShards")["shards"] == client.admin.command(
+            "listShards")["shards"]
+
+
+def test_sidecar_nudges_idle_shards_instead_of_waiting(cluster, client, sidecar):
+    busy = cluster.cluster.shards[0]
+    client.admin.command("enableSharding", "busy", primaryShard=busy.name)
+    with pymongo.MongoClient(sidecar.uri) as side:
+        side.busy.c.insert_one({"warm": 1})  # through the sidecar: its time is gossiped back
+        stream = side.busy.c.watch(max_await_time_ms=2000)
+        for i in range(3):
+            client.busy.c.insert_one({"_id": i})
+            assert stream.next()["documentKey"] == {"_id": i}
+        stream.close()
+    assert sidecar.upstream.nudges >= 1  # the idle shards were asked for a no-op
+    for shard in cluster.cluster.shards[1:]:  # ...which they wrote (invisible to streams)
+        notes = [e for e in cluster.call(lambda s=shard: s.store.read_from(
+            bson.Timestamp(0, 0), 10_000)) if e["op"] == "n" and dict(e["o"]) == NUDGE_NOTE]
+        assert notes
+
+
+def test_sidecar_goes_through_a_shard_restart_without_loss_or_duplicate(cluster, client,
+                                                                        sidecar):
+    _spread(client, cluster, "app.c")
+    client.admin.command("enableSharding", "idle", primaryShard=cluster.cluster.shards[0].name)
+    n = len(cluster.cluster.shards)
+    with pymongo.MongoClient(sidecar.uri) as side, client.watch() as front, side.watch(
+        max_await_time_ms=200
+    ) as through:
+        count = _write_round(client, n, "a")
+        first = [through.next() for _ in range(count)]
+        # The last shard goes away; writes go on through the front meanwhile.
+        cluster.restart_shard(n - 1, lambda: _write_round(client, n, "b"))
+        count += (n + 1) + _write_round(client, n, "c")
+        expected = [front.next() for _ in range(count)]
+        got = first + [through.next() for _ in range(count - len(first))]
+        assert through.try_next() is None
+    assert [bson.encode(e) for e in got] == [bson.encode(e) for e in expected]

@@ -31,6 +31,24 @@ class ShardedServer(ThreadServer):
         await server.start(HOST, 0)
         return server
 
+    def restart_shard(self, index: int, while_down: Any = None) -> None:
+        """Close shard `index`'s listener (every connection to it drops), run `while_down()`,
+        then listen again on the same port (its store, like a durable one, keeps its data)."""
+        from cdcserver.server import Server
+        from cdcserver.sharding.shard_commands import SHARD_COMMANDS
+
+        shard = self.cluster.shards[index]
+        self.run(shard.server.close())
+        if while_down is not None:
+            while_down()
+
+        async def start() -> None:
+            server = Server(shard.state, commands=SHARD_COMMANDS)
+            await server.start(shard.host, shard.port)
+            shard.server = server
+
+        self.run(start())
+
     @property
     def shard_uris(self) -> list[str]:
         return [f"mongodb://{s.host}:{s.port}/?directConnection=true"
@@ -46,3 +64,39 @@ class ShardedServer(ThreadServer):
                 super().stop()
             finally:
                 self.cluster.close_stores()
+
+
+class ShardedSidecar(ThreadServer):
+    """`serve --upstream <mongos>` in this process: a sidecar of a sharded cluster (e.g. a
+    `ShardedServer`), itself a mongos to its clients."""
+
+    def __init__(self, mongos_uri: str, **options: Any) -> None:
+        from cdcserver.sharding.sidecar import ShardedUpstream, mongos_shards
+        from cdcserver.sources.mongo import UpstreamOptions
+
+        shards = mongos_shards(mongos_uri)
+        if shards is None:
+            raise ValueError(f"{mongos_uri} is not a mongos")
+        self.upstream = ShardedUpstream(UpstreamOptions(uri=mongos_uri, **options), shards)
+        self.upstream.prime()
+        super().__init__(make_log=lambda: self.upstream, follow=False)
+
+    async def _start(self) -> Any:
+        from cdcserver.context import ServerState
+        from cdcserver.server import Server
+
+        log = self.upstream
+        await log.start_cluster(HOST)
+        await log.wait_ready(10.0)
+        state = ServerState(log=log)
+        server = Server(state, self._max_connections, commands=log.command_table)
+        await server.start(HOST, 0)
+        return server
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        try:
+            self.run(self.upstream.stop_cluster())
+        finally:
+            super().stop()

@@ -1,0 +1,350 @@
+"""A sidecar for a sharded cluster: `cdcserver serve --upstream mongodb://<mongos>`.
+
+At start the upstream is asked `hello`; a mongos (`msg: "isdbgrid"`) is asked `listShards`,
+and each shard's replica set is tailed as `--upstream` tails one (`sources/mongo.py`:
+majority-committed entries only, reconnects without gap or duplicate). The sidecar is a mongos
+to its clients: change streams are served from the shards' tails, merged as mongos merges them
+(`streams.py`, `pipeline_stages/merge.py`); every other command is forwarded to the mongos
+and its reply returned unchanged.
+
+Idle shards: a shard whose tail has delivered everything promises only its last entry (it
+cannot know that nothing will be written before the other shards' times), so when events of a
+busy shard wait for an idle one, the sidecar asks the idle shard for `appendOplogNote` with
+`maxClusterTime` at the latest time seen on any shard: the shard writes one no-op after it
+(at once, instead of its periodic no-op up to 10 s later) and the events leave as soon as that
+no-op is majority-committed. (A shard's no-op gets a time after the others' only if its
+clock has heard of them: mongos gossips cluster times to every shard; the embedded cluster's
+shards share one clock.)
+
+Not done: shards added or removed while serving (the list is read at start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from bson.timestamp import Timestamp
+
+from cdcserver.commands import failpoints
+from cdcserver.context import ServerState
+from cdcserver.sources.base import OplogLog
+from cdcserver.sources.mongo import UpstreamOplog, UpstreamOptions
+from pipeline_stages.errors import MongoError
+from pipeline_stages.oplog_entry import Entry
+from pipeline_stages.spec import is_change_stream_aggregate
+
+log = logging.getLogger("cdcserver")
+
+NUDGE_NOTE = {"msg": "cdcserver: merged change streams wait for this shard"}
+
+
+def next_ts(ts: Timestamp) -> Timestamp:
+    return Timestamp(ts.time, ts.inc + 1) if ts.inc < 0xFFFFFFFF else Timestamp(ts.time + 1, 0)
+
+
+def shard_uri(host: str, template: str) -> str:
+    """A shard's replica-set URI from its `listShards` host ("rs/h1:p1,h2:p2"), with the
+    options (credentials, TLS...) of the mongos URI."""
+    name, _, hosts = host.partition("/")
+    if not hosts:
+        name, hosts = "", host
+    scheme, _, rest = template.partition("://")
+    creds, _, after = rest.rpartition("@") if "@" in rest else ("", "", rest)
+    _, _, query = after.partition("?")
+    options = [o for o in query.split("&") if o and not o.lower().startswith(
+        ("replicaset=", "directconnection=", "loadbalanced="))]
+    if name:
+        options.append(f"replicaSet={name}")
+    auth = f"{creds}@" if creds else ""
+    return f"mongodb://{auth}{hosts}/?{'&'.join(options)}"
+
+
+def mongos_shards(uri: str, timeout_s: float = 10.0) -> list[dict[str, Any]] | None:
+    """The shards of the cluster `uri` names, when it is a mongos (None otherwise)."""
+    import pymongo
+
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=int(timeout_s * 1000)) as client:
+        hello = client.admin.command("hello")
+        if hello.get("msg") != "isdbgrid":
+            return None
+        return list(client.admin.command("listShards")["shards"])
+
+
+class ShardTail(UpstreamOplog):
+    """One shard's tail; every delivery also wakes the sidecar's merged streams."""
+
+    def __init__(self, options: UpstreamOptions, on_change: Callable[[], None]) -> None:
+        super().__init__(options)
+        self._on_change = on_change
+
+    def notify(self) -> None:
+        super().notify()
+        self._on_change()
+
+
+@dataclass(eq=False)
+class SidecarShard:
+    name: str
+    log: ShardTail
+    state: ServerState
+
+
+class ShardedUpstream(OplogLog):
+    """The sidecar's front: its time, its shards, its command table (duck-types the embedded
+    cluster's for `streams.py`)."""
+
+    def __init__(self, options: UpstreamOptions, shards: list[Mapping[str, Any]]) -> None:
+        super().__init__()
+        self.cluster = self
+        self.store = None
+        self.mongos = UpstreamOplog(options)  # its clients forward the other commands
+        self.shards: list[SidecarShard] = []
+        for entry in shards:
+            values = dataclasses.replace(
+                options, uri=shard_uri(str(entry["host"]), options.uri),
+                retain_dir=(f"{options.retain_dir}/{entry['_id']}" if options.retain_dir
+                            else None),
+            )
+            tail = ShardTail(values, self.notify)
+            self.shards.append(SidecarShard(str(entry["_id"]), tail, ServerState(log=tail)))
+        self._by_name = {s.name: s for s in self.shards}
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._nudging: set[str] = set()
+        self.nudges = 0  # appendOplogNote sent (for tests and status)
+        self.gossiped: Timestamp | None = None  # the latest $clusterTime clients sent
+
+    # -- the cluster, as streams.py uses it ----------------------------------------------------
+
+    @property
+    def front_log(self) -> ShardedUpstream:
+        return self
+
+    def shard(self, name: str) -> SidecarShard:
+        return self._by_name[name]
+
+    def idle_promise(self, shard: SidecarShard) -> Timestamp:
+        latest = shard.log.latest_ts()
+        return next_ts(latest) if latest is not None else Timestamp(0, 1)
+
+    def start_for_new_stream(self) -> Timestamp:
+        """After what every shard has delivered and after the time clients gossiped (a client
+        that wrote through the mongos, then opens a stream here, does not see its write)."""
+        start = max(s.log.start_for_new_stream() for s in self.shards)
+        if self.gossiped is not None and next_ts(self.gossiped) > start:
+            start = next_ts(self.gossiped)
+        return start
+
+    def hear(self, cmd: Mapping[str, Any]) -> None:
+        """The `$clusterTime` a client gossips."""
+        gossip = cmd.get("$clusterTime")
+        if isinstance(gossip, Mapping) and isinstance(gossip.get("clusterTime"), Timestamp):
+            ts = gossip["clusterTime"]
+            if self.gossiped is None or ts > self.gossiped:
+                self.gossiped = ts
+
+    def nudge(self, name: str) -> None:
+        """Have shard `name` write a no-op after the latest time seen on any shard."""
+        if name in self._nudging:
+            return
+        target = max((t for t in (s.log.latest_ts() for s in self.shards) if t is not None),
+                     default=None)
+        shard = self._by_name[name]
+        latest = shard.log.latest_ts()
+        if target is None or (latest is not None and latest >= target):
+            return
+        self._nudging.add(name)
+        task = asyncio.get_running_loop().create_task(self._nudge(shard, target))
+        self._tasks.append(task)
+        task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
+
+    async def _nudge(self, shard: SidecarShard, target: Timestamp) -> None:
+        try:
+            client = shard.log.async_client()
+            self.nudges += 1
+            await client.admin.command(
+                {"appendOplogNote": 1, "data": NUDGE_NOTE, "maxClusterTime": target}
+            )
+        except Exception as exc:  # noqa: BLE001 - 209 (it is already past), unreachable...
+            log.debug("appendOplogNote on %s: %s", shard.name, exc)
+        finally:
+            self._nudging.discard(shard.name)
+
+    def changed_event(self) -> asyncio.Event:
+        return self._changed
+
+    # -- OplogLog --------------------------------------------------------------------------------
+
+    def latest_ts(self) -> Timestamp | None:
+        times = [t for t in (s.log.latest_ts() for s in self.shards) if t is not None]
+        return max(times) if times else None
+
+    def cluster_time(self) -> Timestamp:
+        times = [s.log.cluster_time() for s in self.shards]
+        if self.gossiped is not None:
+            times.append(self.gossiped)
+        return max(times, default=Timestamp(0, 0))
+
+    def oldest_entry(self) -> Entry | None:
+        return None
+
+    def read_from(self, start: Timestamp, limit: int) -> list[Entry]:
+        return []
+
+    def entry_at(self, ts: Timestamp) -> Entry | None:
+        return None
+
+    def namespaces(self) -> set[tuple[str, str]]:
+        out: set[tuple[str, str]] = set()
+        for shard in self.shards:
+            out |= shard.log.namespaces()
+        return out
+
+    def __len__(self) -> int:
+        return sum(len(s.log) for s in self.shards)
+
+    # -- serve_forever's hooks -------------------------------------------------------------------
+
+    @property
+    def command_table(self) -> dict[str, Any]:
+        return SIDECAR_COMMANDS
+
+    def prime(self) -> None:
+        for shard in self.shards:
+            shard.log.prime()
+
+    async def start_cluster(self, host: str) -> None:
+        for shard in self.shards:
+            self._tasks.append(asyncio.get_running_loop().create_task(shard.log.follow()))
+
+    async def wait_ready(self, timeout: float) -> bool:
+        results = await asyncio.gather(*(s.log.wait_ready(timeout) for s in self.shards))
+        return all(results)
+
+    async def stop_cluster(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+        for shard in self.shards:
+            with contextlib.suppress(Exception):
+                await shard.log.aclose()
+        with contextlib.suppress(Exception):
+            await self.mongos.aclose()
+
+    def close_stores(self) -> None:
+        pass
+
+
+# -- the sidecar's commands ---------------------------------------------------------------------
+
+_LOCAL = frozenset({"hello", "isMaster", "ismaster", "ping", "configureFailPoint", "aggregate",
+                    "getMore", "killCursors"})
+
+
+async def _hello(server, conn, cmd, db):
+    from cdcserver.sharding.front import _front_hello
+
+    return await _front_hello(server, conn, cmd, db, legacy=False)
+
+
+async def _is_master(server, conn, cmd, db):
+    from cdcserver.sharding.front import _front_hello
+
+    return await _front_hello(server, conn, cmd, db, legacy=True)
+
+
+async def _ping(server, conn, cmd, db):
+    return {}
+
+
+async def _forward(server, conn, cmd, db):
+    from cdcserver.commands.proxy import forward
+
+    return await forward(server.log.mongos, cmd, db)
+
+
+async def _aggregate(server, conn, cmd, db):
+    if not is_change_stream_aggregate(cmd):
+        return await _forward(server, conn, cmd, db)
+    from cdcserver.sharding.front import open_change_stream
+
+    server.log.hear(cmd)
+    if any(not s.log.connected and s.log.latest_ts() is None for s in server.log.shards):
+        # A shard whose tail has never read: its stream could not start where it must.
+        raise MongoError(6, "a shard of the cluster cannot be reached yet")
+    return await open_change_stream(server, server.log, cmd, db)
+
+
+async def _get_more(server, conn, cmd, db):
+    cursor_id = cmd.get("getMore")
+    stream = server.cursors.cursors.get(cursor_id) if isinstance(cursor_id, int) else None
+    if stream is None:
+        return await _forward(server, conn, cmd, db)
+    from cdcserver.sharding.front import stream_get_more
+
+    return await stream_get_more(server, conn, cmd, db, stream)
+
+
+async def _kill_cursors(server, conn, cmd, db):
+    ids = cmd.get("cursors")
+    if not isinstance(ids, list) or not any(
+        isinstance(i, int) and i in server.cursors.cursors for i in ids
+    ):
+        return await _forward(server, conn, cmd, db)
+    from bson.int64 import Int64
+
+    killed, not_found = [], []
+    for cid in ids:
+        (killed if server.cursors.kill(int(cid)) else not_found).append(Int64(int(cid)))
+    return {"cursorsKilled": killed, "cursorsNotFound": not_found, "cursorsAlive": [],
+            "cursorsUnknown": []}
+
+
+def _forwards(server: Any, name: str, cmd: Mapping[str, Any]) -> bool:
+    return bool(name) and name not in _LOCAL
+
+
+_forward.forwards = _forwards  # type: ignore[attr-defined]
+
+SIDECAR_COMMANDS: dict[str, Any] = {
+    "hello": _hello,
+    "isMaster": _is_master,
+    "ismaster": _is_master,
+    "ping": _ping,
+    "configureFailPoint": failpoints.configure_fail_point,
+    "aggregate": _aggregate,
+    "getMore": _get_more,
+    "killCursors": _kill_cursors,
+    "$proxy": _forward,  # everything else goes to the mongos
+}
+
+
+def open_sharded_upstream(config: Any) -> ShardedUpstream | None:
+    """`serve --upstream URI`: a sidecar of the sharded cluster when URI is a mongos (None
+    for a replica set, or when the upstream cannot be asked now: the replica-set path then
+    reports it)."""
+    import pymongo
+
+    from cdcserver.sources.mongo import UpstreamOptions as Options
+
+    try:
+        shards = mongos_shards(config.upstream.uri, timeout_s=2.0)
+    except pymongo.errors.PyMongoError:
+        return None
+    if shards is None:
+        return None
+    fields = {f.name for f in dataclasses.fields(Options)}
+    values = {k: getattr(config.upstream, k) for k in fields if hasattr(config.upstream, k)}
+    config.source.follow = False  # the shards' tails are started by start_cluster
+    upstream = ShardedUpstream(Options(**values), shards)
+    upstream.prime()
+    log.info("upstream is a mongos: tailing %d shards (%s)", len(shards),
+             ", ".join(s.name for s in upstream.shards))
+    return upstream
