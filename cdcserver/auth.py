@@ -42,16 +42,11 @@ MECHANISMS = (SCRAM_SHA_256, SCRAM_SHA_1)
 DEFAULT_ITERATIONS = {SCRAM_SHA_1: 10_000, SCRAM_SHA_256: 15_000}
 _HASHES = {SCRAM_SHA_1: "sha1", SCRAM_SHA_256: "sha256"}
 
-# Codes error_codes.yml names that pipeline_stages.errors does not list.
-_CODE_NAMES = {17: "ProtocolError", 334: "MechanismUnavailable"}
-
 AUTHENTICATION_FAILED = "Authentication failed."
 
 
 class AuthError(MongoError):
-    @property
-    def code_name(self) -> str:
-        return _CODE_NAMES.get(self.code) or super().code_name
+    """An authentication error (17 ProtocolError, 18 AuthenticationFailed, 334...)."""
 
 
 def authentication_failed() -> AuthError:

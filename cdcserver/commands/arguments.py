@@ -19,7 +19,7 @@ from bson.code import Code
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 
-from pipeline_stages.errors import CODE_NAMES, MongoError
+from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
 
 LONG_MAX = 2**63 - 1
@@ -27,7 +27,6 @@ LONG_MIN = -(2**63)
 # IDL `safeInt64` / `safeInt` / `exactInt64` accept any numeric BSON type.
 NUMERIC_TYPES = "[long, int, decimal, double]"
 UUID_SUBTYPE = 4
-CODE_NAMES.setdefault(207, "InvalidUUID")
 
 __all__ = [
     "LONG_MAX",

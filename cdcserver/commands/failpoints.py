@@ -46,7 +46,17 @@ from typing import Any
 
 from bson.int64 import Int64
 
-from pipeline_stages.errors import CODE_NAMES, MongoError
+from pipeline_stages.error_labels import (  # noqa: F401 (the label policy, re-exported)
+    NEED_RETARGETTING_ERROR,
+    NETWORK_ERROR,
+    NON_RESUMABLE_CHANGE_STREAM_ERROR,
+    NOT_PRIMARY_ERROR,
+    RESUMABLE_CHANGE_STREAM_CODES,
+    RETRIABLE_ERROR,
+    SNAPSHOT_ERROR,
+    error_labels,
+)
+from pipeline_stages.errors import MongoError, code_name
 
 log = logging.getLogger("cdcserver")
 
@@ -56,25 +66,6 @@ FAIL_POINT_NAMES = (FAIL_COMMAND, FAIL_GET_MORE)
 FAIL_COMMAND_MESSAGE = "Failing command via 'failCommand' failpoint"
 FAIL_GET_MORE_MESSAGE = "Hit the 'failGetMoreAfterCursorCheckout' failpoint"
 
-# src/mongo/base/error_codes.yml (8.0) categories, for the codes in them.
-NETWORK_ERROR = frozenset({6, 7, 89, 317, 384, 9001})
-RETRIABLE_ERROR = frozenset(
-    {6, 7, 89, 91, 134, 189, 262, 317, 358, 384, 402, 9001, 10107, 11600, 11602, 13435, 13436,
-     50915}
-)
-NEED_RETARGETTING_ERROR = frozenset({150, 13388})
-NOT_PRIMARY_ERROR = frozenset({189, 10107, 11602, 13435, 13436})
-SNAPSHOT_ERROR = frozenset({239, 246, 250, 272})
-NON_RESUMABLE_CHANGE_STREAM_ERROR = frozenset({280, 286})
-# error_labels.cpp isResumableChangeStreamError: these codes, on an aggregate/getMore serving a
-# change stream.
-RESUMABLE_CHANGE_STREAM_CODES = (
-    RETRIABLE_ERROR | NETWORK_ERROR | NEED_RETARGETTING_ERROR | frozenset({133, 234})
-)
-# isTransientTransactionError's explicit list (WriteConflict, LockTimeout,
-# PreparedTransactionInProgress, ShardCannotRefreshDueToLocksHeld, StaleDbVersion, ...).
-_TRANSIENT_CODES = frozenset({112, 24, 267, 343, 249})
-_COMMIT_OR_ABORT = frozenset({"commitTransaction", "abortTransaction"})
 _HELLO = frozenset({"hello", "isMaster", "ismaster"})
 # Commands that take a write concern (a failCommand `writeConcernError` applies to them).
 _WRITE_CONCERN_COMMANDS = frozenset(
@@ -83,28 +74,6 @@ _WRITE_CONCERN_COMMANDS = frozenset(
      "collMod", "commitTransaction", "abortTransaction"}
 )
 
-# Names of the codes fail points are commonly given (error_codes.yml), beyond CODE_NAMES.
-_MORE_CODE_NAMES = {
-    6: "HostUnreachable", 7: "HostNotFound", 24: "LockTimeout", 63: "OBSOLETE_StaleShardVersion",
-    64: "WriteConcernTimeout", 79: "UnknownReplWriteConcern", 89: "NetworkTimeout",
-    91: "ShutdownInProgress", 100: "UnsatisfiableWriteConcern",
-    133: "FailedToSatisfyReadPreference",
-    134: "ReadConcernMajorityNotAvailableYet", 150: "StaleEpoch", 189: "PrimarySteppedDown",
-    216: "ElectionInProgress", 239: "SnapshotTooOld", 244: "NOT_YET_AVAILABLE_TransactionAborted",
-    246: "SnapshotUnavailable", 262: "ExceededTimeLimit", 266: "FailPointSetFailed",
-    267: "PreparedTransactionInProgress", 317: "ConnectionPoolExpired", 384: "ConnectionError",
-    402: "ResourceExhausted", 9001: "SocketException", 10058: "LegacyNotPrimary",
-    10107: "NotWritablePrimary", 11600: "InterruptedAtShutdown", 11601: "Interrupted",
-    11602: "InterruptedDueToReplStateChange", 13388: "StaleConfig",
-    13435: "NotPrimaryNoSecondaryOk", 13436: "NotPrimaryOrSecondary",
-    50915: "BackupCursorOpenConflictWithCheckpoint",
-}
-
-
-def code_name(code: int) -> str:
-    name = CODE_NAMES.get(code) or _MORE_CODE_NAMES.get(code)
-    return name or f"Location{code}"
-
 
 class CloseConnection(ConnectionResetError):
     """`closeConnection`: the server drops the connection without answering (the listener
@@ -112,7 +81,7 @@ class CloseConnection(ConnectionResetError):
 
 
 class NamedError(MongoError):
-    """A MongoError whose codeName also knows the codes fail points are given."""
+    """A MongoError named from mongod's whole code table (pipeline_stages.errors.code_name)."""
 
     @property
     def code_name(self) -> str:
@@ -363,52 +332,6 @@ def _is_change_stream_aggregate(name: str, cmd: Mapping[str, Any]) -> bool:
         isinstance(pipeline, list) and bool(pipeline) and isinstance(pipeline[0], Mapping)
         and "$changeStream" in pipeline[0]
     )
-
-
-def error_labels(
-    name: str,
-    cmd: Mapping[str, Any],
-    code: int | None,
-    wc_code: int | None = None,
-    *,
-    change_stream: bool = False,
-    internal_client: bool = False,
-) -> list[str]:
-    """mongod's ErrorLabelBuilder (error_labels.cpp): the labels of an error reply.
-
-    `change_stream`: the command serves a change stream (an aggregate whose pipeline starts
-    with `$changeStream`, or a getMore whose checked-out cursor is one).
-    """
-    labels: list[str] = []
-    has_txn = cmd.get("txnNumber") is not None
-    in_txn = has_txn and "autocommit" in cmd
-    commit_or_abort = name in _COMMIT_OR_ABORT
-    transient = False
-    if code is not None and in_txn and code != 358:
-        if code in _TRANSIENT_CODES or code in SNAPSHOT_ERROR or code in NEED_RETARGETTING_ERROR:
-            transient = True
-        elif commit_or_abort:
-            transient = code == 251 and wc_code is None
-        else:
-            transient = code in RETRIABLE_ERROR or code == 251
-    retryable = False
-    if transient:
-        labels.append("TransientTransactionError")
-    elif not internal_client and ((has_txn and not in_txn) or (in_txn and commit_or_abort)):
-        retryable = (code is not None and code in RETRIABLE_ERROR) or (
-            wc_code is not None and wc_code in RETRIABLE_ERROR
-        )
-        if retryable:
-            labels.append("RetryableWriteError")
-    resumable = (
-        not transient and not retryable and change_stream and name in ("aggregate", "getMore")
-        and code is not None and wc_code is None and code in RESUMABLE_CHANGE_STREAM_CODES
-    )
-    if resumable:
-        labels.append("ResumableChangeStreamError")
-    elif code in NON_RESUMABLE_CHANGE_STREAM_ERROR:
-        labels.append("NonResumableChangeStreamError")
-    return labels
 
 
 def _topology_version(server: Any, code: int | None) -> dict[str, Any]:

@@ -24,10 +24,9 @@ from cdcserver import auth
 from cdcserver.commands import txn_rules, write_concern
 from cdcserver.commands.registry import command
 from cdcserver.embedded.store import LoggedWrite, OpSession, Session, Store, Txn, session_key
-from pipeline_stages.errors import CODE_NAMES, MongoError
+from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
 
-CODE_NAMES.setdefault(117, "ConflictingOperationInProgress")
 _TRANSIENT = ["TransientTransactionError"]
 
 

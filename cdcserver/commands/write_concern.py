@@ -17,9 +17,6 @@ from cdcserver.commands.arguments import safe_long
 from pipeline_stages.errors import CODE_NAMES, MongoError
 from pipeline_stages.value_string import type_name
 
-CODE_NAMES.setdefault(79, "UnknownReplWriteConcern")
-CODE_NAMES.setdefault(100, "UnsatisfiableWriteConcern")
-
 MAX_MEMBERS = 50  # kMaxReplSetMembers
 MEMBERS = 1  # data-bearing members of the (single-member) replica set
 

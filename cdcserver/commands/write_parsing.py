@@ -26,9 +26,7 @@ from cdcserver.commands.arguments import (
     unknown_field,
     wrong_type,
 )
-from pipeline_stages.errors import CODE_NAMES, MongoError
-
-CODE_NAMES.setdefault(16, "InvalidLength")
+from pipeline_stages.errors import MongoError
 
 MAX_WRITE_BATCH = 100_000  # write_ops::kMaxWriteBatchSize
 INT32_MAX = 2**31 - 1

@@ -22,10 +22,8 @@ from typing import Any
 from bson.decimal128 import Decimal128, create_decimal128_context
 from bson.int64 import Int64
 
-from pipeline_stages.errors import CODE_NAMES, MongoError
+from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
-
-CODE_NAMES.setdefault(28, "PathNotViable")
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

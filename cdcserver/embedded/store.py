@@ -42,7 +42,7 @@ from cdcserver.embedded.bson_depth import check_insert_depth, check_update_depth
 from cdcserver.embedded.persist import Persistence, corrupt, int_ts
 from cdcserver.sources.base import EntryList
 from pipeline_stages import keystring
-from pipeline_stages.errors import CODE_NAMES, MongoError
+from pipeline_stages.errors import MongoError
 from pipeline_stages.image_source import (
     Document,
     MemoryImageSource,
@@ -61,21 +61,6 @@ try:  # mongod's $v:2 diff, written by update_diff.py
 except ImportError:  # pragma: no cover - until update_diff.py lands
     modifier_update_diff = None
     pipeline_update_diff = None
-
-CODE_NAMES.setdefault(5, "GraphContainsCycle")
-CODE_NAMES.setdefault(27, "IndexNotFound")
-CODE_NAMES.setdefault(149, "ViewDepthLimitExceeded")
-CODE_NAMES.setdefault(167, "OptionNotSupportedOnView")
-CODE_NAMES.setdefault(168, "InvalidPipelineOperator")
-CODE_NAMES.setdefault(56, "EmptyFieldName")
-CODE_NAMES.setdefault(66, "ImmutableField")
-CODE_NAMES.setdefault(67, "CannotCreateIndex")
-CODE_NAMES.setdefault(85, "IndexOptionsConflict")
-CODE_NAMES.setdefault(86, "IndexKeySpecsConflict")
-CODE_NAMES.setdefault(217, "IncompleteTransactionHistory")
-CODE_NAMES.setdefault(225, "TransactionTooOld")
-CODE_NAMES.setdefault(256, "TransactionCommitted")
-CODE_NAMES.setdefault(40323, "Location40323")
 
 ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
 SYSTEM_VIEWS = "system.views"

@@ -14,10 +14,8 @@ from collections.abc import Mapping
 
 from bson.timestamp import Timestamp
 
-from pipeline_stages.errors import CODE_NAMES, MongoError
+from pipeline_stages.errors import MongoError
 from pipeline_stages.oplog_entry import Entry, decode_entry
-
-CODE_NAMES.setdefault(136, "CappedPositionLost")
 
 
 class CappedPositionLost(MongoError):

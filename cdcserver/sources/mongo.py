@@ -61,6 +61,8 @@ from cdcserver.sources.retained import (
     pre_image_key,
 )
 from pipeline_stages.check_resumability import HISTORY_LOST_MESSAGE
+from pipeline_stages.error_codes import CATEGORIES
+from pipeline_stages.error_labels import NOT_PRIMARY_ERROR, SHUTDOWN_ERROR
 from pipeline_stages.errors import MongoError
 from pipeline_stages.image_source import Document, equality_key, matches_document_key
 from pipeline_stages.oplog_entry import Entry, decode_entry
@@ -72,10 +74,9 @@ RAW = CodecOptions(document_class=RawBSONDocument)
 MAX_TS = Timestamp(0xFFFFFFFF, 0xFFFFFFFF)
 # Codes of the upstream's errors that say "this oplog position is gone".
 CAPPED_POSITION_LOST = 136
-# error_codes.yml's NotPrimaryError and ShutdownError categories (the proxy tells its
-# client's topology, as a driver does, so the next command finds the new primary).
-NOT_PRIMARY_CODES = frozenset({189, 10107, 11602, 13435, 13436, 91, 11600})
-_CODE_NAMES = {6: "HostUnreachable", 89: "NetworkTimeout"}
+# error_codes.yml's NotPrimaryError and ShutdownError categories, less internal-only codes (the
+# proxy tells its client's topology, as a driver does, so the next command finds the primary).
+NOT_PRIMARY_CODES = NOT_PRIMARY_ERROR | (SHUTDOWN_ERROR - CATEGORIES["InternalOnly"])
 # What closing may spend talking to the upstream (killCursors, endSessions), all steps
 # together: with the upstream dead or stalled pymongo would wait serverSelectionTimeoutMS for
 # each, and a shutdown must end within its grace whatever the upstream's state.
@@ -128,7 +129,7 @@ class UpstreamError(MongoError):
         self, code: int, errmsg: str, labels: Sequence[str] = (), code_name: str | None = None
     ) -> None:
         super().__init__(code, errmsg, labels)
-        self._code_name = code_name or _CODE_NAMES.get(code)
+        self._code_name = code_name
 
     @property
     def code_name(self) -> str:
