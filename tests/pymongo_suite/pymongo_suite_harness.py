@@ -222,3 +222,197 @@ TOPOLOGY_OR_VERSION_SKIPS = re.compile(
     r"|Must have secondaries|Not connected to a load balancer|Must be connected to a load"
     r"|[Ss]harded"
 )
+
+
+# -- the wider files and why their failures fail ----------------------------------------------
+
+WIDER_FILES = [
+    "test/test_collection.py", "test/test_database.py", "test/test_cursor.py",
+    "test/test_bulk.py", "test/test_session.py", "test/test_raw_bson.py",
+    "test/test_custom_types.py", "test/test_crud_unified.py", "test/test_sessions_unified.py",
+    "test/test_retryable_reads_unified.py", "test/test_retryable_writes_unified.py",
+    "test/test_read_write_concern_spec.py", "test/test_command_monitoring.py",
+    "test/test_command_logging.py", "test/test_versioned_api_integration.py",
+    "test/test_client_bulk_write.py",
+    "test/asynchronous/test_collection.py", "test/asynchronous/test_database.py",
+    "test/asynchronous/test_cursor.py", "test/asynchronous/test_bulk.py",
+    "test/asynchronous/test_session.py",
+]
+
+# The causes of the failures: key -> (pattern on "node id | message", why). The first
+# pattern that matches names the cause; known_failures.py refers to the keys.
+CAUSES: dict[str, tuple[str, str]] = {
+    'fp-onPrimaryTransactionalWrite': (
+        'onPrimaryTransactionalWrite not found',
+        'fail point onPrimaryTransactionalWrite (used by driver tests only) is not offered',
+    ),
+    'fp-maxTimeAlwaysTimeOut': (
+        'maxTimeAlwaysTimeOut not found',
+        'fail point maxTimeAlwaysTimeOut is not offered',
+    ),
+    'bulkWrite-command': (
+        r"[Bb]ulk_?[Ww]rite.*no such command: 'bulkWrite'|ClientBulkWrite|client_bulk_write"
+        r"|clientBulkWrite|test_command_bulkWrite",
+        'the 8.0 bulkWrite command (client bulk write) is missing',
+    ),
+    'ddl-write-concern': (
+        r"WriteConcernError not raised|reports_a_writeConcernError"
+        r"|Expected error \{'errorCode': 79|::test_create \|",
+        "write concern is ignored by DDL commands and aggregate $out (no writeConcernError)",
+    ),
+    'merge': (
+        '\\$merge|fake_cursor',
+        '$merge is not supported by the embedded store',
+    ),
+    'let': (
+        '[Ll]et_option|_with_let|helpers_with_let',
+        'the let option is not supported (fails with code 2 and a Python message)',
+    ),
+    'dollar-id': (
+        'dollar-prefixed_key_in__id',
+        'a $-prefixed field in _id is accepted',
+    ),
+    'setField': (
+        '\\$setField|DotsAndDollars',
+        '$setField / $getField (dotted and $-prefixed field names) are not supported',
+    ),
+    'update-sort': (
+        '_sort_option',
+        'the update/replace sort option is ignored',
+    ),
+    'snapshot': (
+        'atClusterTime|[Ss]napshot',
+        "snapshot sessions: no atClusterTime, no point-in-time reads, writes not refused",
+    ),
+    'where': (
+        '\\$where|csot_applied',
+        '$where is not supported',
+    ),
+    'hint-min-max': (
+        '::test_hint|::test_min|::test_max \\||::test_max$',
+        'hint / min / max are ignored by find',
+    ),
+    'exhaust': (
+        '[Ee]xhaust',
+        'exhaust cursors (moreToCome) are not supported',
+    ),
+    'capped-tailable': (
+        'tailable|test_max_await_time_ms|test_concurrent_close',
+        'capped collections are not capped: tailable cursors are refused',
+    ),
+    'user-management': (
+        'createUser|updateUser',
+        'user management commands are not offered (users come from [auth] in the config)',
+    ),
+    'stable-api': (
+        'VersionedApi',
+        'Stable API parameters are not checked (no APIStrictError / APIVersionError)',
+    ),
+    'profiler': (
+        '::test_comment \\|',
+        'the profiler writes no system.profile documents',
+    ),
+    'text-index': (
+        'test_index_text',
+        "text index specs are not completed as mongod's (weights, default_language...)",
+    ),
+    'index-filters': (
+        'test_index_filter',
+        'index filters (planCacheSetFilter) are not offered',
+    ),
+    'null-id-upsert': (
+        'CreateNullIds',
+        'an upsert with a null _id',
+    ),
+    'linearizable-out': (
+        'linearizable_with_out',
+        'readConcern linearizable with $out is not refused',
+    ),
+    'showRecordId-returnKey': (
+        'showRecordId_and_returnKey',
+        "find's showRecordId / returnKey are ignored",
+    ),
+    'update-pipeline-id': (
+        'UpdateOnePipeline|UpdatePipeline',
+        'pipeline updates that replace the document fail on _id',
+    ),
+    'fam-wce-retry': (
+        'Replication is being shut down',
+        "a failCommand writeConcernError on findAndModify is not retried as mongod's",
+    ),
+    'collation': (
+        '[Cc]ollation',
+        'collation is accepted but ignored',
+    ),
+    'raw-aggregate-txn': (
+        'aggregate_raw_transaction',
+        'a transaction started by aggregate (raw batches) is refused as already active (117)',
+    ),
+    'update-pipeline-parse': (
+        'Failed_bulk_write_command_log',
+        "an update pipeline with an unknown stage is accepted when nothing matches",
+    ),
+    'sum-int64': (
+        'custom_type_decoder',
+        '$sum over Int64 values returns an Int32',
+    ),
+    'update-result': (
+        'test_update_result',
+        "update's result: upserted / updatedExisting as mongod's",
+    ),
+}
+
+
+def cause_of(case: Case) -> str:
+    """The key of the failure's cause in CAUSES, or "unclassified: <message>"."""
+    text = f"{case.nodeid} | {case.message}"
+    for key, (pattern, _) in CAUSES.items():
+        if re.search(pattern, text):
+            return key
+    return "unclassified: " + " ".join(case.message.split())[:150]
+
+
+def known_failures_source(run: Run) -> str:
+    """known_failures.py for a run of WIDER_FILES: each failure of each file, with its cause."""
+    lines = [
+        '"""PyMongo\'s wider test files: the tests that fail against cdcserver, and why.',
+        "",
+        "Written by `python tests/pymongo_suite/pymongo_suite_harness.py update` from a run",
+        "(then read: an \"unclassified\" cause needs a pattern in CAUSES). Each is a strict",
+        "xfail in test_pymongo_suite.py, its reason the text of the cause in CAUSES.",
+        '"""',
+        "# ruff: noqa: E501  (PyMongo's test names are long)",
+        "",
+        "KNOWN_FAILURES: dict[str, dict[str, str]] = {",
+    ]
+    for file in WIDER_FILES:
+        lines.append(f"    {file!r}: {{")
+        for case in run.of(file):
+            if case.outcome in ("failed", "error"):
+                test = case.nodeid[len(file) + 2:]
+                lines.append(f"        {test!r}: {cause_of(case)!r},")
+        lines.append("    },")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    """`update`: run the wider files against a fresh `serve --in-memory` and rewrite
+    known_failures.py next to this file; prints the README table's counts."""
+    if argv[1:] != ["update"]:
+        print("usage: pymongo_suite_harness.py update", file=sys.stderr)
+        return 2
+    from cdcserver.testing import HOST, SubprocessServer
+
+    tree = suite_tree()
+    with SubprocessServer() as server:
+        run = run_files(tree, WIDER_FILES, HOST, server.port, 3600.0)
+    out = pathlib.Path(__file__).with_name("known_failures.py")
+    out.write_text(known_failures_source(run))
+    for file in WIDER_FILES:
+        print(file, run.counts(file))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -5,8 +5,9 @@ The change-stream files run in the normal test run and must pass outright: no fa
 error, and every skip one that says the test is for another server version or topology.
 The wider files (marker `pymongo_suite_slow`; they run when CDCSERVER_PYMONGO_SUITE_SLOW=1,
 as CI sets it) must have no failure beyond the list below, where each known failure is a
-strict xfail naming what cdcserver lacks; one that starts passing fails the run until it is
-taken off the list.
+strict xfail naming what cdcserver lacks (known_failures.py: test -> cause, the causes'
+texts in pymongo_suite_harness.CAUSES); one that starts passing fails the run until it is taken
+off the list (`python tests/pymongo_suite/pymongo_suite_harness.py update` rewrites it).
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ import os
 import pathlib
 
 import pytest
+from known_failures import KNOWN_FAILURES
 from pymongo_suite_harness import (
+    CAUSES,
     TOPOLOGY_OR_VERSION_SKIPS,
+    WIDER_FILES,
     Case,
     Run,
     Unavailable,
@@ -32,9 +36,6 @@ CHANGE_STREAM_TIMEOUT_S = 1200.0  # a hang guard (the two files take well under 
 SLOW = os.environ.get("CDCSERVER_PYMONGO_SUITE_SLOW") == "1"
 WIDER_TIMEOUT_S = 2400.0
 
-# file -> {test node id (without the file) -> why it fails against cdcserver}
-WIDER_KNOWN_FAILURES: dict[str, dict[str, str]] = {}
-WIDER_FILES = list(WIDER_KNOWN_FAILURES)
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +93,7 @@ def wider_run(tree: pathlib.Path) -> Run:
 def test_wider_file(wider_run: Run, file: str) -> None:
     cases = wider_run.of(file)
     assert cases, f"no results for {file}:\n{wider_run.output[-3000:]}"
-    known = WIDER_KNOWN_FAILURES[file]
+    known = KNOWN_FAILURES.get(file, {})
     unexpected = [
         c for c in cases
         if c.outcome in ("failed", "error") and c.nodeid[len(file) + 2:] not in known
@@ -102,8 +103,9 @@ def test_wider_file(wider_run: Run, file: str) -> None:
 
 def _known_params() -> list:
     params = []
-    for file, known in WIDER_KNOWN_FAILURES.items():
-        for test, reason in known.items():
+    for file, known in KNOWN_FAILURES.items():
+        for test, cause in known.items():
+            reason = CAUSES[cause][1]
             marks = [*slow, pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason)]
             params.append(pytest.param(file, test, marks=marks, id=f"{file}::{test}"))
     return params
