@@ -15,7 +15,9 @@ own CPU measured over an equal quiet period) and its ratio to K=1; p50/p99 from 
 the event arriving at its client; the server's RSS per idle stream.
 
 Prints only; not a test. `python bench/fanout.py [--ks 1,100,1000,10000] [--writes 200]
-[--interval-ms 20] [--procs 4] [--modes distinct,shared,unindexable]`.
+[--interval-ms 20] [--procs 4] [--await-ms 1000] [--modes distinct,shared,unindexable]`.
+With many streams on a small machine the clients' own polling (a getMore per stream per
+`--await-ms`) can saturate the client processes: raise `--await-ms` or `--procs` then.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from cdcserver.testing import SubprocessServer  # noqa: E402
 
-AWAIT_MS = 1000  # the drivers' default maxAwaitTimeMS for a tailing getMore
+AWAIT_MS = 1000  # the drivers' default maxAwaitTimeMS for a tailing getMore (--await-ms)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -62,7 +64,10 @@ def pipeline_for(mode: str, i: int) -> list[dict[str, Any]]:
     return [{"$match": {"$expr": {"$eq": ["$fullDocument.u", i]}}}]
 
 
-def client_process(uri: str, mode: str, ids: list[int], ready: Any, stop: Any, out: Any) -> None:
+def client_process(
+    uri: str, mode: str, ids: list[int], await_ms: int, ready: Any, stop: Any, out: Any,
+    count: Any,
+) -> None:
     """Open a stream per id, report readiness, then record write->event latencies."""
 
     async def main() -> None:
@@ -72,7 +77,7 @@ def client_process(uri: str, mode: str, ids: list[int], ready: Any, stop: Any, o
         streams = []
         for k in range(0, len(ids), 200):  # opened in waves: a real fleet does not all at once
             streams += await asyncio.gather(*(
-                coll.watch(pipeline_for(mode, i), max_await_time_ms=AWAIT_MS)
+                coll.watch(pipeline_for(mode, i), max_await_time_ms=await_ms)
                 for i in ids[k : k + 200]
             ))
         ready.put(len(streams))
@@ -82,11 +87,12 @@ def client_process(uri: str, mode: str, ids: list[int], ready: Any, stop: Any, o
                 event = await stream.try_next()
                 if event is not None:
                     latencies.append(time.time() - event["fullDocument"]["t"])
+                    with count.get_lock():
+                        count.value += 1
 
         tasks = [asyncio.create_task(read(s)) for s in streams]
         while not stop.is_set():
             await asyncio.sleep(0.1)
-        await asyncio.sleep(0.5)  # the last events in flight
         for t in tasks:
             t.cancel()
         out.put(latencies)
@@ -103,14 +109,17 @@ def p50_p99(values: list[float]) -> tuple[float, float]:
 
 
 def run(uri: str, pid: int, mode: str, k: int, writes: int, interval_s: float,
-        procs: int) -> dict[str, float]:
+        procs: int, await_ms: int) -> dict[str, float]:
     ctx = mp.get_context("spawn")
     ready, out, stop = ctx.Queue(), ctx.Queue(), ctx.Event()
+    count = ctx.Value("q", 0)
     ids = list(range(k))
     shares = [ids[p::procs] for p in range(min(procs, k))]
     rss_before = rss_kib(pid)
     workers = [
-        ctx.Process(target=client_process, args=(uri, mode, share, ready, stop, out))
+        ctx.Process(
+            target=client_process, args=(uri, mode, share, await_ms, ready, stop, out, count)
+        )
         for share in shares
     ]
     for w in workers:
@@ -138,6 +147,10 @@ def run(uri: str, pid: int, mode: str, k: int, writes: int, interval_s: float,
                 time.sleep(delay)
         write_cpu = cpu_seconds(pid) - cpu0
         elapsed = time.monotonic() - t0
+    expected = writes * k if mode == "shared" else writes
+    deadline = time.monotonic() + 60
+    while count.value < expected and time.monotonic() < deadline:
+        time.sleep(0.05)  # the last events in flight (their latency counts, not their CPU)
     stop.set()
     latencies: list[float] = []
     for _ in workers:
@@ -165,6 +178,7 @@ def main() -> None:
     parser.add_argument("--writes", type=int, default=200)
     parser.add_argument("--interval-ms", type=float, default=20.0)
     parser.add_argument("--procs", type=int, default=4)
+    parser.add_argument("--await-ms", type=int, default=AWAIT_MS)
     args = parser.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -176,7 +190,7 @@ def main() -> None:
                 with SubprocessServer(extra_args=["--config", str(config)]) as server:
                     MongoClient(server.uri).bench.create_collection("c")
                     r = run(server.uri, server.pid, mode, k, args.writes,
-                            args.interval_ms / 1000, args.procs)
+                            args.interval_ms / 1000, args.procs, args.await_ms)
                 if base is None:
                     base = r["cpu_per_write_ms"] or 1e-9
                 print(
@@ -185,6 +199,7 @@ def main() -> None:
                     f"{r['gross_cpu_per_write_ms']:.2f}, idle {r['idle_cpu_per_s_ms']:.0f} ms/s)"
                     f"  p50/p99 {r['p50_ms']:6.1f}/{r['p99_ms']:6.1f} ms"
                     f"  events {r['events']:<7d} {r['writes_per_s']:.0f} writes/s"
+                    f" (await {args.await_ms} ms)"
                     f"  RSS/stream {r['rss_kib_per_stream']:.1f} KiB",
                     flush=True,
                 )

@@ -294,14 +294,20 @@ def detach(member: ChangeStreamCursor) -> None:
     member.group.members.append(member)
 
 
+# A group this many chunks behind a new stream's start is not caught up for it (the command
+# would hold the loop); the stream starts a group of its own.
+MAX_CATCH_UP_CHUNKS = 4
+
+
 def _catch_up(group: StreamGroup, start: Timestamp) -> None:
-    """Read `group` on up to `start` if that needs no awaited image lookups."""
+    """Read `group` on up to `start` if that is a few chunks and needs no awaited lookups."""
     producer = group.producer
     if needs_images(producer) and hasattr(producer.images, "prepare"):
         return
     try:
-        while group.next_ts < start and group.step(None, READ_CHUNK):  # type: ignore[arg-type]
-            pass
+        for _ in range(MAX_CATCH_UP_CHUNKS):
+            if group.next_ts >= start or not group.step(None, READ_CHUNK):  # type: ignore[arg-type]
+                return
     except Exception:  # noqa: BLE001 - its members' getMores read the same entries and say so
         return
 
