@@ -139,14 +139,14 @@ class MergedChangeStream:
             merge.push(name, events, token)
 
     def _nudge_blocker(self) -> None:
-        """Events wait for a shard that has promised nothing later yet: a cluster that can
-        (a sidecar: `appendOplogNote` on that shard) makes the shard write past them."""
+        """Events wait for shards that have promised nothing later yet: a cluster that can
+        (a sidecar: `appendOplogNote` on those shards) makes them write past them."""
         nudge = getattr(self.cluster, "nudge", None)
         if nudge is None or not self.merge.buffered():
             return
-        blocker = self.merge.blocking()
-        if blocker is not None:
-            nudge(blocker)
+        for name in self.merge.shards:  # every shard with nothing waiting, all at once
+            if not self.merge.buffered(name):
+                nudge(name)
 
     def _drain_merge(self) -> None:
         ready = self.merge.pop_ready()
