@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import bson
 import pymongo
@@ -457,3 +458,45 @@ def test_sidecar_goes_through_a_shard_restart_without_loss_or_duplicate(cluster,
         got = first + [through.next() for _ in range(count - len(first))]
         assert through.try_next() is None
     assert [bson.encode(e) for e in got] == [bson.encode(e) for e in expected]
+
+
+def test_sidecar_fails_streams_resumably_while_a_shard_is_unreachable(cluster, client,
+                                                                      sidecar):
+    _spread(client, cluster, "app.c")
+    client.admin.command("enableSharding", "idle", primaryShard=cluster.cluster.shards[0].name)
+    sidecar.upstream.down_grace_s = 0.0  # fail at once (5 s by default)
+    n = len(cluster.cluster.shards)
+    side = pymongo.MongoClient(sidecar.uri)
+    errors = []
+    with side, client.watch() as front:
+        through = side.watch(max_await_time_ms=100)
+        count = _write_round(client, n, "a")
+        seen = [through.next() for _ in range(count)]
+
+        def while_down() -> None:
+            _write_round(client, n, "b")
+            deadline = time.monotonic() + 30  # a guard against a hang, not a measurement
+            while not errors and time.monotonic() < deadline:
+                try:
+                    event = through.try_next()
+                    if event is not None:
+                        seen.append(event)
+                except pymongo.errors.OperationFailure as exc:
+                    errors.append(exc)
+
+        cluster.restart_shard(n - 1, while_down)
+        assert errors and errors[0].code == 6
+        assert errors[0].has_error_label("ResumableChangeStreamError")
+        count += (n + 1) + _write_round(client, n, "c")
+        expected = [front.next() for _ in range(count)]
+        deadline = time.monotonic() + 30
+        while True:  # the shard is back once the sidecar's tail of it reads again
+            try:
+                resumed = side.watch(resume_after=seen[-1]["_id"], max_await_time_ms=100)
+                break
+            except pymongo.errors.OperationFailure:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        with resumed:
+            seen += [resumed.next() for _ in range(count - len(seen))]
+    assert [bson.encode(e) for e in seen] == [bson.encode(e) for e in expected]

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,9 @@ from pipeline_stages.spec import is_change_stream_aggregate
 
 log = logging.getLogger("cdcserver")
 
+# How long a shard's tail may be lost before the merged streams fail (a failover's election
+# stays under it; a shard that is gone does not hold streams silently).
+DOWN_GRACE_S = 5.0
 NUDGE_NOTE = {"msg": "cdcserver: merged change streams wait for this shard"}
 
 
@@ -118,6 +122,7 @@ class ShardedUpstream(OplogLog):
         self._nudging: set[str] = set()
         self.nudges = 0  # appendOplogNote sent (for tests and status)
         self.gossiped: Timestamp | None = None  # the latest $clusterTime clients sent
+        self.down_grace_s = DOWN_GRACE_S
 
     # -- the cluster, as streams.py uses it ----------------------------------------------------
 
@@ -174,6 +179,19 @@ class ShardedUpstream(OplogLog):
             log.debug("appendOplogNote on %s: %s", shard.name, exc)
         finally:
             self._nudging.discard(shard.name)
+
+    def check_shards(self) -> None:
+        """A shard whose tail has been lost for `down_grace_s` fails the merged streams with a
+        resumable error (6 HostUnreachable): they cannot go on without its events, and a
+        driver resumes from its last token once the shard is back."""
+        now = time.monotonic()
+        for shard in self.shards:
+            since = getattr(shard.log, "_down_since", None)
+            if since is not None and now - since >= self.down_grace_s:
+                raise MongoError(
+                    6, f"Unable to reach shard {shard.name}: its oplog cannot be read "
+                    f"({now - since:.1f}s)",
+                )
 
     def changed_event(self) -> asyncio.Event:
         return self._changed
@@ -276,6 +294,7 @@ async def _aggregate(server, conn, cmd, db):
     from cdcserver.sharding.front import open_change_stream
 
     server.log.hear(cmd)
+    server.log.check_shards()
     if any(not s.log.connected and s.log.latest_ts() is None for s in server.log.shards):
         # A shard whose tail has never read: its stream could not start where it must.
         raise MongoError(6, "a shard of the cluster cannot be reached yet")

@@ -193,7 +193,10 @@ class MergedChangeStream:
         deadline = time.monotonic() + wait_s
         self.awaited_s = 0.0
         log = self.cluster.front_log
+        check = getattr(self.cluster, "check_shards", None)  # a sidecar: shards reachable?
         while True:
+            if check is not None:
+                check()
             changed = log.changed_event()  # taken before reading: a write meanwhile wakes us
             if not self.pending and not self.invalidated:
                 await self._poll()
