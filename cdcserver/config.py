@@ -19,6 +19,8 @@ from typing import Any
 
 import msgspec
 
+from cdcserver.roles import parse_role
+
 
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     host: str = "127.0.0.1"
@@ -508,8 +510,6 @@ def _resolve_paths(data: dict[str, Any], base: str) -> None:
 
 
 def _auth_errors(auth: AuthConfig) -> list[tuple[str, str]]:
-    from cdcserver.auth import parse_role  # only with users to check
-
     errors: list[tuple[str, str]] = []
     for i, mech in enumerate(auth.mechanisms):
         if mech not in MECHANISMS:

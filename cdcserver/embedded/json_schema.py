@@ -18,7 +18,14 @@ from typing import Any
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 
+from pipeline_stages.keystring import encode_values
 from pipeline_stages.value_string import type_name
+
+
+def _id_key(value: Any) -> bytes:
+    """Bytes equal exactly when two values are equal (their KeyString, as store.id_key)."""
+    return encode_values((value,))[0]
+
 
 # bsonType aliases -> a test; "number" covers the four numeric types.
 _NUMERIC = ("int", "long", "double", "decimal")
@@ -149,9 +156,7 @@ def _rule(keyword: str, arg: Any, schema: Mapping[str, Any], value: Any) -> dict
                 "reason": "considered value is not a multiple of the specified value",
                 **_considered(value)}
     if keyword == "enum":
-        from cdcserver.embedded.store import id_key
-
-        if any(id_key(value) == id_key(option) for option in arg):
+        if any(_id_key(value) == _id_key(option) for option in arg):
             return None
         return {"operatorName": "enum", "specifiedAs": {"enum": list(arg)},
                 "reason": "value was not found in enum", **_considered(value)}
@@ -173,11 +178,9 @@ def _rule(keyword: str, arg: Any, schema: Mapping[str, Any], value: Any) -> dict
         return {"operatorName": keyword, "specifiedAs": {keyword: arg},
                 "reason": "array did not match specified length", **_considered(value)}
     if keyword == "uniqueItems" and is_arr and arg is True:
-        from cdcserver.embedded.store import id_key
-
         seen: set[bytes] = set()
         for item in value:
-            key = id_key(item)
+            key = _id_key(item)
             if key in seen:
                 return {"operatorName": "uniqueItems", "specifiedAs": {"uniqueItems": True},
                         "reason": "found a duplicate item", **_considered(value),

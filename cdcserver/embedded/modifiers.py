@@ -23,7 +23,7 @@ from bson.decimal128 import Decimal128, create_decimal128_context
 from bson.int64 import Int64
 
 from pipeline_stages.errors import MongoError
-from pipeline_stages.value_string import type_name
+from pipeline_stages.value_string import bson_obj_string, type_name
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -114,9 +114,7 @@ def _debug_string(value: Any) -> str:
 
 
 def _bson_string(value: Any) -> str:
-    from cdcserver.embedded.store import bson_string
-
-    return bson_string(value)
+    return bson_obj_string(value)
 
 
 def _element_string(name: str, value: Any) -> str:
