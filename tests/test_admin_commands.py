@@ -350,3 +350,37 @@ def test_admin_commands_serving_a_recorded_oplog(tmp_path):
         assert client.admin.command("serverStatus")["opcounters"]["command"] >= 1
         ops = list(client.admin.aggregate([{"$currentOp": {}}]))
         assert any(op["command"].get("aggregate") == 1 for op in ops)
+
+
+# -- Stable API parameters ------------------------------------------------------------------------
+
+
+def test_stable_api_parameters(server, client):
+    from pymongo.server_api import ServerApi
+
+    _fresh(client, "api").insert_one({"x": 1})
+    with server.client(server_api=ServerApi("1", strict=True)) as strict:
+        coll = strict.admin_tests.api
+        assert coll.count_documents({}) == 1  # aggregate and count are in API version 1
+        with strict.start_session() as session:
+            with session.start_transaction():
+                coll.insert_one({"x": 2}, session=session)
+        with pytest.raises(OperationFailure) as excinfo:
+            coll.distinct("x")
+        assert excinfo.value.code == 323
+        assert excinfo.value.details["codeName"] == "APIStrictError"
+        assert excinfo.value.details["errmsg"].startswith(
+            "Provided apiStrict:true, but the command distinct is not in API Version 1.")
+        with pytest.raises(OperationFailure) as excinfo:
+            list(strict.admin.aggregate([{"$listLocalSessions": {}}]))
+        assert (excinfo.value.code, excinfo.value.details["errmsg"]) == (
+            323, "$listLocalSessions is not allowed with 'apiStrict: true' in API Version 1")
+    with pytest.raises(OperationFailure) as excinfo:
+        client.admin.command({"ping": 1, "apiVersion": "server_will_never_support_this"})
+    assert (excinfo.value.code, excinfo.value.details["errmsg"]) == (
+        322, 'API version must be "1"')
+    with pytest.raises(OperationFailure) as excinfo:
+        client.admin.command({"ping": 1, "apiStrict": True})
+    assert excinfo.value.code == 4886600
+    assert client.admin_tests.command({"distinct": "api", "key": "x", "apiVersion": "1"})[
+        "values"] == [1, 2]  # not strict: any command

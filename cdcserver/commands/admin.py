@@ -624,14 +624,64 @@ _ADMIN_ONLY = frozenset(
     {"getCmdLineOpts", "getParameter", "replSetGetStatus", "replSetGetConfig", "currentOp",
      "configureFailPoint", "renameCollection", "killAllSessions", "setParameter"}
 )
-# The commands of MongoDB's Stable API version 1.
+# The commands of MongoDB's Stable API version 1 (by their canonical names).
 _API_V1 = frozenset(
-    {"abortTransaction", "aggregate", "authenticate", "bulkWrite", "collMod", "commitTransaction",
-     "count", "create", "createIndexes", "delete", "drop", "dropDatabase", "dropIndexes",
-     "endSessions", "explain", "find", "findAndModify", "getMore", "hello", "insert",
-     "killCursors", "listCollections", "listDatabases", "listIndexes", "ping",
-     "refreshSessions", "update"}
+    {"abortTransaction", "aggregate", "authenticate", "bulkWrite", "collMod", "collStats",
+     "commitTransaction", "count", "create", "createIndexes", "createRole",
+     "createSearchIndexes", "createUser", "delete", "drop", "dropDatabase", "dropIndexes",
+     "dropRole", "dropSearchIndex", "dropUser", "endSessions", "explain", "find",
+     "findAndModify", "getMore", "grantPrivilegesToRole", "grantRolesToRole",
+     "grantRolesToUser", "hello", "insert", "killCursors", "listCollections", "listDatabases",
+     "listIndexes", "ping", "refreshSessions", "renameCollection", "revokePrivilegesFromRole",
+     "revokeRolesFromRole", "revokeRolesFromUser", "saslContinue", "saslStart", "update",
+     "updateRole", "updateSearchIndex", "updateUser"}
 )
+# The aggregation stages of Stable API version 1.
+_API_V1_STAGES = frozenset(
+    {"$addFields", "$bucket", "$bucketAuto", "$changeStream", "$collStats", "$count",
+     "$densify", "$documents", "$facet", "$fill", "$geoNear", "$graphLookup", "$group",
+     "$indexStats", "$limit", "$lookup", "$match", "$merge", "$out", "$project", "$redact",
+     "$replaceRoot", "$replaceWith", "$sample", "$set", "$setWindowFields", "$skip", "$sort",
+     "$sortByCount", "$unionWith", "$unset", "$unwind"}
+)
+# Alias -> the name mongod reports the command by.
+_CANONICAL = {"findandmodify": "findAndModify", "ismaster": "isMaster", "buildinfo": "buildInfo",
+              "deleteIndexes": "dropIndexes"}
+
+
+def check_api_parameters(name: str, cmd: Mapping[str, Any]) -> None:
+    """The Stable API parameters of a command, checked as mongod's validateAPIParameters
+    does: apiStrict / apiDeprecationErrors need apiVersion, the version must be "1", and with
+    apiStrict the command (and an aggregate's stages) must be in API version 1."""
+    version = cmd.get("apiVersion")
+    strict = cmd.get("apiStrict")
+    deprecation = cmd.get("apiDeprecationErrors")
+    if version is None and strict is None and deprecation is None:
+        return
+    for field, value, want in (("apiVersion", version, "string"), ("apiStrict", strict, "bool"),
+                               ("apiDeprecationErrors", deprecation, "bool")):
+        ok = isinstance(value, str) if want == "string" else isinstance(value, bool)
+        if value is not None and not ok:
+            raise MongoError(14, f"BSON field '{field}' is the wrong type "
+                             f"'{type_name(value)}', expected type '{want}'")
+    if (strict is not None or deprecation is not None) and version is None:
+        raise MongoError(4886600, "Provided apiStrict and/or apiDeprecationErrors without "
+                         "passing apiVersion")
+    if version is not None and version != "1":
+        raise MongoError(322, 'API version must be "1"')
+    if strict:
+        canonical = _CANONICAL.get(name, name)
+        if canonical not in _API_V1:
+            raise MongoError(
+                323, f"Provided apiStrict:true, but the command {canonical} is not in API "
+                "Version 1. Information on supported commands and migrations in API Version 1 "
+                "can be found at https://dochub.mongodb.org/core/manual-versioned-api.")
+        pipeline = cmd.get("pipeline") if canonical == "aggregate" else None
+        for stage in pipeline if isinstance(pipeline, list) else []:
+            stage_name = next(iter(stage), "") if isinstance(stage, Mapping) else ""
+            if stage_name.startswith("$") and stage_name not in _API_V1_STAGES:
+                raise MongoError(323, f"{stage_name} is not allowed with 'apiStrict: true' "
+                                 "in API Version 1")
 
 
 @_command("listCommands")
@@ -644,7 +694,7 @@ async def list_commands(server, conn, cmd, db):
             "requiresAuth": name not in _NO_AUTH,
             "secondaryOk": True,
             "adminOnly": name in _ADMIN_ONLY,
-            "apiVersions": ["1"] if name in _API_V1 else [],
+            "apiVersions": ["1"] if _CANONICAL.get(name, name) in _API_V1 else [],
             "deprecatedApiVersions": [],
         }
     return {"commands": commands}

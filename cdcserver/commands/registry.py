@@ -135,6 +135,8 @@ async def run_command(
                 await pending
             if handler is None:
                 raise MongoError(59, f"no such command: '{name}'")
+            if handler is not proxy:
+                admin.check_api_parameters(name, cmd)  # apiVersion / apiStrict (322, 323)
             arguments.check_session_arguments(cmd)  # lsid, txnNumber...: typed for every one
             if handler is not proxy:
                 txn_rules.check_allowed(name, cmd)  # 263, before the session is checked out

@@ -230,12 +230,8 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
         'TestCommandLoggingOperationId::test_Failed_bulk_write_command_log_message_includes_operationId': 'update-pipeline-parse',
     },
     'test/test_versioned_api_integration.py': {
-        'TestVersionedApiTestCommandsStrictMode::test_Running_a_command_that_is_not_part_of_the_versioned_API_results_in_an_error': 'stable-api',
+        'TestVersionedApiTestCommandsStrictMode::test_Running_a_command_that_is_not_part_of_the_versioned_API_results_in_an_error': 'test-commands',
         'TestVersionedApiCrudApiVersion_1::test_client_bulkWrite_appends_declared_API_version': 'bulkWrite-command',
-        'TestVersionedApiCrudApiVersion_1Strict::test_aggregate_on_database_appends_declared_API_version': 'stable-api',
-        'TestVersionedApiCrudApiVersion_1Strict::test_distinct_appends_declared_API_version': 'stable-api',
-        'TestVersionedApiRuncommandHelperNoApiVersionDeclared::test_runCommand_does_not_inspect_or_change_the_command_document': 'stable-api',
-        'TestVersionedApiRuncommandHelperNoApiVersionDeclared::test_runCommand_does_not_prevent_sending_invalid_API_version_declarations': 'stable-api',
     },
     'test/test_client_bulk_write.py': {
         'TestClientBulkWrite::test_formats_write_error_correctly': 'bulkWrite-command',
