@@ -500,3 +500,32 @@ def test_sidecar_fails_streams_resumably_while_a_shard_is_unreachable(cluster, c
         with resumed:
             seen += [resumed.next() for _ in range(count - len(seen))]
     assert [bson.encode(e) for e in seen] == [bson.encode(e) for e in expected]
+
+
+def test_cli_serve_upstream_of_a_mongos_is_a_sidecar_of_the_cluster(cluster, client):
+    _spread(client, cluster, "app.c")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [str(pathlib.Path(sys.executable).parent / "cdcserver"), "serve", "--upstream",
+         cluster.uri, "--port", str(port), "--metrics-port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    lines = []
+    try:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if "serving" in line:
+                break
+        assert any("upstream is a mongos: tailing" in line for line in lines)
+        with pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/",
+                                 serverSelectionTimeoutMS=5000) as side:
+            assert side.admin.command("hello")["msg"] == "isdbgrid"
+            with side.app.c.watch() as stream:
+                side.app.c.insert_many([{"x": 1}, {"x": 150}])
+                keys = [stream.next()["documentKey"]["x"] for _ in range(2)]
+            assert keys == [1, 150]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert proc.returncode == 0
