@@ -20,11 +20,13 @@ from .header import BSON_OBJ_MAX_INTERNAL_SIZE
 
 # Commands decode to plain dicts. DATETIME_AUTO keeps dates outside Python's datetime range
 # (valid BSON) from being rejected as "invalid".
-DEFAULT_CODEC_OPTIONS: CodecOptions = CodecOptions(
+DEFAULT_CODEC_OPTIONS: CodecOptions[Any] = CodecOptions(
     datetime_conversion=DatetimeConversion.DATETIME_AUTO
 )
 # Used only to check raw documents; the decoded values are thrown away.
-_VALIDATE_OPTIONS: CodecOptions = CodecOptions(datetime_conversion=DatetimeConversion.DATETIME_MS)
+_VALIDATE_OPTIONS: CodecOptions[Any] = CodecOptions(
+    datetime_conversion=DatetimeConversion.DATETIME_MS
+)
 
 _INT32 = struct.Struct("<i")
 
@@ -201,7 +203,7 @@ def document_extents(
 def decode_documents(
     view: memoryview,
     extents: list[tuple[int, int]],
-    codec_options: CodecOptions,
+    codec_options: CodecOptions[Any],
     raw: bool,
 ) -> list[Any]:
     """Decode (and so validate) documents; ``raw`` keeps them as RawBSONDocuments."""
@@ -260,10 +262,10 @@ def _check_depth(view: memoryview, extents: list[tuple[int, int]], decoded: list
 _MIN_OVERFLOW_BYTES = 7 * (MAX_ALLOWABLE_DEPTH + 1) + 5 - 1
 
 
-def encode_document(doc: Document, codec_options: CodecOptions) -> bytes:
+def encode_document(doc: Document, codec_options: CodecOptions[Any]) -> bytes:
     """BSON bytes of ``doc``; raw documents and pre-encoded bytes are used as they are."""
     if isinstance(doc, RawBSONDocument):
-        return doc.raw
+        return bytes(doc.raw)  # the same object when it is bytes (typed bytes | memoryview)
     if isinstance(doc, (bytes, bytearray, memoryview)):
         return bytes(doc)
     # pymongo's C encoder copies embedded RawBSONDocument values byte for byte.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Any
 
 from bson.codec_options import CodecOptions
 
@@ -22,7 +23,7 @@ Request = OpMsg | OpQuery
 def decode_request(
     frame: Frame | bytes | bytearray | memoryview,
     *,
-    codec_options: CodecOptions = DEFAULT_CODEC_OPTIONS,
+    codec_options: CodecOptions[Any] = DEFAULT_CODEC_OPTIONS,
     raw_sequences: bool = False,
     allowed_compressors: Collection[int] | None = None,
     max_message_size: int = MAX_MESSAGE_SIZE_BYTES,
@@ -70,7 +71,7 @@ def encode_reply(
     more_to_come: bool = False,
     compressor: str | int | None = None,
     zlib_level: int = -1,
-    codec_options: CodecOptions = DEFAULT_CODEC_OPTIONS,
+    codec_options: CodecOptions[Any] = DEFAULT_CODEC_OPTIONS,
 ) -> bytes:
     """The reply to ``request`` in the form its client expects, encoded once.
 

@@ -46,7 +46,7 @@ def _load_zstd() -> Any | None:
         from compression import zstd  # type: ignore[import-not-found]  # Python >= 3.14
     except ImportError:
         try:
-            from backports import zstd  # type: ignore[import-not-found,no-redef]
+            from backports import zstd  # type: ignore[import-not-found,no-redef,unused-ignore]
         except ImportError:
             return None
     return zstd

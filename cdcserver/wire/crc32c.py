@@ -9,6 +9,8 @@ MB/s (seconds for a 48 MB message: the server decodes large messages off its eve
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 __all__ = ["IMPLEMENTATION", "crc32c", "crc32c_python"]
 
 _POLY = 0x82F63B78  # Castagnoli polynomial, bit-reflected
@@ -39,11 +41,11 @@ def crc32c_python(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
 try:
     import google_crc32c as _google_crc32c
 except ImportError:  # pragma: no cover - a dependency; the fallback keeps the server working
-    _google_crc32c = None
+    _google_crc32c = None  # type: ignore[assignment]
 
 if _google_crc32c is not None and _google_crc32c.implementation == "c":
     IMPLEMENTATION = "c"
-    _extend = _google_crc32c.extend
+    _extend: Callable[[int, bytes], int] = _google_crc32c.extend
 
     def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
         """CRC-32C of ``data``, continuing from a previous result ``crc`` (0 to start)."""

@@ -108,7 +108,7 @@ def _path_present(body: Mapping[str, Any], path: str) -> bool:
 def parse_op_msg(
     message: Frame | bytes | bytearray | memoryview,
     *,
-    codec_options: CodecOptions = DEFAULT_CODEC_OPTIONS,
+    codec_options: CodecOptions[Any] = DEFAULT_CODEC_OPTIONS,
     raw_sequences: bool = False,
     max_bson_size: int = BSON_OBJ_MAX_INTERNAL_SIZE,
 ) -> OpMsg:
@@ -154,7 +154,7 @@ def _parse_sections(
     view: memoryview,
     flags: int,
     rid: int,
-    codec_options: CodecOptions,
+    codec_options: CodecOptions[Any],
     raw_sequences: bool,
     max_bson_size: int,
 ) -> tuple[dict[str, Any], dict[str, list[Any]]]:
@@ -273,7 +273,7 @@ def encode_op_msg(
     flags: int = 0,
     checksum: bool = False,
     sequences: Mapping[str, Sequence[Document]] | None = None,
-    codec_options: CodecOptions = DEFAULT_CODEC_OPTIONS,
+    codec_options: CodecOptions[Any] = DEFAULT_CODEC_OPTIONS,
 ) -> bytes:
     """A whole OP_MSG message: the body (kind 0) and optional document sequences (kind 1).
 

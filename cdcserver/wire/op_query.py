@@ -169,7 +169,7 @@ def _cstring(view: memoryview, pos: int, end: int, rid: int) -> tuple[str, int]:
 def parse_op_query(
     message: Frame | bytes | bytearray | memoryview,
     *,
-    codec_options: CodecOptions = DEFAULT_CODEC_OPTIONS,
+    codec_options: CodecOptions[Any] = DEFAULT_CODEC_OPTIONS,
     max_bson_size: int = BSON_OBJ_MAX_INTERNAL_SIZE,
 ) -> OpQuery:
     """Parse one whole OP_QUERY message (header included)."""
@@ -217,7 +217,7 @@ def encode_op_reply(
     response_flags: int = REPLY_AWAIT_CAPABLE,
     cursor_id: int = 0,
     starting_from: int = 0,
-    codec_options: CodecOptions = DEFAULT_CODEC_OPTIONS,
+    codec_options: CodecOptions[Any] = DEFAULT_CODEC_OPTIONS,
 ) -> bytes:
     """A whole OP_REPLY carrying one document (the handshake answer)."""
     doc = _encode_document(document, codec_options)
@@ -234,7 +234,7 @@ def encode_op_query(
     number_to_skip: int = 0,
     number_to_return: int = -1,
     return_fields_selector: Document | None = None,
-    codec_options: CodecOptions = DEFAULT_CODEC_OPTIONS,
+    codec_options: CodecOptions[Any] = DEFAULT_CODEC_OPTIONS,
 ) -> bytes:
     """A whole OP_QUERY message (for tests and tools that play the client)."""
     parts = [
