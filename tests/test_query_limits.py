@@ -67,12 +67,15 @@ OPERATIONS: dict[str, Callable[[Any], Any]] = {
     "count_command": lambda c: c.database.command("count", c.name, query={"n": {"$gte": 0}})["n"],
     "distinct": lambda c: len(c.distinct("n", {"s": {"$regex": "item"}})),
     "aggregate": lambda c: len(list(c.aggregate([{"$match": {"s": {"$regex": "^item"}}}]))),
+    "aggregate_stages": lambda c: len(list(c.aggregate([
+        {"$project": {"s": 1}}, {"$match": {"s": {"$regex": "^item"}}}, {"$set": {"k": 1}},
+    ]))),
     "update_many": lambda c: c.update_many({"s": {"$regex": "^item"}},
                                            {"$set": {"seen": True}}).modified_count,
     "delete_many": lambda c: c.delete_many({"s": {"$regex": "^item"}}).deleted_count,
 }
 EXPECTED = {"find": N, "count": N, "count_command": N, "distinct": 7, "aggregate": N,
-            "update_many": N, "delete_many": N}
+            "aggregate_stages": N, "update_many": N, "delete_many": N}
 
 
 @pytest.mark.parametrize("name", sorted(OPERATIONS))
@@ -127,6 +130,8 @@ def test_max_time_ms_ends_a_scan_with_50(
         "distinct": {"distinct": coll.name, "key": "n", "query": {"s": {"$regex": "item"}}},
         "aggregate": {"aggregate": coll.name, "pipeline": [{"$match": {"s": {"$regex": "^i"}}}],
                       "cursor": {}},
+        "aggregate_stages": {"aggregate": coll.name, "cursor": {},
+                             "pipeline": [{"$project": {"s": 1}}, {"$set": {"k": 1}}]},
         "update_many": {"update": coll.name, "updates": [
             {"q": {"s": {"$regex": "^item"}}, "u": {"$set": {"seen": True}}, "multi": True}]},
         "delete_many": {"delete": coll.name, "deletes": [
@@ -159,14 +164,16 @@ def test_catastrophic_regex_matches_in_linear_time(client) -> None:
     c.insert_many([{"_id": 1, "s": "a" * 63 + "b"}, {"_id": 2, "s": "a" * 64},
                    {"_id": 3, "s": "a" * 27 + "b"}, {"_id": 4, "s": "a" * 28}])
     result: list[Any] = []
+    later_match = [{"$project": {"s": 1}}, {"$match": {"s": {"$regex": "^(a+)+$"}}}]
     runner = Outside(lambda: result.extend(
         [d["_id"] for d in c.find({"s": {"$regex": "^(a+)+$"}}).max_time_ms(500)]
-        + [d["_id"] for d in c.find({"s": {"$regex": "^(a+)+$"}})]))
+        + [d["_id"] for d in c.find({"s": {"$regex": "^(a+)+$"}})]
+        + [d["_id"] for d in c.aggregate(later_match)]))
     runner.start()
     runner.join(GUARD_S)
     assert not runner.is_alive(), "the regex did not finish"
     assert runner.error is None, runner.error
-    assert result == [2, 4, 2, 4]
+    assert result == [2, 4, 2, 4, 2, 4]
 
 
 @pytest.fixture
@@ -346,8 +353,11 @@ def test_a_multi_document_write_pauses_between_documents(
         assert coll.count_documents({}) == 0
 
 
+WRITE_MAX_TIME_MS = 3000  # ample for matching and 10 writes on a busy machine
+
+
 class StallAfterWrites:
-    """Makes the first pause after `after` written documents outlast maxTimeMS."""
+    """Makes the first pause after `after` written documents outlast WRITE_MAX_TIME_MS."""
 
     def __init__(self, server: Any, after: int) -> None:
         self.store = server.store
@@ -357,7 +367,7 @@ class StallAfterWrites:
     async def __call__(self) -> None:
         if not self.done and self.store.oplog_count() >= self.threshold:
             self.done = True
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(WRITE_MAX_TIME_MS / 1000 + 0.2)
 
 
 def test_max_time_ms_ends_a_multi_document_write_part_way(
@@ -366,7 +376,7 @@ def test_max_time_ms_ends_a_multi_document_write_part_way(
     monkeypatch.setattr(query, "pause_hook", StallAfterWrites(server, after=10))
     with pytest.raises(ExecutionTimeout) as err:
         coll.database.command({
-            "update": coll.name, "maxTimeMS": MAX_TIME_MS,
+            "update": coll.name, "maxTimeMS": WRITE_MAX_TIME_MS,
             "updates": [{"q": {"n": {"$gte": 0}}, "u": {"$set": {"seen": True}}, "multi": True}],
         })
     assert err.value.code == 50

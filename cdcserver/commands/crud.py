@@ -1305,13 +1305,13 @@ async def distinct(server, conn, cmd, db):
 @command("$aggregate")
 async def aggregate(server, conn, cmd, db):
     target = cmd.get("aggregate")
-    if oplog_find.is_oplog(db, target):
-        return await _aggregate_oplog(server, cmd)
     if cmd.get("explain") is True:
         return await admin.explain_aggregate(server, conn, cmd, db)
     sourced = admin.aggregate_source(server, conn, cmd, db)  # $currentOp, $collStats
     if sourced is not None:
         return cursor_first_batch(server, *sourced)
+    if oplog_find.is_oplog(db, target):
+        return await _aggregate_oplog(server, cmd)
     store = get_store(server)
     pipeline = cmd.get("pipeline")
     if not isinstance(pipeline, list):
@@ -1349,9 +1349,15 @@ async def aggregate(server, conn, cmd, db):
     deadline = query.Deadline.of(cmd)
     docs = await find_documents(store, cmd, db, target, first_match, None, None, 0, 0,
                                 copy=True, deadline=deadline)
-    with snapshot_reads(store, cmd):
-        mcoll = store.mongomock_collection(db, target)
-        results = engine.run_pipeline(docs, mcoll.database, pipeline) if pipeline else docs
+    results: list[Any] = []
+    database = store.mongomock_collection(db, target).database
+    if not pipeline:
+        results = docs
+    elif cmd.get("autocommit") is False:  # $lookup & co. read the transaction's snapshot
+        with snapshot_reads(store, cmd):
+            query.run_sync(query.pipeline(docs, database, pipeline, results), deadline)
+    else:  # per-document stages in chunks that yield, the rest at once
+        await query.run_async(query.pipeline(docs, database, pipeline, results), deadline)
     deadline.check()
     if out_stage is not None:
         with store.batch():

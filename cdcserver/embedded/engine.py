@@ -253,6 +253,8 @@ def rewrite_pipeline(pipeline: list[Any]) -> list[dict[str, Any]]:
             out.append({"$sort": {"count": -1}})
         elif name == "$facet" and isinstance(arg, Mapping):
             out.append({"$facet": {k: rewrite_pipeline(v) for k, v in arg.items()}})
+        elif name == "$match" and isinstance(arg, Mapping):
+            out.append({"$match": compile_filter(arg)})  # regexes: regex.py's matcher
         else:
             out.append(dict(stage))
     return out

@@ -189,6 +189,37 @@ def find(
     stats["copied"] += len(matched) % CHECK_EVERY
 
 
+# Stages that map each document on its own: a pipeline's leading run of them runs over
+# chunks of documents with pauses between chunks (the rest runs over all at once).
+_PER_DOCUMENT = frozenset({
+    "$match", "$project", "$addFields", "$set", "$unset", "$replaceRoot", "$replaceWith",
+    "$unwind", "$redact",
+})
+PIPELINE_CHUNK = 256
+
+
+def pipeline(docs: list[Any], database: Any, stages: list[Any], out: list[Any]) -> Scan:
+    """An aggregation pipeline (the query engine's) over `docs`, into `out`."""
+    n = 0
+    while n < len(stages) and isinstance(stages[n], Mapping) and len(stages[n]) == 1 and (
+        next(iter(stages[n])) in _PER_DOCUMENT
+    ):
+        n += 1
+    head, tail = stages[:n], stages[n:]
+    current = docs
+    if head:
+        current = []
+        for start in range(0, len(docs), PIPELINE_CHUNK):
+            current.extend(engine.run_pipeline(docs[start:start + PIPELINE_CHUNK], database,
+                                               head))
+            yield
+        if not docs:  # the stages still parse (and fail) without documents
+            engine.run_pipeline([], database, head)
+    if tail or not head:
+        current = engine.run_pipeline(current, database, tail)
+    out.extend(current)
+
+
 _NULL_KEY = keystring.encode_values((None,))[0]
 _EMPTY_ARRAY_KEY = bytes([keystring.UNDEFINED, 4])  # an empty array sorts before null
 
