@@ -384,3 +384,16 @@ def test_stable_api_parameters(server, client):
     assert excinfo.value.code == 4886600
     assert client.admin_tests.command({"distinct": "api", "key": "x", "apiVersion": "1"})[
         "values"] == [1, 2]  # not strict: any command
+
+
+def test_oplog_storage_statistics(server, client):
+    """What mongosh's rs.printReplicationInfo() reads: local.oplog.rs's size and maxSize."""
+    _fresh(client, "logged").insert_many([{"x": i} for i in range(3)])
+    entries = server.call(server.store.oplog_entries)
+    stats = client.local.command("collStats", "oplog.rs")
+    assert (stats["count"], stats["capped"], stats["nindexes"]) == (len(entries), True, 0)
+    assert stats["size"] == sum(len(raw) for raw in entries)
+    assert stats["maxSize"] == server.store.oplog_size_bytes
+    (doc,) = client.local["oplog.rs"].aggregate([{"$collStats": {"storageStats": {}}}])
+    assert doc["storageStats"]["maxSize"] == stats["maxSize"]
+    assert doc["storageStats"]["count"] == len(entries)

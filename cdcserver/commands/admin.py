@@ -29,6 +29,7 @@ from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
+from cdcserver.commands import oplog_find
 from cdcserver.context import ConnectionState, ServerState
 from cdcserver.embedded import engine
 from pipeline_stages.errors import MongoError
@@ -957,6 +958,27 @@ def _fs(store: Any) -> tuple[int, int]:
     return total - st.f_bfree * st.f_frsize, total
 
 
+def _oplog_storage_stats(server: ServerState, scale: int) -> dict[str, Any]:
+    """`local.oplog.rs` (mongosh's rs.printReplicationInfo reads its size and maxSize): a
+    capped collection without indexes, whatever the source (embedded, recorded, upstream)."""
+    log = server.log
+    entries = getattr(log, "store", None) or log
+    count = entries.entry_count() if hasattr(entries, "entry_count") else 0
+    # The bytes held: the embedded store keeps the running total its capping uses; a recorded
+    # oplog's entries are summed (one pass over the lengths of bytes objects).
+    size = getattr(entries, "_oplog_bytes", None)
+    if size is None:
+        size = sum(len(raw) for raw in getattr(entries, "_raw", ()))
+    max_size = getattr(entries, "oplog_size_bytes", 0) or size
+    return {
+        "size": size // scale, "count": count, "avgObjSize": size // count if count else 0,
+        "numOrphanDocs": 0, "storageSize": max(4096, size) // scale, "freeStorageSize": 0,
+        "capped": True, "max": 0, "maxSize": max_size // scale, "nindexes": 0,
+        "indexDetails": {}, "indexBuilds": [], "totalIndexSize": 0,
+        "totalSize": max(4096, size) // scale, "indexSizes": {}, "scaleFactor": scale,
+    }
+
+
 def storage_stats(store: Any, db: str, coll: str, scale: int) -> dict[str, Any]:
     c = store.get(db, coll) if store is not None else None
     if c is None:
@@ -996,6 +1018,8 @@ async def coll_stats(server, conn, cmd, db):
     if not isinstance(coll, str) or not coll:
         raise MongoError(73, f"collection name has invalid type {type_name(coll)}")
     scale = _scale(cmd)
+    if oplog_find.is_oplog(db, coll):
+        return {"ns": f"{db}.{coll}", **_oplog_storage_stats(server, scale)}
     return {"ns": f"{db}.{coll}", **storage_stats(_store(server), db, coll, scale)}
 
 
@@ -1017,10 +1041,14 @@ def coll_stats_stage(server: ServerState, spec: Any, db: str, coll: Any) -> list
         zero = {"latency": Int64(0), "ops": Int64(0)}
         doc["latencyStats"] = {"reads": dict(zero), "writes": dict(zero),
                                "commands": dict(zero), "transactions": dict(zero)}
+    oplog = oplog_find.is_oplog(db, coll)
     if "storageStats" in spec:
         scale = _scale(spec["storageStats"])
-        doc["storageStats"] = storage_stats(store, db, coll, scale)
-    if "count" in spec:
+        doc["storageStats"] = (_oplog_storage_stats(server, scale) if oplog
+                               else storage_stats(store, db, coll, scale))
+    if "count" in spec and oplog:
+        doc["count"] = _oplog_storage_stats(server, 1)["count"]
+    elif "count" in spec:
         c = store.get(db, coll) if store is not None else None
         if c is None:
             raise MongoError(26, f"Unable to retrieve count in $collStats stage :: caused by "
