@@ -443,6 +443,9 @@ class Store(EntryList):
         self.client = mongomock.MongoClient()
         self.server_store = self.client._store
         self.catalog: dict[tuple[str, str], Collection] = {}
+        # Databases whose last collection was dropped: mongod keeps such a database open (in
+        # its DatabaseHolder) until dropDatabase, which then still logs its entry.
+        self.emptied_dbs: set[str] = set()
         self.images = StoreImages(self)
         self.oplog_size_bytes = oplog_size_bytes
         # mongod's oplogMinRetentionHours: entries younger than this stay even past the size
@@ -946,14 +949,17 @@ class Store(EntryList):
         if self.persist is not None:
             self.persist.delete_collection(db, coll, c.uuid)
         self.log("c", f"{db}.$cmd", {"drop": coll}, ui=c.ui, o2={"numRecords": n})
+        if not self.collections_of(db):
+            self.emptied_dbs.add(db)
         return c
 
     def drop_database(self, db: str) -> bool:
         colls = self.collections_of(db)
-        if not colls:
+        if not colls and db not in self.emptied_dbs:
             return False
         for c in colls:
             self.drop_collection(db, c.name)
+        self.emptied_dbs.discard(db)
         self.log("c", f"{db}.$cmd", {"dropDatabase": 1})
         return True
 

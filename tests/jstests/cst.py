@@ -26,7 +26,7 @@ from pymongo.errors import OperationFailure
 
 # A hang guard for `assert.soon` (the shell's default is 10 minutes): a getMore waits at most
 # its awaitData time, so this counts round trips, not seconds.
-SOON_TRIES = 200
+SOON_TRIES = 30
 CANONICAL_IGNORED = (
     "_id", "clusterTime", "txnNumber", "lsid", "collectionUUID", "wallTime",
     "operationDescription", "nsType",
