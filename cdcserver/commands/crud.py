@@ -716,8 +716,8 @@ def _sorted_find(
     sort_list = _sort_list(sort)
     out: list[Any] = []
     with engine_errors():
-        query.run_sync(query.find(list(store.documents(c).values()), q, None, sort_list, 0, 1,
-                                  out, collation=collation))
+        query.run_sync(query.find(list(store.documents(c).values()), q, sort_list, 0, 1, out,
+                                  collation=collation))
     return out[0] if out else None
 
 
@@ -1083,7 +1083,7 @@ def _find_scan(
         applied = query.collation_of(collation[0], c.options.get("collation"), collation[1])
     docs = list(store.documents(c).values())
     out: list[Any] = []
-    scan = query.find(docs, normalized, fields, sort_list, skip, limit, out,
+    scan = query.find(docs, normalized, sort_list, skip, limit, out,
                       project=project_one, copy=copy, collation=applied)
     return scan, out
 

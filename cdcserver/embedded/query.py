@@ -115,11 +115,11 @@ def select(
     match = matcher(filter_doc, collation)
     if engine.backtracks(filter_doc):
         yield OFFLOAD
-    every = bool(filter_doc)
+    filtering = bool(filter_doc)
     n = 0
     for doc in docs:
         n += 1
-        if not every or match(doc):
+        if not filtering or match(doc):
             out.append(doc)
             if stop is not None and len(out) >= stop:
                 break
@@ -139,26 +139,8 @@ def matcher(
     return collation.matcher(filter_doc)
 
 
-def count(docs: Iterable[Mapping[str, Any]], filter_doc: Mapping[str, Any] | None,
-          result: list[int]) -> Scan:
-    """How many documents `filter_doc` matches, as `result[0]` (no document is copied)."""
-    match = engine.matcher(filter_doc)
-    if engine.backtracks(filter_doc):
-        yield OFFLOAD
-    n = matched = 0
-    for doc in docs:
-        n += 1
-        if match(doc):
-            matched += 1
-        if n % CHECK_EVERY == 0:
-            stats["examined"] += CHECK_EVERY
-            yield
-    stats["examined"] += n % CHECK_EVERY
-    result[0] = matched
-
-
 def find(
-    docs: list[Mapping[str, Any]], filter_doc: Mapping[str, Any] | None, projection: Any,
+    docs: list[Mapping[str, Any]], filter_doc: Mapping[str, Any] | None,
     sort: list[tuple[str, int]] | None, skip: int, limit: int, out: list[Any],
     project: Callable[[Mapping[str, Any]], Any] | None = None, copy: bool = False,
     collation: Collation | None = None,
