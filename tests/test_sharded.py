@@ -529,3 +529,23 @@ def test_cli_serve_upstream_of_a_mongos_is_a_sidecar_of_the_cluster(cluster, cli
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     assert proc.returncode == 0
+
+
+def test_reshard_collection_moves_documents_without_events(cluster, client):
+    client.admin.command("shardCollection", "rs.c", key={"a": 1})
+    client.rs.c.insert_many([{"_id": i, "a": i, "b": -i} for i in range(30)])
+    before = client.config.collections.find_one({"_id": "rs.c"})["uuid"]
+    with client.rs.c.watch(show_expanded_events=True, max_await_time_ms=50) as stream:
+        client.admin.command("reshardCollection", "rs.c", key={"b": "hashed"})
+        event = stream.next()
+        assert event["operationType"] == "reshardCollection"
+        assert event["operationDescription"]["shardKey"] == {"b": "hashed"}
+        assert event["operationDescription"]["oldShardKey"] == {"a": 1}
+        assert stream.try_next() is None  # the copy and the drops are migrations
+        client.rs.c.insert_one({"_id": "new", "a": 1, "b": 7})
+        after = stream.next()
+    assert list(after["documentKey"]) == ["b", "_id"]
+    assert client.config.collections.find_one({"_id": "rs.c"})["uuid"] != before
+    counts = _shard_counts(cluster, "rs", "c")
+    assert sum(counts) == 31 and all(counts)
+    assert sorted(d["a"] for d in client.rs.c.find({"_id": {"$ne": "new"}})) == list(range(30))

@@ -467,6 +467,71 @@ async def balancer_round(cluster: ShardedCluster) -> int:
     return moved
 
 
+@front("reshardCollection")
+async def reshard_collection(server, conn, cmd, db):
+    """The collection under a new shard key: its documents are copied to their new owners
+    under a new UUID (written as migrations: no events), then the primary shard's no-op gives
+    the `reshardCollection` event (notifyChangeStreamsOnReshardCollectionComplete)."""
+    import uuid as uuid_module
+
+    _admin_only("reshardCollection", db)
+    cluster = cluster_of(server)
+    ns, dbname, coll = _namespace_arg(cmd, "reshardCollection")
+    catalog = cluster.catalog
+    old = catalog.key_pattern(ns)
+    if old is None:
+        raise MongoError(118, f"reshardCollection namespace {ns} is not sharded")
+    key = _check_key_pattern(cmd.get("key"))
+    unique = cmd.get("unique") is True
+    primary = cluster.shard(catalog.primary(dbname) or cluster.shards[0].name)
+    source = primary.store.get(dbname, coll)
+    old_uuid = source.ui if source is not None else None
+    options = dict(source.options) if source is not None else {}
+    indexes = [dict(i) for i in (source.indexes if source is not None else [])
+               if i.get("name") != "_id_"]
+    if list(key) != ["_id"] or key["_id"] == "hashed":
+        name = "_".join(f"{f}_{v}" for f, v in key.items())
+        if all(i.get("name") != name for i in indexes):
+            indexes.append({"v": 2, "key": dict(key), "name": name})
+    docs: list[Any] = []
+    for shard in cluster.shards:
+        c = shard.store.get(dbname, coll)
+        if c is None:
+            continue
+        docs.extend(copy.deepcopy(d) for d in shard.store.documents(c).values())
+        with shard.store.migrating(), shard.store.batch():
+            shard.store.drop_collection(dbname, coll)
+    new_uuid = uuid_module.uuid4().bytes
+    catalog.drop_collection(ns)
+    catalog.shard_collection(ns, key, unique, new_uuid, primary.name)
+    owners = {primary.name, *(c["shard"] for c in catalog.chunks[ns])}
+    targets = {}
+    for shard in cluster.shards:
+        if shard.name not in owners:
+            continue
+        with shard.store.migrating(), shard.store.batch():
+            c = shard.store.create_collection(dbname, coll, options, uuid=new_uuid)
+            if indexes:
+                shard.store.create_indexes(c, indexes)
+        targets[shard.name] = c
+    by_shard: dict[str, list[Any]] = {}
+    for doc in docs:
+        by_shard.setdefault(catalog.shard_for(ns, doc), []).append(doc)
+    for name, owned in by_shard.items():
+        store = cluster.shard(name).store
+        with store.migrating(), store.batch():
+            for doc in owned:
+                store.insert_document(targets[name], doc)
+    from bson.binary import Binary
+
+    with primary.store.batch():
+        primary.store.log("n", ns, {"msg": {"reshardCollection": ns}}, ui=old_uuid, o2={
+            "reshardCollection": ns, "reshardUUID": Binary(new_uuid, 4), "shardKey": key,
+            "oldShardKey": old, "unique": unique,
+        })
+    return {}
+
+
 @front("refineCollectionShardKey")
 async def refine_collection_shard_key(server, conn, cmd, db):
     _admin_only("refineCollectionShardKey", db)
