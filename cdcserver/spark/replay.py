@@ -946,6 +946,7 @@ class SparkReplay:
 
     def _tasks(self, shards: list[_Shard]) -> list[ReplayTask]:
         tasks = []
+        self._marks: dict[int, tuple[list[sp.Split], list[tuple[int, int, int]], list[int]]] = {}
         for lo, hi in time_ranges(shards, self.split_size):
             parts = []
             for shard in shards:
@@ -961,17 +962,21 @@ class SparkReplay:
         start = _ts_key(shard.start)
         if hi <= start or (shard.cut is not None and lo > shard.cut):
             return None
-        splits = [s for s in shard.splits if shard.metas[s.key]["n"]]
-        # Index points of the shard in order: (ts, position of the range, offset).
-        marks = [
-            (k, i, o)
-            for i, s in enumerate(splits)
-            for k, o in (shard.metas[s.key]["index"] or [(shard.metas[s.key]["first_ts"],
-                                                          shard.metas[s.key]["first"])])
-        ]
+        cached = self._marks.get(shard.index)
+        if cached is None:
+            splits = [s for s in shard.splits if shard.metas[s.key]["n"]]
+            # Index points of the shard in order: (ts, position of the range, offset).
+            marks = [
+                (k, i, o)
+                for i, s in enumerate(splits)
+                for k, o in (shard.metas[s.key]["index"] or [(shard.metas[s.key]["first_ts"],
+                                                              shard.metas[s.key]["first"])])
+            ]
+            cached = self._marks[shard.index] = (splits, marks, [k for k, _, _ in marks])
+        splits, marks, keys = cached
         if not marks:
             return None
-        at = bisect.bisect_right([k for k, _, _ in marks], max(lo, start)) - 1
+        at = bisect.bisect_right(keys, max(lo, start)) - 1
         _begin, i, offset = marks[max(0, at)]
         if at < 0:
             offset = shard.metas[splits[0].key]["first"]
