@@ -102,11 +102,13 @@ def _context(rounding: str = ROUND_HALF_EVEN) -> Context:
 
 
 def _double_bits(x: float) -> int:
-    return _U64.unpack(_DBL.pack(x))[0]
+    bits: int = _U64.unpack(_DBL.pack(x))[0]
+    return bits
 
 
 def _bits_double(b: int) -> float:
-    return _DBL.unpack(_U64.pack(b & _MASK64))[0]
+    value: float = _DBL.unpack(_U64.pack(b & _MASK64))[0]
+    return value
 
 
 def _decimal(negative: bool, coefficient: int, biased_exponent: int) -> Decimal:

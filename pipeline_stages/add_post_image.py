@@ -137,7 +137,7 @@ class AddPostImage:
 
         posts: list[Mapping[str, Any] | None] = []
         for event, image in zip(updates, pre):
-            post = None
+            post: Mapping[str, Any] | None = None
             if image is not None:
                 spec = event.get(RAW_OPLOG_UPDATE_SPEC)
                 # Only `$v:2` updates carry it; a legacy `$v:1` update (replayed from an old

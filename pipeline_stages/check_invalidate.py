@@ -33,17 +33,20 @@ class CheckInvalidate:
     def is_invalidating(self, event: Mapping[str, Any]) -> bool:
         kind = event["operationType"]
         if self.scope == "collection":
-            ns = event["ns"]
+            ns: Mapping[str, str] = event["ns"]
             if kind == "drop":
                 return ns["db"] == self.db and ns["coll"] == self.coll
             if kind == "rename":
-                to = event["to"]
+                to: Mapping[str, str] = event["to"]
                 return (ns["db"] == self.db and ns["coll"] == self.coll) or (
                     to["db"] == self.db and to["coll"] == self.coll
                 )
             return kind == "dropDatabase" and ns["db"] == self.db
         if self.scope == "database":
-            return kind == "dropDatabase" and event["ns"]["db"] == self.db
+            if kind != "dropDatabase":
+                return False
+            db: str = event["ns"]["db"]
+            return db == self.db
         return False
 
     def process(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -27,7 +27,7 @@ def _identifier_key(data: ResumeTokenData) -> bytes:
     return resume_token.identifier_keystring(data.event_identifier) or b""
 
 
-def comparison_key(data: ResumeTokenData) -> tuple:
+def comparison_key(data: ResumeTokenData) -> tuple[Any, ...]:
     return (
         data.cluster_time,
         data.token_type,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Iterable
+from types import ModuleType
 
 import bson
 
@@ -250,7 +251,7 @@ def double_body(x: float) -> bytes:
     return bytes((NUMERIC_POS_8BYTE_INT - f,)) + _U64BE.pack(e)
 
 
-def _decimal_module():  # imported lazily: decimals in keys are rare
+def _decimal_module() -> ModuleType:  # imported lazily: decimals in keys are rare
     from pipeline_stages import _keystring_decimal
 
     return _keystring_decimal
@@ -302,14 +303,14 @@ class Builder(TypeBitsWriter):
         out.append(0)
         self.count += 1
 
-    def append_document(self, raw: bytes | memoryview, pos: int = 0) -> int:
+    def append_document(self, raw: bytes, pos: int = 0) -> int:
         """Append a BSON document (starting at `pos` in `raw`) as a KeyString object."""
         self.out.append(OBJECT)
         return self._append_fields(raw, pos)
 
-    def append_values(self, raw: bytes | memoryview, pos: int = 0) -> int:
+    def append_values(self, raw: bytes, pos: int = 0) -> int:
         """Append every value of a BSON document in order, ignoring names (top level)."""
-        end = pos + _I32.unpack_from(raw, pos)[0] - 1
+        end: int = pos + _I32.unpack_from(raw, pos)[0] - 1
         pos += 4
         while pos < end:
             t = raw[pos]
@@ -317,9 +318,9 @@ class Builder(TypeBitsWriter):
             pos = self.append_element(t, raw, pos)
         return end + 1
 
-    def _append_fields(self, raw: bytes | memoryview, pos: int) -> int:
+    def _append_fields(self, raw: bytes, pos: int) -> int:
         out = self.out
-        end = pos + _I32.unpack_from(raw, pos)[0] - 1
+        end: int = pos + _I32.unpack_from(raw, pos)[0] - 1
         pos += 4
         while pos < end:
             t = raw[pos]
@@ -330,7 +331,7 @@ class Builder(TypeBitsWriter):
         out.append(0)
         return end + 1
 
-    def append_element(self, t: int, raw: bytes | memoryview, pos: int) -> int:
+    def append_element(self, t: int, raw: bytes, pos: int) -> int:
         """Append the BSON value of type `t` found at `pos`; return the position after it."""
         out = self.out
         bits = self
@@ -339,7 +340,7 @@ class Builder(TypeBitsWriter):
             out += raw[pos : pos + 12]
             return pos + 12
         if t == 0x02 or t == 0x0E or t == 0x0D:  # string, symbol, code
-            n = _I32.unpack_from(raw, pos)[0]
+            n: int = _I32.unpack_from(raw, pos)[0]
             s = raw[pos + 4 : pos + 3 + n]
             out.append(CODE if t == 0x0D else STRING_LIKE)
             out += bytes(s).replace(b"\x00", b"\x00\xff") if 0 in s else s
@@ -374,7 +375,7 @@ class Builder(TypeBitsWriter):
             return self._append_fields(raw, pos)
         if t == 0x04:
             out.append(ARRAY)
-            end = pos + _I32.unpack_from(raw, pos)[0] - 1
+            end: int = pos + _I32.unpack_from(raw, pos)[0] - 1
             p = pos + 4
             while p < end:
                 et = raw[p]

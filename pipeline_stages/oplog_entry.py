@@ -18,7 +18,7 @@ from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-OPLOG_CODEC_OPTIONS: CodecOptions = CodecOptions(document_class=RawBSONDocument)
+OPLOG_CODEC_OPTIONS: CodecOptions[RawBSONDocument] = CodecOptions(document_class=RawBSONDocument)
 
 Entry = Mapping[str, Any]
 
@@ -42,13 +42,13 @@ class EntryDocument(RawBSONDocument):
         self._RawBSONDocument__codec_options = OPLOG_CODEC_OPTIONS
 
 
-_ENTRY_CODEC_OPTIONS: CodecOptions = CodecOptions(document_class=EntryDocument)
+_ENTRY_CODEC_OPTIONS: CodecOptions[RawBSONDocument] = CodecOptions(document_class=EntryDocument)
 
 
 try:  # pymongo's own top-level inflation of a RawBSONDocument (one C call)
     from bson.raw_bson import _inflate_bson as _inflate
 except ImportError:  # pragma: no cover - a pymongo without it: fall back to the lazy Mapping
-    _inflate = None
+    _inflate = None  # type: ignore[assignment]
 
 
 def decode_entry(raw: bytes) -> Entry:
@@ -79,7 +79,7 @@ def split_ns(ns: str) -> tuple[str, str]:
     return db, coll
 
 
-def encode_in_order(doc: Any, codec_options: CodecOptions | None = None) -> bytes:
+def encode_in_order(doc: Any, codec_options: CodecOptions[Any] | None = None) -> bytes:
     """`doc` as BSON with its fields in its own order.
 
     `bson.encode` moves a top-level `_id` to the front, but events keep mongod's order, in

@@ -147,6 +147,7 @@ class ResumeTokenData:
                 )
             by_key = document_key is not None
             doc = document_key if by_key else operation_description
+            assert doc is not None  # one of the two, checked above
             data._identifier_parts = (operation_type, by_key, _as_raw_document(doc))
         else:
             data._event_identifier = _raw_doc(_raw_string_element(b"operationType", operation_type))
@@ -186,7 +187,7 @@ class ResumeTokenData:
     def event_identifier_document(self) -> dict[str, Any] | None:
         return None if self.event_identifier is None else bson.decode(self.event_identifier)
 
-    def _key(self) -> tuple:
+    def _key(self) -> tuple[Any, ...]:
         return (
             self.cluster_time, self.version, self.token_type, self.txn_op_index,
             self.from_invalidate, self.uuid, self.event_identifier, self.fragment_num,
@@ -543,4 +544,5 @@ def version_for_event(cluster_time: Timestamp, resumed_from: ResumeTokenData | N
 
 def sort_key(token: Mapping[str, Any]) -> str:
     """The merge key mongos uses (`{"_id._data": 1}`): the upper-case `_data` string."""
-    return token["_data"].upper()
+    data: str = token["_data"]
+    return data.upper()

@@ -599,7 +599,7 @@ def _value_str(v: Any) -> str:
             return f"BinData({subtype}, {data[:70].hex().upper()}...)"
         return f"BinData({subtype}, {data.hex().upper()})"
     if isinstance(v, Regex):
-        flags = v.flags
+        flags: int | str = v.flags
         if isinstance(flags, int):
             flags = "".join(c for c, bit in zip("ilmsux", (2, 4, 8, 16, 32, 64)) if flags & bit)
         return f"/{v.pattern}/{flags}"

@@ -30,11 +30,12 @@ leaves unimplemented), nothing else.
 from __future__ import annotations
 
 import copy
+import datetime
 import decimal
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import bson
 from bson.binary import Binary
@@ -99,6 +100,9 @@ class _DecimalCodec(TypeCodec):
         return value.to_decimal()
 
 
+# A document as the stages see it: an OrderedDict (order-sensitive ==), typed as a dict.
+_Doc = dict[str, Any]
+
 _REGISTRY = TypeRegistry([_DecimalCodec()])
 # Documents as OrderedDicts: their == is order-sensitive, as BSON document equality is.
 _PLAIN = CodecOptions(
@@ -106,7 +110,7 @@ _PLAIN = CodecOptions(
     datetime_conversion=DatetimeConversion.DATETIME_AUTO,
     type_registry=_REGISTRY,
 )
-_ENCODE = CodecOptions(type_registry=_REGISTRY)
+_ENCODE: CodecOptions[dict[str, Any]] = CodecOptions(type_registry=_REGISTRY)
 _RAW = CodecOptions(
     document_class=RawBSONDocument, datetime_conversion=DatetimeConversion.DATETIME_AUTO
 )
@@ -118,7 +122,7 @@ def _without_missing(event: Mapping[str, Any]) -> Mapping[str, Any]:
     return event
 
 
-def _to_plain(event: Mapping[str, Any]) -> OrderedDict:
+def _to_plain(event: Mapping[str, Any]) -> _Doc:
     """The event as plain Python values (one C encode + decode)."""
     return bson.decode(encode_in_order(_without_missing(event)), codec_options=_PLAIN)
 
@@ -152,7 +156,7 @@ def _install_mongomock_types() -> None:
     global _INSTALLED
     if _INSTALLED:
         return
-    original = _mm_filtering._get_compare_type
+    original: Callable[[Any], int] = _mm_filtering._get_compare_type
 
     def compare_type(val: Any) -> int:
         # Canonical BSON order (bsontypes.h canonicalizeBSONType): MinKey < null < numbers <
@@ -187,7 +191,7 @@ def _install_mongomock_types() -> None:
         ("binData", 5): lambda v: isinstance(v, bytes),
         ("objectId", 7): lambda v: isinstance(v, ObjectId),
         ("bool", 8): lambda v: isinstance(v, bool),
-        ("date", 9): lambda v: isinstance(v, (DatetimeMS, _mm_filtering.datetime)),
+        ("date", 9): lambda v: isinstance(v, (DatetimeMS, datetime.datetime)),
         ("null", 10): lambda v: v is None,
         ("regex", 11): lambda v: isinstance(v, (Regex, re.Pattern)),
         ("javascript", 13): lambda v: isinstance(v, Code),
@@ -198,7 +202,7 @@ def _install_mongomock_types() -> None:
         ("minKey", -1): lambda v: isinstance(v, MinKey),
         ("maxKey", 127): lambda v: isinstance(v, MaxKey),
     }
-    type_map = _mm_filtering.TYPE_MAP
+    type_map: dict[Any, Any] = _mm_filtering.TYPE_MAP  # aliases and type numbers
     for (alias, number), predicate in predicates.items():
         type_map[alias] = predicate
         type_map[number] = predicate
@@ -449,13 +453,13 @@ def _with_context(stage: str, fn: Callable[[], Any]) -> Any:
         raise MongoError(exc.code, f"Invalid {stage} :: caused by :: {exc.errmsg}") from None
 
 
-def _parse_projection(spec: Mapping[str, Any]) -> tuple[OrderedDict, bool]:
+def _parse_projection(spec: Mapping[str, Any]) -> tuple[_Doc, bool]:
     """Validate a `$project` spec (projection_parser.cpp); returns the flattened spec for
     mongomock (dotted paths -> 1 / 0 / expression) and whether it is an inclusion."""
     if not spec:
         raise MongoError(51272, "projection specification must have at least one field")
     kind: list[bool | None] = [None]  # True: inclusion
-    flat: OrderedDict = OrderedDict()
+    flat: _Doc = OrderedDict()
 
     def walk(obj: Mapping[str, Any], prefix: str, tree: _PathTree, root: bool) -> None:
         for name, value in obj.items():
@@ -515,9 +519,9 @@ def _parse_projection(spec: Mapping[str, Any]) -> tuple[OrderedDict, bool]:
     return flat, inclusion
 
 
-def _parse_add_fields(spec: Mapping[str, Any]) -> OrderedDict:
+def _parse_add_fields(spec: Mapping[str, Any]) -> _Doc:
     """Flatten nested field objects to dotted paths (they merge into existing documents)."""
-    flat: OrderedDict = OrderedDict()
+    flat: _Doc = OrderedDict()
 
     def walk(obj: Mapping[str, Any], prefix: str, tree: _PathTree) -> None:
         for name, value in obj.items():
@@ -559,7 +563,7 @@ def _check_logical(query: Any) -> None:
 
 # -- stages -------------------------------------------------------------------------------------
 
-_Docs = list  # list[OrderedDict | None]; None: dropped by the stage
+_Docs = list[_Doc | None]  # None: dropped by the stage
 
 
 class _Stage:
@@ -603,14 +607,16 @@ class _Match(_Stage):
         return [d if d is not None and self.matches(d) else None for d in docs]
 
 
-def _process(docs: list, stage: Mapping[str, Any], name: str) -> list:
+def _process(docs: list[Any], stage: Mapping[str, Any], name: str) -> list[Any]:
     try:
         return list(_mm_aggregate.process_pipeline(docs, None, [stage], None))
     except Exception as exc:
         raise _engine_error(exc, name) from None
 
 
-def _evaluate(expression: Any, doc: Mapping[str, Any], user_vars: dict | None = None) -> Any:
+def _evaluate(
+    expression: Any, doc: Mapping[str, Any], user_vars: dict[str, Any] | None = None
+) -> Any:
     """An aggregation expression on `doc` (mongomock's parser); MISSING when it is missing."""
     try:
         return _mm_aggregate._Parser(doc, user_vars, ignore_missing_keys=False).parse(expression)
@@ -618,7 +624,7 @@ def _evaluate(expression: Any, doc: Mapping[str, Any], user_vars: dict | None = 
         return MISSING
 
 
-def _set_path(doc: dict, path: str, value: Any) -> None:
+def _set_path(doc: dict[str, Any], path: str, value: Any) -> None:
     parts = path.split(".")
     for part in parts[:-1]:
         sub = doc.get(part)
@@ -769,7 +775,7 @@ class _Redact(_Stage):
     def run(self, docs: _Docs) -> _Docs:
         return [None if d is None else self._object(d, d) for d in docs]
 
-    def _object(self, current: OrderedDict, root: OrderedDict) -> OrderedDict | None:
+    def _object(self, current: _Doc, root: _Doc) -> _Doc | None:
         variables = dict(_REDACT_VALUES, ROOT=root, CURRENT=current)
         try:
             result = _evaluate(self.expression, current, variables)
@@ -781,7 +787,7 @@ class _Redact(_Stage):
             if result == "prune":
                 return None
             if result == "descend":
-                out: OrderedDict = OrderedDict()
+                out: _Doc = OrderedDict()
                 for key, value in current.items():
                     value = self._value(value, root)
                     if value is not MISSING:
@@ -795,7 +801,7 @@ class _Redact(_Stage):
             + ("MISSING" if value is MISSING else value_string(value)),
         )
 
-    def _value(self, value: Any, root: OrderedDict) -> Any:
+    def _value(self, value: Any, root: _Doc) -> Any:
         if isinstance(value, dict):
             result = self._object(value, root)
             return MISSING if result is None else result
@@ -859,11 +865,13 @@ class UserStages:
     ) -> tuple[list[dict[str, Any]], list[Mapping[str, Any]]]:
         """(output events, the resume token of each) — no `_id` check."""
         if not self.stages or not events:
-            return list(events), [e.get("_id") for e in events]
+            # the events are the transform's dicts (typed as Mappings by the stages before)
+            ids = cast("list[Mapping[str, Any]]", [e.get("_id") for e in events])
+            return cast("list[dict[str, Any]]", list(events)), ids
         docs: _Docs = [_to_plain(e) for e in events]
         for stage in self.stages:
             docs = stage.run(docs)
-        out: list[dict[str, Any]] = []
+        out: list[Any] = []  # the events' dicts, or new ones
         tokens: list[Mapping[str, Any]] = []
         for event, doc in zip(events, docs):
             if doc is None:
@@ -899,7 +907,7 @@ def _string_set(value: Any) -> frozenset[str] | None:
     return None
 
 
-def _field_test(index: int, condition: Any) -> Callable[[tuple], bool] | None:
+def _field_test(index: int, condition: Any) -> Callable[[tuple[Any, ...]], bool] | None:
     """A test of one of (operationType, db, coll) implied by `condition`, or None."""
     if type(condition) is str:
         return lambda v: v[index] is None or v[index] == condition
@@ -907,7 +915,7 @@ def _field_test(index: int, condition: Any) -> Callable[[tuple], bool] | None:
         return None
     if not all(isinstance(k, str) and k.startswith("$") for k in condition):
         return None  # an embedded-document equality: a string field never equals it
-    tests = []
+    tests: list[Callable[..., bool]] = []  # (v, a=<the bound argument>)
     for op, arg in condition.items():
         if op == "$eq" and type(arg) is str:
             tests.append(lambda v, a=arg: v[index] is None or v[index] == a)
@@ -922,11 +930,11 @@ def _field_test(index: int, condition: Any) -> Callable[[tuple], bool] | None:
     return lambda v: all(t(v) for t in tests)
 
 
-def _query_test(query: Any) -> Callable[[tuple], bool] | None:
+def _query_test(query: Any) -> Callable[[tuple[Any, ...]], bool] | None:
     """A conservative test implied by a query document (None: nothing usable)."""
     if not isinstance(query, Mapping):
         return None
-    tests = []
+    tests: list[Callable[[tuple[Any, ...]], bool]] = []
     for key, condition in query.items():
         if key in _FIELDS:
             test = _field_test(_FIELDS[key], condition)
