@@ -46,7 +46,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     flags = {
         "server.host": args.host or None,
         "server.port": args.port,
-        "source.oplog": list(args.oplog) if args.oplog else None,
+        # One --oplog: one replica set's recording; several: a sharded cluster's, one each.
+        "source.oplog": list(args.oplog[0]) if args.oplog and len(args.oplog) == 1 else None,
         "source.follow": True if args.follow else None,
         "store.in_memory": True if args.in_memory else None,
         "store.data_dir": args.data_dir or None,
@@ -71,6 +72,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         try:
             oplog = open_upstream(config)
         except DataDirError as exc:  # upstream.retain_dir: unwritable, in use, corrupt
+            print(f"cdcserver: {exc}", file=sys.stderr)
+            return 2
+    elif args.oplog and len(args.oplog) > 1:
+        from cdcserver.sharding.recorded import RecordedShards
+
+        try:
+            oplog = RecordedShards(args.oplog)
+        except OplogFileError as exc:
             print(f"cdcserver: {exc}", file=sys.stderr)
             return 2
     elif config.source.oplog or args.sample:
@@ -436,7 +445,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, help="port (default 27017)")
     # One source is served: naming two is an error, not a silent precedence.
     source = serve.add_mutually_exclusive_group()
-    source.add_argument("--oplog", nargs="+", help="recorded oplog files to serve, in order")
+    source.add_argument(
+        "--oplog", nargs="+", action="append", metavar="PATH",
+        help="recorded oplog files to serve, in order; repeat --oplog for each shard of a "
+        "cluster (served as a mongos, streams merged)",
+    )
     serve.add_argument("--follow", action="store_true", help="tail the last oplog file")
     source.add_argument(
         "--in-memory", action="store_true",

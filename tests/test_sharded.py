@@ -549,3 +549,43 @@ def test_reshard_collection_moves_documents_without_events(cluster, client):
     counts = _shard_counts(cluster, "rs", "c")
     assert sum(counts) == 31 and all(counts)
     assert sorted(d["a"] for d in client.rs.c.find({"_id": {"$ne": "new"}})) == list(range(30))
+
+
+def test_serve_recorded_shard_oplogs_gives_the_fronts_events(cluster, client, tmp_path):
+    _spread(client, cluster, "app.c")
+    client.admin.command("enableSharding", "idle", primaryShard=cluster.cluster.shards[0].name)
+    n = len(cluster.cluster.shards)
+    start = client.admin.command("ping")["operationTime"]
+    with client.watch(start_at_operation_time=start) as front:
+        count = _write_round(client, n, "a") + _write_round(client, n, "b")
+        client.app.c.update_many({}, {"$set": {"u": 1}})
+        count += 2 * n
+        live = [front.next() for _ in range(count)]
+    paths = []
+    for shard in cluster.cluster.shards:  # each shard's oplog, as mongodump writes it
+        path = tmp_path / f"{shard.name}.bson"
+        path.write_bytes(b"".join(cluster.call(shard.store.oplog_entries)))
+        paths.append(path)
+    port = _free_port()
+    command = [str(pathlib.Path(sys.executable).parent / "cdcserver"), "serve", "--port",
+               str(port), "--metrics-port", "0"]
+    for path in paths:
+        command += ["--oplog", str(path)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            if "serving" in line:
+                break
+        with pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/",
+                                 serverSelectionTimeoutMS=5000) as recorded:
+            assert recorded.admin.command("hello")["msg"] == "isdbgrid"
+            with recorded.watch(start_at_operation_time=start) as stream:
+                served = [stream.next() for _ in range(count)]
+                assert stream.try_next() is None
+            with recorded.watch(resume_after=live[3]["_id"]) as stream:
+                assert [bson.encode(stream.next()) for _ in range(count - 4)] == [
+                    bson.encode(e) for e in live[4:]]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert [bson.encode(e) for e in served] == [bson.encode(e) for e in live]

@@ -1,0 +1,139 @@
+"""Recorded oplogs of a sharded cluster: `cdcserver serve --oplog A... --oplog B...`.
+
+Each `--oplog` is one shard's recording (its files in order). The server is a mongos to its
+clients: a change stream runs on every shard's recording and the streams are merged as mongos
+merges them (`streams.py`, `pipeline_stages/merge.py`), so the events, their order and their
+tokens are those of `cdcserver replay` with the same `--oplog`s. A recording has nothing more
+to come, so a shard that has been read to its end promises the end of every recording: no
+shard holds the others back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bson.timestamp import Timestamp
+
+from cdcserver.context import ServerState
+from cdcserver.sources.base import OplogLog
+from cdcserver.sources.file import FileOplog
+from pipeline_stages.oplog_entry import Entry
+from pipeline_stages.spec import is_change_stream_aggregate
+
+
+def next_ts(ts: Timestamp) -> Timestamp:
+    return Timestamp(ts.time, ts.inc + 1) if ts.inc < 0xFFFFFFFF else Timestamp(ts.time + 1, 0)
+
+
+@dataclass(eq=False)
+class RecordedShard:
+    name: str
+    log: FileOplog
+    state: ServerState
+
+
+class RecordedShards(OplogLog):
+    def __init__(self, shards: list[list[str]]) -> None:
+        super().__init__()
+        self.cluster = self
+        self.store = None
+        self.shards: list[RecordedShard] = []
+        for k, paths in enumerate(shards):
+            log = FileOplog(list(paths))
+            self.shards.append(RecordedShard(f"shard{k}", log, ServerState(log=log)))
+        self._by_name = {s.name: s for s in self.shards}
+
+    # -- the cluster, as streams.py uses it ----------------------------------------------------
+
+    @property
+    def front_log(self) -> RecordedShards:
+        return self
+
+    def shard(self, name: str) -> RecordedShard:
+        return self._by_name[name]
+
+    def idle_promise(self, shard: RecordedShard) -> Timestamp:
+        end = self.latest_ts()
+        return next_ts(end) if end is not None else Timestamp(0, 1)
+
+    def start_for_new_stream(self) -> Timestamp:
+        end = self.latest_ts()
+        return next_ts(end) if end is not None else Timestamp(0, 1)
+
+    def changed_event(self) -> Any:
+        return self._changed
+
+    # -- OplogLog --------------------------------------------------------------------------------
+
+    def latest_ts(self) -> Timestamp | None:
+        times = [t for t in (s.log.latest_ts() for s in self.shards) if t is not None]
+        return max(times) if times else None
+
+    def oldest_entry(self) -> Entry | None:
+        firsts = [e for e in (s.log.oldest_entry() for s in self.shards) if e is not None]
+        return min(firsts, key=lambda e: e["ts"]) if firsts else None
+
+    def read_from(self, start: Timestamp, limit: int) -> list[Entry]:
+        return []
+
+    def entry_at(self, ts: Timestamp) -> Entry | None:
+        return None
+
+    def namespaces(self) -> set[tuple[str, str]]:
+        out: set[tuple[str, str]] = set()
+        for shard in self.shards:
+            out |= shard.log.namespaces()
+        return out
+
+    def __len__(self) -> int:
+        return sum(len(s.log) for s in self.shards)
+
+    @property
+    def command_table(self) -> dict[str, Any]:
+        return RECORDED_COMMANDS
+
+
+async def _hello(server, conn, cmd, db):
+    from cdcserver.sharding.front import _front_hello
+
+    return await _front_hello(server, conn, cmd, db, legacy=False)
+
+
+async def _is_master(server, conn, cmd, db):
+    from cdcserver.sharding.front import _front_hello
+
+    return await _front_hello(server, conn, cmd, db, legacy=True)
+
+
+async def _aggregate(server, conn, cmd, db):
+    from cdcserver.commands.registry import COMMANDS
+    from cdcserver.sharding.front import open_change_stream
+
+    if not is_change_stream_aggregate(cmd):
+        return await COMMANDS["aggregate"](server, conn, cmd, db)
+    return await open_change_stream(server, server.log, cmd, db)
+
+
+async def _get_more(server, conn, cmd, db):
+    from cdcserver.commands.registry import COMMANDS
+    from cdcserver.sharding.front import stream_get_more
+
+    cursor_id = cmd.get("getMore")
+    stream = server.cursors.cursors.get(cursor_id) if isinstance(cursor_id, int) else None
+    if stream is None:
+        return await COMMANDS["getMore"](server, conn, cmd, db)
+    return await stream_get_more(server, conn, cmd, db, stream)
+
+
+def _table() -> dict[str, Any]:
+    from cdcserver import server as _server  # noqa: F401  (every command is registered)
+    from cdcserver.commands.registry import COMMANDS
+
+    table = {k: v for k, v in COMMANDS.items() if not k.startswith("$")}
+    table.update({"hello": _hello, "isMaster": _is_master, "ismaster": _is_master,
+                  "aggregate": _aggregate, "getMore": _get_more})
+    return table
+
+
+RECORDED_COMMANDS: dict[str, Any] = _table()
