@@ -34,7 +34,7 @@ import datetime
 import decimal
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 import bson
@@ -861,7 +861,7 @@ class UserStages:
         return bool(self.stages)
 
     def apply(
-        self, events: list[Mapping[str, Any]]
+        self, events: Sequence[Mapping[str, Any]]
     ) -> tuple[list[dict[str, Any]], list[Mapping[str, Any]]]:
         """(output events, the resume token of each) — no `_id` check."""
         if not self.stages or not events:
@@ -887,7 +887,7 @@ class UserStages:
             tokens.append(token)
         return out, tokens
 
-    def process(self, events: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    def process(self, events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         out, tokens = self.apply(events)
         if self.transforms:
             for event, token in zip(out, tokens):
