@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 FRONT_COMMANDS: dict[str, Any] = {}
 
 _REPLY_TIME_FIELDS = ("ok", "$clusterTime", "operationTime")
+ShardNotFound = 70  # error code
 
 
 class ShardError(failpoints.FailPointError):
@@ -374,8 +375,6 @@ async def move_chunk(server, conn, cmd, db):
     await migrate(cluster, ns, _find_chunk_arg(cluster, ns, cmd), to)
     return {"millis": 0}
 
-
-ShardNotFound = 70
 
 
 @front("moveRange")
