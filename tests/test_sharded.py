@@ -589,3 +589,18 @@ def test_serve_recorded_shard_oplogs_gives_the_fronts_events(cluster, client, tm
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     assert [bson.encode(e) for e in served] == [bson.encode(e) for e in live]
+
+
+def test_renaming_a_sharded_collection_renames_it_on_every_shard(cluster, client):
+    _spread(client, cluster, "ren.a")
+    n = len(cluster.cluster.shards)
+    client.ren.a.insert_many([{"x": 100 * k} for k in range(n)])
+    with client.ren.watch(max_await_time_ms=50) as stream:
+        client.admin.command("renameCollection", "ren.a", to="ren.b")
+        event = stream.next()
+        assert (event["operationType"], event["to"]) == ("rename", {"db": "ren", "coll": "b"})
+        assert stream.try_next() is None  # one rename event, not one per shard
+    assert _shard_counts(cluster, "ren", "b") == [1] * n
+    assert _shard_counts(cluster, "ren", "a") == [0] * n
+    assert client.config.collections.find_one({"_id": "ren.b"})["key"] == {"x": 1}
+    assert client.ren.b.count_documents({}) == n

@@ -860,9 +860,15 @@ async def ddl_create(server, conn, cmd, db):
         source = cmd.get("renameCollection")
         target = cmd.get("to")
         if isinstance(source, str) and isinstance(target, str):
-            src_db = source.split(".", 1)[0]
+            src_db, _, src_coll = source.partition(".")
             primary = _primary(cluster, src_db, create=False)
             reply = await forward(cluster, primary, cmd, db)
+            if cluster.catalog.is_sharded(source):
+                # The other shards' part of a sharded rename is internal (fromMigrate).
+                for shard in cluster.shards:
+                    if shard is not primary and shard.store.get(src_db, src_coll) is not None:
+                        with shard.store.migrating():
+                            await forward(cluster, shard, cmd, db)
             cluster.catalog.rename_collection(source, target)
             return reply
     ns = _sharded_ns(cluster, cmd, db)
