@@ -382,3 +382,25 @@ def test_max_time_ms_ends_a_multi_document_write_part_way(
     assert err.value.code == 50
     # as mongod: the documents written before the deadline stay written
     assert 10 <= coll.count_documents({"seen": True}) < N
+
+
+@pytest.mark.parametrize(("name", "value", "code", "message"), [
+    ("find", "x", 14, "BSON field 'find.maxTimeMS' is the wrong type 'string', expected types "
+                      "'[long, int, decimal, double']"),
+    ("find", -1, 51024, "BSON field 'maxTimeMS' value must be >= 0, actual value '-1'"),
+    ("aggregate", [1], 14, "BSON field 'aggregate.maxTimeMS' is the wrong type 'array', "
+                           "expected types '[long, int, decimal, double']"),
+    ("aggregate", 1000.5, 2, "maxTimeMS has non-integral value"),
+    ("aggregate", 2**31, 2, "2147483648 value for maxTimeMS is out of range"),
+    ("aggregate", None, 2, "maxTimeMS must be a number"),
+    ("count", -1, 2, "-1 value for maxTimeMS is out of range"),
+    ("distinct", "x", 2, "maxTimeMS must be a number"),
+])
+def test_max_time_ms_argument_errors(client, name: str, value: Any, code: int,
+                                     message: str) -> None:
+    commands = {"find": {"find": "c"}, "aggregate": {"aggregate": "c", "pipeline": [],
+                                                     "cursor": {}},
+                "count": {"count": "c"}, "distinct": {"distinct": "c", "key": "a"}}
+    with pytest.raises(OperationFailure) as err:
+        client.qlimits.command({**commands[name], "maxTimeMS": value})
+    assert (err.value.code, err.value.details["errmsg"]) == (code, message)

@@ -26,7 +26,7 @@ from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
 from cdcserver.commands import admin, oplog_find, write_concern, write_parsing
-from cdcserver.commands.arguments import array_arg, is_string
+from cdcserver.commands.arguments import array_arg, is_number, is_string, safe_long
 from cdcserver.commands.handshake import _ELECTION_ID
 from cdcserver.commands.registry import command, int_arg
 from cdcserver.commands.transactions import (
@@ -70,6 +70,23 @@ def coll_arg(cmd: Mapping[str, Any], name: str) -> str:
 
 def _int(cmd: Mapping[str, Any], name: str, where: str, default: int = 0) -> int:
     return int_arg(cmd, name, where, default)
+
+
+def max_time_ms_arg(cmd: Mapping[str, Any], where: str | None) -> None:
+    """`maxTimeMS` as mongod checks it: by the command's IDL first where it declares the field
+    (find, aggregate: a number, >= 0), then the generic parseMaxTimeMS (count, distinct and
+    every command: a whole number within an int)."""
+    value = cmd.get("maxTimeMS")
+    if where is not None and value is not None:
+        if not is_number(value):
+            raise MongoError(
+                14, f"BSON field '{where}.maxTimeMS' is the wrong type '{type_name(value)}', "
+                "expected types '[long, int, decimal, double']",
+            )
+        if safe_long(value) < 0:
+            raise MongoError(51024, "BSON field 'maxTimeMS' value must be >= 0, actual value "
+                             f"'{safe_long(value)}'")
+    write_parsing.check_max_time_ms(cmd)
 
 
 def find_arguments(cmd: Mapping[str, Any]) -> tuple[Any, Any, int, int, int | None]:
@@ -1163,6 +1180,7 @@ async def find(server, conn, cmd, db):
             "tailable cursor requested on non capped collection",
         )
     filter_doc, projection, skip, limit, batch_size = find_arguments(cmd)
+    max_time_ms_arg(cmd, "find")
     if db == "config" and coll == "system.preimages" and store.get(db, coll) is None:
         docs = find_pre_images(store, filter_doc, projection, skip, limit)
     elif db == "config" and coll == "transactions" and store.get(db, coll) is None:
@@ -1241,6 +1259,7 @@ async def count(server, conn, cmd, db):
         return {"n": len(await oplog_find.scan(server.log, predicate, max(skip, 0), limit))}
     store = get_store(server)
     coll = coll_arg(cmd, "count")
+    max_time_ms_arg(cmd, None)
     deadline = query.Deadline.of(cmd)
     skip = max(skip, 0)
     c = store.get(db, coll)
@@ -1280,6 +1299,7 @@ async def distinct(server, conn, cmd, db):
             "'string'",
         )
     predicate = _doc_arg(cmd, "query", "distinct")
+    max_time_ms_arg(cmd, None)
     if store.get(db, coll) is None:
         resolved = store.resolve_view(db, coll)
         if resolved is None:
@@ -1329,6 +1349,7 @@ async def aggregate(server, conn, cmd, db):
         raise MongoError(
             73, "{aggregate: 1} is not valid for '$match'; a collection is required."
         )
+    max_time_ms_arg(cmd, "aggregate")
     pipeline = [engine.normalize(dict(s)) if isinstance(s, Mapping) else s for s in pipeline]
     out_stage = None
     if pipeline and isinstance(pipeline[-1], Mapping):
