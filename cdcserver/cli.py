@@ -177,13 +177,14 @@ def _spec_command(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 def replay_events(paths: list[str], cmd: dict[str, Any], db: str):
     """The events `cdcserver replay` writes, in order (shared with the Spark replay's tests)."""
-    for events, n, _token in _shard_batches(paths, cmd, db):
+    for events, n, _token, _invalidated in _shard_batches(paths, cmd, db):
         yield events, n
 
 
 def replay_shards(shards: list[list[str]], cmd: dict[str, Any], db: str):
     """Several shards' oplogs (one `--oplog` each) merged as mongos merges their streams
-    (`pipeline_stages/merge.py`), ending at the first invalidate; one shard: `replay_events`."""
+    (`pipeline_stages/merge.py`), ending at the first invalidate in token order (even one a
+    user's `$match` drops: the shard's stream ends there); one shard: `replay_events`."""
     if len(shards) == 1:
         yield from replay_events(shards[0], cmd, db)
         return
@@ -191,13 +192,16 @@ def replay_shards(shards: list[list[str]], cmd: dict[str, Any], db: str):
 
     merge: ShardMerge[Any] = ShardMerge(range(len(shards)))
     streams = [_shard_batches(paths, cmd, db) for paths in shards]
+    cut: str | None = None  # the first invalidate's token: the merged stream ends there
     while not merge.exhausted:
         out = merge.pop_ready()
-        end = next((i for i, e in enumerate(out) if e["operationType"] == "invalidate"), None)
-        if end is not None:
-            yield out[: end + 1], 0
-            return
-        if out:
+        if cut is not None:
+            kept = [e for e in out if e["_id"]["_data"].upper() <= cut]
+            if kept:
+                yield kept, 0
+            if len(kept) < len(out) or merge.exhausted:
+                return
+        elif out:
             yield out, 0
         shard = merge.blocking()
         if shard is None:
@@ -206,13 +210,20 @@ def replay_shards(shards: list[list[str]], cmd: dict[str, Any], db: str):
         if batch is None:
             merge.close(shard)
             continue
-        events, n, token = batch
+        events, n, token, invalidated = batch
         merge.push(shard, events, token)
+        if invalidated:  # the token is the invalidate's: nothing merges after it
+            key = token["_data"].upper()
+            cut = key if cut is None else min(cut, key)
+            merge.close(shard)
+        elif cut is not None and token["_data"].upper() > cut:
+            merge.close(shard)  # all it has left comes after the end
         yield [], n
 
 
 def _shard_batches(paths: list[str], cmd: dict[str, Any], db: str):
-    """One oplog's batches: (events, entries read, post-batch resume token)."""
+    """One oplog's batches: (events, entries read, post-batch resume token, whether the
+    stream ended at an invalidate)."""
     from pipeline_stages.pipeline import ChangeStreamPipeline
     from pipeline_stages.spec import parse_aggregate
 
@@ -235,10 +246,10 @@ def _shard_batches(paths: list[str], cmd: dict[str, Any], db: str):
         last = entries[-1]["ts"]
         pipeline.push(entries, scanned_to=last)
         batch = pipeline.next_batch(None)
-        yield batch.events, len(entries), batch.post_batch_resume_token
+        yield batch.events, len(entries), batch.post_batch_resume_token, batch.invalidated
         while pipeline.pending_count:  # a batch stops at the 16 MiB reply budget
             batch = pipeline.next_batch(None)
-            yield batch.events, 0, batch.post_batch_resume_token
+            yield batch.events, 0, batch.post_batch_resume_token, batch.invalidated
         position = type(last)(last.time, last.inc + 1)
         if pipeline.invalidated:
             break

@@ -563,10 +563,19 @@ def test_shards_merge_by_token(spark, tmp_path):
             tmp_path / f"shard{s}.bson", 1200, extra=ddl_story if s == 1 else None)]
         for s in range(3)
     ]
-    for scope in ("cluster", "shop.orders"):
-        cmd, db = command(scope)
+    inserts = [{"$match": {"operationType": "insert"}}]  # drops the invalidate itself
+    for i, (scope, stages) in enumerate(
+        [("cluster", []), ("shop.orders", []), ("shop.orders", inserts)]
+    ):
+        cmd, db = command(scope, stages=stages)
         expected = list(merged_reference(shards, cmd, db))
-        out = tmp_path / f"out-{scope}"
+        if scope != "cluster":  # ends at shard 1's drop: the other shards' later inserts too
+            drop = next(
+                e for e in merged_reference(shards, *command(scope))
+                if e["operationType"] == "invalidate"
+            )
+            assert all(e["_id"]["_data"] <= drop["_id"]["_data"] for e in expected)
+        out = tmp_path / f"out-{i}"
         summary = spark_replay(spark, shards, cmd, db, out, split_size=200_000)
         assert summary.events == len(expected) or scope != "cluster"
         check_rows(list(read_events(out)), expected)
