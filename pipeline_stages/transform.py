@@ -78,7 +78,9 @@ def _update_shape(o: Mapping[str, Any]) -> tuple[Any, bool]:
 
 def _raw(doc: Mapping[str, Any]) -> bytes:
     if type(doc) is EntryDocument or isinstance(doc, RawBSONDocument):  # exact type: no ABC check
-        return doc.raw
+        raw = doc.raw
+        # A view into a large entry's bytes: the token's KeyString builder reads bytes.
+        return raw if type(raw) is bytes else bytes(raw)
     return bson.encode(doc)
 
 
