@@ -207,6 +207,26 @@ class ChangeStreamTest:
             assert final["id"] == 0, f"Final cursor was not killed: {final!r}"
         return changes[0]
 
+    def consume_drop_up_to(
+        self, cursor: Mapping[str, Any], drop_type: str, expected_next: Mapping[str, Any],
+        expect_invalidate: bool = False,
+    ) -> list[Any]:
+        """`consumeDropUpTo`: any number of `drop_type` events, then `expected_next`."""
+        results = []
+        change = self.get_one_change(cursor, expect_invalidate)
+        while change["operationType"] == drop_type:
+            results.append(change)
+            change = self.get_one_change(cursor, expect_invalidate)
+        results.append(change)
+        assert_change_stream_event_eq(change, expected_next)
+        return results
+
+    def assert_database_drop(self, cursor: Mapping[str, Any], db_name: str) -> list[Any]:
+        """`assertDatabaseDrop`: drop events, then the dropDatabase event."""
+        return self.consume_drop_up_to(
+            cursor, "drop", {"operationType": "dropDatabase", "ns": {"db": db_name}}
+        )
+
     def get_resume_token(self, cursor: Mapping[str, Any]) -> Any:
         """The postBatchResumeToken of the cursor's latest reply (after an invalidate: the
         invalidate's token, which `startAfter` accepts)."""
