@@ -404,3 +404,28 @@ def test_max_time_ms_argument_errors(client, name: str, value: Any, code: int,
     with pytest.raises(OperationFailure) as err:
         client.qlimits.command({**commands[name], "maxTimeMS": value})
     assert (err.value.code, err.value.details["errmsg"]) == (code, message)
+
+
+def test_a_find_on_a_view_pauses_too(
+    server, client, coll, every_document, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = client.qlimits
+    db.drop_collection("docs_view")
+    db.command("create", "docs_view", viewOn="docs",
+               pipeline=[{"$project": {"s": 1, "n": 1}}, {"$match": {"n": {"$gte": 0}}}])
+    gate = Gate()
+    monkeypatch.setattr(query, "pause_hook", gate)
+    slow = Outside(lambda: len(list(db.docs_view.find({"s": {"$regex": "^item"}}))))
+    slow.start()
+    other = server.client()
+    try:
+        assert gate.reached.wait(GUARD_S), "the view's scan never paused"
+        assert other.admin.command("ping")["ok"] == 1.0
+        assert slow.is_alive()
+    finally:
+        gate.released.set()
+        slow.join(GUARD_S)
+        other.close()
+        db.drop_collection("docs_view")
+    assert slow.error is None, slow.error
+    assert slow.result == N

@@ -1079,8 +1079,15 @@ def _find_scan(
     if c is None:
         resolved = store.resolve_view(db, coll)
         if resolved is not None:
-            return None, run_find_on_view(store, db, resolved, filter_doc, projection, sort,
-                                          skip, limit)
+            view_out: list[Any] = []
+            view_scan = _view_scan(store, db, resolved,
+                                   _view_find_stages(filter_doc, projection, sort, skip, limit),
+                                   view_out)
+            if getattr(store.txn, "lsid", None):  # in a transaction: now, in its snapshot
+                with engine_errors():
+                    query.run_sync(view_scan)
+                return None, view_out
+            return view_scan, view_out
         engine.matches(filter_doc or {}, {})
         return None, []
     normalized = engine.normalize(dict(filter_doc or {}))
@@ -1109,18 +1116,32 @@ def view_documents(store: Store, db: str, resolved: tuple[str, list[Any]],
                    stages: list[Any]) -> list[Any]:
     """A view's documents: its (resolved) pipeline, then `stages`, over the collection it
     reads."""
+    out: list[Any] = []
+    with engine_errors():
+        query.run_sync(_view_scan(store, db, resolved, stages, out))
+    return out
+
+
+def _view_scan(store: Store, db: str, resolved: tuple[str, list[Any]], stages: list[Any],
+               out: list[Any]) -> query.Scan:
+    """The scan of a view's documents (see view_documents) into `out`: the collection's
+    documents copied, then the pipeline (its per-document stages in chunks)."""
     base, pipeline = resolved
-    docs = run_find(store, db, base, None, None, None, 0, 0, copy=True)
+    c = store.get(db, base)
+    docs = list(store.documents(c).values()) if c is not None else []
     full = [engine.normalize(dict(s)) for s in [*pipeline, *stages]]
+    copies: list[Any] = []
+    yield from query.find(docs, None, None, 0, 0, copies, copy=True)
     if not full:
-        return docs
-    return engine.run_pipeline(docs, store.mongomock_collection(db, base).database, full)
+        out.extend(copies)
+        return
+    database = store.mongomock_collection(db, base).database
+    yield from query.pipeline(copies, database, full, out)
 
 
-def run_find_on_view(
-    store: Store, db: str, resolved: tuple[str, list[Any]],
+def _view_find_stages(
     filter_doc: Mapping[str, Any] | None, projection: Any, sort: Any, skip: int, limit: int,
-) -> list[dict[str, Any]]:
+) -> list[Any]:
     """`find` on a view, as mongod runs it: an aggregation of the view's pipeline followed by
     `$match`, `$sort`, `$skip`, `$limit` and `$project` (query_request_conversion)."""
     stages: list[Any] = []
@@ -1135,7 +1156,7 @@ def run_find_on_view(
         stages.append({"$limit": limit})
     if projection:
         stages.append({"$project": dict(projection)})
-    return view_documents(store, db, resolved, stages)
+    return stages
 
 
 def _distinct_values(docs: list[Any], key: str) -> list[Any]:
