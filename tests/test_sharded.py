@@ -71,6 +71,7 @@ def test_front_is_a_mongos_and_shards_are_replica_sets(cluster, client):
                 direct.admin.command("isdbgrid")
             assert err.value.code == 59
     assert client.admin.command("isdbgrid")["isdbgrid"] == 1
+    assert client.admin.command("serverStatus")["process"] == "mongos"
 
 
 def test_unsharded_collections_live_on_their_database_primary(cluster, client):

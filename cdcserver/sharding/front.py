@@ -182,6 +182,15 @@ async def ping(server, conn, cmd, db):
     return {}
 
 
+@front("serverStatus")
+async def server_status(server, conn, cmd, db):
+    """A shard's serverStatus, as the process it describes is the router."""
+    reply = await forward_default(server, conn, cmd, db)
+    if "process" in reply:
+        reply["process"] = "mongos"
+    return reply
+
+
 FRONT_COMMANDS["configureFailPoint"] = COMMANDS["configureFailPoint"]
 
 
