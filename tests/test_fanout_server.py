@@ -7,15 +7,23 @@ open and close between writes; and streams that differ only in their filter shar
 
 from __future__ import annotations
 
+import asyncio
+import datetime
 import threading
 from typing import Any
 
+import bson
 import pytest
+from bson.binary import Binary
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
+from cdcserver.commands import cursors as _cursors  # noqa: F401  (registers the commands)
+from cdcserver.commands.registry import run_command
+from cdcserver.context import ConnectionState, ServerState
+from cdcserver.sources.base import EntryList, OplogLog
 from cdcserver.testing import EmbeddedServer
 from pipeline_stages import resume_token
 from pipeline_stages.oplog_entry import decode_entry
@@ -158,36 +166,29 @@ def test_each_stream_gets_exactly_its_events(server: EmbeddedServer) -> None:
     writer.close()
 
 
-# -- wake-ups (in process, through the command handlers) ----------------------------------------
+# -- in process, through the command handlers ---------------------------------------------------
+
+
+class MemoryLog(EntryList, OplogLog):
+    n = 0
+
+    def append(self, entry: dict[str, Any]) -> None:
+        self.n += 1
+        ts = Timestamp(1_800_000_000, self.n)
+        entry = {**entry, "ts": ts, "t": Int64(1), "v": Int64(2),
+                 "wall": datetime.datetime(2027, 1, 1)}
+        self._raw.append(bson.encode(entry))
+        self._ts.append(ts)
+        self.notify()
+
+    def insert(self, doc: dict[str, Any]) -> None:
+        self.append({"op": "i", "ns": "db.c", "ui": Binary(bytes(16), 4), "o": doc,
+                     "o2": {"_id": doc["_id"]}})
 
 
 async def test_a_write_wakes_only_the_getmores_it_reaches() -> None:
     """K getMores wait; an insert matching one stream's filter completes that getMore only (the
     others wait on: their maxTimeMS is far away), and it carries the event."""
-    import asyncio
-    import datetime
-
-    import bson
-    from bson.binary import Binary
-
-    from cdcserver.commands import cursors as _cursors  # noqa: F401  (registers the commands)
-    from cdcserver.commands.registry import run_command
-    from cdcserver.context import ConnectionState, ServerState
-    from cdcserver.sources.base import EntryList, OplogLog
-
-    class MemoryLog(EntryList, OplogLog):
-        n = 0
-
-        def insert(self, doc: dict[str, Any]) -> None:
-            self.n += 1
-            ts = Timestamp(1_800_000_000, self.n)
-            entry = {"op": "i", "ns": "db.c", "ui": Binary(bytes(16), 4), "o": doc,
-                     "o2": {"_id": doc["_id"]}, "ts": ts, "t": Int64(1), "v": Int64(2),
-                     "wall": datetime.datetime(2027, 1, 1)}
-            self._raw.append(bson.encode(entry))
-            self._ts.append(ts)
-            self.notify()
-
     log = MemoryLog()
     log.insert({"_id": 0})
     state, conn = ServerState(log=log), ConnectionState(1, "test")
@@ -226,3 +227,47 @@ async def test_a_write_wakes_only_the_getmores_it_reaches() -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
     for cid in ids:
         state.cursors.kill(cid)
+
+
+async def test_a_resumed_stream_joins_the_group_and_all_see_the_invalidate() -> None:
+    """A stream resumed from a token reads by itself, then shares the group once past its
+    token, getting the same events as a stream opened before; a drop invalidates both."""
+    log = MemoryLog()
+    log.insert({"_id": 0})
+    state, conn = ServerState(log=log), ConnectionState(1, "test")
+
+    async def command(cmd: dict[str, Any]) -> Any:
+        reply = await run_command(state, conn, {**cmd, "$db": "db"})
+        assert reply["ok"] == 1.0, reply
+        return reply["cursor"]
+
+    def aggregate(stages: list[dict[str, Any]], **options: Any) -> dict[str, Any]:
+        return {"aggregate": "c", "cursor": {}, "pipeline": [{"$changeStream": options}, *stages]}
+
+    def get_more(cid: int) -> dict[str, Any]:
+        return {"getMore": Int64(cid), "collection": "c", "maxTimeMS": 1}
+
+    a = int((await command(aggregate([{"$match": {"fullDocument.u": 1}}])))["id"])
+    for i in range(1, 4):
+        log.insert({"_id": i, "u": 1})
+    first = (await command(get_more(a)))["nextBatch"]
+    assert [e["documentKey"]["_id"] for e in first] == [1, 2, 3]
+    b_cursor = await command(aggregate([{"$match": {"fullDocument.u": {"$in": [1, 2]}}}],
+                                       resumeAfter=first[0]["_id"]))
+    b = int(b_cursor["id"])
+    assert [e["documentKey"]["_id"] for e in b_cursor["firstBatch"]] == [2, 3]
+    cursors = state.cursors.cursors
+    assert cursors[b].group is cursors[a].group  # caught up: shares the group
+    log.insert({"_id": 4, "u": 2})
+    log.insert({"_id": 5, "u": 1})
+    assert [e["documentKey"]["_id"] for e in (await command(get_more(a)))["nextBatch"]] == [5]
+    assert [e["documentKey"]["_id"] for e in (await command(get_more(b)))["nextBatch"]] == [4, 5]
+    log.append({"op": "c", "ns": "db.$cmd", "ui": Binary(bytes(16), 4), "o": {"drop": "c"},
+                "o2": {"numRecords": 5}})
+    for cid in (a, b):
+        reply = await command(get_more(cid))
+        # Their $match rejects the drop and the invalidate (as mongod's would); the cursor ends,
+        # its post-batch token is the invalidate's.
+        assert reply["nextBatch"] == [] and reply["id"] == 0
+        assert resume_token.decode(reply["postBatchResumeToken"]).cluster_time == log._ts[-1]
+    await asyncio.sleep(0)
