@@ -605,3 +605,34 @@ def test_renaming_a_sharded_collection_renames_it_on_every_shard(cluster, client
     assert _shard_counts(cluster, "ren", "a") == [0] * n
     assert client.config.collections.find_one({"_id": "ren.b"})["key"] == {"x": 1}
     assert client.ren.b.count_documents({}) == n
+
+
+def test_an_update_that_moves_a_document_to_another_shard(cluster, client):
+    _spread(client, cluster, "w.c")
+    client.w.c.insert_many([{"_id": 1, "x": 5}, {"_id": 2, "x": 6}])
+    with client.w.c.watch(max_await_time_ms=50) as stream:
+        # Retryable (pymongo's default): deleted on its shard, inserted on the new one.
+        result = client.w.c.update_one({"_id": 1}, {"$set": {"x": 150, "y": 1}})
+        assert (result.matched_count, result.modified_count) == (1, 1)
+        deleted, inserted = stream.next(), stream.next()
+        assert (deleted["operationType"], deleted["documentKey"]) == ("delete",
+                                                                      {"x": 5, "_id": 1})
+        assert (inserted["operationType"], inserted["documentKey"]) == ("insert",
+                                                                        {"x": 150, "_id": 1})
+        assert deleted["clusterTime"] == inserted["clusterTime"]
+        # On the same shard: an update as usual.
+        client.w.c.update_one({"_id": 2}, {"$set": {"x": 7}})
+        assert stream.next()["operationType"] == "update"
+    counts = _shard_counts(cluster, "w", "c")
+    assert counts[0] == 1 and counts[1] == 1
+    assert client.w.c.find_one({"x": 150}) == {"_id": 1, "x": 150, "y": 1}
+    # Without retryable writes or a transaction, mongod's IllegalOperation.
+    with pymongo.MongoClient(cluster.uri, retryWrites=False) as plain:
+        with pytest.raises(pymongo.errors.WriteError) as err:
+            plain.w.c.update_one({"_id": 2}, {"$set": {"x": 160}})
+        assert err.value.code == 20
+    # In a transaction: two statements of it, committed together.
+    with client.start_session() as session, session.start_transaction():
+        client.w.c.update_one({"_id": 2}, {"$set": {"x": 170}}, session=session)
+    assert client.w.c.find_one({"_id": 2})["x"] == 170
+    assert _shard_counts(cluster, "w", "c")[:2] == [0, 2]

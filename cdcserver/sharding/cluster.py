@@ -137,13 +137,28 @@ class ShardedCluster:
         self._merger: tuple[ServerState, ConnectionState] | None = None
         self._merges = 0
 
-    async def merge_pipeline(
-        self, docs: list[Any], stages: list[Any], cmd: Any, ns: str
-    ) -> dict[str, Any]:
-        """The merging half of an aggregation on a sharded collection ($group, $sort...), run
-        over the shards' results by an in-memory store of the front's own (no client sees
-        it)."""
+    async def apply_update(self, doc: Any, stmt: Any) -> Any:
+        """The document an update statement makes of `doc` (run by the front's merger store),
+        or None when the update fails there (the shard then reports its error)."""
         from cdcserver.commands.registry import run_command
+
+        state, conn = self._merger_state()
+        self._merges += 1
+        db = f"__merge{self._merges}"
+        one = {k: v for k, v in stmt.items() if k in ("u", "arrayFilters", "collation", "c")}
+        try:
+            await run_command(state, conn, {"insert": "docs", "documents": [doc], "$db": db})
+            reply = await run_command(state, conn, {
+                "update": "docs", "updates": [{"q": {"_id": doc["_id"]}, **one}], "$db": db})
+            if reply.get("ok") != 1 or reply.get("writeErrors"):
+                return None
+            found = await run_command(state, conn, {"find": "docs", "$db": db})
+            batch = found["cursor"]["firstBatch"]
+            return batch[0] if batch else None
+        finally:
+            await run_command(state, conn, {"dropDatabase": 1, "$db": db})
+
+    def _merger_state(self) -> tuple[ServerState, ConnectionState]:
         from cdcserver.embedded.store import Store
         from cdcserver.sources.embedded import EmbeddedOplog
 
@@ -151,7 +166,17 @@ class ShardedCluster:
             store = Store(None, oplog_size_bytes=1024 * 1024)
             self._merger = (ServerState(log=EmbeddedOplog(store, noop_interval_s=0)),
                             ConnectionState(-1000, "mongos merger"))
-        state, conn = self._merger
+        return self._merger
+
+    async def merge_pipeline(
+        self, docs: list[Any], stages: list[Any], cmd: Any, ns: str
+    ) -> dict[str, Any]:
+        """The merging half of an aggregation on a sharded collection ($group, $sort...), run
+        over the shards' results by an in-memory store of the front's own (no client sees
+        it)."""
+        from cdcserver.commands.registry import run_command
+
+        state, conn = self._merger_state()
         self._merges += 1
         db = f"__merge{self._merges}"
         try:

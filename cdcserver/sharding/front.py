@@ -29,6 +29,7 @@ from cdcserver import server as _server  # noqa: F401  (every shard command is r
 from cdcserver.commands import failpoints, handshake
 from cdcserver.commands.registry import COMMANDS, int_arg, run_command
 from cdcserver.cursors import cursor_reply
+from cdcserver.embedded.store import id_key as _id_key
 from cdcserver.sharding.catalog import _MISSING, _key_bytes, hashed_value, path_value
 from cdcserver.sharding.shard_commands import SHARD_COMMANDS
 from cdcserver.sharding.streams import MergedChangeStream
@@ -102,8 +103,13 @@ def _join_transaction(cluster: ShardedCluster, shard: Shard, body: dict[str, Any
     if key is None or next(iter(body)) in ("commitTransaction", "abortTransaction"):
         return
     if body.get("startTransaction") is True:
-        cluster.participants[key] = []
-        cluster.txn_read_concern[key] = body.get("readConcern")
+        # The client's first statement (a txnNumber is never reused): it may reach several
+        # shards; each starts the transaction once.
+        cluster.participants.setdefault(key, [])
+        cluster.txn_read_concern.setdefault(key, body.get("readConcern"))
+        if shard.name in cluster.participants[key]:
+            del body["startTransaction"]
+            body.pop("readConcern", None)
         return
     if shard.name not in cluster.participants.get(key, [shard.name]):
         body["startTransaction"] = True
@@ -671,13 +677,18 @@ async def _routed_writes(server, cmd, db, field: str, multi_of: Any) -> dict[str
         return await forward(cluster, _primary(cluster, db, create=create), cmd, db)
     groups: dict[str, list[int]] = {}
     broadcast: list[int] = []
+    replies = []
     for i, stmt in enumerate(statements):
+        if field == "updates" and _may_change_shard_key(cluster, ns, stmt):
+            moved = await _update_changing_shard_key(cluster, cmd, db, ns, stmt)
+            if moved is not None:
+                replies.append(([i], moved))
+                continue
         shard = _target(cluster, ns, stmt.get("q") if isinstance(stmt, Mapping) else None)
         if shard is None:
             broadcast.append(i)
         else:
             groups.setdefault(shard.name, []).append(i)
-    replies = []
     for name, indexes in groups.items():
         sub = {**cmd, field: [statements[i] for i in indexes]}
         replies.append((indexes, await forward(cluster, cluster.shard(name), sub, db)))
@@ -698,6 +709,81 @@ async def _routed_writes(server, cmd, db, field: str, multi_of: Any) -> dict[str
                 replies.append(([i], reply))
                 break
     return _merge_write_replies(replies)
+
+
+def _may_change_shard_key(cluster: ShardedCluster, ns: str, stmt: Any) -> bool:
+    """Whether a single update may write a shard key field (a replacement, a pipeline, or an
+    operator on a path that is, contains or is inside a key field)."""
+    if not isinstance(stmt, Mapping) or stmt.get("multi") is True:
+        return False
+    update = stmt.get("u")
+    if not isinstance(update, Mapping) or not update or not all(
+        str(k).startswith("$") for k in update
+    ):
+        return True
+    fields = list(cluster.catalog.key_pattern(ns) or {})
+    for args in update.values():
+        if not isinstance(args, Mapping):
+            continue
+        for path in args:
+            for field in fields:
+                if path == field or path.startswith(field + ".") or field.startswith(path + "."):
+                    return True
+    return False
+
+
+async def _update_changing_shard_key(cluster: ShardedCluster, cmd: Mapping[str, Any], db: str,
+                                     ns: str, stmt: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A single update whose new shard key belongs to another shard (WouldChangeOwningShard):
+    mongos deletes the document on its shard and inserts it on the new one, in one
+    transaction; without a txnNumber it is refused (20 IllegalOperation). None: the document
+    stays where it is (the update goes its usual way)."""
+    coll = ns.split(".", 1)[1]
+    target = _target(cluster, ns, stmt.get("q"))
+    shards = [target] if target is not None else _owning_shards(cluster, ns)
+    find = {"find": coll, "filter": stmt.get("q") or {}, "limit": 1, "singleBatch": True}
+    if "collation" in stmt:
+        find["collation"] = stmt["collation"]
+    for shard in shards:
+        found = (await forward(cluster, shard, find, db))["cursor"]["firstBatch"]
+        if found:
+            break
+    else:
+        return None
+    pre = found[0]
+    post = await cluster.apply_update(pre, stmt)
+    if post is None:
+        return None
+    owner = cluster.catalog.shard_for(ns, post)
+    if owner == shard.name:
+        return None
+    if cmd.get("txnNumber") is None:
+        return {"n": 0, "nModified": 0, "writeErrors": [{
+            "index": 0, "code": 20,
+            "errmsg": "Must run update to shard key field in a multi-statement transaction or "
+                      "with retryWrites: true.",
+        }]}
+    key = cluster.catalog.document_key(ns, pre) or {"_id": pre["_id"]}
+    if cmd.get("autocommit") is False:  # the user's transaction: two more statements of it
+        base = {k: v for k, v in cmd.items() if k not in ("update", "updates", "ordered")}
+        await forward(cluster, shard, {"delete": coll, "deletes": [{"q": key, "limit": 1}],
+                                       **base}, db)
+        await forward(cluster, cluster.shard(owner), {"insert": coll, "documents": [post],
+                                                      **base}, db)
+        return {"n": 1, "nModified": 1}
+    # A retryable write: both shards' writes at one time, without yielding in between.
+    db_name = db
+    source, dest = shard.store, cluster.shard(owner).store
+    c_source, c_dest = source.get(db_name, coll), dest.get(db_name, coll)
+    current = source.documents(c_source).get(_id_key(pre["_id"])) if c_source else None
+    if current is None or c_dest is None:
+        return None
+    at = cluster.clock.tick()
+    with source.commit_at(at), source.batch():
+        source.delete_document(c_source, current)
+    with dest.commit_at(at), dest.batch():
+        dest.insert_document(c_dest, post)
+    return {"n": 1, "nModified": 1}
 
 
 @front("update")
