@@ -108,3 +108,39 @@ def test_invalid_collation(people) -> None:
     with pytest.raises(OperationFailure) as err:
         people.database.command("find", people.name, filter={}, collation="en")
     assert err.value.code == 14
+
+
+@pytest.fixture
+def coll_words(client) -> Iterator[Any]:
+    c = client.qcollation.words
+    c.drop()
+    c.insert_many([{"w": w} for w in ["Banana", "apple", "cherry", "álice", "alice", "Alice"]])
+    yield c
+    c.drop()
+
+
+def test_default_strength_sorts_as_icu(coll_words) -> None:
+    """{locale: "en"} (strength 3): alphabetical, lowercase before uppercase, accents after;
+    equality still tells case apart."""
+    order = [d["w"] for d in coll_words.find({}, {"_id": 0}).sort("w", 1)
+             .collation(Collation("en"))]
+    assert order == ["alice", "Alice", "álice", "apple", "Banana", "cherry"]
+    upper = [d["w"] for d in coll_words.find({"w": {"$lt": "b"}}, {"_id": 0}).sort("w", 1)
+             .collation(Collation("en", caseFirst="upper"))]
+    assert upper == ["Alice", "alice", "álice", "apple"]
+    assert [d["w"] for d in coll_words.find({"w": "alice"}, collation=Collation("en"))] == [
+        "alice"]
+    binary = [d["w"] for d in coll_words.find({}, {"_id": 0}).sort("w", 1)]
+    assert binary == ["Alice", "Banana", "alice", "apple", "cherry", "álice"]
+
+
+def test_numeric_ordering(client) -> None:
+    c = client.qcollation.items
+    c.drop()
+    c.insert_many([{"s": s} for s in ["item10", "item9", "item100", "item2"]])
+    numeric = Collation("en", numericOrdering=True)
+    assert [d["s"] for d in c.find().sort("s", 1).collation(numeric)] == [
+        "item2", "item9", "item10", "item100"]
+    assert [d["s"] for d in c.find({"s": {"$gt": "item9"}}, collation=numeric)] == [
+        "item10", "item100"]
+    c.drop()

@@ -17,6 +17,7 @@ regexes are compiled once per filter (regex.py).
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import unicodedata
 from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Mapping
@@ -28,6 +29,7 @@ import bson
 from cdcserver.embedded import engine, regex
 from pipeline_stages import keystring
 from pipeline_stages.errors import MongoError
+from pipeline_stages.value_string import type_name
 
 YIELD_AFTER_S = 0.005  # work between two turns of the event loop
 CHECK_EVERY = 64  # documents between two looks at the clock
@@ -344,10 +346,11 @@ def prematched(filter_doc: Mapping[str, Any],
 
 # ---------------------------------------------------------------------------------------------
 # Collation: strings compared by their collation key where a command (or the collection's
-# default) asks for an ICU collation. The key approximates ICU's for strengths 1 and 2 (base
-# letters case-folded, then diacritics at strength 2, then case with caseLevel; code point
-# order within a level, where ICU has its own alphabet order for punctuation and scripts);
-# strengths 3-5 compare strings as they are. Regexes ignore collation, as in mongod.
+# default) asks for an ICU collation. The key approximates ICU's: base letters case-folded,
+# then diacritics (strength 2+), then case (strength 3+, or caseLevel), caseFirst "upper"
+# and numericOrdering honoured; code point order within a level, where ICU has its own
+# alphabet for punctuation and scripts; strengths 4 and 5 compare as 3, alternate "shifted"
+# is not applied. Regexes ignore collation, as in mongod.
 
 # Match operators whose string arguments are not compared values.
 _NOT_COMPARED = frozenset({
@@ -366,22 +369,46 @@ class CollatedStr(str):
     original: str
 
 
+_DIGITS = re.compile(r"\d+")
+
+
+def _numeric(text: str) -> str:
+    """Digit runs made to compare by value: a marker, the count of significant digits,
+    then the digits."""
+    def run(m: re.Match[str]) -> str:
+        digits = m.group().lstrip("0") or "0"
+        return f"0{chr(0x30 + min(len(digits), 0xFFFF))}{digits}"
+
+    return _DIGITS.sub(run, text)
+
+
 class Collation:
-    def __init__(self, strength: int, case_level: bool) -> None:
+    def __init__(self, strength: int, case_level: bool, upper_first: bool = False,
+                 numeric: bool = False) -> None:
         self.strength = strength
         self.case_level = case_level
-        self.spec = {"strength": strength, "caseLevel": case_level}
+        self.upper_first = upper_first
+        self.numeric = numeric
+        self.spec = {"strength": strength, "caseLevel": case_level, "upper": upper_first,
+                     "numeric": numeric}
 
     def key(self, text: str) -> str:
         """Levels joined by \x01 (below any character a string is expected to hold), so
         that keys compare level by level like ICU's sort keys: base letters, then (strength
-        2) diacritics, then (caseLevel) case."""
+        2) diacritics, then (caseLevel, or strength 3 and more) case, lowercase first unless
+        caseFirst is "upper"."""
+        if self.numeric:
+            text = _numeric(text)
+        decomposed = unicodedata.normalize("NFD", text)
         folded = unicodedata.normalize("NFD", text.casefold())
         levels = ["".join(c for c in folded if not unicodedata.combining(c))]
         if self.strength >= 2:
             levels.append(folded)
-        if self.case_level:
-            levels.append(unicodedata.normalize("NFD", text))
+        if self.case_level or self.strength >= 3:
+            cased = decomposed if self.upper_first else decomposed.swapcase()
+            if self.strength == 1:  # caseLevel alone: case without diacritics
+                cased = "".join(c for c in cased if not unicodedata.combining(c))
+            levels.append(cased)
         return "\x01".join(levels)
 
     def value(self, value: Any) -> Any:
@@ -440,7 +467,7 @@ def collation_of(spec: Any, default: Any = None, where: str = "find") -> Collati
         return None
     if not isinstance(spec, Mapping):
         raise MongoError(14, f"BSON field '{where}.collation' is the wrong type "
-                         f"'{type(spec).__name__}', expected type 'object'")
+                         f"'{type_name(spec)}', expected type 'object'")
     locale = spec.get("locale")
     if locale is None:
         raise MongoError(40414, "BSON field 'locale' is missing but a required field")
@@ -454,9 +481,8 @@ def collation_of(spec: Any, default: Any = None, where: str = "find") -> Collati
     ):
         raise MongoError(51024, "BSON field 'strength' value must be >= 1 and <= 5, actual "
                          f"value '{strength}'")
-    if strength >= 3:
-        return None
-    return Collation(int(strength), spec.get("caseLevel") is True)
+    return Collation(int(strength), spec.get("caseLevel") is True,
+                     spec.get("caseFirst") == "upper", spec.get("numericOrdering") is True)
 
 
 def collated_distinct(docs: Iterable[Mapping[str, Any]], key: str, collation: Collation,
