@@ -590,6 +590,14 @@ def test_serve_recorded_shard_oplogs_gives_the_fronts_events(cluster, client, tm
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     assert [bson.encode(e) for e in served] == [bson.encode(e) for e in live]
+    # `cdcserver replay` of the same recordings merges them the same way (merge.py).
+    from cdcserver.cli import replay_shards
+
+    replayed = []
+    cmd = {"aggregate": 1, "pipeline": [{"$changeStream": {"allChangesForCluster": True}}]}
+    for events, _ in replay_shards([[str(p)] for p in paths], cmd, "admin"):
+        replayed.extend(events)
+    assert [bson.encode(e) for e in replayed] == [bson.encode(e) for e in live]
 
 
 def test_renaming_a_sharded_collection_renames_it_on_every_shard(cluster, client):
