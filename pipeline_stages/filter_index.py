@@ -375,13 +375,13 @@ class FilterIndex:
                         found.update(holders)
                     break
                 try:
-                    holders = table.get(value)
+                    hit = table.get(value)
                 except TypeError:  # an unhashable decimal (signalling NaN)
                     for holders in table.values():
                         found.update(holders)
                     break
-                if holders:
-                    found.update(holders)
+                if hit:
+                    found.update(hit)
         return list(found)
 
     def match(
