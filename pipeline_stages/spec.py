@@ -305,6 +305,22 @@ def check_requires_change_stream(pipeline: Any) -> None:
             name = next(iter(stage))
             if name in REQUIRES_CHANGE_STREAM:
                 raise MongoError(20, f"{name} can only be used in a $changeStream pipeline")
+            if name == "$lookup" and isinstance(stage[name], Mapping):
+                _check_lookup_pipeline(stage[name].get("pipeline"))
+
+
+def _check_lookup_pipeline(pipeline: Any) -> None:
+    """lookupPipeValidator: a $lookup sub-pipeline (at any depth) holds no $changeStream
+    (51047; mongod names the stage as it parsed it)."""
+    if not isinstance(pipeline, list):
+        return
+    for stage in pipeline:
+        if isinstance(stage, Mapping) and len(stage) == 1:
+            name = next(iter(stage))
+            if name == "$changeStream":
+                raise MongoError(51047, f"{name} is not allowed within a $lookup's sub-pipeline")
+            if name == "$lookup" and isinstance(stage[name], Mapping):
+                _check_lookup_pipeline(stage[name].get("pipeline"))
 
 
 def _validate_user_stages(stages: list[dict[str, Any]]) -> None:
