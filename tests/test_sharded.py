@@ -644,3 +644,25 @@ def test_an_update_that_moves_a_document_to_another_shard(cluster, client):
         client.w.c.update_one({"_id": 2}, {"$set": {"x": 170}}, session=session)
     assert client.w.c.find_one({"_id": 2})["x"] == 170
     assert _shard_counts(cluster, "w", "c")[:2] == [0, 2]
+
+
+def test_cross_shard_commit_writes_prepare_and_commit_transaction_entries(cluster, client):
+    _spread(client, cluster, "p.c")
+    n = len(cluster.cluster.shards)
+    with client.start_session() as session, session.start_transaction():
+        for k in range(n):
+            client.p.c.insert_one({"_id": k, "x": 100 * k}, session=session)
+    commits, prepares = [], []
+    for shard in cluster.cluster.shards:
+        entries = cluster.call(lambda s=shard: s.store.read_from(bson.Timestamp(0, 0), 10_000))
+        prepared = [e for e in entries if e["op"] == "c" and e["o"].get("prepare")]
+        committed = [e for e in entries if e["op"] == "c" and "commitTransaction" in e["o"]]
+        assert len(prepared) == 1 and len(committed) == 1
+        prepare, commit = prepared[0], committed[0]
+        assert list(prepare["o"]) == ["applyOps", "prepare"]
+        assert commit["prevOpTime"]["ts"] == prepare["ts"] < commit["ts"]
+        assert commit["o"]["commitTimestamp"] == commit["ts"]
+        assert commit["lsid"] == prepare["lsid"] and commit["txnNumber"] == prepare["txnNumber"]
+        prepares.append(prepare["ts"])
+        commits.append(commit["ts"])
+    assert len(set(commits)) == 1 and max(prepares) < commits[0]

@@ -1061,7 +1061,8 @@ def _commit_across_shards(cluster: ShardedCluster, shards: list[Shard],
                           cmd: Mapping[str, Any]) -> None:
     """A transaction that wrote on several shards commits on all of them at one commit time
     (the coordinator's commitTimestamp), without yielding to the loop in between: no stream
-    can see one participant's commit without the others'. Every participant is checked
+    can see one participant's commit without the others'. (Not durable across a crash
+    between the participants: the prepared state is not kept.) Every participant is checked
     first (an aborted one fails the commit with its error and the others abort)."""
     from cdcserver.commands.transactions import transaction_of
 
@@ -1074,10 +1075,22 @@ def _commit_across_shards(cluster: ShardedCluster, shards: list[Shard],
             with shard.store.batch():
                 shard.store.abort_transaction(txn)
         raise
+    from cdcserver.embedded.store import pack_transaction
+
+    # Two-phase commit: every participant prepares (its applyOps with prepare: true), then
+    # all commit at one commitTimestamp (their commitTransaction entries).
+    prepares = [cluster.clock.tick() for _ in txns]
     commit_ts = cluster.clock.tick()
-    for shard, txn in txns:
-        with shard.store.commit_at(commit_ts), shard.store.batch():
-            shard.store.commit_transaction(txn)
+    for (shard, txn), prepare_ts in zip(txns, prepares, strict=True):
+        store = shard.store
+        entries = pack_transaction(txn.ops, store.txn_oplog_entry_ops,
+                                   store.txn_oplog_entry_bytes) if txn.ops else []
+        # (A transaction in several applyOps entries is logged unprepared, at the commit
+        # time: its first entry at it, the others after.)
+        phase = (store.prepared_commit(prepare_ts, commit_ts) if len(entries) == 1
+                 else store.commit_at(commit_ts))
+        with phase, store.batch():
+            store.commit_transaction(txn)
 
 
 @front("endSessions", "killSessions", "killAllSessions", "killAllSessionsByPattern",

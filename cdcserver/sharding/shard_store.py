@@ -60,6 +60,7 @@ class ShardStore(Store):
         self._key_doc: Mapping[str, Any] | None = None  # the document of the update/delete
         self.from_migrate = False
         self._pinned: Timestamp | None = None
+        self._prepare: tuple[Timestamp, Timestamp] | None = None
         super().__init__(data_dir, **options)
         clock.advance_to(self.latest_ts())
 
@@ -100,6 +101,20 @@ class ShardStore(Store):
             self._save_meta(c)  # (db, coll) keys the row: the UUID is replaced
         return c
 
+    @contextlib.contextmanager
+    def prepared_commit(self, prepare_ts: Timestamp, commit_ts: Timestamp) -> Iterator[None]:
+        """The transaction committed in here is logged as a participant of a cross-shard
+        transaction logs it: its `applyOps` with `prepare: true` at `prepare_ts`, then a
+        `commitTransaction` entry (`commitTimestamp`) at `commit_ts`, linked by prevOpTime.
+        Both times come from the cluster clock (every participant's prepare, then the commit
+        time, the same for every participant; mongod writes the commit entry at a time of
+        its own after the commitTimestamp, here they are one)."""
+        self._prepare = (prepare_ts, commit_ts)
+        try:
+            yield
+        finally:
+            self._prepare = None
+
     def update_document(self, c: Any, pre: dict[str, Any], post: dict[str, Any],
                         **kwargs: Any) -> bool:
         self._key_doc = post
@@ -124,6 +139,17 @@ class ShardStore(Store):
                 kwargs["o2"] = self.sharding.document_key(ns, self._key_doc)
             elif op == "d" and self._key_doc is not None:
                 o = self.sharding.document_key(ns, self._key_doc) or o
+        prepare = self._prepare
+        if (prepare is not None and op == "c" and self.txn is None and isinstance(o, Mapping)
+                and "applyOps" in o and not o.get("partialTxn")):
+            self._prepare = None
+            prepare_ts, commit_ts = prepare
+            self._pinned = prepare_ts
+            ts, wall = super().log(op, ns, {**o, "prepare": True}, **kwargs)
+            self._pinned = commit_ts
+            super().log("c", "admin.$cmd", {"commitTransaction": 1, "commitTimestamp": commit_ts},
+                        session=kwargs.get("session"), wall=wall)
+            return ts, wall  # the applyOps entry's: pre-images are keyed by it
         if self.from_migrate and self.txn is None:
             return self._log_from_migrate(op, ns, o, kwargs.get("ui"), kwargs.get("o2"))
         return super().log(op, ns, o, **kwargs)
