@@ -736,6 +736,12 @@ async def coll_mod(server, conn, cmd, db):
                 v = {"enabled": v["enabled"]}
             new_options[k] = v
             o[k] = v
+        if "validator" in new_options:
+            # A collection given a validator keeps the default level and action as options
+            # (listCollections and the next modify event's stateBeforeChange show them).
+            for k, default in (("validationLevel", "strict"), ("validationAction", "error")):
+                if k not in new_options and k not in c.options:
+                    new_options[k] = default
         store.coll_mod(c, o, new_options, index_change)
     return reply
 
