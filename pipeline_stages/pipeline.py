@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
@@ -236,14 +236,14 @@ class ChangeStreamPipeline:
             return
         self.deliver(events)
 
-    def deliver(self, events: list[dict[str, Any]]) -> None:
+    def deliver(self, events: list[Any]) -> None:
         """The user's stages, the split and the encoding of events that passed every stage
         before them; queues the results (a filter group calls this for members with stages of
         their own after their leading $match)."""
         if self.user_stages is not None and self.split is not None:
             # mongod splits by each event's original token and checks the `_id` afterwards.
-            events, tokens = self.user_stages.apply(events)
-            events = self.split.process(events, tokens)
+            applied, tokens = self.user_stages.apply(events)
+            events = self.split.process(cast("list[Any]", applied), tokens)
         elif self.user_stages is not None:
             events = self.user_stages.process(events)  # 280 if a stage changed `_id`
         elif self.split is not None:
