@@ -245,3 +245,23 @@ def test_a_job_out_of_memory_says_so(tmp_path):
     )], done.stderr[-3000:]
     assert not out.exists()
     assert reference([path], *command("cluster"))  # the same file replays in one process
+
+
+@pytest.mark.spark
+def test_a_heap_too_small_for_spark(oplog, tmp_path):
+    """Spark refuses a heap under 450 MiB when it starts: that line, with the flag to raise."""
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("Spark needs Java 17")
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "cdcserver.cli", "spark-replay", *base_args(oplog, out),
+         "--driver-memory", "200m"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    ours = [line for line in done.stderr.splitlines() if line.startswith(PROG)]
+    assert len(ours) == 1, done.stderr[-3000:]
+    assert ours[0].startswith(PROG + "Spark did not start: ")
+    assert "Insufficient driver memory" in ours[0]
+    assert ours[0].endswith("(raise --driver-memory: Spark needs at least 450m)")
+    assert not out.exists()

@@ -312,7 +312,11 @@ def root_cause(
     if python:
         return python[-1].strip()
     if chain:
-        return _first_line(chain[-1])
+        line = _first_line(chain[-1])
+        if "INVALID_DRIVER_MEMORY" in line or "INVALID_EXECUTOR_MEMORY" in line:
+            flag = "--driver-memory" if "DRIVER" in line else "--executor-memory"
+            line += f" (raise {flag}: Spark needs at least 450m)"
+        return line
     caused = re.findall(r"Caused by: ([^\n]+)", text)
     if caused:
         return caused[-1].strip()
@@ -350,6 +354,11 @@ def run_args(args: argparse.Namespace, spark: Any = None) -> int:
             running = bool(os.environ.get("PYSPARK_GATEWAY_PORT"))  # under spark-submit
             if not running:
                 check_java()
+            elif args.driver_memory:
+                log.warning(
+                    "spark-replay: under spark-submit, give --driver-memory to spark-submit: "
+                    "its JVM is already running"
+                )
         existed = check_inputs(args.oplog, args.out, mode)
     except CheckError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
