@@ -666,3 +666,19 @@ def test_cross_shard_commit_writes_prepare_and_commit_transaction_entries(cluste
         prepares.append(prepare["ts"])
         commits.append(commit["ts"])
     assert len(set(commits)) == 1 and max(prepares) < commits[0]
+
+
+def test_an_aborted_cross_shard_transaction_leaves_nothing(cluster, client):
+    _spread(client, cluster, "ab.c")
+    n = len(cluster.cluster.shards)
+    client.ab.c.insert_one({"_id": "dup", "x": 100 * (n - 1)})
+    with client.ab.c.watch(max_await_time_ms=50) as stream:
+        with client.start_session() as session:
+            session.start_transaction()
+            for k in range(n - 1):
+                client.ab.c.insert_one({"_id": k, "x": 100 * k}, session=session)
+            with pytest.raises(pymongo.errors.DuplicateKeyError):
+                client.ab.c.insert_one({"_id": "dup", "x": 100 * (n - 1)}, session=session)
+            session.abort_transaction()
+        assert stream.try_next() is None
+    assert client.ab.c.count_documents({}) == 1

@@ -1048,6 +1048,17 @@ async def end_transaction(server, conn, cmd, db):
             raise MongoError(13, "commitTransaction may only be run against the admin "
                              "database.")
         _commit_across_shards(cluster, [cluster.shard(n) for n in shards], cmd)
+    elif next(iter(cmd)) == "abortTransaction":
+        # Every participant aborts, even when one already had (a failed statement aborts its
+        # shard's part): the first error only if none could.
+        errors: list[MongoError] = []
+        for name in shards:
+            try:
+                reply = await forward(cluster, cluster.shard(name), cmd, db)
+            except MongoError as exc:
+                errors.append(exc)
+        if len(errors) == len(shards):
+            raise errors[0]
     else:
         for name in shards:
             reply = await forward(cluster, cluster.shard(name), cmd, db)
