@@ -429,3 +429,25 @@ def test_a_find_on_a_view_pauses_too(
         db.drop_collection("docs_view")
     assert slow.error is None, slow.error
     assert slow.result == N
+
+
+@pytest.mark.parametrize(("pattern", "options", "text", "matches"), [
+    (r"abc\Z", "", "abc\n", True),  # \Z: the end or before a final newline, as $
+    (r"abc\Z", "", "abc\nd", False),
+    ("a[ ]b", "x", "a b", True),  # extended mode keeps whitespace inside a class
+    (r"a\ b", "x", "a b", True),  # and an escaped space
+    ("a[#]b # a comment", "x", "a#b", True),
+    ("^a$", "", "a\n\n", False),
+    ("(^a$)", "", "a\n", True),
+    ("a$|b", "", "xb", True),
+    ("(a$)b", "", "ab", False),  # $ followed by more pattern: backtracking fallback, same answer
+    ("é", "i", "É", True),
+])
+def test_regex_translation_keeps_pcre_meaning(client, pattern: str, options: str, text: str,
+                                              matches: bool) -> None:
+    c = client.qlimits.one_text
+    c.drop()
+    c.insert_one({"s": text})
+    found = c.count_documents({"s": {"$regex": pattern, "$options": options}})
+    assert found == (1 if matches else 0)
+    c.drop()
