@@ -682,3 +682,14 @@ def test_an_aborted_cross_shard_transaction_leaves_nothing(cluster, client):
             session.abort_transaction()
         assert stream.try_next() is None
     assert client.ab.c.count_documents({}) == 1
+
+
+def test_upserts_go_to_the_shard_of_their_key(cluster, client):
+    _spread(client, cluster, "up.c")
+    n = len(cluster.cluster.shards)
+    client.up.c.update_one({"x": 100 * (n - 1) + 5}, {"$set": {"y": 1}}, upsert=True)
+    assert _shard_counts(cluster, "up", "c")[n - 1] == 1
+    with pytest.raises(pymongo.errors.WriteError) as err:
+        client.up.c.update_one({"y": 2}, {"$set": {"z": 1}}, upsert=True)
+    assert err.value.code == 61
+    assert client.up.c.count_documents({}) == 1

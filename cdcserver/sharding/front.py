@@ -699,6 +699,16 @@ async def _routed_writes(server, cmd, db, field: str, multi_of: Any) -> dict[str
             for shard in shards:
                 replies.append(([i], await forward(cluster, shard, {**cmd, field: [stmt]}, db)))
             continue
+        if field == "updates" and stmt.get("upsert") is True:
+            # An upsert must know its shard: mongos targets it by the query's shard key.
+            replies.append(([i], {"n": 0, "nModified": 0, "writeErrors": [{
+                "index": 0, "code": 61,
+                "errmsg": "Failed to target upsert by query :: could not extract exact shard "
+                          "key",
+            }]}))
+            if cmd.get("ordered", True) is not False:
+                break
+            continue
         # One document without the shard key: the first shard that has a match takes it.
         for k, shard in enumerate(shards):
             one = dict(stmt)
