@@ -554,6 +554,7 @@ class FilterGroup:
         # and they are few, the producer skips CRUD entries none of them can accept.
         self._prefilters: dict[bytes, tuple[Any, int]] = {}  # $match bytes -> (test, members)
         self._unfiltered = 0  # members without a pre-filter
+        self._with_stages = 0  # members with stages after their leading $match
 
     # The scan clock members read their high-water mark from.
     @property
@@ -573,6 +574,7 @@ class FilterGroup:
     def add(self, member: ChangeStreamPipeline) -> None:
         match, rest = split_filter(member.spec.user_pipeline)
         self._as_is[member] = not rest
+        self._with_stages += bool(rest)
         member.scan_clock = self
         self.index.add(member, match)
         self._count_prefilter(member, +1)
@@ -597,8 +599,10 @@ class FilterGroup:
             self.producer.prefilter = lambda *v: any(t(*v) for t in tests)
 
     def remove(self, member: ChangeStreamPipeline) -> None:
-        if self._as_is.pop(member, None) is None:
+        as_is = self._as_is.pop(member, None)
+        if as_is is None:
             return
+        self._with_stages -= not as_is
         self.index.remove(member)
         self._count_prefilter(member, -1)
         scanned = self.scanned_ts
@@ -623,10 +627,19 @@ class FilterGroup:
         return reached
 
     def _fan_out(self, events: list[dict[str, Any]]) -> None:
+        if not events:
+            return  # (the invalidate, if the entries held one, is `push`'s to hand on)
         index = self.index
         as_is = self._as_is
         reached = self._reached
         plain_needed = index.needs_plain()
+        if not plain_needed and self._with_stages == 0:
+            # No member has a filter or stages: every one takes every event as it is.
+            items = encode_events(events, [])
+            for everyone in as_is:
+                everyone.enqueue(items)
+                reached[everyone] = None
+            return
         # Per event: the slots that accept it.
         accepted: list[list[Slot]] = []
         for event in events:
