@@ -282,3 +282,66 @@ def assert_valid_change_stream_nss(
     )
     client[db_name].command({"killCursors": coll_name if coll_name != 1 else "$cmd.aggregate",
                              "cursors": [reply["cursor"]["id"]]})
+
+
+def wo_compare(a: dict, b: dict) -> int:
+    """bsonWoCompare of two resume tokens: their `_data` strings."""
+    return (a["_data"] > b["_data"]) - (a["_data"] < b["_data"])
+
+
+class ShellCursor:
+    """The shell's DBCommandCursor over a change stream: `has_next` sends a getMore when the
+    batch is empty; `get_resume_token` is the last event's `_id` while the batch has more, else
+    the batch's postBatchResumeToken. Built by watching `coll` with `options`, or from a reply."""
+
+    def __init__(self, coll: Any, pipeline: list[Any] | None = None,
+                 batch_size: int | None = None, reply: dict[str, Any] | None = None,
+                 **options: Any) -> None:
+        self.db = coll.database
+        self.coll_name = coll.name
+        if reply is None:
+            cursor: dict[str, Any] = {} if batch_size is None else {"batchSize": batch_size}
+            reply = self.db.command({"aggregate": coll.name,
+                                     "pipeline": [{"$changeStream": options}, *(pipeline or [])],
+                                     "cursor": cursor})
+        self.batch_size = batch_size
+        self._take(reply["cursor"], "firstBatch")
+
+    def _take(self, cursor: dict[str, Any], field: str) -> None:
+        self.id = cursor["id"]
+        self.batch = list(cursor[field])
+        self.pbrt = cursor["postBatchResumeToken"]
+        if not self.batch:
+            self.token = self.pbrt
+
+    def objs_left_in_batch(self) -> int:
+        return len(self.batch)
+
+    def has_next(self) -> bool:
+        if self.batch:
+            return True
+        command: dict[str, Any] = {"getMore": self.id, "collection": self.coll_name}
+        if self.batch_size:
+            command["batchSize"] = self.batch_size
+        self._take(self.db.command(command)["cursor"], "nextBatch")
+        return bool(self.batch)
+
+    def soon_has_next(self) -> None:
+        for _ in range(SOON_TRIES):
+            if self.has_next():
+                return
+        raise AssertionError("no event")
+
+    def next(self) -> dict[str, Any]:
+        assert self.has_next()
+        event = self.batch.pop(0)
+        self.token = self.pbrt if not self.batch else event["_id"]
+        return event
+
+    def get_resume_token(self) -> dict[str, Any]:
+        return self.token
+
+    def close(self) -> None:
+        if self.id:
+            self.db.command({"killCursors": self.coll_name, "cursors": [self.id]})
+            self.id = 0

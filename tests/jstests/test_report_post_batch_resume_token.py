@@ -2,11 +2,7 @@
 1471d6dfadf06fd8db47be942992b8a60c2eb764: the postBatchResumeToken of aggregate and getMore
 replies (empty batches, a start in the future, events, unrelated writes, batches cut by size,
 events of a transaction, a large token at the size limit).
-
-`ShellCursor` reproduces the shell's DBCommandCursor as the jstest uses it: `has_next` sends a
-getMore when the batch is empty, `get_resume_token` is the last event's `_id` while the batch
-has more, else the batch's postBatchResumeToken; `bsonWoCompare` of two tokens compares their
-`_data` strings.
+(`cst.ShellCursor` is the shell's DBCommandCursor.)
 """
 
 from __future__ import annotations
@@ -15,62 +11,11 @@ from typing import Any
 
 import bson
 from bson.timestamp import Timestamp
-from cst import SOON_TRIES
+from cst import SOON_TRIES, ShellCursor, wo_compare
 
 COLL = "report_post_batch_resume_token"
 OTHER = "unrelated_" + COLL
 BATCH_SIZE = 2
-
-
-def wo_compare(a: dict, b: dict) -> int:
-    return (a["_data"] > b["_data"]) - (a["_data"] < b["_data"])
-
-
-class ShellCursor:
-    def __init__(self, coll: Any, pipeline: list[Any] | None = None,
-                 batch_size: int | None = None, **options: Any) -> None:
-        self.db = coll.database
-        self.coll_name = coll.name
-        cursor: dict[str, Any] = {} if batch_size is None else {"batchSize": batch_size}
-        reply = self.db.command({"aggregate": coll.name,
-                                 "pipeline": [{"$changeStream": options}, *(pipeline or [])],
-                                 "cursor": cursor})
-        self.batch_size = batch_size
-        self._take(reply["cursor"], "firstBatch")
-
-    def _take(self, cursor: dict[str, Any], field: str) -> None:
-        self.id = cursor["id"]
-        self.batch = list(cursor[field])
-        self.pbrt = cursor["postBatchResumeToken"]
-        if not self.batch:
-            self.token = self.pbrt
-
-    def objs_left_in_batch(self) -> int:
-        return len(self.batch)
-
-    def has_next(self) -> bool:
-        if self.batch:
-            return True
-        command: dict[str, Any] = {"getMore": self.id, "collection": self.coll_name}
-        if self.batch_size:
-            command["batchSize"] = self.batch_size
-        self._take(self.db.command(command)["cursor"], "nextBatch")
-        return bool(self.batch)
-
-    def soon_has_next(self) -> None:
-        for _ in range(SOON_TRIES):
-            if self.has_next():
-                return
-        raise AssertionError("no event")
-
-    def next(self) -> dict[str, Any]:
-        assert self.has_next()
-        event = self.batch.pop(0)
-        self.token = self.pbrt if not self.batch else event["_id"]
-        return event
-
-    def get_resume_token(self) -> dict[str, Any]:
-        return self.token
 
 
 def test_report_post_batch_resume_token(client: Any) -> None:
