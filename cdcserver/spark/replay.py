@@ -1102,10 +1102,3 @@ def session(master: str | None = None, app_name: str = "cdcserver spark-replay",
         builder = builder.config(key, value)
     return builder.getOrCreate()
 
-
-if __name__ == "__main__":
-    # Under spark-submit this file may be __main__: run the command line of the installed
-    # package, so that what tasks unpickle refers to cdcserver.spark.replay.
-    from cdcserver.spark.cli import main as _main
-
-    sys.exit(_main())
