@@ -338,6 +338,12 @@ def test_a_balancer_round_spreads_chunks_without_events(cluster, client):
     counts = _shard_counts(cluster, "b", "c")
     assert sum(counts) == 10 * n + 1 and all(counts)
     assert sorted(d["_id"] for d in client.b.c.find({"x": {"$gte": 0}})) == list(range(10 * n))
+    # While it is on, a split is followed by a round.
+    client.admin.command("split", "b.c", middle={"x": 3})
+    per_shard = {}
+    for chunk in client.config.chunks.find():
+        per_shard[chunk["shard"]] = per_shard.get(chunk["shard"], 0) + 1
+    assert max(per_shard.values()) - min(per_shard.values()) <= 1
     client.admin.command("balancerStop")
     assert client.admin.command("balancerStatus")["mode"] == "off"
 

@@ -361,6 +361,8 @@ async def split(server, conn, cmd, db):
         values = _median(cluster, ns, chunk)
         if values is not None:
             catalog.split(ns, values)
+    if catalog.balancer:  # switched on: a round after every split
+        await balancer_round(cluster)
     return {}
 
 
