@@ -142,9 +142,10 @@ async def forward_default(server, conn, cmd, db):
 
 # -- handshake ------------------------------------------------------------------------------------
 
+# In mongos's order (cluster_hello_cmd.cpp: maxWireVersion before minWireVersion).
 _HELLO_KEEP = ("maxBsonObjectSize", "maxMessageSizeBytes", "maxWriteBatchSize", "localTime",
-               "logicalSessionTimeoutMinutes", "connectionId", "minWireVersion",
-               "maxWireVersion")
+               "logicalSessionTimeoutMinutes", "connectionId", "maxWireVersion",
+               "minWireVersion")
 
 
 async def _front_hello(server, conn, cmd, db, legacy: bool) -> dict[str, Any]:
