@@ -53,6 +53,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "store.data_dir": args.data_dir or None,
         "upstream.uri": args.upstream or None,
         "metrics.port": args.metrics_port,
+        "server.shards": args.shards,
     }
     try:
         config = load_config(
@@ -93,10 +94,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from cdcserver.embedded.persist import DataDirError
 
         try:
-            if getattr(args, "shards", None):  # a sharded cluster: N embedded shards, a front
+            if config.server.shards:  # a sharded cluster: N embedded shards, a front
                 from cdcserver.sharding.cluster import open_cluster
 
-                oplog = open_cluster(config, args.shards)
+                oplog = open_cluster(config, config.server.shards)
             else:
                 oplog = open_embedded(config)
         except (OSError, ValueError, DataDirError) as exc:  # DataDirError: in use, corrupt

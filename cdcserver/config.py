@@ -40,6 +40,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     idle_connection_timeout_s: float = 0.0
     # On SIGTERM/SIGINT: how long in-flight requests (awaitData getMores) get to finish.
     shutdown_grace_s: float = 5.0
+    # The embedded store as a sharded cluster: this many shards behind a mongos front
+    # (`--shards N`; 0: one replica set).
+    shards: int = 0
 
 
 class SourceConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -103,7 +103,7 @@ class ShardedCluster:
         store_options: dict[str, Any] | None = None,
     ) -> None:
         if shards < 1:
-            raise ValueError("--shards takes a number of shards >= 1")
+            raise ValueError(f"server.shards (--shards): {shards}; a cluster needs 1 or more")
         self.clock = ClusterClock()
         names = [f"shard{k}" for k in range(shards)]
         config_path = None
