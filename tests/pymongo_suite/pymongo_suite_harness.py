@@ -191,14 +191,23 @@ def run_files(
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DB_"))}
     env.update({"DB_IP": host, "DB_PORT": str(port)})
     args = [
-        sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rN",
+        sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-rN",
         f"--junitxml={report}", *extra_args, *files,
     ]
     try:
-        done = subprocess.run(
-            args, cwd=tree, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-            text=True, timeout=timeout_s,
-        )
+        try:
+            done = subprocess.run(
+                args, cwd=tree, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                text=True, timeout=timeout_s,
+            )
+        except subprocess.TimeoutExpired as exc:  # a hang: say which test it was in
+            out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (
+                exc.stdout or "")
+            tail = "\n".join(out.splitlines()[-5:])
+            raise RuntimeError(
+                f"PyMongo's tests did not finish within {timeout_s:.0f} s; the last lines "
+                f"(the test under way last):\n{tail}"
+            ) from None
         if not report.is_file():
             raise RuntimeError(
                 f"PyMongo's tests wrote no report (exit {done.returncode}):\n"
