@@ -122,3 +122,21 @@ def test_sort_orders_arrays_by_their_least_or_greatest_element(coll) -> None:
     assert down == ["array", "two", "missing", "null", "empty"]
     both = [d["_id"] for d in coll.find({"_id": {"$ne": "empty"}}).sort([("a", 1), ("_id", -1)])]
     assert both == ["null", "missing", "array", "two"]
+
+
+def test_aggregate_sort_uses_the_same_sort_keys_as_find(coll) -> None:
+    coll.insert_many([
+        {"_id": "two", "a": 2},
+        {"_id": "array", "a": [3, 1]},
+        {"_id": "missing"},
+        {"_id": "empty", "a": []},
+        {"_id": "word", "a": "B"},
+        {"_id": "lower", "a": "a"},
+    ])
+    found = [d["_id"] for d in coll.find().sort([("a", -1), ("_id", 1)])]
+    agg = [d["_id"] for d in coll.aggregate([{"$sort": {"a": -1, "_id": 1}}])]
+    assert agg == found == ["lower", "word", "array", "two", "missing", "empty"]
+    en = [d["_id"] for d in coll.aggregate(
+        [{"$match": {"a": {"$type": "string"}}}, {"$sort": {"a": 1}}, {"$project": {"a": 0}}],
+        collation={"locale": "en"})]
+    assert en == ["lower", "word"]  # binary order would put "B" first

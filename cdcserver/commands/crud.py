@@ -1393,13 +1393,18 @@ async def aggregate(server, conn, cmd, db):
                                 copy=True, deadline=deadline)
     results: list[Any] = []
     database = store.mongomock_collection(db, target).database
+    c = store.get(db, target)
+    collation = query.collation_of(cmd.get("collation"),
+                                   c.options.get("collation") if c is not None else None,
+                                   "aggregate")
+    stages = query.pipeline(docs, database, pipeline, results, collation)
     if not pipeline:
         results = docs
     elif cmd.get("autocommit") is False:  # $lookup & co. read the transaction's snapshot
         with snapshot_reads(store, cmd):
-            query.run_sync(query.pipeline(docs, database, pipeline, results), deadline)
+            query.run_sync(stages, deadline)
     else:  # per-document stages in chunks that yield, the rest at once
-        await query.run_async(query.pipeline(docs, database, pipeline, results), deadline)
+        await query.run_async(stages, deadline)
     deadline.check()
     if out_stage is not None:
         with store.batch():

@@ -182,25 +182,65 @@ _PER_DOCUMENT = frozenset({
 PIPELINE_CHUNK = 256
 
 
-def pipeline(docs: list[Any], database: Any, stages: list[Any], out: list[Any]) -> Scan:
-    """An aggregation pipeline (the query engine's) over `docs`, into `out`."""
-    n = 0
-    while n < len(stages) and isinstance(stages[n], Mapping) and len(stages[n]) == 1 and (
-        next(iter(stages[n])) in _PER_DOCUMENT
-    ):
-        n += 1
-    head, tail = stages[:n], stages[n:]
-    current = docs
-    if head:
-        current = []
-        for start in range(0, len(docs), PIPELINE_CHUNK):
-            current.extend(engine.run_pipeline(docs[start:start + PIPELINE_CHUNK], database,
-                                               head))
-            yield
-        if not docs:  # the stages still parse (and fail) without documents
-            engine.run_pipeline([], database, head)
-    if tail or not head:
-        current = engine.run_pipeline(current, database, tail)
+def _per_document(stage: Any) -> bool:
+    return isinstance(stage, Mapping) and len(stage) == 1 and next(iter(stage)) in _PER_DOCUMENT
+
+
+def _simple_sort(stage: Any) -> list[tuple[str, int]] | None:
+    """A `$sort` stage's fields when they are plain 1 / -1 (the store sorts those itself,
+    as find does; anything else is the query engine's to run or refuse)."""
+    if not isinstance(stage, Mapping) or len(stage) != 1 or "$sort" not in stage:
+        return None
+    spec = stage["$sort"]
+    if not isinstance(spec, Mapping) or not spec:
+        return None
+    out = []
+    for path, direction in spec.items():
+        if type(direction) is not int or direction not in (1, -1) or not path or (
+            path.startswith("$")
+        ):
+            return None
+        out.append((path, direction))
+    return out
+
+
+def pipeline(docs: list[Any], database: Any, stages: list[Any], out: list[Any],
+             collation: Collation | None = None) -> Scan:
+    """An aggregation pipeline over `docs`, into `out`: runs of per-document stages over
+    chunks of documents, `$sort` by the store's sort keys (in steps, under `collation`), the
+    other stages by the query engine at once."""
+    current = list(docs)
+    if not stages:
+        out.extend(engine.run_pipeline(current, database, []))
+        return
+    i = 0
+    while i < len(stages):
+        j = i
+        while j < len(stages) and _per_document(stages[j]):
+            j += 1
+        if j > i:
+            head, mapped = stages[i:j], []
+            for start in range(0, len(current), PIPELINE_CHUNK):
+                mapped.extend(engine.run_pipeline(current[start:start + PIPELINE_CHUNK],
+                                                  database, head))
+                yield
+            if not current:  # the stages still parse (and fail) without documents
+                engine.run_pipeline([], database, head)
+            current, i = mapped, j
+            continue
+        sort = _simple_sort(stages[i])
+        if sort is not None:
+            current = yield from sorted_documents(current, sort, collation)
+            i += 1
+            continue
+        j = i + 1
+        while j < len(stages) and not _per_document(stages[j]) and (
+            _simple_sort(stages[j]) is None
+        ):
+            j += 1
+        current = engine.run_pipeline(current, database, stages[i:j])
+        i = j
+        yield
     out.extend(current)
 
 
