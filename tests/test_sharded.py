@@ -699,3 +699,55 @@ def test_upserts_go_to_the_shard_of_their_key(cluster, client):
         client.up.c.update_one({"y": 2}, {"$set": {"z": 1}}, upsert=True)
     assert err.value.code == 61
     assert client.up.c.count_documents({}) == 1
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_front_stream_is_the_shards_own_streams_merged(seed):
+    """Random writes (inserts, updates, deletes, transactions, migrations, on sharded and
+    unsharded collections): the front's stream is exactly the union of what each shard's own
+    change stream (a direct connection) gives, in token order, byte for byte."""
+    import random
+
+    rng = random.Random(seed)
+    with ShardedServer(3) as cluster, pymongo.MongoClient(cluster.uri) as client:
+        _spread(client, cluster, "rnd.s")
+        client.admin.command("shardCollection", "rnd.h", key={"k": "hashed"})
+        for db in ("u0", "u1", "u2"):
+            client[db].c.insert_one({"seed": True})
+        start = client.admin.command("ping")["operationTime"]
+        names = [s.name for s in cluster.cluster.shards]
+        for step in range(150):
+            kind = rng.random()
+            if kind < 0.35:
+                client.rnd.s.insert_one({"_id": step, "x": rng.randrange(300)})
+            elif kind < 0.5:
+                client.rnd.h.insert_one({"_id": step, "k": rng.randrange(1000)})
+            elif kind < 0.6:
+                client[f"u{rng.randrange(3)}"].c.insert_one({"_id": step})
+            elif kind < 0.7:
+                client.rnd.s.update_many({"x": {"$lt": rng.randrange(300)}}, {"$inc": {"n": 1}})
+            elif kind < 0.78:
+                client.rnd.s.delete_one({"x": {"$gte": rng.randrange(300)}})
+            elif kind < 0.9:
+                with client.start_session() as session, session.start_transaction():
+                    for j in range(rng.randrange(1, 4)):
+                        client.rnd.s.insert_one({"_id": f"t{step}.{j}", "x": rng.randrange(300)},
+                                                session=session)
+            else:
+                low = rng.choice([0, 100, 200])
+                client.admin.command("moveChunk", "rnd.s", find={"x": low},
+                                     to=rng.choice(names))
+        with client.watch(start_at_operation_time=start) as front:
+            merged = []
+            while (event := front.try_next()) is not None:
+                merged.append(event)
+        own = []
+        for uri in cluster.shard_uris:
+            with pymongo.MongoClient(uri) as direct, direct.watch(
+                start_at_operation_time=start
+            ) as stream:
+                while (event := stream.try_next()) is not None:
+                    own.append(event)
+    own.sort(key=lambda e: e["_id"]["_data"])
+    assert len(merged) > 100
+    assert [bson.encode(e) for e in merged] == [bson.encode(e) for e in own]
