@@ -98,6 +98,21 @@ class ChangeStreamPipeline:
         stages = spec.user_pipeline
         split = bool(stages) and next(iter(stages[-1])) == "$changeStreamSplitLargeEvent"
         self.user_stages = UserStages(stages[:-1] if split else stages) if stages else None
+        # mongod moves the user's leading $match stages ahead of EnsureResumeTokenPresent
+        # (SERVER-71565): a resume point they filter out is never seen, and the stream fails
+        # with 280 (jstests/change_streams/filter_excludes_resume_point.js).
+        leading: list[dict[str, Any]] = []
+        for stage in stages:
+            if next(iter(stage)) != "$match":
+                break
+            leading.append(stage)
+        # Resuming after an invalidate (startAfter), mongod hands the regenerated invalidate to
+        # EnsureResumeTokenPresent directly (ChangeStreamStartAfterInvalidate), past any $match.
+        self.ensure_match = (
+            UserStages(leading)
+            if self.ensure_token is not None and leading and not client.from_invalidate
+            else None
+        )
         self.split = SplitLargeEvent(resume_after=spec.resume_token) if split else None
         # A leading $match on operationType/ns, checked on CRUD entries before the transform
         # (mongod rewrites it into the oplog filter). DDL entries always go through: they may
@@ -226,6 +241,8 @@ class ChangeStreamPipeline:
                 strip_internal_fields(event)
         # else: without image stages the transform adds no internal field to strip.
         if self.ensure_token is not None:
+            if self.ensure_match is not None and not self.ensure_token.done:
+                events = self.ensure_match.process(events)  # the user's stages filter again
             events = self.ensure_token.process(events)
         if not self.spec.show_expanded_events:
             events = [e for e in events if e["operationType"] in CLASSIC_EVENT_TYPES]

@@ -32,3 +32,22 @@ def test_filter_excludes_resume_point(client: Any) -> None:
     with pytest.raises(OperationFailure) as raised:
         cs2.try_next()
     assert raised.value.code == CHANGE_STREAM_FATAL_ERROR
+
+
+def test_filter_alone_excludes_resume_point(client: Any) -> None:
+    """Not in the jstest: its stream without the `$project`, so that the 280 can only come from
+    the reason the jstest gives (the filtered-out resume token is never seen), not from the
+    projected-out `_id`."""
+    db = client["test"]
+    db.drop_collection(COLL)
+    db.create_collection(COLL)
+    coll = db[COLL]
+    cs1 = coll.watch()
+    coll.insert_many([{"_id": 1}, {"_id": 2}])
+    event1 = cs1.next()
+    cs2 = coll.watch([{"$match": {"fullDocument._id": {"$gt": 1}}}],
+                     resume_after=event1["_id"], batch_size=0)
+    with pytest.raises(OperationFailure) as raised:
+        cs2.try_next()
+    assert raised.value.code == CHANGE_STREAM_FATAL_ERROR
+    assert "the resume token was not found" in raised.value.details["errmsg"]
