@@ -110,7 +110,8 @@ class ChangeStreamPipeline:
         # EnsureResumeTokenPresent directly (ChangeStreamStartAfterInvalidate), past any $match.
         self.ensure_match = (
             UserStages(leading)
-            if self.ensure_token is not None and leading and not client.from_invalidate
+            if client is not None and self.ensure_token is not None and leading
+            and not client.from_invalidate
             else None
         )
         self.split = SplitLargeEvent(resume_after=spec.resume_token) if split else None

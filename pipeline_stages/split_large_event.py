@@ -201,4 +201,5 @@ class SplitLargeEvent:
         if status == NEEDS_SPLIT and size <= MAX_CHANGE_EVENT_SIZE:
             raise MongoError(280, NOT_LARGE_ENOUGH_MESSAGE)
         self._resume_after_split = None
-        return client.fragment_num if status == NEEDS_SPLIT else 0
+        # a fragment token (only those are kept in _resume_after_split)
+        return (client.fragment_num or 0) if status == NEEDS_SPLIT else 0
