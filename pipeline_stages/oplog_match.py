@@ -31,6 +31,7 @@ from bson.decimal128 import Decimal128
 from bson.timestamp import Timestamp
 
 from .errors import MongoError
+from .regex import python_pattern  # `{` as PCRE2 reads it
 from .spec import ChangeStreamSpec
 
 # document_source_change_stream.h constants.
@@ -59,38 +60,9 @@ def regex_escape_ns(source: str) -> str:
     return "".join("\\" + c if c in _NS_ESCAPES else c for c in source)
 
 
-_PCRE_QUANTIFIER = re.compile(r"\{\d+(?:,\d*)?\}")
-
-
-def _python_pattern(pcre: str) -> str:
-    """The Python `re` spelling of a PCRE pattern built from mongod's regex helpers.
-
-    The constants only use anchors, classes and lookaheads, which mean the same in both. The one
-    difference that names can introduce: Python reads `{,n}` and `{,}` as quantifiers, PCRE2
-    (before 10.43) reads them literally, so every `{` that does not open `{n}`, `{n,}` or `{n,m}`
-    is escaped.
-    """
-    if "{" not in pcre:
-        return pcre
-    out: list[str] = []
-    i = 0
-    while i < len(pcre):
-        c = pcre[i]
-        if c == "\\" and i + 1 < len(pcre):
-            out.append(pcre[i : i + 2])
-            i += 2
-            continue
-        if c == "{" and not _PCRE_QUANTIFIER.match(pcre, i):
-            out.append("\\{")
-        else:
-            out.append(c)
-        i += 1
-    return "".join(out)
-
-
 def _compile(pcre: str) -> re.Pattern[str]:
     try:
-        return re.compile(_python_pattern(pcre))
+        return re.compile(python_pattern(pcre))
     except re.error as exc:
         # mongod fails to parse the $match it built (e.g. a collection named "{2}x").
         raise MongoError(51091, f"Regular expression is invalid: {exc}") from None

@@ -55,11 +55,12 @@ from mongomock import filtering as _mm_filtering
 from mongomock import helpers as _mm_helpers
 from pymongo.errors import OperationFailure
 
-# The one $regex matcher (pure and synchronous here: a scan of the embedded store's may hand
-# backtracking matches to a worker process, a change-stream $match never does).
-from cdcserver.embedded.regex import compile_filter as _compile_regexes
 from pipeline_stages.errors import MongoError
 from pipeline_stages.oplog_entry import encode_in_order
+
+# The one $regex matcher (RE2 where it means what PCRE does; here the in-process fallback for
+# the rest: the embedded store's scans pass a worker-process one, cdcserver/embedded/regex.py).
+from pipeline_stages.regex import compile_filter as _compile_regexes
 from pipeline_stages.spec import ALLOWED_USER_STAGES, KNOWN_STAGES
 from pipeline_stages.transform import MISSING
 from pipeline_stages.value_string import document_string, type_name, value_string

@@ -172,9 +172,8 @@ def test_imports_inside_functions_close_only_the_known_circles() -> None:
 
 
 # pipeline_stages/ modules that reach into cdcserver/ (the pipeline is meant to stand alone,
-# for Spark): user_stages.py compiles $match regexes with the embedded store's matcher (due to
-# move behind the query-engine adapter).
-KNOWN_LAYER_LEAKS = {"pipeline_stages.user_stages": {"cdcserver.embedded.regex"}}
+# for Spark): none since $regex moved to pipeline_stages/regex.py.
+KNOWN_LAYER_LEAKS: dict[str, set[str]] = {}
 
 
 def test_pipeline_stages_imports_nothing_else_from_cdcserver() -> None:
@@ -189,3 +188,29 @@ def test_pipeline_stages_imports_nothing_else_from_cdcserver() -> None:
 
 def _is_package(module: str) -> bool:
     return _modules()[module].name == "__init__.py"
+
+
+def _dynamic_imports(tree: ast.Module) -> Iterator[str]:
+    """Module names given as constants to importlib.import_module / __import__."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                yield node.args[0].value
+
+
+def test_pipeline_stages_never_imports_cdcserver() -> None:
+    """pipeline_stages/ is pure and synchronous (no asyncio, sockets, subprocesses): no module
+    of it imports cdcserver or any module of it, at module level or inside functions, with no
+    exception."""
+    graph = import_graph(deferred=True)
+    found = {
+        m: sorted(d for d in deps if d == "cdcserver" or d.startswith("cdcserver."))
+        for m, deps in graph.items() if m.split(".")[0] == "pipeline_stages"
+    }
+    for module, path in _modules().items():
+        if module.split(".")[0] == "pipeline_stages":
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            found[module] += [n for n in _dynamic_imports(tree) if n.split(".")[0] == "cdcserver"]
+    assert not {m: d for m, d in found.items() if d}
