@@ -334,11 +334,7 @@ class Hub:
         key = shareable_key(spec)
         if key is not None:
             for group in self.groups.get(key, []):
-                if group.log is not log or group.producer.invalidated or not group.members:
-                    continue
-                if group.next_ts < start:
-                    _catch_up(group, start)  # reads it would read anyway, to share it
-                if group.next_ts == start:
+                if self._joinable(group, log, start):
                     return group, make_pipeline()
         pipeline = make_pipeline()
         if key is None:
@@ -348,6 +344,19 @@ class Hub:
             group.hub = self
             return group, pipeline
         return self._new_group(key, spec, start, log, pipeline), pipeline
+
+    @staticmethod
+    def _joinable(group: StreamGroup, log: OplogLog, start: Timestamp) -> bool:
+        """Whether a stream starting at `start` can join `group`: same source, members left,
+        and (after catching it up, reads it would read anyway) a live producer exactly at
+        `start`. The invalidated check comes after the catch-up: the entries read to catch up
+        may invalidate the producer (a drop its idle members never read), and a producer that
+        is invalidated ignores every later entry, so a stream joining it would never get one."""
+        if group.log is not log or group.producer.invalidated or not group.members:
+            return False
+        if group.next_ts < start:
+            _catch_up(group, start)
+        return group.next_ts == start and not group.producer.invalidated
 
     def _new_group(
         self,
@@ -376,15 +385,7 @@ class Hub:
         key = group_key(pipeline.spec)
         target = None
         for candidate in self.groups.get(key, []):
-            if (
-                candidate.log is not group.log
-                or candidate.producer.invalidated
-                or not candidate.members
-            ):
-                continue
-            if candidate.next_ts < group.next_ts:
-                _catch_up(candidate, group.next_ts)
-            if candidate.next_ts == group.next_ts:
+            if self._joinable(candidate, group.log, group.next_ts):
                 target = candidate
                 break
         if target is None:
