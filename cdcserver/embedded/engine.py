@@ -27,6 +27,7 @@ from mongomock import helpers as mm_helpers
 
 from cdcserver.embedded import json_schema, modifiers, regex
 from pipeline_stages.errors import MongoError
+from pipeline_stages.regex import MatchRegex, is_linear
 
 UPDATE_OPERATORS = frozenset(
     {
@@ -148,6 +149,7 @@ def _validate_operators(spec: Mapping[str, Any]) -> None:
                     raise MongoError(2, f"Unknown type name alias: {alias}")
 
 
+# $regex operands compiled once, with the fallback that moves backtracking off the loop.
 compile_filter = regex.compile_filter
 
 
@@ -168,13 +170,13 @@ def _compiled_filter(filter_doc: Mapping[str, Any]) -> dict[str, Any]:
 
 def backtracks(filter_doc: Mapping[str, Any] | None) -> bool:
     """Whether the filter holds a regex RE2 cannot run (matched by backtracking, see
-    regex.py): its scan then runs off the event loop."""
+    pipeline_stages/regex.py): its scan then runs off the event loop (embedded/regex.py)."""
     if not filter_doc:
         return False
 
     def walk(value: Any) -> bool:
-        if isinstance(value, regex.MatchRegex):
-            return not regex.is_linear(value.matcher)
+        if isinstance(value, MatchRegex):
+            return not is_linear(value.matcher)
         if isinstance(value, Mapping):
             return any(walk(v) for v in value.values())
         if isinstance(value, list):

@@ -11,7 +11,8 @@ replaces a document on write and never changes one in place), so yielding cannot
 half-applied write or another session's transaction.
 
 What a filter matches, a projection keeps and how values sort are the engine's (engine.py);
-regexes are compiled once per filter (regex.py).
+regexes are compiled once per filter (pipeline_stages/regex.py; embedded/regex.py runs the
+ones RE2 cannot in a worker process when a scan is offloaded).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def run_sync(scan: Scan, deadline: Deadline = NO_DEADLINE) -> None:
 
 
 def _run_offloaded(scan: Scan, deadline: Deadline) -> None:
+    # this thread's (copied) context only: the same regexes stay in-process everywhere else
     regex.backtracking_deadline.set(deadline.at)
     run_sync(scan, deadline)
 

@@ -24,9 +24,8 @@ from typing import Any
 
 from pipeline_stages import regex as _pure
 from pipeline_stages.errors import MongoError
-from pipeline_stages.regex import MatchRegex, is_linear
 
-__all__ = ["MatchRegex", "backtracking_deadline", "compile_filter", "is_linear", "stats"]
+__all__ = ["backtracking_deadline", "compile_filter", "stats"]
 
 stats = {"offloaded": 0}  # matches run in a worker process (tests wait for one to start)
 
