@@ -26,6 +26,7 @@ from pipeline_stages.add_pre_image import AddPreImage
 from pipeline_stages.check_invalidate import CheckInvalidate
 from pipeline_stages.check_resumability import CheckResumability, check_history
 from pipeline_stages.ensure_resume_token_present import EnsureResumeTokenPresent
+from pipeline_stages.errors import MongoError
 from pipeline_stages.image_source import ImageSource
 from pipeline_stages.oplog_entry import Entry, encode_in_order, encode_many_in_order, split_ns
 from pipeline_stages.oplog_match import OplogFilter
@@ -299,6 +300,12 @@ class ChangeStreamPipeline:
         limit = len(pending) if batch_size is None else min(batch_size, len(pending))
         while len(out) < limit:
             event, token, ts = pending[0]
+            if isinstance(event, TooLargeEvent):
+                # The batch that reaches an event too large to return fails (the events before
+                # it in this batch with it), as mongod's does when it builds that batch.
+                pending.clear()
+                self.error = event.error
+                raise event.error
             n = len(event.raw)
             if out and size + n > MAX_BATCH_BYTES:
                 break  # stays queued for the next getMore; the token does not move past it
@@ -348,6 +355,17 @@ def _high_water_mark(ts: Timestamp, version: int) -> dict[str, Any]:
     return doc
 
 
+class TooLargeEvent:
+    """Queued in place of an event too large to return: the batch that reaches it fails with
+    its BSONObjectTooLarge error; the events queued before it are returned first."""
+
+    __slots__ = ("error",)
+    raw = b""
+
+    def __init__(self, error: MongoError) -> None:
+        self.error = error
+
+
 def encode_events(events: list[dict[str, Any]], out: Any) -> Any:
     """Append (encoded event, its resume token, its clusterTime) for each event to `out` (and
     return it), in one codec call when there are several."""
@@ -361,7 +379,11 @@ def encode_events(events: list[dict[str, Any]], out: Any) -> Any:
         if ts is None:  # a stage removed clusterTime: read it from the token
             ts = resume_token.decode(token).cluster_time
         raw = encoded[i] if encoded is not None else encode_in_order(event)
-        check_event_size(raw, event)  # 10334 over 16 MiB + 16 KiB, as mongod's batch does
+        try:
+            check_event_size(raw, event)  # over 16 MiB + 16 KiB: 10334 when a batch reaches it
+        except MongoError as exc:
+            out.append((TooLargeEvent(exc), token, ts))
+            continue
         out.append((RawBSONDocument(raw), token, ts))
     return out
 
