@@ -320,6 +320,8 @@ class ShellCursor:
     def has_next(self) -> bool:
         if self.batch:
             return True
+        if self.id == 0:
+            return False  # exhausted: the shell sends no getMore
         command: dict[str, Any] = {"getMore": self.id, "collection": self.coll_name}
         if self.batch_size:
             command["batchSize"] = self.batch_size
@@ -340,6 +342,9 @@ class ShellCursor:
 
     def get_resume_token(self) -> dict[str, Any]:
         return self.token
+
+    def is_exhausted(self) -> bool:
+        return self.id == 0 and not self.batch
 
     def close(self) -> None:
         if self.id:
