@@ -70,7 +70,7 @@ class ShardMerge(Generic[T]):
         token: Callable[[T], Mapping[str, Any]] | None = None,
     ) -> None:
         self._key = key
-        self._token = token if token is not None else (lambda e: e["_id"])  # type: ignore[index]
+        self._token = token if token is not None else (lambda e: e["_id"])
         self._remotes: dict[Hashable, _Remote[T]] = {}
         self._high_water: Mapping[str, Any] | None = None
         self._high_key: str | None = None
@@ -230,6 +230,7 @@ class ShardMerge(Generic[T]):
                 return
             last = max(ended, key=lambda r: r.promise)  # type: ignore[arg-type,return-value]
             low = (last.promise, last.token)  # type: ignore[assignment]
+        assert low is not None  # set by one branch above or returned
         if self._high_key is None or low[0] > self._high_key:
             self._high_key, self._high_water = low
 

@@ -82,13 +82,15 @@ class ChangeStreamPipeline:
             images = MemoryImageSource()  # no source of images: every lookup finds nothing
         self.images = images
         self.add_pre_image = (
-            AddPreImage(spec, images) if spec.full_document_before_change != "off" else None
+            AddPreImage(spec, images)
+            if images is not None and spec.full_document_before_change != "off"
+            else None
         )
         self.add_post_image = (
             # mongod 8.0 always matches the collection UUID on a replica set (the option only
             # exists on master), so a re-created collection gives null.
             AddPostImage(spec, images, match_collection_uuid=True)
-            if spec.full_document != "default"
+            if images is not None and spec.full_document != "default"
             else None
         )
         self.ensure_token = (
@@ -404,4 +406,4 @@ def _may_match(prefilter: Any, op: Entry) -> bool:
     db, coll = split_ns(op["ns"])
     if coll == "system.views":
         return True  # view DDL, not CRUD
-    return prefilter(operation_type, db, coll)
+    return bool(prefilter(operation_type, db, coll))
