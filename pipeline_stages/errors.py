@@ -20,10 +20,6 @@ CODE_NAMES: dict[int, str] = {
     # unknown field as Location40415 (tests/test_spec.py, tests/test_write_command_parsing.py).
     if code not in CATEGORIES["IDLParseError"]
 }
-# Two codes cdcserver raises under names that are not theirs (mongod raises
-# ViewDepthLimitExceeded as 165 and CursorInUse as 143): kept as they were until the raising
-# sites and their tests change.
-CODE_NAMES.update({149: "ViewDepthLimitExceeded", 292: "CursorInUse"})
 
 
 def code_name(code: int) -> str:

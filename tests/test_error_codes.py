@@ -146,8 +146,6 @@ def test_generator_refuses_a_malformed_yml(body: str) -> None:
 
 # Codes mongod 8.0 reports as Location<code> although the (master) yml names them.
 NAMED_AFTER_8_0 = error_codes.CATEGORIES["IDLParseError"]
-# Codes cdcserver raises where mongod raises another code, under that other code's name.
-WRONG_CODES = {149: ("ViewDepthLimitExceeded", 165), 292: ("CursorInUse", 143)}
 
 
 def _raised_codes() -> dict[int, set[str]]:
@@ -189,9 +187,7 @@ def test_the_scan_finds_the_codes_the_project_raises() -> None:
 def test_every_code_the_project_raises_has_its_mongod_name() -> None:
     wrong = {}
     for code, where in sorted(_raised_codes().items()):
-        if code in WRONG_CODES:
-            expected = WRONG_CODES[code][0]
-        elif code in error_codes.ERROR_CODES and code not in NAMED_AFTER_8_0:
+        if code in error_codes.ERROR_CODES and code not in NAMED_AFTER_8_0:
             expected = error_codes.ERROR_CODES[code]
         else:
             expected = f"Location{code}"
@@ -200,14 +196,11 @@ def test_every_code_the_project_raises_has_its_mongod_name() -> None:
     assert not wrong
 
 
-def test_the_two_wrong_codes_are_still_only_those() -> None:
-    """149 and 292 keep the names cdcserver always gave them (tests pin them); mongod raises
-    those errors as 165 and 143, which the table names so."""
-    for code, (name, mongod_code) in WRONG_CODES.items():
-        assert CODE_NAMES[code] == name == error_codes.ERROR_CODES[mongod_code]
-        assert error_codes.ERROR_CODES[code] != name
+def test_every_name_is_mongods() -> None:
+    """cdcserver names every code as the table does, except the IDL parse codes mongod 8.0
+    still reports as Location<code>."""
     differing = {c for c, n in CODE_NAMES.items() if error_codes.ERROR_CODES.get(c) != n}
-    assert differing == set(WRONG_CODES)
+    assert differing == set()
     assert set(error_codes.ERROR_CODES) - set(CODE_NAMES) == NAMED_AFTER_8_0
     assert {code_name(c) for c in NAMED_AFTER_8_0} == {f"Location{c}" for c in NAMED_AFTER_8_0}
 

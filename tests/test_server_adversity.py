@@ -325,7 +325,7 @@ def test_cursor_in_use(world, watcher):
                 break
             time.sleep(0.005)
         reply = command(second, {**get_more, "maxTimeMS": 1})
-        assert reply["code"] == 292 and reply["codeName"] == "CursorInUse", reply
+        assert reply["code"] == 143 and reply["codeName"] == "CursorInUse", reply
         assert reply["errmsg"] == f"cursor id {cursor_id} is already in use"
         world.oplog.insert("shop.busy", {"_id": "wake"})
         world.flush()

@@ -967,7 +967,7 @@ async def get_more(server, conn, cmd, db):
         conn.awaited_s = cursor.awaited_s  # its wait for entries is not its work (slow log)
         return reply
     if cursor.busy:  # mongod's CursorManager::pinCursor
-        raise MongoError(292, f"cursor id {cursor.id} is already in use")
+        raise MongoError(143, f"cursor id {cursor.id} is already in use")
     cursor.busy = True  # a batch of up to 16 MiB is gathered in steps
     try:
         batch: list[Any] = []
@@ -986,7 +986,7 @@ async def _oplog_get_more(
     batch_size: int | None,
 ) -> dict[str, Any]:
     if cursor.busy:  # mongod's CursorManager::pinCursor
-        raise MongoError(292, f"cursor id {cursor.id} is already in use")
+        raise MongoError(143, f"cursor id {cursor.id} is already in use")
     cursor.busy = True
     try:
         batch = await cursor.get_more(batch_size, _int(cmd, "maxTimeMS", "getMore", None))

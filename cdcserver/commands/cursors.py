@@ -97,7 +97,7 @@ async def get_more(server, conn, cmd, db):
         return await other(server, conn, cmd, db)
     cursor = server.cursors.get(int(cursor_id), f"{db}.{coll}")
     if cursor.busy:  # mongod's CursorManager::pinCursor
-        raise MongoError(292, f"cursor id {cursor.id} is already in use")
+        raise MongoError(143, f"cursor id {cursor.id} is already in use")
     cursor.busy = True
     try:
         batch = await cursor.get_more(batch_size, max_time_ms)

@@ -251,7 +251,7 @@ def _validate_view_graph(
 
     def children_height(node: str, depth: int) -> int:
         if depth > VIEW_MAX_DEPTH:
-            raise MongoError(149, "View depth limit exceeded; maximum depth is "
+            raise MongoError(165, "View depth limit exceeded; maximum depth is "
                              f"{VIEW_MAX_DEPTH}")
         best = 0
         for child in refs(node):
@@ -270,7 +270,7 @@ def _validate_view_graph(
 
     def parents_height(node: str, depth: int) -> int:
         if depth > VIEW_MAX_DEPTH:
-            raise MongoError(149, "View depth limit exceeded; maximum depth is "
+            raise MongoError(165, "View depth limit exceeded; maximum depth is "
                              f"{VIEW_MAX_DEPTH}")
         best = 0
         for view in store.views_of(db):
@@ -280,7 +280,7 @@ def _validate_view_graph(
         return best + 1
 
     if parents_height(name, 0) + below - 1 > VIEW_MAX_DEPTH:
-        raise MongoError(149, f"View depth limit exceeded; maximum depth is {VIEW_MAX_DEPTH}")
+        raise MongoError(165, f"View depth limit exceeded; maximum depth is {VIEW_MAX_DEPTH}")
 
 
 def _full_collation(collation: Any) -> dict[str, Any] | None:

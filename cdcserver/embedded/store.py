@@ -936,7 +936,7 @@ class Store(EntryList):
                 return (current, pipeline) if current != name else None
             pipeline = [*view.get("pipeline", []), *pipeline]
             current = view["viewOn"]
-        raise MongoError(149, "View depth too deep or view cycle detected; maximum depth is "
+        raise MongoError(165, "View depth too deep or view cycle detected; maximum depth is "
                          f"{VIEW_MAX_DEPTH}")
 
     def drop_collection(self, db: str, coll: str) -> Collection | None:

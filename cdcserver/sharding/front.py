@@ -1240,7 +1240,7 @@ async def stream_get_more(server: Any, conn: Any, cmd: Mapping[str, Any], db: st
     batch_size = int_arg(cmd, "batchSize", "getMore")
     max_time_ms = int_arg(cmd, "maxTimeMS", "getMore")
     if stream.busy:
-        raise MongoError(292, f"cursor id {stream.id} is already in use")
+        raise MongoError(143, f"cursor id {stream.id} is already in use")
     stream.busy = True
     try:
         batch = await stream.get_more(batch_size, max_time_ms)
