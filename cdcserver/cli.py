@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 from bson import json_util
 
 from cdcserver.config import Config, ConfigError, load_config
+from cdcserver.replay_command import spec_command
 from cdcserver.sources.file import FileOplog, OplogFileError
 from pipeline_stages.errors import MongoError
 
@@ -160,22 +161,6 @@ def open_embedded(config: Config):
     return EmbeddedOplog(store, noop_interval_s=sc.noop_interval_s)
 
 
-def _spec_command(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    options = json_util.loads(args.options) if args.options else {}
-    stages = json_util.loads(args.pipeline) if args.pipeline else []
-    if not isinstance(options, dict) or not isinstance(stages, list):
-        raise ValueError("--options takes a JSON object and --pipeline a JSON array")
-    if args.cluster:
-        options = {**options, "allChangesForCluster": True}
-        return {"aggregate": 1, "pipeline": [{"$changeStream": options}, *stages]}, "admin"
-    if args.db:
-        return {"aggregate": 1, "pipeline": [{"$changeStream": options}, *stages]}, args.db
-    db, _, coll = args.ns.partition(".")
-    if not coll:
-        raise ValueError("--ns takes DB.COLL")
-    return {"aggregate": coll, "pipeline": [{"$changeStream": options}, *stages]}, db
-
-
 def replay_events(paths: list[str], cmd: dict[str, Any], db: str):
     """The events `cdcserver replay` writes, in order (shared with the Spark replay's tests)."""
     for events, n, _token, _invalidated in _shard_batches(paths, cmd, db):
@@ -259,7 +244,7 @@ def _shard_batches(paths: list[str], cmd: dict[str, Any], db: str):
 def cmd_replay(args: argparse.Namespace) -> int:
     _setup_logging("info", "text")
     try:
-        cmd, db = _spec_command(args)
+        cmd, db = spec_command(args)
     except ValueError as exc:
         print(f"cdcserver replay: {exc}", file=sys.stderr)
         return 2

@@ -23,8 +23,7 @@ import sys
 import time
 from typing import Any
 
-from bson import json_util
-
+from cdcserver import replay_command
 from cdcserver.spark import splits as sp
 
 log = logging.getLogger("cdcserver")
@@ -100,24 +99,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def spec_command(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    """(aggregate command, db) from --ns/--db/--cluster, --options and --pipeline (as
-    `cdcserver replay` builds it)."""
+    """(aggregate command, db) as `cdcserver replay` builds it."""
     try:
-        options = json_util.loads(args.options) if args.options else {}
-        stages = json_util.loads(args.pipeline) if args.pipeline else []
+        return replay_command.spec_command(args)
     except ValueError as exc:
-        raise CheckError(f"--options/--pipeline: invalid JSON ({exc})") from None
-    if not isinstance(options, dict) or not isinstance(stages, list):
-        raise CheckError("--options takes a JSON object and --pipeline a JSON array")
-    if args.cluster:
-        options = {**options, "allChangesForCluster": True}
-        return {"aggregate": 1, "pipeline": [{"$changeStream": options}, *stages]}, "admin"
-    if args.db:
-        return {"aggregate": 1, "pipeline": [{"$changeStream": options}, *stages]}, args.db
-    db, _, coll = args.ns.partition(".")
-    if not coll:
-        raise CheckError("--ns takes DB.COLL")
-    return {"aggregate": coll, "pipeline": [{"$changeStream": options}, *stages]}, db
+        raise CheckError(str(exc)) from None
 
 
 def spark_conf(args: argparse.Namespace) -> dict[str, str]:
