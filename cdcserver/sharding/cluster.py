@@ -18,10 +18,9 @@ from bson.timestamp import Timestamp
 
 from cdcserver.context import ConnectionState, ServerState
 from cdcserver.sharding.catalog import ShardingCatalog
+from cdcserver.sharding.front_log import FrontLog
 from cdcserver.sharding.shard_store import ClusterClock, ShardStore
-from cdcserver.sources.base import OplogLog
 from cdcserver.sources.embedded import EmbeddedOplog
-from pipeline_stages.oplog_entry import Entry
 
 
 @dataclass(eq=False)
@@ -41,7 +40,7 @@ class Shard:
         return f"{self.name}/{self.host}:{self.port}"
 
 
-class ClusterLog(OplogLog):
+class ClusterLog(FrontLog):
     """The front's view of time: the cluster clock (operationTime, $clusterTime, hello's
     lastWrite). It holds no entries: the front's streams read the shards' oplogs."""
 
@@ -54,26 +53,8 @@ class ClusterLog(OplogLog):
         last = self.cluster.clock.last
         return None if last == Timestamp(0, 0) else last
 
-    def oldest_entry(self) -> Entry | None:
-        return None
-
-    def read_from(self, start: Timestamp, limit: int) -> list[Entry]:
-        return []
-
-    def entry_at(self, ts: Timestamp) -> Entry | None:
-        return None
-
-    def namespaces(self) -> set[tuple[str, str]]:
-        out: set[tuple[str, str]] = set()
-        for shard in self.cluster.shards:
-            out |= shard.log.namespaces()
-        return out
-
     def changed_event(self) -> asyncio.Event:
         return self._changed
-
-    def __len__(self) -> int:
-        return sum(len(s.log) for s in self.cluster.shards)
 
     # serve_forever's hooks (cdcserver/server.py): the front's command table, the shards'
     # listeners started before the front's and closed after it.

@@ -16,7 +16,7 @@ from typing import Any
 from bson.timestamp import Timestamp
 
 from cdcserver.context import ServerState
-from cdcserver.sources.base import OplogLog
+from cdcserver.sharding.front_log import FrontLog
 from cdcserver.sources.file import FileOplog
 from pipeline_stages.oplog_entry import Entry
 from pipeline_stages.spec import is_change_stream_aggregate
@@ -33,7 +33,7 @@ class RecordedShard:
     state: ServerState
 
 
-class RecordedShards(OplogLog):
+class RecordedShards(FrontLog):
     def __init__(self, shards: list[list[str]]) -> None:
         super().__init__()
         self.cluster = self
@@ -73,21 +73,6 @@ class RecordedShards(OplogLog):
     def oldest_entry(self) -> Entry | None:
         firsts = [e for e in (s.log.oldest_entry() for s in self.shards) if e is not None]
         return min(firsts, key=lambda e: e["ts"]) if firsts else None
-
-    def read_from(self, start: Timestamp, limit: int) -> list[Entry]:
-        return []
-
-    def entry_at(self, ts: Timestamp) -> Entry | None:
-        return None
-
-    def namespaces(self) -> set[tuple[str, str]]:
-        out: set[tuple[str, str]] = set()
-        for shard in self.shards:
-            out |= shard.log.namespaces()
-        return out
-
-    def __len__(self) -> int:
-        return sum(len(s.log) for s in self.shards)
 
     @property
     def command_table(self) -> dict[str, Any]:

@@ -34,10 +34,9 @@ from bson.timestamp import Timestamp
 
 from cdcserver.commands import failpoints
 from cdcserver.context import ServerState
-from cdcserver.sources.base import OplogLog
+from cdcserver.sharding.front_log import FrontLog
 from cdcserver.sources.mongo import UpstreamOplog, UpstreamOptions
 from pipeline_stages.errors import MongoError
-from pipeline_stages.oplog_entry import Entry
 from pipeline_stages.spec import is_change_stream_aggregate
 
 log = logging.getLogger("cdcserver")
@@ -99,7 +98,7 @@ class SidecarShard:
     state: ServerState
 
 
-class ShardedUpstream(OplogLog):
+class ShardedUpstream(FrontLog):
     """The sidecar's front: its time, its shards, its command table (duck-types the embedded
     cluster's for `streams.py`)."""
 
@@ -207,24 +206,6 @@ class ShardedUpstream(OplogLog):
         if self.gossiped is not None:
             times.append(self.gossiped)
         return max(times, default=Timestamp(0, 0))
-
-    def oldest_entry(self) -> Entry | None:
-        return None
-
-    def read_from(self, start: Timestamp, limit: int) -> list[Entry]:
-        return []
-
-    def entry_at(self, ts: Timestamp) -> Entry | None:
-        return None
-
-    def namespaces(self) -> set[tuple[str, str]]:
-        out: set[tuple[str, str]] = set()
-        for shard in self.shards:
-            out |= shard.log.namespaces()
-        return out
-
-    def __len__(self) -> int:
-        return sum(len(s.log) for s in self.shards)
 
     # -- serve_forever's hooks -------------------------------------------------------------------
 
