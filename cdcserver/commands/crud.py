@@ -1338,8 +1338,7 @@ async def distinct(server, conn, cmd, db):
                                    "distinct")
     with engine_errors():
         await query.run_async(
-            query.distinct(docs, key, values) if collation is None
-            else query.collated_distinct(docs, key, collation, values), deadline)
+            query.distinct(docs, key, values, collation), deadline)
     return {"values": values}
 
 

@@ -317,9 +317,10 @@ def values_along_path(
                 values_along_path(element, parts, out, expand_trailing)
 
 
-def distinct(docs: Iterable[Mapping[str, Any]], key: str, out: list[Any]) -> Scan:
-    """`distinct`'s values: equal ones once (the first met), in BSON order, as mongod returns
-    its BSONElementSet."""
+def distinct(docs: Iterable[Mapping[str, Any]], key: str, out: list[Any],
+             collation: Collation | None = None) -> Scan:
+    """`distinct`'s values: equal ones (under the collation, if any) once, the first met, in
+    BSON order, as mongod returns its BSONElementSet."""
     parts = key.split(".")
     seen: dict[bytes, Any] = {}
     n = 0
@@ -328,7 +329,8 @@ def distinct(docs: Iterable[Mapping[str, Any]], key: str, out: list[Any]) -> Sca
         values: list[Any] = []
         values_along_path(doc, parts, values)
         for value in values:
-            seen.setdefault(keystring.encode_values((value,))[0], value)
+            keyed = value if collation is None else _plain_keys(collation.value(value))
+            seen.setdefault(keystring.encode_values((keyed,))[0], value)
         if n % CHECK_EVERY == 0:
             stats["examined"] += CHECK_EVERY
             yield
@@ -525,26 +527,6 @@ def collation_of(spec: Any, default: Any = None, where: str = "find") -> Collati
                          f"value '{strength}'")
     return Collation(int(strength), spec.get("caseLevel") is True,
                      spec.get("caseFirst") == "upper", spec.get("numericOrdering") is True)
-
-
-def collated_distinct(docs: Iterable[Mapping[str, Any]], key: str, collation: Collation,
-                      out: list[Any]) -> Scan:
-    """`distinct` under a collation: values equal under it once (the first met)."""
-    parts = key.split(".")
-    seen: dict[bytes, Any] = {}
-    n = 0
-    for doc in docs:
-        n += 1
-        values: list[Any] = []
-        values_along_path(doc, parts, values)
-        for value in values:
-            keyed = _plain_keys(collation.value(value))
-            seen.setdefault(keystring.encode_values((keyed,))[0], value)
-        if n % CHECK_EVERY == 0:
-            stats["examined"] += CHECK_EVERY
-            yield
-    stats["examined"] += n % CHECK_EVERY
-    out.extend(seen[k] for k in sorted(seen))
 
 
 def _plain_keys(value: Any) -> Any:
