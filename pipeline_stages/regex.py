@@ -209,15 +209,7 @@ def to_re2(pattern: str, multiline: bool, extended: bool) -> str | None:
             continue
         if c == "[":
             in_class = True
-            out.append(c)
-            i += 1
-            # a `]` (or `^]`) right after the opening bracket is a literal member
-            if pattern.startswith("^]", i):
-                out.append("^]")
-                i += 2
-            elif pattern.startswith("]", i):
-                out.append("]")
-                i += 1
+            i = _open_class(pattern, i, out)
             continue
         if c == "$" and not multiline:
             if not _only_group_end_follows(pattern, i + 1, depth):
@@ -232,6 +224,18 @@ def to_re2(pattern: str, multiline: bool, extended: bool) -> str | None:
         out.append(c)
         i += 1
     return "".join(out)
+
+
+def _open_class(pattern: str, i: int, out: list[str]) -> int:
+    """Copy the `[` at `i` and, right after it, a `]` or `^]`, which PCRE takes as a literal
+    member rather than the class's end; the position after them."""
+    out.append("[")
+    i += 1
+    for lead in ("^]", "]"):
+        if pattern.startswith(lead, i):
+            out.append(lead)
+            return i + len(lead)
+    return i
 
 
 def _only_group_end_follows(pattern: str, i: int, depth: int) -> bool:
@@ -273,14 +277,7 @@ def _strip_extended(pattern: str) -> str | None:
             continue
         if c == "[":
             in_class = True
-            out.append(c)
-            i += 1
-            if pattern.startswith("^]", i):
-                out.append("^]")
-                i += 2
-            elif pattern.startswith("]", i):
-                out.append("]")
-                i += 1
+            i = _open_class(pattern, i, out)
             continue
         if c in _EXTENDED_SPACE:
             i += 1
