@@ -573,6 +573,9 @@ class FilterGroup:
 
     def add(self, member: ChangeStreamPipeline) -> None:
         match, rest = split_filter(member.spec.user_pipeline)
+        if member.spec.collation is not None:
+            # The index compares binary values; a collated $match runs in the member's stages.
+            match, rest = None, list(member.spec.user_pipeline)
         self._as_is[member] = not rest
         self._with_stages += bool(rest)
         member.scan_clock = self

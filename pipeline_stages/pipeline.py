@@ -100,7 +100,10 @@ class ChangeStreamPipeline:
         )
         stages = spec.user_pipeline
         split = bool(stages) and next(iter(stages[-1])) == "$changeStreamSplitLargeEvent"
-        self.user_stages = UserStages(stages[:-1] if split else stages) if stages else None
+        collation = spec.collation
+        self.user_stages = (
+            UserStages(stages[:-1] if split else stages, collation) if stages else None
+        )
         # mongod moves the user's leading $match stages ahead of EnsureResumeTokenPresent
         # (SERVER-71565): a resume point they filter out is never seen, and the stream fails
         # with 280 (jstests/change_streams/filter_excludes_resume_point.js).
@@ -112,7 +115,7 @@ class ChangeStreamPipeline:
         # Resuming after an invalidate (startAfter), mongod hands the regenerated invalidate to
         # EnsureResumeTokenPresent directly (ChangeStreamStartAfterInvalidate), past any $match.
         self.ensure_match = (
-            UserStages(leading)
+            UserStages(leading, collation)
             if client is not None and self.ensure_token is not None and leading
             and not client.from_invalidate
             else None
@@ -121,7 +124,7 @@ class ChangeStreamPipeline:
         # A leading $match on operationType/ns, checked on CRUD entries before the transform
         # (mongod rewrites it into the oplog filter). DDL entries always go through: they may
         # invalidate the stream, and the invalidate is produced before the user's $match.
-        self.prefilter = match_prefilter(stages) if stages else None
+        self.prefilter = match_prefilter(stages, collation) if stages else None
 
         # The initial post-batch resume token: the client's token re-encoded, else a
         # high-water mark at the start.

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from bson.timestamp import Timestamp
 
 from pipeline_stages import resume_token
+from pipeline_stages.collation import parse_collation
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name, value_string
 
@@ -43,6 +44,9 @@ class ChangeStreamSpec:
     user_pipeline: list[dict[str, Any]] = field(default_factory=list)
     # The decoded startAfter / resumeAfter token.
     resume_token: resume_token.ResumeTokenData | None = None
+    # The aggregate's `collation`, None for the simple one: a change stream never takes the
+    # collection's default (resume_from_high_water_mark_token.js); its $match compares by it.
+    collation: dict[str, Any] | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,6 +246,8 @@ def parse_aggregate(cmd: Mapping[str, Any], db: str) -> ChangeStreamSpec:
             "matchCollectionUUIDForUpdateLookup", False
         ),
         user_pipeline=[dict(s) for s in pipeline[1:]],
+        collation=(dict(cmd["collation"])
+                   if parse_collation(cmd.get("collation"), "aggregate") is not None else None),
     )
 
     token = spec.start_after if spec.start_after is not None else spec.resume_after

@@ -55,6 +55,7 @@ from mongomock import filtering as _mm_filtering
 from mongomock import helpers as _mm_helpers
 from pymongo.errors import OperationFailure
 
+from pipeline_stages.collation import Collation, parse_collation
 from pipeline_stages.errors import MongoError
 from pipeline_stages.oplog_entry import encode_in_order
 
@@ -208,7 +209,43 @@ def _install_mongomock_types() -> None:
         type_map[alias] = predicate
         type_map[number] = predicate
     type_map["number"] = is_number
+    _install_missing_comparison()
     _INSTALLED = True
+
+
+def _install_missing_comparison() -> None:
+    """mongod's ExpressionCompare ($eq $ne $gt $gte $lt $lte $cmp) compares a missing operand as
+    a value: equal to missing (and undefined), below every other value but MinKey
+    (canonicalizeBSONType gives it 0). mongomock's parser raises KeyError on it instead."""
+    parser: Any = _mm_aggregate._Parser
+    original: Callable[[Any, str, Any], Any] = parser._handle_comparison_operator
+
+    def handle_comparison(self: Any, operator_name: str, values: Any) -> Any:
+        if not isinstance(values, list) or len(values) != 2:
+            return original(self, operator_name, values)
+        operands = []
+        for value in values:
+            try:
+                operands.append(self.parse(value))
+            except KeyError:
+                operands.append(MISSING)
+        a, b = operands
+        if a is not MISSING and b is not MISSING:
+            return original(self, operator_name, [{"$literal": a}, {"$literal": b}])
+
+        def rank(v: Any) -> int:
+            return -1 if isinstance(v, MinKey) else 0 if v is MISSING else 1
+
+        cmp = (rank(a) > rank(b)) - (rank(a) < rank(b))
+        if operator_name == "$cmp":
+            return cmp
+        if operator_name == "$eq":
+            return cmp == 0
+        if operator_name == "$ne":
+            return cmp != 0
+        return _mm_filtering.SORTING_OPERATOR_MAP[operator_name](cmp, 0)
+
+    parser._handle_comparison_operator = handle_comparison
 
 
 _install_mongomock_types()
@@ -578,13 +615,17 @@ class _Stage:
 class _Match(_Stage):
     transforms = False
 
-    def __init__(self, spec: Any) -> None:
+    def __init__(self, spec: Any, collation: Collation | None = None) -> None:
         self.name = "$match"
         if not isinstance(spec, Mapping):
             raise MongoError(15959, "the match filter must be an expression in an object")
         _check_logical(spec)
         _check_query_expressions(spec)
         self.spec = _mm_helpers.patch_datetime_awareness_in_document(_plain_spec(spec))
+        # The aggregate's collation: compared strings (filter and event) become their keys.
+        self.collation = collation
+        if collation is not None:
+            self.spec = collation.filter(self.spec)
         # Regexes compiled once, as the embedded store's queries compile them (PCRE's meaning,
         # linear time where RE2 can run the pattern); invalid ones fail here (51091, 51108).
         self._compiled = _compile_regexes(self.spec)
@@ -596,6 +637,8 @@ class _Match(_Stage):
             pass
 
     def matches(self, doc: Mapping[str, Any]) -> bool:
+        if self.collation is not None:
+            doc = self.collation.value(doc)
         try:
             return bool(_mm_filtering.filter_applies(self._compiled, doc))
         except KeyError:
@@ -818,7 +861,7 @@ class _Redact(_Stage):
         return value
 
 
-def _build_stage(stage: Any) -> _Stage | None:
+def _build_stage(stage: Any, collation: Collation | None = None) -> _Stage | None:
     if not isinstance(stage, Mapping) or len(stage) != 1:
         raise MongoError(
             40323, "A pipeline stage specification object must contain exactly one field."
@@ -829,7 +872,7 @@ def _build_stage(stage: Any) -> _Stage | None:
     if name not in ALLOWED_USER_STAGES:
         raise MongoError(20, f"{KNOWN_STAGES[name]} is not permitted in a $changeStream pipeline")
     if name == "$match":
-        return _Match(spec)
+        return _Match(spec, collation)
     if name in ("$project", "$unset"):
         return _Project(spec, name)
     if name in ("$addFields", "$set"):
@@ -853,8 +896,12 @@ class UserStages:
     With no stages, or only `$match` stages, events come back as the same objects.
     """
 
-    def __init__(self, stages: Iterable[Mapping[str, Any]]) -> None:
-        built = [_build_stage(s) for s in stages]
+    def __init__(
+        self, stages: Iterable[Mapping[str, Any]], collation: Mapping[str, Any] | None = None
+    ) -> None:
+        """`collation`: the aggregate's (None: simple), which `$match` compares strings by."""
+        collator = parse_collation(collation, "aggregate")
+        built = [_build_stage(s, collator) for s in stages]
         self.stages: list[_Stage] = [s for s in built if s is not None]
         self.transforms = any(s.transforms for s in self.stages)
 
