@@ -23,6 +23,7 @@ try:
 except ImportError:  # pragma: no cover - not a POSIX system: no lock
     fcntl = None  # type: ignore[assignment]
 
+from bson.codec_options import CodecOptions
 from bson.timestamp import Timestamp
 
 SCHEMA = """
@@ -43,6 +44,8 @@ CREATE TABLE IF NOT EXISTS transactions (lsid BLOB PRIMARY KEY, doc BLOB NOT NUL
 """
 
 SYNCHRONOUS = ("off", "normal", "full", "extra")
+# How stored rows (documents, catalog, sessions) are decoded: naive datetimes, as written.
+_DECODE = CodecOptions(tz_aware=False)
 
 
 def ts_int(ts: Timestamp) -> int:

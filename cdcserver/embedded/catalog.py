@@ -1,0 +1,376 @@
+"""The embedded store's catalog: collections (options, validators), views and DDL.
+
+mongod's CollectionCatalog and DatabaseHolder: which collections and views each database has,
+their options and UUIDs, and the DDL that changes them (create, drop, rename, collMod,
+dropDatabase), each logged as mongod 8.0 logs it. A mixin of `Store` (`store.py`): its methods
+reach the store's other parts (oplog writer, indexes, transactions) through `self`.
+"""
+
+from __future__ import annotations
+
+import uuid as uuid_module
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import bson
+import mongomock
+from bson.binary import Binary
+
+from cdcserver.embedded import engine
+from pipeline_stages import keystring
+from pipeline_stages.errors import MongoError
+from pipeline_stages.value_string import bson_obj_string
+
+if TYPE_CHECKING:
+    from cdcserver.embedded.sessions import Txn
+
+ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
+SYSTEM_VIEWS = "system.views"
+VIEW_MAX_DEPTH = 20  # ViewGraph::kMaxViewDepth
+# CollectionOptions::toBSON's order (mongod 8.0), used for create entries and listCollections.
+OPTION_ORDER = (
+    "clusteredIndex", "capped", "size", "max", "autoIndexId", "temp",
+    "changeStreamPreAndPostImages", "storageEngine", "indexOptionDefaults", "validator",
+    "validationLevel", "validationAction", "collation", "viewOn", "pipeline", "timeseries",
+    "expireAfterSeconds", "encryptedFields",
+)
+
+# Documents quoted in command-level messages (duplicate keys, index specs): BSONObj::toString.
+bson_string = bson_obj_string
+
+
+def id_key(value: Any) -> bytes:
+    """Bytes equal exactly when two `_id` values are equal (their KeyString)."""
+    return keystring.encode_values((value,))[0]
+
+
+def ordered_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: options[k] for k in OPTION_ORDER if k in options}
+    if out.get("changeStreamPreAndPostImages", {}).get("enabled") is False:
+        del out["changeStreamPreAndPostImages"]  # toBSON leaves out a disabled option
+    return out
+
+
+class DocumentValidationError(MongoError):
+    """121 DocumentValidationFailure, with the `errInfo` mongod adds."""
+
+    def __init__(self, doc_id: Any, details: dict[str, Any] | None = None) -> None:
+        super().__init__(121, "Document failed validation")
+        self.err_info: dict[str, Any] = {"failingDocumentId": doc_id}
+        if details is not None:
+            self.err_info["details"] = details
+
+    def extra(self) -> dict[str, Any]:
+        return {"errInfo": self.err_info}
+
+    def to_reply(self) -> dict[str, object]:
+        reply = super().to_reply()
+        labels = reply.pop("errorLabels", None)
+        reply.update(self.extra())
+        if labels:
+            reply["errorLabels"] = labels
+        return reply
+
+
+@dataclass
+class Collection:
+    db: str
+    name: str
+    uuid: bytes
+    options: dict[str, Any] = field(default_factory=dict)
+    indexes: list[dict[str, Any]] = field(default_factory=lambda: [dict(ID_INDEX)])
+    # unique index name -> index key bytes -> document key
+    unique: dict[str, dict[bytes, bytes]] = field(default_factory=dict)
+    # the transaction in progress that created it (mongod's UncommittedCatalogUpdates): it is
+    # durable and others may write to it only once that transaction commits
+    created_by: Txn | None = None
+
+    @property
+    def ns(self) -> str:
+        return f"{self.db}.{self.name}"
+
+    @property
+    def ui(self) -> Binary:
+        return Binary(self.uuid, 4)
+
+    @property
+    def pre_images(self) -> bool:
+        opt = self.options.get("changeStreamPreAndPostImages")
+        return isinstance(opt, Mapping) and opt.get("enabled") is True
+
+    def check_valid(self, doc: Mapping[str, Any], pre: Mapping[str, Any] | None = None) -> None:
+        """The collection's validator, as mongod applies it (`validationLevel` strict or
+        moderate, `validationAction` error or warn), `$jsonSchema` included."""
+        validator = self.options.get("validator")
+        if not validator:
+            return
+        level = self.options.get("validationLevel", "strict")
+        if level == "off" or self.options.get("validationAction", "error") != "error":
+            return
+        try:
+            failed, details = engine.validator_failure(validator, doc)
+            if not failed:
+                return
+            if level == "moderate" and pre is not None and engine.validator_failure(
+                validator, pre
+            )[0]:
+                return  # moderate: documents already invalid may stay invalid
+        except MongoError as exc:
+            if "not supported" in exc.errmsg or "not implemented" in exc.errmsg:
+                return
+            raise
+        raise DocumentValidationError(doc.get("_id"), details)
+
+    def meta_bytes(self) -> bytes:
+        return bson.encode({"options": self.options, "indexes": self.indexes})
+
+    def index(self, name: str) -> dict[str, Any] | None:
+        return next((i for i in self.indexes if i["name"] == name), None)
+
+
+def validate_collection_name(db: str, coll: str) -> None:
+    if not db or any(ch in db for ch in '/\\. "$\0'):
+        raise MongoError(73, f"Invalid database name: '{db}'")
+    if not coll:
+        raise MongoError(73, f"Invalid namespace specified '{db}.{coll}'")
+    if "$" in coll or "\0" in coll or coll.startswith("."):
+        raise MongoError(73, f"Invalid collection name: {coll}")
+
+
+class CatalogMixin:
+    """Collections, views and DDL (mongod's CollectionCatalog)."""
+
+    def _cs(self, c: Collection) -> Any:
+        return self.server_store[c.db][c.name]
+
+    def documents(self, c: Collection) -> dict[bytes, dict[str, Any]]:
+        txn = self.txn
+        if txn is not None and txn.lsid and c.uuid not in self._views and (
+            c.uuid in txn.overlay or self._history
+        ):
+            self._swap_view(c, txn)
+        return self._cs(c)._documents
+
+    def mongomock_collection(self, db: str, coll: str) -> mongomock.Collection:
+        return self.client[db][coll]
+
+    def get(self, db: str, coll: str) -> Collection | None:
+        return self.catalog.get((db, coll))
+
+    def databases(self) -> list[str]:
+        return sorted({db for db, _ in self.catalog})
+
+    def collections_of(self, db: str) -> list[Collection]:
+        return sorted((c for (d, _), c in self.catalog.items() if d == db), key=lambda c: c.name)
+
+    def _save_meta(self, c: Collection) -> None:
+        if self.persist is not None and c.created_by is None:  # else at its commit
+            self.persist.put_collection(c.db, c.name, c.uuid, c.meta_bytes())
+
+    def create_collection(
+        self, db: str, coll: str, options: Mapping[str, Any] | None = None,
+        id_index: Mapping[str, Any] | None = None,
+    ) -> Collection:
+        validate_collection_name(db, coll)
+        options = ordered_options(options or {})
+        c = Collection(db, coll, uuid_module.uuid4().bytes, options)
+        # The _id index as mongod builds it: the requested version, its own name and key, and
+        # the collection's default collation; a clustered collection has none (its clustered
+        # index, an option, takes its place).
+        id_spec: dict[str, Any] | None = {
+            "v": (id_index or {}).get("v", 2), "key": {"_id": 1}, "name": "_id_"
+        }
+        collation = options.get("collation")
+        if isinstance(collation, Mapping) and collation.get("locale") != "simple":
+            id_spec["collation"] = collation
+        if "clusteredIndex" in options:
+            id_spec = None
+        else:
+            c.indexes[0] = id_spec
+        txn = self._txn()
+        if txn is not None:
+            c.created_by = txn
+            txn.colls[c.uuid] = c
+        self.catalog[(db, coll)] = c
+        cs = self._cs(c)
+        cs.drop()
+        cs.create()
+        self._save_meta(c)
+        self.log("c", f"{db}.$cmd",
+                 {"create": coll, **options, **({"idIndex": id_spec} if id_spec else {})},
+                 ui=c.ui)
+        return c
+
+    def ensure_collection(self, db: str, coll: str) -> Collection:
+        c = self.catalog.get((db, coll))
+        if c is not None:
+            return c
+        self.check_not_view(db, coll)
+        return self.create_collection(db, coll)
+
+    # -- views ------------------------------------------------------------------------------------
+    # As on mongod, a view is a document `{_id: "<db>.<view>", viewOn, pipeline[, collation]}`
+    # of the collection `<db>.system.views` (created with the first view); creating, modifying
+    # and dropping a view insert, replace and delete that document, which is all the oplog
+    # records (and what change streams turn into create/modify/drop events).
+
+    def view(self, db: str, name: str) -> dict[str, Any] | None:
+        """The definition of the view `db.name`, or None."""
+        system_views = self.catalog.get((db, SYSTEM_VIEWS))
+        if system_views is None:
+            return None
+        return self.documents(system_views).get(id_key(f"{db}.{name}"))
+
+    def views_of(self, db: str) -> list[dict[str, Any]]:
+        system_views = self.catalog.get((db, SYSTEM_VIEWS))
+        if system_views is None:
+            return []
+        prefix = db + "."
+        return [d for d in self.documents(system_views).values()
+                if isinstance(d.get("_id"), str) and d["_id"].startswith(prefix)]
+
+    def check_not_view(self, db: str, coll: str) -> None:
+        """166 CommandNotSupportedOnView, as mongod refuses writes and collection commands on a
+        view."""
+        if self.view(db, coll) is not None:
+            raise MongoError(166, f"Namespace {db}.{coll} is a view, not a collection")
+
+    def put_view(
+        self, db: str, name: str, view_on: str, pipeline: list[Any],
+        collation: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Create or redefine a (validated) view: an insert into `system.views`, or a
+        replacement of its document (mongod's ViewsForDatabase::_upsertIntoCatalog)."""
+        doc: dict[str, Any] = {"_id": f"{db}.{name}", "viewOn": view_on, "pipeline": pipeline}
+        if collation:
+            doc["collation"] = dict(collation)
+        system_views = self.catalog.get((db, SYSTEM_VIEWS))
+        if system_views is None:  # mongod creates it in its own write unit, before the insert
+            system_views = self.create_collection(db, SYSTEM_VIEWS)
+        old = self.documents(system_views).get(id_key(doc["_id"]))
+        if old is None:
+            self.insert_document(system_views, doc)
+        else:
+            self.update_document(system_views, old, doc, kind="replacement", update=doc)
+
+    def drop_view(self, db: str, name: str) -> bool:
+        system_views = self.catalog.get((db, SYSTEM_VIEWS))
+        old = self.view(db, name)
+        if system_views is None or old is None:
+            return False
+        self.delete_document(system_views, old)
+        return True
+
+    def resolve_view(self, db: str, name: str) -> tuple[str, list[Any]] | None:
+        """(the collection a view reads, the pipeline that reads it: the innermost view's
+        stages first), or None when `db.name` is no view (view_catalog_helpers::resolveView)."""
+        pipeline: list[Any] = []
+        current = name
+        for _ in range(VIEW_MAX_DEPTH):
+            view = self.view(db, current)
+            if view is None:
+                return (current, pipeline) if current != name else None
+            pipeline = [*view.get("pipeline", []), *pipeline]
+            current = view["viewOn"]
+        raise MongoError(165, "View depth too deep or view cycle detected; maximum depth is "
+                         f"{VIEW_MAX_DEPTH}")
+
+    # -- DDL --------------------------------------------------------------------------------------
+
+    def drop_collection(self, db: str, coll: str) -> Collection | None:
+        c = self.catalog.pop((db, coll), None)
+        if c is None:
+            return None
+        n = len(self.documents(c))
+        self._cs(c).drop()
+        self.server_store[db]._collections.pop(coll, None)
+        if self.persist is not None:
+            self.persist.delete_collection(db, coll, c.uuid)
+        self.log("c", f"{db}.$cmd", {"drop": coll}, ui=c.ui, o2={"numRecords": n})
+        if not self.collections_of(db):
+            self.emptied_dbs.add(db)
+        return c
+
+    def drop_database(self, db: str) -> bool:
+        colls = self.collections_of(db)
+        if not colls and db not in self.emptied_dbs:
+            return False
+        for c in colls:
+            self.drop_collection(db, c.name)
+        self.emptied_dbs.discard(db)
+        self.log("c", f"{db}.$cmd", {"dropDatabase": 1})
+        return True
+
+    def rename_collection(
+        self, src: Collection, to_db: str, to_coll: str, drop_target: bool, stay_temp: bool = False
+    ) -> None:
+        validate_collection_name(to_db, to_coll)
+        target = self.catalog.get((to_db, to_coll))
+        if src.db != to_db:
+            self._rename_across_databases(src, to_db, to_coll, drop_target)
+            return
+        o: dict[str, Any] = {
+            "renameCollection": src.ns, "to": f"{to_db}.{to_coll}", "stayTemp": stay_temp,
+        }
+        if target is not None:
+            o["dropTarget"] = target.ui
+            self.catalog.pop((to_db, to_coll))
+            self._cs(target).drop()
+            if self.persist is not None:
+                self.persist.delete_collection(to_db, to_coll, target.uuid)
+        self.log("c", f"{src.db}.$cmd", o, ui=src.ui)
+        del self.catalog[(src.db, src.name)]
+        store_db = self.server_store[src.db]
+        cs = store_db._collections.pop(src.name)
+        cs.name = to_coll
+        store_db._collections[to_coll] = cs
+        if self.persist is not None:
+            self.persist.rename_collection(src.db, src.name, to_db, to_coll)
+        src.name = to_coll
+        self.catalog[(to_db, to_coll)] = src
+        if "temp" in src.options and not stay_temp:
+            del src.options["temp"]
+            self._save_meta(src)
+
+    def _rename_across_databases(
+        self, src: Collection, to_db: str, to_coll: str, drop_target: bool
+    ) -> None:
+        """mongod's renameBetweenDBs: copy into a temporary collection of the target database,
+        rename it onto the target, drop the source."""
+        suffix = uuid_module.uuid4().hex[:5]
+        tmp = self.create_collection(
+            to_db, f"tmp{suffix}.renameCollection", {**src.options, "temp": True}
+        )
+        for spec in src.indexes[1:]:
+            self._add_index(tmp, dict(spec), empty=True)
+        for doc in list(self.documents(src).values()):
+            self.insert_document(tmp, dict(doc))
+        self.rename_collection(tmp, to_db, to_coll, drop_target, stay_temp=False)
+        self.drop_collection(src.db, src.name)
+
+    def coll_mod(
+        self, c: Collection, o: dict[str, Any], new_options: dict[str, Any],
+        index_changes: tuple[str, dict[str, Any], dict[str, Any]] | None,
+    ) -> None:
+        """Apply a validated collMod: `o` is the oplog's `o` (the options as given)."""
+        o2: dict[str, Any] = {"collectionOptions_old": {"uuid": c.ui, **c.options}}
+        if index_changes is not None:
+            name, changes, old = index_changes
+            spec = c.index(name)
+            assert spec is not None
+            o2["indexOptions_old"] = old
+            for k, v in changes.items():
+                if k == "unique" and v and spec.get("unique") is not True:
+                    spec.pop("prepareUnique", None)
+                    trial = {**spec, "unique": True}
+                    self._build_unique(c, trial)
+                if k == "hidden" and v is False:
+                    spec.pop("hidden", None)
+                elif k == "prepareUnique" and v is False:
+                    spec.pop("prepareUnique", None)
+                else:
+                    spec[k] = v
+        c.options = ordered_options({**c.options, **new_options})
+        self._save_meta(c)
+        self.log("c", f"{c.db}.$cmd", o, ui=c.ui, o2=o2)

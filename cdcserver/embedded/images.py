@@ -1,0 +1,126 @@
+"""The embedded store's images: `config.system.preimages` and `config.image_collection`.
+
+Pre-images of collections with `changeStreamPreAndPostImages` (what change streams'
+`fullDocumentBeforeChange` reads, through `StoreImages`), and the pre- or post-image a
+retryable findAndModify keeps for its retry (mongod 8.0's `needsRetryImage`). A mixin of
+`Store` (`store.py`).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import bson
+from bson.int64 import Int64
+from bson.timestamp import Timestamp
+
+from cdcserver.embedded.catalog import id_key
+from cdcserver.embedded.sessions import OpSession, session_key
+from pipeline_stages.image_source import (
+    Document,
+    MemoryImageSource,
+    _pre_image_key,
+    matches_document_key,
+    pre_image_id,
+)
+
+if TYPE_CHECKING:
+    from cdcserver.embedded.catalog import Collection
+    from cdcserver.embedded.store import Store
+
+
+class StoreImages(MemoryImageSource):
+    """Pre-images kept by the store; `updateLookup` reads the store's current documents."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__()
+        self.store = store
+
+    def current_documents(
+        self, db: str, coll: str, uuid: bytes | None, keys: Sequence[Document]
+    ) -> list[Document | None]:
+        meta = self.store.catalog.get((db, coll))
+        if meta is None or (uuid is not None and bytes(uuid) != meta.uuid):
+            return [None] * len(keys)
+        docs = self.store.documents(meta)
+        out: list[Document | None] = []
+        for key in keys:
+            if "_id" in key:
+                doc = docs.get(id_key(key["_id"]))
+                out.append(doc if doc is not None and matches_document_key(doc, key) else None)
+            else:
+                out.append(
+                    next((d for d in docs.values() if matches_document_key(d, key)), None)
+                )
+        return out
+
+
+class ImagesMixin:
+    """Pre-images and retryable findAndModify images."""
+
+    def _save_pre_image(
+        self, c: Collection, ts: Timestamp, wall: datetime.datetime, pre: dict[str, Any],
+        index: int = 0,
+    ) -> None:
+        if self.txn is not None:  # ts is the op's index until the applyOps entry is written
+            self.txn.pre_images.append((c, ts.inc, pre))
+            return
+        doc = {"_id": pre_image_id(c.ui, ts, index), "operationTime": wall, "preImage": pre}
+        key = _pre_image_key(doc["_id"])
+        self.images._pre_images[key] = pre
+        self._pre_image_ts[key] = ts
+        self._pre_image_meta[key] = (doc["_id"], wall)
+        if self.persist is not None:
+            self.persist.put_pre_image(key, ts, bson.encode(doc))
+
+    def pre_image_documents(self, keys: Sequence[bytes] | None = None) -> list[dict[str, Any]]:
+        """`config.system.preimages` as mongod holds it (`{_id: {nsUUID, ts, applyOpsIndex},
+        operationTime, preImage}`, in `_id` order): all, or those with the given keys."""
+        if keys is None:
+            keys = list(self._pre_image_meta)
+        out = []
+        for key in keys:
+            meta = self._pre_image_meta.get(key)
+            image = self.images._pre_images.get(key)
+            if meta is None or image is None:
+                continue
+            out.append({"_id": meta[0], "operationTime": meta[1], "preImage": image})
+        out.sort(key=lambda d: (bytes(d["_id"]["nsUUID"]), d["_id"]["ts"],
+                                d["_id"]["applyOpsIndex"]))
+        return out
+
+    # -- retryable findAndModify images -----------------------------------------------------------
+
+    def _retry_image_kind(self, session: OpSession | None, kind: str | None) -> str | None:
+        """mongod 8.0 keeps a retryable findAndModify's pre- or post-image in
+        `config.image_collection` (and marks the entry with `needsRetryImage`); not in a
+        transaction (its oplog entries are applyOps)."""
+        return kind if session is not None and self._txn() is None else None
+
+    def _save_retry_image(
+        self, session: OpSession, ts: Timestamp, kind: str, image: dict[str, Any]
+    ) -> None:
+        doc = {"_id": session.lsid, "txnNum": Int64(session.txn_number), "ts": ts,
+               "imageKind": kind, "image": image, "invalidated": False}
+        sid = session_key(session.lsid)  # config.image_collection's _id: the whole lsid
+        self.retry_images[sid] = doc
+        if self.persist is not None:
+            self.persist.put_retry_image(sid, bson.encode(doc))
+
+    def retry_image(
+        self, lsid: Mapping[str, Any], txn_number: int, ts: Timestamp | None
+    ) -> Any:
+        """The image a retried findAndModify answers with, or None when it is gone (a newer
+        statement of the session replaced it)."""
+        doc = self.retry_images.get(session_key(lsid))
+        if doc is None or int(doc["txnNum"]) != txn_number or doc.get("invalidated"):
+            return None
+        if ts is not None and doc["ts"] != ts:
+            return None
+        return doc["image"]
+
+    def image_collection(self) -> list[dict[str, Any]]:
+        """`config.image_collection` as mongod holds it."""
+        return list(self.retry_images.values())

@@ -1,0 +1,288 @@
+"""The embedded store's oplog writer: entries exactly as mongod 8.0 writes them.
+
+Field order `[lsid, txnNumber,] op, ns, ui, o, o2, [needsRetryImage,] [stmtId,] ts, t, v,
+wall[, prevOpTime]`, `ts` strictly increasing; update entries carry mongod's `$v:2` diff
+(`update_diff.py`); a transaction's operations are packed into `applyOps` entries as mongod's
+packOperationsIntoApplyOps does. A command's entries become visible to readers (and durable)
+together when its `batch()` ends; the oplog is capped (size, minimum retention). A mixin of
+`Store` (`store.py`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import datetime
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import bson
+from bson.binary import Binary
+from bson.int64 import Int64
+from bson.timestamp import Timestamp
+
+from cdcserver.embedded.sessions import OpSession, session_key
+from pipeline_stages.oplog_entry import decode_entry
+
+try:  # mongod's $v:2 diff, written by update_diff.py
+    from cdcserver.embedded.update_diff import (  # type: ignore[attr-defined]
+        modifier_update_diff,
+        pipeline_update_diff,
+    )
+except ImportError:  # pragma: no cover - until update_diff.py lands
+    modifier_update_diff = None
+    pipeline_update_diff = None
+
+TXN_OPLOG_ENTRY_OPS = 2**31 - 1  # maxNumberOfTransactionOperationsInSingleOplogEntry
+_BSON_ARRAY_ELEMENT_OVERHEAD = 8  # TransactionOperations::ApplyOpsInfo
+_REPL_OPERATION_OVERHEAD = 256  # ~sizeof(DurableReplOperation) + its stmtId vector
+NULL_OP_TIME = {"ts": Timestamp(0, 0), "t": Int64(-1)}
+MAX_BSON = 16 * 1024 * 1024
+
+
+def _now_ms() -> datetime.datetime:
+    now = datetime.datetime.now(datetime.UTC)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+class OplogWriterMixin:
+    """Oplog entries, the batches that publish them, and the capped oplog."""
+
+    # -- batches ----------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """One command's writes: durable and visible together when the outermost batch ends."""
+        with self._lock:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    self.txn = None
+                    self._restore_views()
+                    self._commit()
+
+    def _commit(self) -> None:
+        if self.persist is not None:
+            for key, record in self._session_records.items():  # same SQLite transaction
+                self.persist.put_transaction(key, bson.encode(record))
+            self.persist.commit()
+        self.transaction_records.update(self._session_records)
+        self._session_records.clear()
+        if not self._pending:
+            return
+        for ts, raw in self._pending:
+            self._raw.append(raw)
+            self._ts.append(ts)
+            self._oplog_bytes += len(raw)
+        self._pending.clear()
+        self._truncate()
+        for listener in list(self.listeners):
+            listener()
+
+    def _truncate(self) -> None:
+        """Capped oplog: drop the oldest entries beyond the size (never the newest one), but
+        none younger than the minimum retention: as mongod, the oplog then grows past its size
+        until they are old enough (dropped at a later write, e.g. the periodic no-op)."""
+        if self._oplog_bytes <= self.oplog_size_bytes:
+            return
+        hours = self.oplog_min_retention_hours
+        # An entry's ts carries its wall-clock second, which mongod's retention compares.
+        keep_from = time.time() - hours * 3600 if hours > 0 else None
+        n = 0
+        while self._oplog_bytes > self.oplog_size_bytes and n < len(self._raw) - 1:
+            if keep_from is not None and self._ts[n].time > keep_from:
+                break
+            self._oplog_bytes -= len(self._raw[n])
+            n += 1
+        if not n:
+            return
+        del self._raw[:n]
+        del self._ts[:n]
+        oldest = self._ts[0]
+        for key in [k for k, doc in self._pre_image_ts.items() if doc < oldest]:
+            self.images._pre_images.pop(key, None)
+            self._pre_image_meta.pop(key, None)
+            del self._pre_image_ts[key]
+        if self.persist is not None:
+            self.persist.truncate_oplog(oldest)
+            self.persist.commit()
+
+    # -- the oplog --------------------------------------------------------------------------------
+
+    def _next_ts(self) -> Timestamp:
+        now = int(time.time())
+        last = self._last_ts
+        ts = Timestamp(now, 1) if now > last.time else Timestamp(last.time, last.inc + 1)
+        self._last_ts = ts
+        return ts
+
+    def log(
+        self,
+        op: str,
+        ns: str,
+        o: Mapping[str, Any],
+        *,
+        ui: Binary | None = None,
+        o2: Mapping[str, Any] | None = None,
+        session: OpSession | None = None,
+        stmt_id: int | None = None,
+        wall: datetime.datetime | None = None,
+        needs_retry_image: str | None = None,
+    ) -> tuple[Timestamp, datetime.datetime]:
+        if self.txn is not None and (op in ("i", "u", "d") or (op == "c" and self.txn.lsid)):
+            # DDL in a transaction (create, createIndexes on a new collection) is one of the
+            # transaction's operations, logged in its applyOps as mongod's OpObserver does
+            inner: dict[str, Any] = {"op": op, "ns": ns, "ui": ui, "o": o}
+            if o2 is not None:
+                inner["o2"] = o2
+            self.txn.ops.append(inner)
+            return Timestamp(0, len(self.txn.ops) - 1), _now_ms()
+        ts = self._next_ts()
+        wall = wall or _now_ms()
+        entry: dict[str, Any] = {}
+        if session is not None:
+            entry["lsid"] = session.lsid
+            entry["txnNumber"] = Int64(session.txn_number)
+        entry["op"] = op
+        entry["ns"] = ns
+        if ui is not None:
+            entry["ui"] = ui
+        entry["o"] = o
+        if o2 is not None:
+            entry["o2"] = o2
+        if needs_retry_image is not None:
+            entry["needsRetryImage"] = needs_retry_image
+        if session is not None and stmt_id is not None:
+            entry["stmtId"] = stmt_id
+        entry["ts"] = ts
+        entry["t"] = Int64(1)
+        entry["v"] = Int64(2)
+        entry["wall"] = wall
+        if session is not None:
+            prev = session.prev_ts
+            entry["prevOpTime"] = (
+                dict(NULL_OP_TIME) if prev is None else {"ts": prev, "t": Int64(1)}
+            )
+            session.prev_ts = ts
+            # config.transactions: the session's txnNumber and last write, durable with it
+            self._session_records[session_key(session.lsid)] = {
+                "_id": session.lsid, "txnNum": Int64(session.txn_number),
+                "lastWriteOpTime": {"ts": ts, "t": Int64(1)}, "lastWriteDate": wall,
+            }
+        raw = bson.encode(entry)
+        self._pending.append((ts, raw))
+        if self.persist is not None:
+            self.persist.append_oplog(ts, raw)
+        return ts, wall
+
+    def oplog_entries(self) -> list[bytes]:
+        return list(self._raw)
+
+    def oplog_count(self) -> int:
+        return len(self._raw)
+
+    def noop(self, msg: str = "periodic noop") -> None:
+        with self.batch():
+            self.log("n", "", {"msg": msg})
+
+    def entry_at(self, ts: Timestamp) -> dict[str, Any] | None:
+        """The oplog entry with this `ts`, decoded, if still in the oplog."""
+        i = bisect.bisect_left(self._ts, ts)
+        if i < len(self._ts) and self._ts[i] == ts:
+            return decode_entry(self._raw[i])
+        return None
+
+    @staticmethod
+    def _update_o(
+        pre: dict[str, Any], post: dict[str, Any], kind: str, update: Any,
+        array_filters: list[Any] | None,
+    ) -> dict[str, Any]:
+        """The update entry's `o`: a `$v:2` delta, or the whole document for a replacement (and
+        for a pipeline update whose delta would not be smaller, as mongod decides)."""
+        if kind == "replacement":
+            return post
+        diff = None
+        try:
+            if kind == "modifier" and modifier_update_diff is not None:
+                diff = modifier_update_diff(pre, post, update, array_filters=array_filters)
+            elif kind == "pipeline" and pipeline_update_diff is not None:
+                diff = pipeline_update_diff(pre, post)
+                if diff is None:
+                    return post
+        except (ValueError, TypeError, KeyError):  # a shape the diff builder does not know
+            diff = None
+        if diff is None:
+            diff = simple_diff(pre, post)
+        return {"$v": 2, "diff": diff}
+
+
+def durable_op_size(op: Mapping[str, Any]) -> int:
+    """mongod's DurableOplogEntry::getDurableReplOperationSize: the operation's in-memory
+    size (its `ns`, `o` and `o2`, plus the struct itself, approximated by a constant)."""
+    size = _REPL_OPERATION_OVERHEAD + len(op["ns"]) + len(bson.encode(op["o"]))
+    if op.get("o2") is not None:
+        size += len(bson.encode(op["o2"]))
+    return size
+
+
+def pack_transaction(
+    ops: list[dict[str, Any]], max_ops: int, max_bytes: int
+) -> list[list[dict[str, Any]]]:
+    """The transaction's operations in applyOps entries, as mongod's
+    packOperationsIntoApplyOps fills them: an entry takes operations while it has fewer than
+    `max_ops` and the next one keeps its running size (each operation's BSON plus 8 bytes of
+    array-element overhead) within `max_bytes`; an entry always takes at least one."""
+    chunks: list[list[dict[str, Any]]] = []
+    i = 0
+    while i < len(ops):
+        chunk: list[dict[str, Any]] = []
+        total = 0
+        while i < len(ops) and len(chunk) < max_ops:
+            op = ops[i]
+            if chunk and total + durable_op_size(op) > max_bytes:
+                break
+            total += len(bson.encode(op)) + _BSON_ARRAY_ELEMENT_OVERHEAD
+            chunk.append(op)
+            i += 1
+        chunks.append(chunk)
+    return chunks
+
+
+def simple_diff(pre: Mapping[str, Any], post: Mapping[str, Any]) -> dict[str, Any]:
+    """A `$v:2` document diff of `pre` -> `post` (fallback when update_diff.py is absent):
+    removed fields in `d`, changed ones in `u`, new ones in `i`, sub-documents recursed."""
+    d: dict[str, Any] = {}
+    u: dict[str, Any] = {}
+    i: dict[str, Any] = {}
+    s: dict[str, Any] = {}
+    for k in pre:
+        if k not in post:
+            d[k] = False
+    for k, v in post.items():
+        if k not in pre:
+            i[k] = v
+            continue
+        old = pre[k]
+        if bson.encode({"v": old}) == bson.encode({"v": v}):
+            continue
+        if isinstance(old, Mapping) and isinstance(v, Mapping) and list(old) == list(v)[
+            : len(old)
+        ]:
+            sub = simple_diff(old, v)
+            if sub:
+                s["s" + k] = sub
+                continue
+        u[k] = v
+    out: dict[str, Any] = {}
+    if d:
+        out["d"] = d
+    if u:
+        out["u"] = u
+    if i:
+        out["i"] = i
+    out.update(s)
+    return out
