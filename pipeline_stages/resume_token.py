@@ -531,15 +531,19 @@ def _element_timestamp(t: int, v: bytes) -> Timestamp:
 # -- versions and order -------------------------------------------------------------------------
 
 
-def version_for_event(cluster_time: Timestamp, resumed_from: ResumeTokenData | None) -> int:
+def version_for_event(
+    cluster_time: Timestamp, resumed_from: ResumeTokenData | None,
+    default: int = DEFAULT_TOKEN_VERSION,
+) -> int:
     """The token version of an event at `cluster_time` (ChangeStreamEventTransformation).
 
-    A stream resumed from an older-version token keeps that version for events at or before
-    the token's clusterTime, then switches to the default.
+    A stream resumed from a token of another version keeps that version for events at or
+    before the token's clusterTime, then switches to the stream's (`default`: 2, or 1 when the
+    aggregate asks `$_generateV2ResumeTokens: false`).
     """
     if resumed_from is not None and cluster_time <= resumed_from.cluster_time:
         return resumed_from.version
-    return DEFAULT_TOKEN_VERSION
+    return default
 
 
 def sort_key(token: Mapping[str, Any]) -> str:

@@ -18,6 +18,7 @@ from bson.timestamp import Timestamp
 from pipeline_stages import resume_token
 from pipeline_stages.collation import parse_collation
 from pipeline_stages.errors import MongoError
+from pipeline_stages.resume_token import DEFAULT_TOKEN_VERSION
 from pipeline_stages.value_string import type_name, value_string
 
 Scope = Literal["collection", "database", "cluster"]
@@ -47,6 +48,8 @@ class ChangeStreamSpec:
     # The aggregate's `collation`, None for the simple one: a change stream never takes the
     # collection's default (resume_from_high_water_mark_token.js); its $match compares by it.
     collation: dict[str, Any] | None = None
+    # 1 when the aggregate asks `$_generateV2ResumeTokens: false` (tests, 6.0 mongos).
+    token_version: int = DEFAULT_TOKEN_VERSION
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,6 +249,7 @@ def parse_aggregate(cmd: Mapping[str, Any], db: str) -> ChangeStreamSpec:
             "matchCollectionUUIDForUpdateLookup", False
         ),
         user_pipeline=[dict(s) for s in pipeline[1:]],
+        token_version=_token_version(cmd),
         collation=(dict(cmd["collation"])
                    if parse_collation(cmd.get("collation"), "aggregate") is not None else None),
     )
@@ -280,6 +284,17 @@ def parse_aggregate(cmd: Mapping[str, Any], db: str) -> ChangeStreamSpec:
     # A no-op once the pipeline is validated.
     spec.user_pipeline = [s for s in spec.user_pipeline if next(iter(s)) != INHIBIT_OPTIMIZATION]
     return spec
+
+
+def _token_version(cmd: Mapping[str, Any]) -> int:
+    """The aggregate's `$_generateV2ResumeTokens`: v2 is the default, so only an explicit false
+    (v1 tokens) is accepted (mongod's makeExpressionContext, 6528200)."""
+    generate_v2 = cmd.get("$_generateV2ResumeTokens")
+    if generate_v2 is None:
+        return resume_token.DEFAULT_TOKEN_VERSION
+    if generate_v2 is not False and generate_v2 != 0:
+        raise MongoError(6528200, "Invalid request for v2 tokens")
+    return 1
 
 
 def _check_split_position(spec: ChangeStreamSpec) -> None:

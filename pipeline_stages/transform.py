@@ -98,9 +98,10 @@ class ChangeStreamTransform:
 
     def _version(self, ts: Timestamp) -> int:
         resumed = self.resumed_from
-        if resumed is not None and resumed.version != 2 and ts <= resumed.cluster_time:
+        default = self.spec.token_version
+        if resumed is not None and resumed.version != default and ts <= resumed.cluster_time:
             return resumed.version
-        return resume_token.DEFAULT_TOKEN_VERSION
+        return default
 
     def transform(self, entry: Entry) -> dict[str, Any] | None:
         """The event for `entry`, or None for entries that produce none (index-build steps)."""
