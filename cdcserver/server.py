@@ -24,6 +24,7 @@ from bson.codec_options import CodecOptions, DatetimeConversion
 from cdcserver import wire
 from cdcserver.auth import ServerAuth
 from cdcserver.commands import auth as _auth  # noqa: F401  (saslStart, saslContinue, ...)
+from cdcserver.commands import bulk_write as _bulk_write  # noqa: F401  (client bulk write)
 from cdcserver.commands import crud as _crud  # noqa: F401  (the embedded store's commands)
 from cdcserver.commands import cursors as _cursors  # noqa: F401  (registers commands)
 from cdcserver.commands import ddl as _ddl  # noqa: F401

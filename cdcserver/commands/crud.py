@@ -664,26 +664,7 @@ async def delete(server, conn, cmd, db):
                 done = retry.result(i)
                 try:
                     if done is _NOT_DONE:
-                        # parsed already (write_parsing): limit 0 (or not a number) is multi
-                        limit = 0 if write_parsing.delete_limit(spec["limit"]) else 1
-                        q = engine.normalize(_doc_arg(spec, "q", "delete.deletes") or {})
-                        c = store.get(db, coll)
-                        if c is None:
-                            store.check_not_view(db, coll)
-                        collation = query.collation_of(
-                            spec.get("collation"),
-                            c.options.get("collation") if c is not None else None,
-                            "delete.deletes",
-                        )
-                        docs, done, _ = _multi_matching(store, c, q, limit == 0, progress,
-                                                        collation)
-                        session = retry.session if limit == 1 else None
-                        for pre in docs:
-                            assert c is not None
-                            store.delete_document(c, pre, session, i)
-                            done += 1
-                            progress.done.add(id_key(pre["_id"]))
-                            progress.n = done
+                        done = run_delete_statement(store, db, coll, spec, retry, i, progress)
                         retry.record(i, done)
                 except MongoError as err:
                     if err.code != 112:
@@ -705,6 +686,33 @@ async def delete(server, conn, cmd, db):
         if prematched is not None:
             query.forget_prematched(prematched)
     return write_concern.add_to_reply(_write_reply(store, n, errors), wc)
+
+
+def run_delete_statement(
+    store: Store, db: str, coll: str, spec: Mapping[str, Any], retry: _Retry, stmt_id: int,
+    progress: _Progress,
+) -> int:
+    """The number of documents one delete statement (parsed already) deletes."""
+    # parsed already (write_parsing): limit 0 (or not a number) is multi
+    limit = 0 if write_parsing.delete_limit(spec["limit"]) else 1
+    q = engine.normalize(_doc_arg(spec, "q", "delete.deletes") or {})
+    c = store.get(db, coll)
+    if c is None:
+        store.check_not_view(db, coll)
+    collation = query.collation_of(
+        spec.get("collation"),
+        c.options.get("collation") if c is not None else None,
+        "delete.deletes",
+    )
+    docs, done, _ = _multi_matching(store, c, q, limit == 0, progress, collation)
+    session = retry.session if limit == 1 else None
+    for pre in docs:
+        assert c is not None
+        store.delete_document(c, pre, session, stmt_id)
+        done += 1
+        progress.done.add(id_key(pre["_id"]))
+        progress.n = done
+    return done
 
 
 def _is_multi_delete(spec: Mapping[str, Any]) -> bool:

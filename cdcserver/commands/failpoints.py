@@ -71,7 +71,7 @@ _HELLO = frozenset({"hello", "isMaster", "ismaster"})
 _WRITE_CONCERN_COMMANDS = frozenset(
     {"insert", "update", "delete", "findAndModify", "findandmodify", "create", "drop",
      "dropDatabase", "renameCollection", "createIndexes", "dropIndexes", "deleteIndexes",
-     "collMod", "commitTransaction", "abortTransaction"}
+     "collMod", "commitTransaction", "abortTransaction", "bulkWrite"}
 )
 
 
