@@ -227,7 +227,8 @@ def test_sharding_command_errors_on_the_front(cluster, client):
 
 
 @pytest.mark.parametrize("name", ["shardCollection", "enableSharding", "listShards",
-                                  "moveChunk", "split", "moveRange", "isdbgrid"])
+                                  "moveChunk", "split", "moveRange", "isdbgrid", "addShard",
+                                  "removeShard", "movePrimary"])
 def test_sharding_commands_on_a_replica_set_get_mongods_error(name):
     with EmbeddedServer() as server, server.client() as client:
         with pytest.raises(OperationFailure) as err:
@@ -751,3 +752,146 @@ def test_the_front_stream_is_the_shards_own_streams_merged(seed):
     own.sort(key=lambda e: e["_id"]["_data"])
     assert len(merged) > 100
     assert [bson.encode(e) for e in merged] == [bson.encode(e) for e in own]
+
+
+# -- adding and removing shards ------------------------------------------------------------------
+
+def _assert_merged(events: list, count: int) -> None:
+    """Every write once, in clusterTime order with increasing tokens."""
+    assert len(events) == count
+    keys = [e["_id"]["_data"] for e in events]
+    assert keys == sorted(keys) and len(set(keys)) == count
+    times = [e["clusterTime"] for e in events]
+    assert times == sorted(times)
+    ids = [(e["operationType"], e["documentKey"]["_id"]) for e in events]
+    assert len(set(ids)) == count
+
+
+def test_add_shard_mid_stream_on_the_front_and_on_a_sidecar(cluster, client):
+    from cdcserver.sharding.testing import ShardedSidecar
+
+    client.admin.command("shardCollection", "app.c", key={"x": 1})
+    before = client.admin.command("ping")["operationTime"]
+    with ShardedSidecar(cluster.uri, majority_poll_ms=1.0) as side_server, pymongo.MongoClient(
+        side_server.uri
+    ) as side, client.watch() as front, side.watch() as through:
+        client.app.c.insert_one({"_id": "a", "x": 1})
+        added = client.admin.command("addShard", "rsNew/127.0.0.1:1")
+        assert added["shardAdded"] == "rsNew"
+        entry = [s for s in client.admin.command("listShards")["shards"]
+                 if s["_id"] == "rsNew"][0]
+        assert entry["topologyTime"] >= added["operationTime"] > before
+        assert entry["host"].startswith("rsNew/127.0.0.1:")
+        # Asked again for the same replica set: the shard it already is.
+        assert client.admin.command("addShard", "rsNew/127.0.0.1:1")["shardAdded"] == "rsNew"
+        client.admin.command("split", "app.c", middle={"x": 1000})
+        client.admin.command("moveChunk", "app.c", find={"x": 1000}, to="rsNew")
+        for k in range(6):  # interleaved: the new shard and the old one in turn
+            client.app.c.insert_one({"_id": f"n{k}", "x": 1000 + k})
+            client.app.c.insert_one({"_id": f"o{k}", "x": k})
+        client.app.c.update_one({"x": 1001}, {"$set": {"u": 1}})
+        count = 1 + 12 + 1
+        expected = [front.next() for _ in range(count)]
+        got = [through.next() for _ in range(count)]
+        assert front.try_next() is None
+    _assert_merged(expected, count)
+    assert [bson.encode(e) for e in got] == [bson.encode(e) for e in expected]
+    new_port = int(entry["host"].rsplit(":", 1)[1])
+    with pymongo.MongoClient(f"mongodb://127.0.0.1:{new_port}/?directConnection=true") as d:
+        assert d.app.c.count_documents({}) == 6  # the writes did land on the new shard
+    # Resumed from before the shard was added: the same events (the shard joins at its time).
+    with client.watch(start_at_operation_time=before) as resumed:
+        again = [resumed.next() for _ in range(count)]
+    assert [bson.encode(e) for e in again] == [bson.encode(e) for e in expected]
+
+
+def test_remove_shard_drains_and_streams_end_its_part_cleanly(cluster, client):
+    from cdcserver.sharding.testing import ShardedSidecar
+
+    names = [s.name for s in cluster.cluster.shards]
+    gone = names[-1]
+    _spread(client, cluster, "app.c")
+    client.admin.command("enableSharding", "solo", primaryShard=gone)
+    client.solo.c.insert_one({"_id": "s0"})
+    with ShardedSidecar(cluster.uri, majority_poll_ms=1.0) as side_server, pymongo.MongoClient(
+        side_server.uri
+    ) as side, client.watch() as front, side.watch() as through:
+        count = _write_round(client, len(names), "a")
+        started = client.admin.command("removeShard", gone)
+        assert {k: started[k] for k in ("msg", "state", "shard", "note", "dbsToMove")} == {
+            "msg": "draining started successfully", "state": "started", "shard": gone,
+            "note": "you need to drop or movePrimary these databases", "dbsToMove": ["solo"],
+        }
+        listed = {s["_id"]: s for s in client.admin.command("listShards")["shards"]}
+        assert listed[gone]["draining"] is True
+        assert _shard_counts(cluster, "app", "c")[-1] == 0  # its chunks moved off
+        client.solo.c.insert_one({"_id": "s1"})  # its database still lives on it
+        ongoing = client.admin.command("removeShard", gone)
+        assert ongoing["state"] == "ongoing" and ongoing["msg"] == "draining ongoing"
+        assert ongoing["remaining"] == {"chunks": 0, "dbs": 1, "jumboChunks": 0}
+        client.admin.command("movePrimary", "solo", to=names[0])
+        assert client.solo.c.count_documents({}) == 2  # moved without events
+        done = client.admin.command("removeShard", gone)
+        assert {k: done[k] for k in ("msg", "state", "shard")} == {
+            "msg": "removeshard completed successfully", "state": "completed", "shard": gone}
+        assert gone not in {s["_id"] for s in client.admin.command("listShards")["shards"]}
+        with pytest.raises(OperationFailure) as err:
+            client.admin.command("removeShard", gone)
+        assert err.value.code == 70 and err.value.details["codeName"] == "ShardNotFound"
+        count += 1 + _write_round(client, len(names) - 1, "b")
+        client.solo.c.insert_one({"_id": "s2"})
+        count += 1
+        expected = [front.next() for _ in range(count)]
+        got = [through.next() for _ in range(count)]
+        assert front.try_next() is None
+    _assert_merged(expected, count)
+    assert [bson.encode(e) for e in got] == [bson.encode(e) for e in expected]
+    # Resumed from before the removal: the removed shard's events too, once.
+    with client.watch(resume_after=expected[0]["_id"]) as resumed:
+        again = [resumed.next() for _ in range(count - 1)]
+        assert resumed.try_next() is None
+    assert [bson.encode(e) for e in again] == [bson.encode(e) for e in expected[1:]]
+
+
+def test_add_and_remove_shard_errors(cluster, client):
+    names = [s.name for s in cluster.cluster.shards]
+    cases = [
+        ({"addShard": "rs/127.0.0.1:1"}, "app", 13),
+        ({"addShard": 5}, "admin", 14),
+        ({"addShard": "rsX/127.0.0.1:1", "name": names[0]}, "admin", 20),
+        ({"removeShard": "nowhere"}, "admin", 70),
+        ({"removeShard": names[0]}, "app", 13),
+        ({"movePrimary": "nodb", "to": names[0]}, "admin", 26),
+    ]
+    for cmd, db, code in cases:
+        with pytest.raises(OperationFailure) as err:
+            client[db].command(cmd)
+        assert err.value.code == code, cmd
+    for name in names[1:]:
+        client.admin.command("removeShard", name)
+    with pytest.raises(OperationFailure) as err:
+        client.admin.command("removeShard", names[0])
+    assert err.value.code == 20
+    assert err.value.details["errmsg"] == (
+        "Operation not allowed because it would remove the last shard")
+    # A name made up as mongod makes it: after the highest "shard<n>" of the members (the
+    # draining ones are still members).
+    assert client.admin.command("addShard", "127.0.0.1:1")["shardAdded"] == (
+        f"shard{len(names):04d}")
+
+
+def test_added_and_removed_shards_outlive_a_restart(tmp_path):
+    with ShardedServer(2, data_dir=tmp_path) as server, pymongo.MongoClient(server.uri) as c:
+        c.admin.command("addShard", "extra/127.0.0.1:1")
+        c.admin.command("enableSharding", "d", primaryShard="extra")
+        c.d.c.insert_one({"_id": 1})
+        c.admin.command("removeShard", "shard1")
+        c.admin.command("removeShard", "shard1")
+        last = c.admin.command("ping")["operationTime"]
+    with ShardedServer(2, data_dir=tmp_path) as server, pymongo.MongoClient(server.uri) as c:
+        assert [s["_id"] for s in c.admin.command("listShards")["shards"]] == [
+            "shard0", "extra"]
+        assert c.d.c.find_one() == {"_id": 1}
+        with c.watch(start_at_operation_time=last, max_await_time_ms=50) as stream:
+            c.d.c.insert_one({"_id": 2})
+            assert stream.next()["documentKey"] == {"_id": 2}

@@ -141,9 +141,20 @@ class ShardingCatalog:
         self.chunks: dict[str, list[dict[str, Any]]] = {}
         self.shard_hosts: dict[str, str] = {}
         self.balancer = False
+        # config.shards beyond name and host: each shard's topologyTime (the cluster time
+        # addShard committed it at) and draining flag (removeShard started); shards removed,
+        # with the time their removal completed (their oplogs stay readable for old tokens).
+        self.topology_time = {n: Timestamp(1, 1 + i) for i, n in enumerate(shard_names)}
+        self.draining: set[str] = set()
+        self.removed: dict[str, Timestamp] = {}
         if path is not None and os.path.exists(path):
             with open(path, "rb") as f:
                 saved = bson.decode(f.read())
+            if "shards" in saved:  # added or removed shards outlive a restart
+                self.shard_names[:] = [s["_id"] for s in saved["shards"]]
+                self.topology_time = {s["_id"]: s["topologyTime"] for s in saved["shards"]}
+                self.draining = {s["_id"] for s in saved["shards"] if s.get("draining")}
+                self.removed = {s["_id"]: s["removedAt"] for s in saved.get("removed", [])}
             self.databases = {d["_id"]: d for d in saved["databases"]}
             self.collections = {c["_id"]: c for c in saved["collections"]}
             for chunk in saved["chunks"]:
@@ -153,6 +164,10 @@ class ShardingCatalog:
         if self.path is None:
             return
         doc = {
+            "shards": [{"_id": n, "topologyTime": self.topology_time[n],
+                        **({"draining": True} if n in self.draining else {})}
+                       for n in self.shard_names],
+            "removed": [{"_id": n, "removedAt": t} for n, t in self.removed.items()],
             "databases": list(self.databases.values()),
             "collections": list(self.collections.values()),
             "chunks": [c for cs in self.chunks.values() for c in cs],
@@ -163,6 +178,27 @@ class ShardingCatalog:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
+
+    # -- shards -------------------------------------------------------------------------------
+
+    def placement_shards(self) -> list[str]:
+        """The shards new databases and chunks may go to (not draining)."""
+        return [n for n in self.shard_names if n not in self.draining]
+
+    def add_shard(self, name: str, topology_time: Timestamp) -> None:
+        self.shard_names.append(name)
+        self.topology_time[name] = topology_time
+        self.save()
+
+    def start_draining(self, name: str) -> None:
+        self.draining.add(name)
+        self.save()
+
+    def remove_shard(self, name: str, removed_at: Timestamp) -> None:
+        self.shard_names.remove(name)
+        self.draining.discard(name)
+        self.removed[name] = removed_at
+        self.save()
 
     # -- databases ------------------------------------------------------------------------------
 
@@ -177,10 +213,11 @@ class ShardingCatalog:
         if entry is not None:
             return entry["primary"]
         if primary is None:
-            counts = {name: 0 for name in self.shard_names}
+            names = self.placement_shards()
+            counts = dict.fromkeys(names, 0)
             for d in self.databases.values():
                 counts[d["primary"]] = counts.get(d["primary"], 0) + 1
-            primary = min(self.shard_names, key=lambda n: (counts[n], self.shard_names.index(n)))
+            primary = min(names, key=lambda n: (counts[n], names.index(n)))
         now = Timestamp(int(datetime.datetime.now(datetime.UTC).timestamp()), 1)
         self.databases[db] = {
             "_id": db,
@@ -190,6 +227,14 @@ class ShardingCatalog:
         }
         self.save()
         return primary
+
+    def set_primary(self, db: str, shard: str) -> None:
+        entry = self.databases[db]
+        entry["primary"] = shard
+        version = dict(entry["version"])
+        version["lastMod"] = int(version.get("lastMod", 1)) + 1
+        entry["version"] = version
+        self.save()
 
     def drop_database(self, db: str) -> None:
         self.databases.pop(db, None)
@@ -223,14 +268,15 @@ class ShardingCatalog:
         }
         fields = list(key)
         hashed = [f for f, v in key.items() if v == "hashed"]
-        if hashed and len(self.shard_names) > 1:
+        names = self.placement_shards()
+        if hashed and len(names) > 1:
             # One chunk per shard, splitting the hash space evenly (presplit hashed key).
-            n = len(self.shard_names)
+            n = len(names)
             bounds: list[Any] = [MinKey()]
             step = 2**64 // n
             bounds += [Int64(-(2**63) + step * i) for i in range(1, n)]
             bounds.append(MaxKey())
-            ranges = [(bounds[i], bounds[i + 1], self.shard_names[i]) for i in range(n)]
+            ranges = [(bounds[i], bounds[i + 1], names[i]) for i in range(n)]
         else:
             ranges = [(MinKey(), MaxKey(), primary)]
         chunks = []

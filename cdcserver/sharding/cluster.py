@@ -91,23 +91,22 @@ class ShardedCluster:
         if data_dir is not None:
             os.makedirs(data_dir, exist_ok=True)
             config_path = os.path.join(data_dir, "config.bson")
-        self.catalog = ShardingCatalog(names, config_path)
+        self.catalog = ShardingCatalog(names, config_path)  # a saved shard list replaces names
+        self.data_dir = data_dir
+        self._noop_interval_s = noop_interval_s
+        self._store_options = store_options or {}
         self.shards: list[Shard] = []
+        # Removed shards (removeShard completed): out of the cluster, but their oplogs stay
+        # readable (a stream resumed from before the removal reads them up to its end) and
+        # their listeners stay up, as the replica set of a removed shard keeps running.
+        self.retired: list[Shard] = []
         self._by_name: dict[str, Shard] = {}
+        self._host: str | None = None  # set once the shards listen
         self.front_log = ClusterLog(self)
-        for k, name in enumerate(names):
-            shard_dir = None
-            if data_dir is not None:
-                shard_dir = os.path.join(data_dir, name)
-                os.makedirs(shard_dir, exist_ok=True)
-            store = ShardStore(shard_dir, clock=self.clock, catalog=self.catalog,
-                               **(store_options or {}))
-            log = EmbeddedOplog(store, noop_interval_s=noop_interval_s)
-            store.listeners.append(self.front_log.notify)
-            state = ServerState(log=log, set_name=name)
-            shard = Shard(name, store, log, state, ConnectionState(-1 - k, "mongos"))
-            self.shards.append(shard)
-            self._by_name[name] = shard
+        for name in list(self.catalog.shard_names):
+            self.shards.append(self._make_shard(name))
+        for name in self.catalog.removed:
+            self.retired.append(self._make_shard(name))
         # Transactions through the front: (lsid id, txnNumber) -> the shards it wrote to.
         self.participants: dict[tuple[bytes, int], list[str]] = {}
         self.cursor_owner: dict[int, str] = {}  # forwarded cursors: id -> shard
@@ -117,6 +116,51 @@ class ShardedCluster:
         self.results: dict[int, tuple[str, Any]] = {}
         self._merger: tuple[ServerState, ConnectionState] | None = None
         self._merges = 0
+
+    def _make_shard(self, name: str) -> Shard:
+        shard_dir = None
+        if self.data_dir is not None:
+            shard_dir = os.path.join(self.data_dir, name)
+            os.makedirs(shard_dir, exist_ok=True)
+        store = ShardStore(shard_dir, clock=self.clock, catalog=self.catalog,
+                           **self._store_options)
+        log = EmbeddedOplog(store, noop_interval_s=self._noop_interval_s)
+        store.listeners.append(self.front_log.notify)
+        state = ServerState(log=log, set_name=name)
+        shard = Shard(name, store, log, state,
+                      ConnectionState(-1 - len(self._by_name), "mongos"))
+        self._by_name[name] = shard
+        return shard
+
+    def joined_at(self, name: str) -> Timestamp | None:
+        """The cluster time shard `name` was added at (its topologyTime)."""
+        return self.catalog.topology_time.get(name)
+
+    def removed_at(self, name: str) -> Timestamp | None:
+        """The cluster time shard `name`'s removal completed at (None: a member)."""
+        return self.catalog.removed.get(name)
+
+    def shard_names_ever(self) -> set[str]:
+        return set(self._by_name)
+
+    async def add_shard(self, name: str) -> Shard:
+        """addShard: a new embedded replica set joins at a fresh cluster time (its
+        topologyTime); it listens on a port of its own when the cluster does."""
+        shard = self._make_shard(name)
+        if self._host is not None:
+            await self._listen(shard, self._host)
+        self.catalog.add_shard(name, self.clock.tick())
+        self.shards.append(shard)
+        self.front_log.notify()  # open streams take the new shard in
+        return shard
+
+    def retire_shard(self, shard: Shard) -> None:
+        """removeShard completed: the shard leaves the cluster at a fresh cluster time (after
+        its last entry); streams read it to its end, then go on without it."""
+        self.catalog.remove_shard(shard.name, self.clock.tick())
+        self.shards.remove(shard)
+        self.retired.append(shard)
+        self.front_log.notify()
 
     async def apply_update(self, doc: Any, stmt: Any) -> Any:
         """The document an update statement makes of `doc` (run by the front's merger store),
@@ -200,27 +244,33 @@ class ShardedCluster:
         return self.clock.next_ts()
 
     async def start_shards(self, host: str = "127.0.0.1") -> None:
+        self._host = host
+        for shard in self.shards + self.retired:
+            await self._listen(shard, host)
+
+    async def _listen(self, shard: Shard, host: str) -> None:
         from cdcserver.server import Server
         from cdcserver.sharding.shard_commands import SHARD_COMMANDS
 
-        for shard in self.shards:
-            server = Server(shard.state, commands=SHARD_COMMANDS)
-            shard.port = await server.start(host, 0)
-            shard.host = host
-            shard.server = server
-            self.catalog.shard_hosts[shard.name] = shard.host_string
+        server = Server(shard.state, commands=SHARD_COMMANDS)
+        shard.port = await server.start(host, 0)
+        shard.host = host
+        shard.server = server
+        self.catalog.shard_hosts[shard.name] = shard.host_string
 
     async def stop_shards(self) -> None:
-        for shard in self.shards:
+        self._host = None
+        every = self.shards + self.retired
+        for shard in every:
             if shard.server is not None:
                 await shard.server.close()
                 shard.server = None
-        for shard in self.shards:
+        for shard in every:
             for cursor in list(shard.state.cursors.cursors.values()):
                 cursor.close()
 
     def close_stores(self) -> None:
-        for shard in self.shards:
+        for shard in self.shards + self.retired:
             shard.store.close()
 
 

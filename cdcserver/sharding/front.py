@@ -215,9 +215,12 @@ async def list_shards(server, conn, cmd, db):
 
 
 def _shard_docs(cluster: ShardedCluster) -> list[dict[str, Any]]:
+    catalog = cluster.catalog
     return [
-        {"_id": s.name, "host": s.host_string, "state": 1, "topologyTime": Timestamp(1, 1 + i)}
-        for i, s in enumerate(cluster.shards)
+        {"_id": s.name, "host": s.host_string, "state": 1,
+         "topologyTime": catalog.topology_time[s.name],
+         **({"draining": True} if s.name in catalog.draining else {})}
+        for s in cluster.shards
     ]
 
 
@@ -468,20 +471,150 @@ async def balancer_round(cluster: ShardedCluster) -> int:
     (mongod 8.0 balances by data size; here by chunk count.) Returns the chunks moved."""
     catalog = cluster.catalog
     moved = 0
+    targets = catalog.placement_shards()
     for ns in list(catalog.collections):
         while True:
             counts = dict.fromkeys(catalog.shard_names, 0)
             for chunk in catalog.chunks.get(ns, []):
                 counts[chunk["shard"]] += 1
-            most = max(catalog.shard_names, key=lambda n: counts[n])
-            least = min(catalog.shard_names, key=lambda n: counts[n])
-            if counts[most] - counts[least] <= 1:
+            least = min(targets, key=lambda n: counts[n])
+            # A draining shard's chunks go first, whatever the counts.
+            draining = [n for n in catalog.draining if counts.get(n)]
+            most = draining[0] if draining else max(targets, key=lambda n: counts[n])
+            if not draining and counts[most] - counts[least] <= 1:
                 break
             chunk = next(c for c in catalog.chunks[ns] if c["shard"] == most)
             await migrate(cluster, ns, chunk, least)
             moved += 1
     cluster.balancer_rounds += 1
     return moved
+
+
+# -- adding and removing shards -------------------------------------------------------------------
+
+@front("addShard", "addshard")
+async def add_shard(server, conn, cmd, db):
+    """addShard: the embedded cluster can only add a shard of its own (a new embedded replica
+    set, on a new loopback port); the connection string gives its name (the replica set's, as
+    mongod takes it, unless `name` says otherwise)."""
+    _admin_only("addShard", db)
+    cluster = cluster_of(server)
+    target = cmd[next(iter(cmd))]
+    if not isinstance(target, str):
+        raise MongoError(14, "BSON field 'addShard.addShard' is the wrong type "
+                         f"'{_type_name(target)}', expected type 'string'")
+    set_name, sep, hosts = target.partition("/")
+    if not sep:
+        set_name, hosts = "", target
+    if not hosts or any(not h for h in hosts.split(",")):
+        raise MongoError(9, f"Invalid connection string {target}")  # FailedToParse
+    name = cmd.get("name")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise MongoError(93, "shard name cannot be empty")
+    catalog = cluster.catalog
+    existing = cluster.shard_names_ever()
+    if set_name and set_name in catalog.shard_names and name in (None, set_name):
+        return {"shardAdded": set_name}  # the same replica set again: nothing to do
+    if set_name and set_name in existing and name is None:
+        raise MongoError(20, f"A shard already exists containing the replica set '{set_name}'")
+    if name is None:
+        name = set_name or _generated_shard_name(set(catalog.shard_names), existing)
+    if name in existing:
+        raise MongoError(20, f"A shard named {name} already exists")
+    await cluster.add_shard(name)
+    return {"shardAdded": name}
+
+
+def _type_name(value: Any) -> str:
+    return {str: "string", int: "int", float: "double", bool: "bool", dict: "object",
+            list: "array"}.get(type(value), type(value).__name__)
+
+
+def _generated_shard_name(members: set[str], existing: set[str]) -> str:
+    """mongod's generated names: shard0000, shard0001... after the highest of the members
+    (skipping a removed shard's, whose oplog is still kept under its name)."""
+    numbers = [int(n[5:]) for n in members if n.startswith("shard") and n[5:].isdigit()]
+    k = max(numbers) + 1 if numbers else 0
+    while f"shard{k:04d}" in existing:
+        k += 1
+    return f"shard{k:04d}"
+
+
+@front("removeShard", "removeshard")
+async def remove_shard(server, conn, cmd, db):
+    """removeShard as the config server runs it: the first call marks the shard draining
+    (the balancer then moves its chunks off: here at once, as migrations), later calls report
+    what is left (databases whose primary it is: `movePrimary` them), the last one removes it."""
+    _admin_only("removeShard", db)
+    cluster = cluster_of(server)
+    catalog = cluster.catalog
+    name = cmd[next(iter(cmd))]
+    if not isinstance(name, str):
+        raise MongoError(14, "BSON field 'removeShard.removeShard' is the wrong type "
+                         f"'{_type_name(name)}', expected type 'string'")
+    if name not in catalog.shard_names:
+        raise MongoError(ShardNotFound, f"Shard {name} does not exist")
+    if not any(n != name and n not in catalog.draining for n in catalog.shard_names):
+        raise MongoError(20, "Operation not allowed because it would remove the last shard")
+    dbs = sorted(d for d, entry in catalog.databases.items() if entry["primary"] == name)
+    db_info = {"note": "you need to drop or movePrimary these databases", "dbsToMove": dbs}
+    if name not in catalog.draining:
+        catalog.start_draining(name)
+        await balancer_round(cluster)  # the draining shard's chunks move off
+        return {"msg": "draining started successfully", "state": "started", "shard": name,
+                **db_info}
+    chunks = sum(1 for cs in catalog.chunks.values() for c in cs if c["shard"] == name)
+    if chunks or dbs:
+        if chunks:
+            await balancer_round(cluster)
+        return {"msg": "draining ongoing", "state": "ongoing",
+                "remaining": {"chunks": Int64(chunks), "dbs": Int64(len(dbs)),
+                              "jumboChunks": Int64(0)},
+                **db_info}
+    cluster.retire_shard(cluster.shard(name))
+    return {"msg": "removeshard completed successfully", "state": "completed", "shard": name}
+
+
+@front("movePrimary", "moveprimary")
+async def move_primary(server, conn, cmd, db):
+    """movePrimary: the database's unsharded collections are cloned to the new primary and
+    dropped on the old one, as migrations (fromMigrate: no change-stream events)."""
+    _admin_only("movePrimary", db)
+    cluster = cluster_of(server)
+    catalog = cluster.catalog
+    name = cmd[next(iter(cmd))]
+    if not isinstance(name, str) or not name:
+        raise MongoError(73, f"invalid db name specified: {name}")
+    to = cmd.get("to")
+    if not isinstance(to, str) or not to:
+        raise MongoError(ShardNotFound, "you have to specify where you want to move it")
+    if name in ("admin", "config", "local"):
+        raise MongoError(20, f"Can't move primary for {name} database")
+    current = catalog.primary(name)
+    if current is None:
+        raise MongoError(26, f"Database {name} not found")
+    if to not in catalog.shard_names:
+        raise MongoError(ShardNotFound, f"Shard {to} not found")
+    if to == current:
+        return {}
+    old, new = cluster.shard(current), cluster.shard(to)
+    colls = [c.name for c in old.store.collections_of(name)
+             if not catalog.is_sharded(c.ns) and not c.name.startswith("system.")]
+    for coll in colls:
+        source = old.store.get(name, coll)
+        if source is None:
+            continue
+        target = _ensure_collection_on(cluster, new, old, name, coll)
+        docs = [copy.deepcopy(d) for d in old.store.documents(source).values()]
+        with new.store.migrating(), new.store.batch():
+            for doc in docs:
+                new.store.insert_document(target, doc)
+    catalog.set_primary(name, to)
+    for coll in colls:
+        if old.store.get(name, coll) is not None:
+            with old.store.migrating():
+                await forward(cluster, old, {"drop": coll}, name)
+    return {}
 
 
 @front("reshardCollection")

@@ -43,8 +43,15 @@ class RecordedShards(FrontLog):
             log = FileOplog(list(paths))
             self.shards.append(RecordedShard(f"shard{k}", log, ServerState(log=log)))
         self._by_name = {s.name: s for s in self.shards}
+        self.retired: list[RecordedShard] = []  # a recording's shard list is fixed
 
     # -- the cluster, as streams.py uses it ----------------------------------------------------
+
+    def joined_at(self, name: str) -> Timestamp | None:
+        return None
+
+    def removed_at(self, name: str) -> Timestamp | None:
+        return None
 
     @property
     def front_log(self) -> RecordedShards:

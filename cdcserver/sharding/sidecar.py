@@ -16,7 +16,13 @@ no-op is majority-committed. (A shard's no-op gets a time after the others' only
 clock has heard of them: mongos gossips cluster times to every shard; the embedded cluster's
 shards share one clock.)
 
-Not done: shards added or removed while serving (the list is read at start).
+Added and removed shards: the sidecar asks the mongos `listShards` every
+`TOPOLOGY_POLL_S` and whenever events wait for the shard list (mongos reads the config server's
+oplog for `kNewShardDetected`; the sidecar knows only the mongos). The list is a participant of
+every merge: no event later than the `operationTime` of the last answer leaves, so a shard added
+at its `topologyTime` joins every stream at that time, before any later event of the others. A
+shard gone from the list is still tailed: streams read it up to the time it was seen gone (an
+`appendOplogNote` makes it write past that), then its part of them ends.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ log = logging.getLogger("cdcserver")
 # How long a shard's tail may be lost before the merged streams fail (a failover's election
 # stays under it; a shard that is gone does not hold streams silently).
 DOWN_GRACE_S = 5.0
+TOPOLOGY_POLL_S = 1.0  # how often listShards is asked when nothing else asks it
 NUDGE_NOTE = {"msg": "cdcserver: merged change streams wait for this shard"}
 
 
@@ -106,22 +113,109 @@ class ShardedUpstream(FrontLog):
         super().__init__()
         self.cluster = self
         self.store = None
+        self.options = options
         self.mongos = UpstreamOplog(options)  # its clients forward the other commands
         self.shards: list[SidecarShard] = []
+        self.retired: list[SidecarShard] = []  # gone from listShards, still tailed
+        self._joined: dict[str, Timestamp] = {}
+        self._removed: dict[str, Timestamp] = {}
+        self._by_name: dict[str, SidecarShard] = {}
         for entry in shards:
-            values = dataclasses.replace(
-                options, uri=shard_uri(str(entry["host"]), options.uri),
-                retain_dir=(f"{options.retain_dir}/{entry['_id']}" if options.retain_dir
-                            else None),
-            )
-            tail = ShardTail(values, self.notify)
-            self.shards.append(SidecarShard(str(entry["_id"]), tail, ServerState(log=tail)))
-        self._by_name = {s.name: s for s in self.shards}
+            self.shards.append(self._make_shard(entry))
+        self.topology_ts: Timestamp | None = None  # the shard list is known up to this time
+        self._topology_task: asyncio.Task[Any] | None = None
+        self.topology_poll_s = TOPOLOGY_POLL_S
         self._tasks: list[asyncio.Task[Any]] = []
         self._nudging: set[str] = set()
         self.nudges = 0  # appendOplogNote sent (for tests and status)
         self.gossiped: Timestamp | None = None  # the latest $clusterTime clients sent
         self.down_grace_s = DOWN_GRACE_S
+
+    def _make_shard(self, entry: Mapping[str, Any]) -> SidecarShard:
+        options = self.options
+        name = str(entry["_id"])
+        values = dataclasses.replace(
+            options, uri=shard_uri(str(entry["host"]), options.uri),
+            retain_dir=f"{options.retain_dir}/{name}" if options.retain_dir else None,
+        )
+        tail = ShardTail(values, self.notify)
+        shard = SidecarShard(name, tail, ServerState(log=tail))
+        joined = entry.get("topologyTime")
+        if isinstance(joined, Timestamp):
+            self._joined[name] = joined
+        self._by_name[name] = shard
+        return shard
+
+    # -- the shard list --------------------------------------------------------------------------
+
+    def topology_promise(self) -> Timestamp | None:
+        return self.topology_ts
+
+    def joined_at(self, name: str) -> Timestamp | None:
+        return self._joined.get(name)
+
+    def removed_at(self, name: str) -> Timestamp | None:
+        return self._removed.get(name)
+
+    def refresh_topology(self) -> None:
+        """Ask the mongos for its shards now (one request at a time)."""
+        if self._topology_task is None or self._topology_task.done():
+            self._topology_task = asyncio.get_running_loop().create_task(
+                self._read_topology())
+
+    async def _topology_loop(self) -> None:
+        while True:
+            self.refresh_topology()
+            task = self._topology_task
+            if task is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(task)
+            await asyncio.sleep(self.topology_poll_s)
+
+    async def _read_topology(self) -> None:
+        try:
+            reply = await self.mongos.async_client().admin.command("listShards")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the mongos is away: the list stays as known
+            log.debug("listShards: %s", exc)
+            return
+        known = reply.get("operationTime")
+        if not isinstance(known, Timestamp):
+            cluster_time = reply.get("$clusterTime") or {}
+            known = cluster_time.get("clusterTime")
+        if not isinstance(known, Timestamp):
+            return  # a list of no known time promises nothing
+        await self._apply_shards(list(reply.get("shards", [])), known)
+        if isinstance(known, Timestamp) and (self.topology_ts is None
+                                             or known > self.topology_ts):
+            self.topology_ts = known
+            self.notify()
+
+    async def _apply_shards(self, entries: list[Mapping[str, Any]], known: Timestamp) -> None:
+        names = {str(e["_id"]) for e in entries}
+        for entry in entries:
+            name = str(entry["_id"])
+            if name in self._by_name and name not in self._removed:
+                continue
+            if name in self._removed:  # a removed shard's name again: not followed
+                log.warning("shard %s is back in listShards: not tailed again", name)
+                continue
+            shard = self._make_shard(entry)
+            self._tasks.append(asyncio.get_running_loop().create_task(shard.log.follow()))
+            # Published (and the list's time advanced) once its tail knows where it is, or
+            # after the grace a lost shard gets: until then events after it wait.
+            await shard.log.wait_ready(self.down_grace_s)
+            self.shards.append(shard)
+            log.info("shard %s added (topologyTime %s): tailed from now on", name,
+                     self._joined.get(name))
+        for shard in list(self.shards):
+            if shard.name not in names:
+                # Gone: everything it wrote is before the time this answer is for.
+                self._removed[shard.name] = known
+                self.shards.remove(shard)
+                self.retired.append(shard)
+                log.info("shard %s removed: its streams end after its last events", shard.name)
 
     # -- the cluster, as streams.py uses it ----------------------------------------------------
 
@@ -152,12 +246,15 @@ class ShardedUpstream(FrontLog):
             if self.gossiped is None or ts > self.gossiped:
                 self.gossiped = ts
 
-    def nudge(self, name: str) -> None:
-        """Have shard `name` write a no-op after the latest time seen on any shard."""
+    def nudge(self, name: str, until: Timestamp | None = None) -> None:
+        """Have shard `name` write a no-op after the latest time seen on any shard (or after
+        `until`)."""
         if name in self._nudging:
             return
         target = max((t for t in (s.log.latest_ts() for s in self.shards) if t is not None),
                      default=None)
+        if until is not None and (target is None or until > target):
+            target = until
         shard = self._by_name[name]
         latest = shard.log.latest_ts()
         if target is None or (latest is not None and latest >= target):
@@ -218,20 +315,24 @@ class ShardedUpstream(FrontLog):
             shard.log.prime()
 
     async def start_cluster(self, host: str) -> None:
+        loop = asyncio.get_running_loop()
         for shard in self.shards:
-            self._tasks.append(asyncio.get_running_loop().create_task(shard.log.follow()))
+            self._tasks.append(loop.create_task(shard.log.follow()))
+        self._tasks.append(loop.create_task(self._topology_loop()))
 
     async def wait_ready(self, timeout: float) -> bool:
         results = await asyncio.gather(*(s.log.wait_ready(timeout) for s in self.shards))
         return all(results)
 
     async def stop_cluster(self) -> None:
+        if self._topology_task is not None:
+            self._tasks.append(self._topology_task)
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
             with contextlib.suppress(BaseException):
                 await task
-        for shard in self.shards:
+        for shard in self.shards + self.retired:
             with contextlib.suppress(Exception):
                 await shard.log.aclose()
         with contextlib.suppress(Exception):

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 # Events asked of each shard per poll.
 SHARD_BATCH = 1000
+# The merge's participant for the cluster's shard list (a sidecar's; no events).
+TOPOLOGY = "$topology"
 
 
 def open_shard_cursor(shard: Shard, spec: ChangeStreamSpec, start: Timestamp, ns: str
@@ -73,14 +75,30 @@ class MergedChangeStream:
         self.draining = False
         self.awaited_s = 0.0
         self.last_used = time.monotonic()
+        self.start = start
         self.subs: dict[str, ChangeStreamCursor] = {}
+        self.merge: ShardMerge[RawBSONDocument] = ShardMerge()
         try:
-            for shard in cluster.shards:
-                self.subs[shard.name] = open_shard_cursor(shard, spec, start, ns)
+            # The shards of the cluster at `start`: today's, and those removed since.
+            for shard in [*cluster.shards, *cluster.retired]:
+                removed = cluster.removed_at(shard.name)
+                if removed is not None and removed <= start:
+                    continue
+                joined = cluster.joined_at(shard.name)
+                if joined is not None and joined > start:
+                    self._join(shard, joined)  # added after `start`: it answers from then on
+                else:
+                    self.subs[shard.name] = open_shard_cursor(shard, spec, start, ns)
+                    self.merge.add_shard(shard.name)
         except BaseException:
             self.close()
             raise
-        self.merge: ShardMerge[RawBSONDocument] = ShardMerge(list(self.subs))
+        # A sidecar learns of added shards by asking the mongos: no event may leave past the
+        # time its shard list is known for (mongos's config-server cursor, which reports
+        # kNewShardDetected).
+        self.topology = getattr(cluster, "topology_promise", None)
+        if self.topology is not None:
+            self.merge.add_shard(TOPOLOGY)
         client = spec.resume_token
         if client is None and spec.start_at_operation_time is not None:
             client = ResumeTokenData.high_water_mark(start, resume_token.DEFAULT_TOKEN_VERSION)
@@ -94,6 +112,21 @@ class MergedChangeStream:
             self.pbrt: dict[str, Any] = spec.resume_token.to_document()
         else:
             self.pbrt = ResumeTokenData.high_water_mark(start).to_document()
+
+    def _join(self, shard: Any, joined: Timestamp) -> None:
+        """A shard added at `joined` (its topologyTime): its stream starts there, and until it
+        answers it promises that time (`kNewShardDetected` in mongod)."""
+        start = max(joined, self.start)
+        self.subs[shard.name] = open_shard_cursor(shard, self.spec, start, self.ns)
+        version = resume_token.version_for_event(start, self.spec.resume_token)
+        self.merge.add_shard(
+            shard.name, ResumeTokenData.high_water_mark(start, version).to_document())
+
+    def _join_new_shards(self) -> None:
+        for shard in self.cluster.shards:
+            if shard.name not in self.subs:
+                joined = self.cluster.joined_at(shard.name)
+                self._join(shard, joined if joined is not None else self.start)
 
     def touch(self) -> None:
         self.last_used = time.monotonic()
@@ -111,7 +144,14 @@ class MergedChangeStream:
         """Ask every open shard for what it has now; an idle shard promises the cluster's next
         time."""
         merge = self.merge
-        for name, sub in self.subs.items():
+        self._join_new_shards()
+        if self.topology is not None:
+            known = self.topology()  # taken before the shards are read
+            if known is not None:
+                merge.push(TOPOLOGY, [], ResumeTokenData.high_water_mark(
+                    known, resume_token.version_for_event(known, self.spec.resume_token),
+                ).to_document())
+        for name, sub in list(self.subs.items()):
             if sub.closed or name not in merge.shards:
                 continue
             if merge.buffered(name) >= SHARD_BATCH:
@@ -130,8 +170,15 @@ class MergedChangeStream:
                 len(events) < SHARD_BATCH and sub.pipeline.pending_count == 0
                 and (latest is None or sub.group.next_ts > latest)
             )
+            removed = self.cluster.removed_at(name)
             if caught_up:
                 ts = self.cluster.idle_promise(shard)
+                if removed is not None and ts > removed:
+                    # A removed shard read to its end: its stream ends cleanly.
+                    merge.push(name, events, token)
+                    merge.close(name)
+                    sub.close()
+                    continue
                 version = resume_token.version_for_event(ts, self.spec.resume_token)
                 promise = ResumeTokenData.high_water_mark(ts, version).to_document()
                 if resume_token.sort_key(promise) > resume_token.sort_key(token):
@@ -145,10 +192,13 @@ class MergedChangeStream:
         if nudge is None or not self.merge.buffered():
             return
         for name in self.merge.shards:  # every shard with nothing waiting, all at once
-            if not self.merge.buffered(name):
-                nudge(name)
+            if name == TOPOLOGY:
+                self.cluster.refresh_topology()
+            elif not self.merge.buffered(name) and not self.subs[name].closed:
+                nudge(name, self.cluster.removed_at(name))
 
     def _drain_merge(self) -> None:
+        self._join_new_shards()  # a shard added during the reads holds back what follows it
         ready = self.merge.pop_ready()
         if self.ensure is not None and ready:
             ready = self.ensure.process(ready)  # type: ignore[arg-type]
