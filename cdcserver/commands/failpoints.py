@@ -37,6 +37,7 @@ getmore_cmd.cpp, util/fail_point.cpp):
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import random
 import time
@@ -62,7 +63,8 @@ log = logging.getLogger("cdcserver")
 
 FAIL_COMMAND = "failCommand"
 FAIL_GET_MORE = "failGetMoreAfterCursorCheckout"
-FAIL_POINT_NAMES = (FAIL_COMMAND, FAIL_GET_MORE)
+ON_PRIMARY_TRANSACTIONAL_WRITE = "onPrimaryTransactionalWrite"
+FAIL_POINT_NAMES = (FAIL_COMMAND, FAIL_GET_MORE, ON_PRIMARY_TRANSACTIONAL_WRITE)
 FAIL_COMMAND_MESSAGE = "Failing command via 'failCommand' failpoint"
 FAIL_GET_MORE_MESSAGE = "Hit the 'failGetMoreAfterCursorCheckout' failpoint"
 
@@ -73,6 +75,12 @@ _WRITE_CONCERN_COMMANDS = frozenset(
      "dropDatabase", "renameCollection", "createIndexes", "dropIndexes", "deleteIndexes",
      "collMod", "commitTransaction", "abortTransaction", "bulkWrite"}
 )
+
+
+# The connection whose command is running (each connection is one task): the fail points a
+# write meets deep in the store act on it.
+_CONNECTION: contextvars.ContextVar[Any] = contextvars.ContextVar("failpoint_connection",
+                                                                   default=None)
 
 
 class CloseConnection(ConnectionResetError):
@@ -257,6 +265,8 @@ async def configure_fail_point(server, conn, cmd, db):
         raise NamedError(266, f"{name} not found")
     entered = point.times_entered
     point.configure(cmd)
+    if name == ON_PRIMARY_TRANSACTIONAL_WRITE:
+        _install_transactional_write_hook(server, point)
     log.info("fail point %s set to %s", name, point.describe())
     return {"count": entered}
 
@@ -368,6 +378,7 @@ def before_command(
     `blockConnection`, then maybe one of those). None (no fail point on): run the command."""
     if name in _HELLO and isinstance(cmd.get("internalClient"), Mapping):
         conn.internal_client = True
+    _CONNECTION.set(conn)
     points = server.__dict__.get("fail_points")
     if points is None or not points.enabled:
         return None
@@ -470,6 +481,7 @@ def after_command(
 ) -> None:
     """A `writeConcernError` fail point on a successful command that takes a write concern:
     mongod appends it (and the fail point's non-empty `errorLabels`, or its own) to the reply."""
+    close_if_requested(conn)
     points = server.__dict__.get("fail_points")
     if points is None or not points.enabled or name not in _WRITE_CONCERN_COMMANDS:
         return
@@ -492,3 +504,43 @@ def after_command(
         )
     if labels:
         reply["errorLabels"] = labels
+
+
+# -- onPrimaryTransactionalWrite --------------------------------------------------------------
+# mongod's TransactionParticipant evaluates it as each retryable write statement is written
+# (one evaluation per statement: `{skip: n}` counts documents): `closeConnection` (default
+# true) ends the client's connection (the statement and the rest of the command still run, the
+# reply is never sent), `failBeforeCommitExceptionCode` fails the statement with that code
+# before it is written ("The write must not be reflected").
+
+
+def _install_transactional_write_hook(server: Any, point: FailPoint) -> None:
+    store = getattr(server, "store", None)
+    if store is None:
+        return
+
+    def before_retryable_write(session: Any) -> None:
+        if not point.on or not point.fire():
+            return
+        data = point.data
+        conn = _CONNECTION.get()
+        if conn is not None and data.get("closeConnection", True) is not False:
+            conn.__dict__["close_after_command"] = True
+        code = data.get("failBeforeCommitExceptionCode")
+        if isinstance(code, (int, float)) and not isinstance(code, bool):
+            # late: transactions -> registry -> failpoints at import time
+            from cdcserver.commands.transactions import lsid_str
+
+            raise NamedError(
+                int(code), f"Failing write for {lsid_str(session.lsid)}:{session.txn_number} "
+                "due to failpoint. The write must not be reflected.",
+            )
+
+    store.before_retryable_write = before_retryable_write if point.on else None
+
+
+def close_if_requested(conn: Any) -> None:
+    """A fail point ended this connection while its command ran: no reply is sent."""
+    if conn.__dict__.pop("close_after_command", False):
+        log.info("closing connection %d via 'onPrimaryTransactionalWrite' failpoint", conn.id)
+        raise CloseConnection("onPrimaryTransactionalWrite")

@@ -158,6 +158,7 @@ async def run_command(
     except MongoError as err:
         if checked_out:
             txn_rules.failed_in_transaction(server, name, cmd)
+        failpoints.close_if_requested(conn)  # onPrimaryTransactionalWrite ended the connection
         return error_reply(server, err, change_stream)
     except failpoints.CloseConnection:
         raise  # the listener drops the connection without a reply

@@ -14,7 +14,7 @@ import bisect
 import contextlib
 import datetime
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import bson
@@ -48,6 +48,10 @@ def _now_ms() -> datetime.datetime:
 
 class OplogWriterMixin:
     """Oplog entries, the batches that publish them, and the capped oplog."""
+
+    # Called before a retryable write's statement is logged (a test fail point,
+    # onPrimaryTransactionalWrite: it may fail the statement, so nothing is written).
+    before_retryable_write: Callable[[OpSession], None] | None = None
 
     # -- batches ----------------------------------------------------------------------------------
 
@@ -133,6 +137,8 @@ class OplogWriterMixin:
         wall: datetime.datetime | None = None,
         needs_retry_image: str | None = None,
     ) -> tuple[Timestamp, datetime.datetime]:
+        if session is not None and self.before_retryable_write is not None:
+            self.before_retryable_write(session)
         if self.txn is not None and (op in ("i", "u", "d") or (op == "c" and self.txn.lsid)):
             # DDL in a transaction (create, createIndexes on a new collection) is one of the
             # transaction's operations, logged in its applyOps as mongod's OpObserver does
