@@ -120,6 +120,22 @@ class ChangeStreamPipeline:
             and not client.from_invalidate
             else None
         )
+        # mongod moves a $match ahead of a stage that writes no field it reads (AddPostImage
+        # writes fullDocument, AddPreImage fullDocumentBeforeChange): the events it drops are
+        # never looked up, so `required` cannot fail on them
+        # (change_stream_pre_image_lookup_whole_db_whole_cluster.js).
+        self.match_before_pre: UserStages | None = None
+        self.match_before_post: UserStages | None = None
+        if leading and (self.add_pre_image is not None or self.add_post_image is not None) and (
+            client is None or not client.from_invalidate
+        ):
+            reads = _match_fields(leading)
+            if reads is not None and "fullDocument" not in reads:
+                moved = UserStages(leading, collation)
+                if "fullDocumentBeforeChange" not in reads:
+                    self.match_before_pre = moved
+                else:
+                    self.match_before_post = moved
         self.split = SplitLargeEvent(resume_after=spec.resume_token) if split else None
         # A leading $match on operationType/ns, checked on CRUD entries before the transform
         # (mongod rewrites it into the oplog filter). DDL entries always go through: they may
@@ -239,8 +255,12 @@ class ChangeStreamPipeline:
         if self.check_invalidate.invalidated and self._invalidate_token is None:
             self._invalidate_token = events[-1]["_id"]  # the invalidate is always last
         events = self.check_resumability.process(events)
+        if self.match_before_pre is not None:
+            events = self.match_before_pre.process(events)
         if self.add_pre_image is not None:
             events = self.add_pre_image.process(events)
+        if self.match_before_post is not None:
+            events = self.match_before_post.process(events)
         if self.add_post_image is not None:
             events = self.add_post_image.process(events)
         elif self.add_pre_image is not None:
@@ -345,6 +365,28 @@ class ChangeStreamPipeline:
         """`push` then `next_batch`: events of this oplog batch and the post-batch token."""
         self.push(entries)
         return self.next_batch(batch_size)
+
+
+def _match_fields(stages: list[dict[str, Any]]) -> set[str] | None:
+    """The top-level fields `$match` stages read; None when they may read any ($expr...)."""
+    fields: set[str] = set()
+
+    def walk(query: Any) -> bool:
+        if not isinstance(query, dict):
+            return False
+        for key, value in query.items():
+            if key in ("$and", "$or", "$nor"):
+                if not isinstance(value, list) or not all(walk(q) for q in value):
+                    return False
+            elif key == "$comment":
+                continue
+            elif key.startswith("$"):
+                return False
+            else:
+                fields.add(key.split(".", 1)[0])
+        return True
+
+    return fields if all(walk(s.get("$match")) for s in stages) else None
 
 
 _last_high_water_mark: tuple[Timestamp, int, dict[str, Any]] | None = None
