@@ -1,9 +1,9 @@
 """The user's stages after `$changeStream`: `$match`, `$project`, `$addFields`/`$set`, `$unset`,
 `$replaceRoot`/`$replaceWith`, `$redact` (reference oplog_to_events.md §9.1).
 
-Query and expression semantics are not written here: the engine is **mongomock**
-(`mongomock.filtering.filter_applies` for `$match`, `mongomock.aggregate` for projections and
-aggregation expressions). This module only
+Query and expression semantics are not written here: the engine is the query engine
+(`query_engine.py`, mongomock behind one adapter: its filter matcher for `$match`, its
+aggregation for projections and expressions). This module only
 
 - validates each stage's argument when the stream is opened, with mongod's codes and messages
   for the common mistakes (a wrong argument type, an empty or mixed projection, bad field
@@ -18,10 +18,6 @@ aggregation expressions). This module only
   which is what BSON equality is) only when there are stages, and re-encoded once at the end;
 - checks the result's `_id` against the event's resume token (280, `plan_executor_pipeline.cpp`).
 
-mongomock lacks a BSON order for a few types; `_install_mongomock_types` adds Timestamp,
-MinKey/MaxKey and Code to its type-order table and fills its `$type` table (entries mongomock
-leaves unimplemented), nothing else.
-
 `match_prefilter` derives, from a leading `$match`, a cheap conservative test on
 (operationType, ns.db, ns.coll) to run before the transform (like mongod's oplog-filter rewrite,
 §9.2); the user's `$match` still runs on every event that passes it.
@@ -30,7 +26,6 @@ leaves unimplemented), nothing else.
 from __future__ import annotations
 
 import copy
-import datetime
 import decimal
 import re
 from collections import OrderedDict
@@ -50,11 +45,9 @@ from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
 from bson.regex import Regex
 from bson.timestamp import Timestamp
-from mongomock import aggregate as _mm_aggregate
-from mongomock import filtering as _mm_filtering
-from mongomock import helpers as _mm_helpers
 from pymongo.errors import OperationFailure
 
+from pipeline_stages import query_engine
 from pipeline_stages.collation import Collation, parse_collation
 from pipeline_stages.errors import MongoError
 from pipeline_stages.oplog_entry import encode_in_order
@@ -145,110 +138,6 @@ def _to_bson_value(value: Any) -> Any:
 def _plain_spec(value: Any) -> Any:
     """A stage argument as plain Python values, the way documents are decoded."""
     return bson.decode(bson.encode({"v": value}), codec_options=_PLAIN)["v"]
-
-
-# -- mongomock type tables ----------------------------------------------------------------------
-
-_INSTALLED = False
-
-
-def _install_mongomock_types() -> None:
-    """Teach mongomock the BSON order of Timestamp, MinKey, MaxKey and Code, and the `$type`
-    aliases it leaves unimplemented. Idempotent; other types keep mongomock's behaviour."""
-    global _INSTALLED
-    if _INSTALLED:
-        return
-    original: Callable[[Any], int] = _mm_filtering._get_compare_type
-
-    def compare_type(val: Any) -> int:
-        # Canonical BSON order (bsontypes.h canonicalizeBSONType): MinKey < null < numbers <
-        # string < object < array < binData < objectId < bool < date < timestamp < regex <
-        # code < MaxKey.
-        if isinstance(val, MinKey):
-            return 1
-        if isinstance(val, MaxKey):
-            return 127
-        if isinstance(val, Timestamp):
-            return 47
-        if isinstance(val, Code):
-            return 60
-        return original(val)
-
-    _mm_filtering._get_compare_type = compare_type
-
-    def is_int(v: Any) -> bool:
-        return type(v) is int and -(2**31) <= v < 2**31
-
-    def is_long(v: Any) -> bool:
-        return isinstance(v, Int64) or (type(v) is int and not is_int(v))
-
-    def is_number(v: Any) -> bool:
-        return isinstance(v, (int, float, decimal.Decimal, Decimal128)) and not isinstance(v, bool)
-
-    predicates: dict[tuple[str, int], Callable[[Any], bool]] = {
-        ("double", 1): lambda v: isinstance(v, float),
-        ("string", 2): lambda v: isinstance(v, str) and not isinstance(v, Code),
-        ("object", 3): lambda v: isinstance(v, dict),
-        ("array", 4): lambda v: isinstance(v, list),
-        ("binData", 5): lambda v: isinstance(v, bytes),
-        ("objectId", 7): lambda v: isinstance(v, ObjectId),
-        ("bool", 8): lambda v: isinstance(v, bool),
-        ("date", 9): lambda v: isinstance(v, (DatetimeMS, datetime.datetime)),
-        ("null", 10): lambda v: v is None,
-        ("regex", 11): lambda v: isinstance(v, (Regex, re.Pattern)),
-        ("javascript", 13): lambda v: isinstance(v, Code),
-        ("int", 16): is_int,
-        ("timestamp", 17): lambda v: isinstance(v, Timestamp),
-        ("long", 18): is_long,
-        ("decimal", 19): lambda v: isinstance(v, (decimal.Decimal, Decimal128)),
-        ("minKey", -1): lambda v: isinstance(v, MinKey),
-        ("maxKey", 127): lambda v: isinstance(v, MaxKey),
-    }
-    type_map: dict[Any, Any] = _mm_filtering.TYPE_MAP  # aliases and type numbers
-    for (alias, number), predicate in predicates.items():
-        type_map[alias] = predicate
-        type_map[number] = predicate
-    type_map["number"] = is_number
-    _install_missing_comparison()
-    _INSTALLED = True
-
-
-def _install_missing_comparison() -> None:
-    """mongod's ExpressionCompare ($eq $ne $gt $gte $lt $lte $cmp) compares a missing operand as
-    a value: equal to missing (and undefined), below every other value but MinKey
-    (canonicalizeBSONType gives it 0). mongomock's parser raises KeyError on it instead."""
-    parser: Any = _mm_aggregate._Parser
-    original: Callable[[Any, str, Any], Any] = parser._handle_comparison_operator
-
-    def handle_comparison(self: Any, operator_name: str, values: Any) -> Any:
-        if not isinstance(values, list) or len(values) != 2:
-            return original(self, operator_name, values)
-        operands = []
-        for value in values:
-            try:
-                operands.append(self.parse(value))
-            except KeyError:
-                operands.append(MISSING)
-        a, b = operands
-        if a is not MISSING and b is not MISSING:
-            return original(self, operator_name, [{"$literal": a}, {"$literal": b}])
-
-        def rank(v: Any) -> int:
-            return -1 if isinstance(v, MinKey) else 0 if v is MISSING else 1
-
-        cmp = (rank(a) > rank(b)) - (rank(a) < rank(b))
-        if operator_name == "$cmp":
-            return cmp
-        if operator_name == "$eq":
-            return cmp == 0
-        if operator_name == "$ne":
-            return cmp != 0
-        return _mm_filtering.SORTING_OPERATOR_MAP[operator_name](cmp, 0)
-
-    parser._handle_comparison_operator = handle_comparison
-
-
-_install_mongomock_types()
 
 
 # -- errors -------------------------------------------------------------------------------------
@@ -621,7 +510,7 @@ class _Match(_Stage):
             raise MongoError(15959, "the match filter must be an expression in an object")
         _check_logical(spec)
         _check_query_expressions(spec)
-        self.spec = _mm_helpers.patch_datetime_awareness_in_document(_plain_spec(spec))
+        self.spec = query_engine.normalize(_plain_spec(spec))
         # The aggregate's collation: compared strings (filter and event) become their keys.
         self.collation = collation
         if collation is not None:
@@ -629,8 +518,9 @@ class _Match(_Stage):
         # Regexes compiled once, as the embedded store's queries compile them (PCRE's meaning,
         # linear time where RE2 can run the pattern); invalid ones fail here (51091, 51108).
         self._compiled = _compile_regexes(self.spec)
+        self._filter_applies = query_engine.filter_function()
         try:  # syntax errors mongomock finds without data: unknown operators, $in arguments...
-            _mm_filtering.filter_applies(self._compiled, {})
+            self._filter_applies(self._compiled, {})
         except OperationFailure as exc:
             raise _engine_error(exc, self.name) from None
         except Exception:  # data-dependent: decided per event
@@ -640,7 +530,7 @@ class _Match(_Stage):
         if self.collation is not None:
             doc = self.collation.value(doc)
         try:
-            return bool(_mm_filtering.filter_applies(self._compiled, doc))
+            return bool(self._filter_applies(self._compiled, doc))
         except KeyError:
             # mongomock's $expr raises on a missing field; count it as no match.
             return False
@@ -653,7 +543,7 @@ class _Match(_Stage):
 
 def _process(docs: list[Any], stage: Mapping[str, Any], name: str) -> list[Any]:
     try:
-        return list(_mm_aggregate.process_pipeline(docs, None, [stage], None))
+        return query_engine.process_pipeline(docs, None, [stage])
     except Exception as exc:
         raise _engine_error(exc, name) from None
 
@@ -663,7 +553,7 @@ def _evaluate(
 ) -> Any:
     """An aggregation expression on `doc` (mongomock's parser); MISSING when it is missing."""
     try:
-        return _mm_aggregate._Parser(doc, user_vars, ignore_missing_keys=False).parse(expression)
+        return query_engine.evaluate(expression, doc, user_vars)
     except KeyError:
         return MISSING
 

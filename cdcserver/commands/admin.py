@@ -22,7 +22,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import bson
-import mongomock
 from bson.binary import Binary
 from bson.int64 import Int64
 from bson.objectid import ObjectId
@@ -1342,6 +1341,6 @@ def aggregate_source(
     rest = [engine.normalize(dict(s)) if isinstance(s, Mapping) else s for s in pipeline[1:]]
     if rest:
         store = _store(server)
-        database = store.client[db] if store is not None else mongomock.MongoClient()[db]
+        database = store.query_database(db) if store is not None else engine.query_database(db)
         docs = engine.run_pipeline(docs, database, rest)
     return ns, docs, None if batch_size is None else int(batch_size)

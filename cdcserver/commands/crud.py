@@ -344,14 +344,13 @@ def compute_update(
     store: Store, db: str, coll: str, pre: dict[str, Any], q: Mapping[str, Any], u: Any,
     kind: str, array_filters: list[Any] | None, is_insert: bool = False,
 ) -> dict[str, Any]:
-    mcoll = store.mongomock_collection(db, coll)
     if kind == "replacement":
         rest = {k: engine.normalize(v) for k, v in u.items() if k != "_id"}
         return {"_id": engine.normalize(u.get("_id", pre.get("_id"))), **rest}
     if kind == "pipeline":
-        return _id_first(engine.apply_pipeline_update(mcoll, pre, u))
+        return _id_first(engine.apply_pipeline_update(pre, u))
     return _id_first(
-        engine.apply_modifiers(mcoll, pre, q, u, is_insert=is_insert, array_filters=array_filters)
+        engine.apply_modifiers(pre, q, u, is_insert=is_insert, array_filters=array_filters)
     )
 
 
@@ -359,8 +358,7 @@ def upsert_document(
     store: Store, db: str, coll: str, q: Mapping[str, Any], u: Any, kind: str,
     array_filters: list[Any] | None,
 ) -> dict[str, Any]:
-    mcoll = store.mongomock_collection(db, coll)
-    seed = engine.upsert_seed(mcoll, q)
+    seed = engine.upsert_seed(q)
     if kind == "replacement":
         _id = u.get("_id", seed.get("_id"))
         doc = {k: engine.normalize(v) for k, v in u.items() if k != "_id"}
@@ -370,11 +368,9 @@ def upsert_document(
     if "_id" in seed:
         seed = _id_first(seed)
     if kind == "pipeline":
-        new = engine.apply_pipeline_update(mcoll, seed, u)
+        new = engine.apply_pipeline_update(seed, u)
     else:
-        new = engine.apply_modifiers(
-            mcoll, seed, q, u, is_insert=True, array_filters=array_filters
-        )
+        new = engine.apply_modifiers(seed, q, u, is_insert=True, array_filters=array_filters)
     if "_id" not in new:
         new = {"_id": ObjectId(), **new}
     check_update_depth(new)
@@ -749,10 +745,7 @@ def _sorted_find(
 def project(store: Store, db: str, coll: str, doc: dict | None, fields: Any) -> dict | None:
     if doc is None or not fields:
         return doc
-    try:
-        return store.mongomock_collection(db, coll)._copy_only_fields(doc, dict(fields), dict)
-    except Exception as exc:  # noqa: BLE001
-        raise engine.engine_error(exc) from None
+    return engine.project(doc, fields)
 
 
 @command("findAndModify", "findandmodify")
@@ -1105,10 +1098,8 @@ def _find_scan(
     fields = dict(projection) if projection else None
     project_one = None
     if fields is not None:
-        mcoll = store.mongomock_collection(db, coll)
-
         def project_one(doc: Mapping[str, Any]) -> Any:
-            return mcoll._copy_only_fields(doc, fields, dict)
+            return engine.project(doc, fields)
 
     applied = None
     if collation is not None:
@@ -1143,7 +1134,7 @@ def _view_scan(store: Store, db: str, resolved: tuple[str, list[Any]], stages: l
     if not full:
         out.extend(copies)
         return
-    database = store.mongomock_collection(db, base).database
+    database = store.query_database(db)
     yield from query.pipeline(copies, database, full, out)
 
 
@@ -1399,7 +1390,7 @@ async def aggregate(server, conn, cmd, db):
     docs = await find_documents(store, cmd, db, target, first_match, None, None, 0, 0,
                                 copy=True, deadline=deadline)
     results: list[Any] = []
-    database = store.mongomock_collection(db, target).database
+    database = store.query_database(db)
     c = store.get(db, target)
     collation = query.collation_of(cmd.get("collation"),
                                    c.options.get("collation") if c is not None else None,
@@ -1423,8 +1414,6 @@ async def aggregate(server, conn, cmd, db):
 async def _aggregate_oplog(server: Any, cmd: Mapping[str, Any]) -> dict[str, Any]:
     """`aggregate` on `local.oplog.rs`: a leading `$match` selects entries as `find` does
     (bounds on `ts`), the rest of the pipeline runs on the query engine."""
-    import mongomock
-
     pipeline = cmd.get("pipeline")
     if not isinstance(pipeline, list):
         raise MongoError(14, f"BSON field 'aggregate.pipeline' is the wrong type "
@@ -1448,7 +1437,7 @@ async def _aggregate_oplog(server: Any, cmd: Mapping[str, Any]) -> dict[str, Any
     if not stages:
         results: list[Any] = list(entries)
     else:
-        database = mongomock.MongoClient()[oplog_find.OPLOG_DB]
+        database = engine.query_database(oplog_find.OPLOG_DB)
         results = engine.run_pipeline(oplog_find.decoded(entries), database, stages)
     return cursor_first_batch(server, oplog_find.OPLOG_NS, results, batch_size)
 

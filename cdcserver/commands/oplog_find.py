@@ -196,21 +196,10 @@ def _matcher(rest: dict[str, Any]) -> Callable[[bytes], bool] | None:
     return match
 
 
-_PROJECTOR: Any = None
-
-
 def _project(raw: bytes, projection: Mapping[str, Any]) -> dict[str, Any]:
-    global _PROJECTOR
-    if _PROJECTOR is None:
-        import mongomock
-
-        _PROJECTOR = mongomock.MongoClient()[OPLOG_DB]["projection"]
     from cdcserver.embedded import engine
 
-    try:
-        return _PROJECTOR._copy_only_fields(bson.decode(raw, _DECODE), dict(projection), dict)
-    except Exception as exc:  # noqa: BLE001
-        raise engine.engine_error(exc) from None
+    return engine.project(bson.decode(raw, _DECODE), projection)
 
 
 # ---------------------------------------------------------------------------------------------

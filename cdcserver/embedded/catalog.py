@@ -9,17 +9,18 @@ reach the store's other parts (oplog writer, indexes, transactions) through `sel
 from __future__ import annotations
 
 import uuid as uuid_module
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import bson
-import mongomock
 from bson.binary import Binary
 
 from cdcserver.embedded import engine
 from pipeline_stages import keystring
 from pipeline_stages.errors import MongoError
+from pipeline_stages.query_engine import Database
 from pipeline_stages.value_string import bson_obj_string
 
 if TYPE_CHECKING:
@@ -85,6 +86,11 @@ class Collection:
     # the transaction in progress that created it (mongod's UncommittedCatalogUpdates): it is
     # durable and others may write to it only once that transaction commits
     created_by: Txn | None = None
+    # Its documents (the working set: committed ones only), document key -> document in
+    # natural order; plain dicts the store owns, read by the query engine.
+    records: OrderedDict[bytes, dict[str, Any]] = field(
+        default_factory=OrderedDict, compare=False, repr=False
+    )
 
     @property
     def ns(self) -> str:
@@ -141,8 +147,11 @@ def validate_collection_name(db: str, coll: str) -> None:
 class CatalogMixin:
     """Collections, views and DDL (mongod's CollectionCatalog)."""
 
-    def _cs(self, c: Collection) -> Any:
-        return self.server_store[c.db][c.name]
+    def _records(self, c: Collection) -> OrderedDict[bytes, dict[str, Any]]:
+        """`c`'s documents as the running command reads them now: the running transaction's
+        view when it stands in for them (see `_swap_view`), else the working set."""
+        view = self._views.get(c.uuid)
+        return c.records if view is None else view
 
     def documents(self, c: Collection) -> dict[bytes, dict[str, Any]]:
         txn = self.txn
@@ -150,10 +159,17 @@ class CatalogMixin:
             c.uuid in txn.overlay or self._history
         ):
             self._swap_view(c, txn)
-        return self._cs(c)._documents
+        return self._records(c)
 
-    def mongomock_collection(self, db: str, coll: str) -> mongomock.Collection:
-        return self.client[db][coll]
+    def query_database(self, db: str) -> Database:
+        """Database `db`'s collections for an aggregation that reads others (`$lookup`...),
+        read when its stage runs."""
+
+        def resolve(name: str) -> OrderedDict[bytes, dict[str, Any]] | None:
+            c = self.catalog.get((db, name))
+            return self._records(c) if c is not None else None
+
+        return engine.query_database(db, resolve)
 
     def get(self, db: str, coll: str) -> Collection | None:
         return self.catalog.get((db, coll))
@@ -193,9 +209,6 @@ class CatalogMixin:
             c.created_by = txn
             txn.colls[c.uuid] = c
         self.catalog[(db, coll)] = c
-        cs = self._cs(c)
-        cs.drop()
-        cs.create()
         self._save_meta(c)
         self.log("c", f"{db}.$cmd",
                  {"create": coll, **options, **({"idIndex": id_spec} if id_spec else {})},
@@ -283,8 +296,7 @@ class CatalogMixin:
         if c is None:
             return None
         n = len(self.documents(c))
-        self._cs(c).drop()
-        self.server_store[db]._collections.pop(coll, None)
+        c.records = OrderedDict()
         if self.persist is not None:
             self.persist.delete_collection(db, coll, c.uuid)
         self.log("c", f"{db}.$cmd", {"drop": coll}, ui=c.ui, o2={"numRecords": n})
@@ -316,15 +328,11 @@ class CatalogMixin:
         if target is not None:
             o["dropTarget"] = target.ui
             self.catalog.pop((to_db, to_coll))
-            self._cs(target).drop()
+            target.records = OrderedDict()
             if self.persist is not None:
                 self.persist.delete_collection(to_db, to_coll, target.uuid)
         self.log("c", f"{src.db}.$cmd", o, ui=src.ui)
         del self.catalog[(src.db, src.name)]
-        store_db = self.server_store[src.db]
-        cs = store_db._collections.pop(src.name)
-        cs.name = to_coll
-        store_db._collections[to_coll] = cs
         if self.persist is not None:
             self.persist.rename_collection(src.db, src.name, to_db, to_coll)
         src.name = to_coll

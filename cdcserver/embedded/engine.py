@@ -1,7 +1,9 @@
-"""Query, update and aggregation semantics, from mongomock.
+"""Query, update and aggregation semantics: the embedded store's query engine.
 
-Nothing here decides what a filter matches, what an update operator does or what an
-aggregation stage computes: mongomock does. This module only adapts its calls to one document
+The evaluation itself is the query engine's (`pipeline_stages/query_engine.py`, the one module
+that imports mongomock, shared with the change-stream stages); this module is where the
+project's own semantics replace mongomock's piece by piece (`modifiers.py`, `json_schema.py`,
+`regex.py`, mongod's parse errors). It adapts the engine's calls to one document
 at a time (so the store can write one oplog entry per document, as mongod does), rewrites the
 few forms mongomock lacks into equivalent forms it has (`$[]` / `$[<id>]` paths into concrete
 indexes, `$unset` / `$replaceWith` / `$sortByCount` stages into their documented equivalents),
@@ -16,17 +18,14 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import mongomock
 from bson.code import Code
 from bson.decimal128 import Decimal128
 from bson.objectid import ObjectId
-from mongomock import aggregate as mm_aggregate
-from mongomock import collection as mm_collection
-from mongomock import filtering as mm_filtering
-from mongomock import helpers as mm_helpers
 
 from cdcserver.embedded import json_schema, modifiers, regex
+from pipeline_stages import query_engine
 from pipeline_stages.errors import MongoError
+from pipeline_stages.query_engine import Database
 from pipeline_stages.regex import MatchRegex, is_linear
 
 UPDATE_OPERATORS = frozenset(
@@ -58,13 +57,13 @@ def engine_error(exc: Exception) -> MongoError:
 
 def normalize(doc: Any) -> Any:
     """A document as the engine holds it (UTC-naive datetimes at millisecond precision)."""
-    return mm_helpers.patch_datetime_awareness_in_document(doc)
+    return query_engine.normalize(doc)
 
 
 def copy_document(doc: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of a stored document that the caller may change (nested documents and arrays
     copied, scalar values shared: they are immutable)."""
-    return mm_collection._copy_field(doc, dict)
+    return query_engine.copy_document(doc)
 
 
 _FIELD_OPERATORS = frozenset({
@@ -190,7 +189,7 @@ def matcher(filter_doc: Mapping[str, Any] | None) -> Callable[[Mapping[str, Any]
     """A predicate for `filter_doc`, validated and compiled once (mongod's parse errors are
     raised here, before any document)."""
     compiled = _compiled_filter(filter_doc) if filter_doc else {}
-    apply = mm_filtering.filter_applies
+    apply = query_engine.filter_function()
 
     def match(doc: Mapping[str, Any]) -> bool:
         try:
@@ -208,7 +207,7 @@ def matches(filter_doc: Mapping[str, Any] | None, doc: Mapping[str, Any]) -> boo
     # documents).
     compiled = _compiled_filter(filter_doc) if filter_doc else {}
     try:
-        return mm_filtering.filter_applies(compiled, doc)
+        return query_engine.filter_applies(compiled, doc)
     except MongoError:
         raise
     except Exception as exc:  # noqa: BLE001 - the engine raises many kinds
@@ -279,9 +278,27 @@ def _fit_longs(value: Any) -> Any:
     return value
 
 
-def run_pipeline(docs: list[dict[str, Any]], database: Any, pipeline: list[Any]) -> list[Any]:
+def query_database(name: str, resolve: Any = None) -> Database:
+    """The collections of database `name` an aggregation may read (`$lookup`...): `resolve(coll)`
+    gives their documents (key -> document), or None (none: every collection is empty)."""
+    return Database(name, resolve)
+
+
+def project(doc: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, Any]:
+    """`doc` with a find projection applied."""
     try:
-        out = list(mm_aggregate.process_pipeline(docs, database, rewrite_pipeline(pipeline), None))
+        return query_engine.project(doc, dict(fields))
+    except MongoError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise engine_error(exc) from None
+
+
+def run_pipeline(
+    docs: list[dict[str, Any]], database: Database | None, pipeline: list[Any]
+) -> list[Any]:
+    try:
+        out = query_engine.process_pipeline(docs, database, rewrite_pipeline(pipeline))
         return [_fit_longs(d) for d in out]
     except MongoError:
         raise
@@ -437,7 +454,6 @@ def _parse_array_filters(array_filters: list[Any] | None) -> dict[str, Mapping[s
 
 
 def apply_modifiers(
-    mcoll: mongomock.Collection,
     doc: dict[str, Any],
     query: Mapping[str, Any],
     update: Mapping[str, Any],
@@ -483,7 +499,7 @@ def apply_modifiers(
                 continue  # mongod: $pop on a missing field is a no-op (mongomock raises)
             if op in _CREATING and "$" not in path.split("."):
                 modifiers.check_creatable(new, path)
-            mcoll._apply_update_document(new, query, {op: {path: normalize(value)}}, is_insert)
+            query_engine.apply_update(new, query, {op: {path: normalize(value)}}, is_insert)
     except MongoError:
         raise
     except Exception as exc:  # noqa: BLE001
@@ -519,9 +535,7 @@ def _path_exists(doc: Any, path: str) -> bool:
     return True
 
 
-def apply_pipeline_update(
-    mcoll: mongomock.Collection, doc: dict[str, Any], pipeline: list[Any]
-) -> dict[str, Any]:
+def apply_pipeline_update(doc: dict[str, Any], pipeline: list[Any]) -> dict[str, Any]:
     for stage in pipeline:
         name = next(iter(stage), None) if isinstance(stage, Mapping) else None
         if name not in (
@@ -531,20 +545,18 @@ def apply_pipeline_update(
                 72,
                 f"{name} is not allowed to be used within an update",
             )
-    out = run_pipeline([copy.deepcopy(doc)], mcoll.database, pipeline)
+    out = run_pipeline([copy.deepcopy(doc)], None, pipeline)
     if len(out) != 1 or not isinstance(out[0], dict):
         raise MongoError(2, "an update pipeline must produce exactly one document")
     return out[0]
 
 
-def upsert_seed(mcoll: mongomock.Collection, query: Mapping[str, Any]) -> dict[str, Any]:
+def upsert_seed(query: Mapping[str, Any]) -> dict[str, Any]:
     """The document an upsert starts from: the query's equality fields (mongomock's rule)."""
     try:
-        seed = mcoll._expand_dots(dict(query))
-        seed, _ = mcoll._discard_operators(seed)
+        return query_engine.upsert_seed(query)
     except Exception as exc:  # noqa: BLE001
         raise engine_error(exc) from None
-    return dict(seed or {})
 
 
 def new_object_id() -> ObjectId:

@@ -1,7 +1,8 @@
 """The embedded store: documents, catalog, unique indexes, and the oplog mongod 8.0 would write.
 
-The working set is an in-memory mongomock server (query, update and aggregation semantics come
-from mongomock, see `engine.py`). Every write goes through the store one document at a time,
+The working set is each collection's documents in plain dicts (`Collection.records`); query,
+update and aggregation semantics come from the query engine (`engine.py` over
+`pipeline_stages/query_engine.py`). Every write goes through the store one document at a time,
 as mongod does, and leaves:
 
 * the document change in the working set (and, in durable mode, in SQLite, `persist.py`);
@@ -36,7 +37,6 @@ from typing import Any
 
 import bson
 import bson.errors
-import mongomock
 from bson.timestamp import Timestamp
 
 from cdcserver.embedded.catalog import (
@@ -118,8 +118,6 @@ class Store(
         # maxNumberOfTransactionOperationsInSingleOplogEntry server parameter.
         self.txn_oplog_entry_bytes = txn_oplog_entry_bytes
         self.txn_oplog_entry_ops = txn_oplog_entry_ops
-        self.client = mongomock.MongoClient()
-        self.server_store = self.client._store
         self.catalog: dict[tuple[str, str], Collection] = {}
         # Databases whose last collection was dropped: mongod keeps such a database open (in
         # its DatabaseHolder) until dropDatabase, which then still logs its entry.
@@ -155,9 +153,9 @@ class Store(
         self._seq = 0  # commit sequence number: +1 per committed write (a transaction: +1)
         self._history: list[_Version] = []  # kept while an older snapshot is open
         self._last_write: dict[tuple[bytes, bytes], int] = {}  # seq of each in _history
-        # collection uuid -> (its mongomock store, its working-set documents) while the running
-        # transaction's view stands in for them (until its command's batch ends)
-        self._views: dict[bytes, tuple[Any, Any]] = {}
+        # collection uuid -> the running transaction's view of its documents, which stands in
+        # for its working set (until its command's batch ends)
+        self._views: dict[bytes, Any] = {}
         # mongod's transactionLifetimeLimitSeconds: older transactions are aborted; 0: never
         self.transaction_lifetime_limit_seconds = transaction_lifetime_limit_seconds
         self.waiting_writes = 0  # writes waiting now for a transaction to end
@@ -181,10 +179,8 @@ class Store(
             meta = bson.decode(meta_raw, _DECODE)
             c = Collection(db, coll, bytes(uuid), meta["options"], meta["indexes"])
             self.catalog[(db, coll)] = c
-            cs = self._cs(c)
-            cs.create()
             for key, raw in self.persist.documents(c.uuid):
-                cs[bytes(key)] = bson.decode(raw, _DECODE)
+                c.records[bytes(key)] = bson.decode(raw, _DECODE)
             self._rebuild_unique(c)
         for ts_value, raw in self.persist.oplog():
             raw = bytes(raw)

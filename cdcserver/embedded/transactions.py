@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -194,18 +195,14 @@ class TransactionMixin:
     def _swap_view(self, c: Collection, txn: Txn) -> None:
         if c.uuid in self._views:
             return
-        cs = self._cs(c)
-        self._views[c.uuid] = (cs, cs._documents)
-        cs._documents = self._view(c, txn)
+        self._views[c.uuid] = self._view(c, txn)
 
     def _restore_views(self) -> None:
-        for cs, docs in self._views.values():
-            cs._documents = docs
         self._views.clear()
 
     def _view(self, c: Collection, txn: Txn) -> Any:
         """`c`'s documents as `txn` sees them, in natural order."""
-        docs = self._cs(c)._documents
+        docs = self._records(c)
         view = type(docs)(docs)
         later = [v for v in self._history if v.uuid == c.uuid and v.seq > txn.snapshot]
         for v in reversed(later):  # undo the commits its snapshot does not see, newest first
@@ -232,7 +229,7 @@ class TransactionMixin:
 
     def _txn_put(self, txn: Txn, c: Collection, key: bytes, doc: dict[str, Any] | None) -> None:
         self._swap_view(c, txn)
-        view = self._cs(c)._documents
+        view = self._records(c)
         entries = txn.overlay.setdefault(c.uuid, {})
         txn.colls[c.uuid] = c
         old = view.get(key)
@@ -331,7 +328,7 @@ class TransactionMixin:
             c = txn.colls[uuid]
             if self.catalog.get((c.db, c.name)) is not c:
                 continue  # dropped since
-            docs = self._cs(c)._documents
+            docs = self._records(c)
             for key, (doc, new_record) in entries.items():
                 old = docs.get(key)
                 if old is None and doc is None:
@@ -362,8 +359,7 @@ class TransactionMixin:
         for c in txn.colls.values():
             if c.created_by is txn and self.catalog.get((c.db, c.name)) is c:
                 del self.catalog[(c.db, c.name)]  # never logged, never persisted
-                self._cs(c).drop()
-                self.server_store[c.db]._collections.pop(c.name, None)
+                c.records = OrderedDict()
         self._end(txn, "aborted")
 
     def kill_sessions(self, matches: Callable[[Mapping[str, Any]], bool]) -> int:

@@ -23,7 +23,7 @@ Known differences from mongod (see also the notes on each function):
 * Whether a `$set`/`$min`/`$max`/`$addToSet`/`$pull`/`$pullAll`/`$pop` changed anything is read
   from the images (binary comparison), so a post-image that is not mongod's result gives a diff
   that follows that post-image.
-* `$[<id>]` needs the command's `arrayFilters` (matched with mongomock's query matcher) or a
+* `$[<id>]` needs the command's `arrayFilters` (matched with the query engine's matcher) or a
   predicate; without them an element counts as matched exactly when the update changed it. The
   positional `$` needs the query's matched array index (`matched_field`); without it the first
   element that changed is used.
@@ -970,7 +970,7 @@ def _compile_filters(filters: ArrayFilters | None) -> Callable[[str, Any], bool]
         by_identifier[ident] = spec
 
     def matches(ident: str, element: Any) -> bool:
-        from mongomock.filtering import filter_applies
+        from pipeline_stages.query_engine import filter_applies
 
         spec = by_identifier.get(ident)
         if spec is None:
@@ -992,7 +992,7 @@ def modifier_update_diff(
     that turned `pre` into `post`; None when mongod would find it a no-op (no oplog entry).
 
     `array_filters`: the update command's `arrayFilters` (a list of filter documents, matched
-    with mongomock's query matcher) or a predicate `(identifier, element) -> bool`; needed for
+    with the query engine's matcher) or a predicate `(identifier, element) -> bool`; needed for
     `$[<id>]` paths. `matched_field`: the array index (as a string) the query matched, for the
     positional `$`. Both default to a guess from the images (see the module notes).
     """

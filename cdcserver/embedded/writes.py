@@ -122,12 +122,12 @@ class WritesMixin:
             self._txn_put(txn, c, key, doc)
             return
         self._seq += 1
-        cs = self._cs(c)
-        self._remember(c, key, pre, doc is None, cs._documents)
+        docs = self._records(c)
+        self._remember(c, key, pre, doc is None, docs)
         if doc is None:
-            del cs[key]
+            del docs[key]
         else:
-            cs[key] = doc
+            docs[key] = doc
         self._apply_edits(edits, key)
         self._persist_doc(c, key, raw, pre)
 

@@ -1,0 +1,249 @@
+"""The query engine: query matching, update operators and aggregation, behind one adapter.
+
+The one module of the project that imports **mongomock** (pinned to one exact version in
+pyproject.toml: this module reaches into its internals). Everything that evaluates a filter,
+an aggregation expression, a pipeline stage or an update operator with mongomock's semantics
+goes through the functions here: the change-stream user stages (`user_stages.py`) and the
+embedded store's engine (`cdcserver/embedded/engine.py`, which layers the project's own
+semantics on top, replacing mongomock's piece by piece). Pure and synchronous: mongomock
+evaluates in memory.
+
+Documents are never stored here: callers pass plain dicts they own. An aggregation that reads
+other collections (`$lookup`, `$graphLookup`) gets a `Database` whose collections the caller
+resolves by name when the stage runs.
+
+mongomock lacks a BSON order for a few types; `_install_mongomock_types` adds Timestamp,
+MinKey/MaxKey and Code to its type-order table, fills its `$type` table (entries mongomock
+leaves unimplemented) and makes its comparison expressions take a missing operand as mongod
+does. That is installed once, on the first use of this module's functions (never at import).
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import mongomock
+from bson.code import Code
+from bson.datetime_ms import DatetimeMS
+from bson.decimal128 import Decimal128
+from bson.int64 import Int64
+from bson.max_key import MaxKey
+from bson.min_key import MinKey
+from bson.objectid import ObjectId
+from bson.regex import Regex
+from bson.timestamp import Timestamp
+from mongomock import aggregate as _mm_aggregate
+from mongomock import collection as _mm_collection
+from mongomock import filtering as _mm_filtering
+from mongomock import helpers as _mm_helpers
+
+from pipeline_stages.transform import MISSING
+
+__all__ = [
+    "Database",
+    "apply_update",
+    "copy_document",
+    "evaluate",
+    "filter_applies",
+    "filter_function",
+    "normalize",
+    "process_pipeline",
+    "project",
+    "upsert_seed",
+]
+
+# -- mongomock type tables ----------------------------------------------------------------------
+
+_INSTALLED = False
+
+
+def _install_mongomock_types() -> None:
+    """Teach mongomock the BSON order of Timestamp, MinKey, MaxKey and Code, and the `$type`
+    aliases it leaves unimplemented. Idempotent; other types keep mongomock's behaviour."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    original: Callable[[Any], int] = _mm_filtering._get_compare_type
+
+    def compare_type(val: Any) -> int:
+        # Canonical BSON order (bsontypes.h canonicalizeBSONType): MinKey < null < numbers <
+        # string < object < array < binData < objectId < bool < date < timestamp < regex <
+        # code < MaxKey.
+        if isinstance(val, MinKey):
+            return 1
+        if isinstance(val, MaxKey):
+            return 127
+        if isinstance(val, Timestamp):
+            return 47
+        if isinstance(val, Code):
+            return 60
+        return original(val)
+
+    _mm_filtering._get_compare_type = compare_type
+
+    def is_int(v: Any) -> bool:
+        return type(v) is int and -(2**31) <= v < 2**31
+
+    def is_long(v: Any) -> bool:
+        return isinstance(v, Int64) or (type(v) is int and not is_int(v))
+
+    def is_number(v: Any) -> bool:
+        return isinstance(v, (int, float, decimal.Decimal, Decimal128)) and not isinstance(v, bool)
+
+    predicates: dict[tuple[str, int], Callable[[Any], bool]] = {
+        ("double", 1): lambda v: isinstance(v, float),
+        ("string", 2): lambda v: isinstance(v, str) and not isinstance(v, Code),
+        ("object", 3): lambda v: isinstance(v, dict),
+        ("array", 4): lambda v: isinstance(v, list),
+        ("binData", 5): lambda v: isinstance(v, bytes),
+        ("objectId", 7): lambda v: isinstance(v, ObjectId),
+        ("bool", 8): lambda v: isinstance(v, bool),
+        ("date", 9): lambda v: isinstance(v, (DatetimeMS, datetime.datetime)),
+        ("null", 10): lambda v: v is None,
+        ("regex", 11): lambda v: isinstance(v, (Regex, re.Pattern)),
+        ("javascript", 13): lambda v: isinstance(v, Code),
+        ("int", 16): is_int,
+        ("timestamp", 17): lambda v: isinstance(v, Timestamp),
+        ("long", 18): is_long,
+        ("decimal", 19): lambda v: isinstance(v, (decimal.Decimal, Decimal128)),
+        ("minKey", -1): lambda v: isinstance(v, MinKey),
+        ("maxKey", 127): lambda v: isinstance(v, MaxKey),
+    }
+    type_map: dict[Any, Any] = _mm_filtering.TYPE_MAP  # aliases and type numbers
+    for (alias, number), predicate in predicates.items():
+        type_map[alias] = predicate
+        type_map[number] = predicate
+    type_map["number"] = is_number
+    _install_missing_comparison()
+    _INSTALLED = True
+
+
+def _install_missing_comparison() -> None:
+    """mongod's ExpressionCompare ($eq $ne $gt $gte $lt $lte $cmp) compares a missing operand as
+    a value: equal to missing (and undefined), below every other value but MinKey
+    (canonicalizeBSONType gives it 0). mongomock's parser raises KeyError on it instead."""
+    parser: Any = _mm_aggregate._Parser
+    original: Callable[[Any, str, Any], Any] = parser._handle_comparison_operator
+
+    def handle_comparison(self: Any, operator_name: str, values: Any) -> Any:
+        if not isinstance(values, list) or len(values) != 2:
+            return original(self, operator_name, values)
+        operands = []
+        for value in values:
+            try:
+                operands.append(self.parse(value))
+            except KeyError:
+                operands.append(MISSING)
+        a, b = operands
+        if a is not MISSING and b is not MISSING:
+            return original(self, operator_name, [{"$literal": a}, {"$literal": b}])
+
+        def rank(v: Any) -> int:
+            return -1 if isinstance(v, MinKey) else 0 if v is MISSING else 1
+
+        cmp = (rank(a) > rank(b)) - (rank(a) < rank(b))
+        if operator_name == "$cmp":
+            return cmp
+        if operator_name == "$eq":
+            return cmp == 0
+        if operator_name == "$ne":
+            return cmp != 0
+        return _mm_filtering.SORTING_OPERATOR_MAP[operator_name](cmp, 0)
+
+    parser._handle_comparison_operator = handle_comparison
+
+
+# -- the adapter --------------------------------------------------------------------------------
+
+_SCRATCH: Any = None  # a mongomock collection for its document helpers (it holds no documents)
+
+
+def _scratch() -> Any:
+    global _SCRATCH
+    _install_mongomock_types()
+    if _SCRATCH is None:
+        _SCRATCH = mongomock.MongoClient()["cdcserver"]["scratch"]
+    return _SCRATCH
+
+
+def filter_function() -> Callable[[Any, Mapping[str, Any]], bool]:
+    """`filter_applies(compiled filter, doc)`, for a caller that matches many documents."""
+    _install_mongomock_types()
+    return _mm_filtering.filter_applies  # type: ignore[no-any-return]
+
+
+def filter_applies(compiled: Mapping[str, Any], doc: Mapping[str, Any]) -> bool:
+    """Whether `doc` matches the (regex-compiled) filter."""
+    _install_mongomock_types()
+    return bool(_mm_filtering.filter_applies(compiled, doc))
+
+
+class Database:
+    """The collections an aggregation may read besides its input (`$lookup`, `$graphLookup`):
+    `resolve(name)` gives a collection's documents (key -> document, in natural order) or None,
+    when the stage runs (so a transaction's snapshot, entered later, is what it reads)."""
+
+    def __init__(
+        self, name: str, resolve: Callable[[str], Mapping[bytes, Any] | None] | None = None
+    ) -> None:
+        self.name = name
+        self._resolve = resolve
+
+    def get_collection(self, name: str) -> Any:
+        # A throwaway mongomock collection over the caller's documents: read only (mongomock's
+        # reads copy what they return).
+        client = mongomock.MongoClient()
+        collection = client[self.name][name]
+        docs = self._resolve(name) if self._resolve is not None else None
+        if docs is not None:
+            client._store[self.name][name]._documents = docs
+        return collection
+
+    def __getitem__(self, name: str) -> Any:
+        return self.get_collection(name)
+
+
+def process_pipeline(docs: list[Any], database: Database | None, pipeline: list[Any]) -> list[Any]:
+    """The documents out of an aggregation pipeline (mongomock's stages)."""
+    _install_mongomock_types()
+    return list(_mm_aggregate.process_pipeline(docs, database, pipeline, None))
+
+
+def evaluate(expression: Any, doc: Mapping[str, Any], user_vars: dict[str, Any] | None) -> Any:
+    """An aggregation expression on `doc`; raises KeyError when a path it reads is missing."""
+    _install_mongomock_types()
+    return _mm_aggregate._Parser(doc, user_vars, ignore_missing_keys=False).parse(expression)
+
+
+def normalize(doc: Any) -> Any:
+    """A document as the engine holds it (UTC-naive datetimes at millisecond precision)."""
+    return _mm_helpers.patch_datetime_awareness_in_document(doc)
+
+
+def copy_document(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy whose nested documents and arrays are copied, scalar values shared."""
+    return _mm_collection._copy_field(doc, dict)  # type: ignore[no-any-return]
+
+
+def project(doc: Mapping[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """`doc` with a find projection applied."""
+    return _scratch()._copy_only_fields(doc, fields, dict)  # type: ignore[no-any-return]
+
+
+def apply_update(
+    doc: dict[str, Any], query: Mapping[str, Any], update: Mapping[str, Any], is_insert: bool
+) -> None:
+    """Apply one update operator document to `doc`, in place."""
+    _scratch()._apply_update_document(doc, query, update, is_insert)
+
+
+def upsert_seed(query: Mapping[str, Any]) -> dict[str, Any]:
+    """The document an upsert starts from: the query's equality fields (mongomock's rule)."""
+    scratch = _scratch()
+    seed = scratch._expand_dots(dict(query))
+    seed, _ = scratch._discard_operators(seed)
+    return dict(seed or {})
