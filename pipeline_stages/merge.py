@@ -143,6 +143,16 @@ class ShardMerge(Generic[T]):
                 best = remote
         return None if best is None else best.shard
 
+    def holding_back(self) -> list[Hashable]:
+        """The open shards with nothing buffered whose promise does not pass the next event:
+        the ones the merge waits for (empty when nothing is buffered or it may leave)."""
+        front = self._front()
+        if front is None:
+            return []
+        key = front.buffer[0][0]
+        return [r.shard for r in self._remotes.values()
+                if not r.closed and not r.buffer and (r.promise is None or r.promise < key)]
+
     def _min_promise(self) -> tuple[str | None, bool]:
         """(the smallest promise of the open shards, whether every open shard has one)."""
         low: str | None = None

@@ -50,6 +50,9 @@ log = logging.getLogger("cdcserver")
 # How long a shard's tail may be lost before the merged streams fail (a failover's election
 # stays under it; a shard that is gone does not hold streams silently).
 DOWN_GRACE_S = 5.0
+# Entries read on one shard nudge the others at once for this long after a merged stream
+# last waited for idle shards (no streams waiting: no no-ops written).
+NUDGE_AHEAD_S = 5.0
 TOPOLOGY_POLL_S = 1.0  # how often listShards is asked when nothing else asks it
 NUDGE_NOTE = {"msg": "cdcserver: merged change streams wait for this shard"}
 
@@ -87,15 +90,39 @@ def mongos_shards(uri: str, timeout_s: float = 10.0) -> list[dict[str, Any]] | N
 
 
 class ShardTail(UpstreamOplog):
-    """One shard's tail; every delivery also wakes the sidecar's merged streams."""
+    """One shard's tail; every delivery also wakes the sidecar's merged streams, and every
+    entry read (before it is majority-committed) lets the sidecar nudge the idle shards at
+    once."""
 
-    def __init__(self, options: UpstreamOptions, on_change: Callable[[], None]) -> None:
+    def __init__(self, options: UpstreamOptions, on_change: Callable[[], None],
+                 on_receive: Callable[[Timestamp], None] | None = None) -> None:
         super().__init__(options)
         self._on_change = on_change
+        self._on_receive = on_receive
 
     def notify(self) -> None:
         super().notify()
         self._on_change()
+
+    def _receive(self, batch: list[Any]) -> None:
+        super()._receive(batch)
+        if batch and self._on_receive is not None:
+            # Only entries that can be events: no-ops (nudges', periodic ones) would make
+            # the shards nudge each other without end.
+            for doc in reversed(batch):
+                if doc.get("op") != "n":
+                    ts = doc.get("ts")
+                    if isinstance(ts, Timestamp):
+                        self._on_receive(ts)
+                    break
+
+    def note_majority(self, ts: Timestamp) -> None:
+        """The shard answered a `w: majority` write at `ts`: its commit point is there at least
+        (no `hello` needed to deliver what it read up to it)."""
+        majority = self._majority
+        if majority is None or ts > majority:
+            self._majority = ts
+            self._deliver_committed()
 
 
 @dataclass(eq=False)
@@ -127,6 +154,8 @@ class ShardedUpstream(FrontLog):
         self.topology_poll_s = TOPOLOGY_POLL_S
         self._tasks: list[asyncio.Task[Any]] = []
         self._nudging: set[str] = set()
+        self._nudged: dict[str, Timestamp] = {}  # the time each shard was last nudged past
+        self._streams_waited = -1e9  # when a merged stream last waited for idle shards
         self.nudges = 0  # appendOplogNote sent (for tests and status)
         self.gossiped: Timestamp | None = None  # the latest $clusterTime clients sent
         self.down_grace_s = DOWN_GRACE_S
@@ -138,7 +167,7 @@ class ShardedUpstream(FrontLog):
             options, uri=shard_uri(str(entry["host"]), options.uri),
             retain_dir=f"{options.retain_dir}/{name}" if options.retain_dir else None,
         )
-        tail = ShardTail(values, self.notify)
+        tail = ShardTail(values, self.notify, lambda ts: self._received(name, ts))
         shard = SidecarShard(name, tail, ServerState(log=tail))
         joined = entry.get("topologyTime")
         if isinstance(joined, Timestamp):
@@ -246,9 +275,23 @@ class ShardedUpstream(FrontLog):
             if self.gossiped is None or ts > self.gossiped:
                 self.gossiped = ts
 
-    def nudge(self, name: str, until: Timestamp | None = None) -> None:
+    def _received(self, name: str, ts: Timestamp) -> None:
+        """Shard `name` read an entry at `ts`: while merged streams wait on idle shards, nudge
+        them now, while that entry waits for its majority commit, instead of after."""
+        if time.monotonic() - self._streams_waited > NUDGE_AHEAD_S:
+            return
+        known = self.topology_ts
+        if known is None or known < ts:
+            self.refresh_topology()  # the shard list must be known past it too
+        for shard in self.shards:
+            if shard.name != name:
+                self.nudge(shard.name, ts, waited=False)
+
+    def nudge(self, name: str, until: Timestamp | None = None, *, waited: bool = True) -> None:
         """Have shard `name` write a no-op after the latest time seen on any shard (or after
         `until`)."""
+        if waited:
+            self._streams_waited = time.monotonic()
         if name in self._nudging:
             return
         target = max((t for t in (s.log.latest_ts() for s in self.shards) if t is not None),
@@ -259,6 +302,9 @@ class ShardedUpstream(FrontLog):
         latest = shard.log.latest_ts()
         if target is None or (latest is not None and latest >= target):
             return
+        nudged = self._nudged.get(name)
+        if nudged is not None and nudged >= target and (latest is None or latest < nudged):
+            return  # its no-op past that is written, on its way through the tail
         self._nudging.add(name)
         task = asyncio.get_running_loop().create_task(self._nudge(shard, target))
         self._tasks.append(task)
@@ -268,9 +314,16 @@ class ShardedUpstream(FrontLog):
         try:
             client = shard.log.async_client()
             self.nudges += 1
-            await client.admin.command(
-                {"appendOplogNote": 1, "data": NUDGE_NOTE, "maxClusterTime": target}
+            # w: majority: the reply's operationTime is then majority-committed, which
+            # spares the tail a `hello` before it delivers the no-op.
+            reply = await client.admin.command(
+                {"appendOplogNote": 1, "data": NUDGE_NOTE, "maxClusterTime": target,
+                 "writeConcern": {"w": "majority"}}
             )
+            written = reply.get("operationTime")
+            if isinstance(written, Timestamp):
+                self._nudged[shard.name] = written
+                shard.log.note_majority(written)
         except Exception as exc:  # noqa: BLE001 - 209 (it is already past), unreachable...
             log.debug("appendOplogNote on %s: %s", shard.name, exc)
         finally:

@@ -148,8 +148,10 @@ class MergedChangeStream:
         if self.topology is not None:
             known = self.topology()  # taken before the shards are read
             if known is not None:
+                # A shard added from now on has a topologyTime after `known`.
+                after = Timestamp(known.time, known.inc + 1)
                 merge.push(TOPOLOGY, [], ResumeTokenData.high_water_mark(
-                    known, resume_token.version_for_event(known, self.spec.resume_token),
+                    after, resume_token.version_for_event(after, self.spec.resume_token),
                 ).to_document())
         for name, sub in list(self.subs.items()):
             if sub.closed or name not in merge.shards:
@@ -189,12 +191,12 @@ class MergedChangeStream:
         """Events wait for shards that have promised nothing later yet: a cluster that can
         (a sidecar: `appendOplogNote` on those shards) makes them write past them."""
         nudge = getattr(self.cluster, "nudge", None)
-        if nudge is None or not self.merge.buffered():
+        if nudge is None:
             return
-        for name in self.merge.shards:  # every shard with nothing waiting, all at once
+        for name in self.merge.holding_back():  # all at once
             if name == TOPOLOGY:
                 self.cluster.refresh_topology()
-            elif not self.merge.buffered(name) and not self.subs[name].closed:
+            elif not self.subs[name].closed:
                 nudge(name, self.cluster.removed_at(name))
 
     def _drain_merge(self) -> None:
