@@ -47,6 +47,7 @@ from typing import Any
 
 from bson.int64 import Int64
 
+from cdcserver.commands import write_concern
 from pipeline_stages.error_labels import (  # noqa: F401 (the label policy, re-exported)
     NEED_RETARGETTING_ERROR,
     NETWORK_ERROR,
@@ -64,7 +65,10 @@ log = logging.getLogger("cdcserver")
 FAIL_COMMAND = "failCommand"
 FAIL_GET_MORE = "failGetMoreAfterCursorCheckout"
 ON_PRIMARY_TRANSACTIONAL_WRITE = "onPrimaryTransactionalWrite"
-FAIL_POINT_NAMES = (FAIL_COMMAND, FAIL_GET_MORE, ON_PRIMARY_TRANSACTIONAL_WRITE)
+MAX_TIME_ALWAYS_TIME_OUT = "maxTimeAlwaysTimeOut"
+FAIL_POINT_NAMES = (
+    FAIL_COMMAND, FAIL_GET_MORE, ON_PRIMARY_TRANSACTIONAL_WRITE, MAX_TIME_ALWAYS_TIME_OUT
+)
 FAIL_COMMAND_MESSAGE = "Failing command via 'failCommand' failpoint"
 FAIL_GET_MORE_MESSAGE = "Hit the 'failGetMoreAfterCursorCheckout' failpoint"
 
@@ -390,7 +394,22 @@ def before_command(
     fail_get_more = points.points[FAIL_GET_MORE]
     if fail_get_more.on and name == "getMore":
         _evaluate_fail_get_more(server, conn, name, cmd, db, fail_get_more)
+    max_time = points.points[MAX_TIME_ALWAYS_TIME_OUT]
+    if max_time.on and name in commands:
+        _evaluate_max_time_always_time_out(name, cmd, max_time)
     return None
+
+
+def _evaluate_max_time_always_time_out(name: str, cmd: Mapping[str, Any], point: FailPoint) -> None:
+    """`maxTimeAlwaysTimeOut`: an operation with a deadline (a positive maxTimeMS) is killed at
+    its first interrupt check, 50 MaxTimeMSExpired. A getMore's maxTimeMS is its await time,
+    not a deadline."""
+    max_ms = cmd.get("maxTimeMS")
+    if name in ("getMore", "configureFailPoint") or isinstance(max_ms, bool):
+        return
+    if not isinstance(max_ms, (int, float)) or max_ms <= 0 or not point.fire():
+        return
+    raise MongoError(50, "operation exceeded time limit")
 
 
 def _evaluate_fail_command(server, conn, name, cmd, db, commands, point):
@@ -483,7 +502,9 @@ def after_command(
     mongod appends it (and the fail point's non-empty `errorLabels`, or its own) to the reply."""
     close_if_requested(conn)
     points = server.__dict__.get("fail_points")
-    if points is None or not points.enabled or name not in _WRITE_CONCERN_COMMANDS:
+    if points is None or not points.enabled or not (
+        name in _WRITE_CONCERN_COMMANDS or write_concern.left_to_dispatch(name, cmd)
+    ):
         return
     point = points.points[FAIL_COMMAND]
     if not point.on or "writeConcernError" not in point.data:

@@ -15,7 +15,7 @@ from bson.binary import Binary
 from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 
-from cdcserver.commands import admin, arguments, failpoints, txn_rules
+from cdcserver.commands import admin, arguments, failpoints, txn_rules, write_concern
 from cdcserver.context import ConnectionState, ServerState
 from pipeline_stages.errors import MongoError
 
@@ -141,7 +141,13 @@ async def run_command(
             if handler is not proxy:
                 txn_rules.check_allowed(name, cmd)  # 263, before the session is checked out
                 checked_out = True
+            # A DDL command or an aggregate with $out / $merge: its write concern, parsed
+            # before it runs (9 FailedToParse), reported after (100 / 79 writeConcernError).
+            wc_here = handler is not proxy and write_concern.left_to_dispatch(name, cmd)
+            wc = write_concern.parse(cmd) if wc_here else None
             reply = await handler(server, conn, cmd, db)
+            if wc_here and not isinstance(reply, RawBSONDocument):
+                reply = write_concern.add_if_unreported(reply, wc)
         except MongoError as err:
             admin.op_finished(server, opid, name, cmd, None, err, change_stream)
             raise

@@ -86,3 +86,36 @@ def error_for(wc: Mapping[str, Any] | None) -> dict[str, Any] | None:
 def add_to_reply(reply: dict[str, Any], wc: Mapping[str, Any] | None) -> dict[str, Any]:
     err = error_for(wc)
     return reply if err is None else {**reply, "writeConcernError": err}
+
+
+# Commands whose handlers leave write concern to the dispatcher (registry.run_command): mongod's
+# DDL commands wait for the write concern as any write does (supportsWriteConcern), and so does
+# an aggregate whose last stage writes ($out, $merge). insert / update / delete /
+# findAndModify / bulkWrite / commitTransaction / abortTransaction answer for it themselves.
+_DDL_COMMANDS = frozenset({
+    "create", "drop", "dropDatabase", "renameCollection", "createIndexes", "dropIndexes",
+    "deleteIndexes", "collMod", "convertToCapped", "cloneCollectionAsCapped", "applyOps",
+})
+
+
+def _writes_through_pipeline(cmd: Mapping[str, Any]) -> bool:
+    pipeline = cmd.get("pipeline")
+    if not isinstance(pipeline, list) or not pipeline or not isinstance(pipeline[-1], Mapping):
+        return False
+    last = pipeline[-1]
+    return "$out" in last or "$merge" in last
+
+
+def left_to_dispatch(name: str, cmd: Mapping[str, Any]) -> bool:
+    """True when `run_command` parses this command's write concern and reports it."""
+    if name in _DDL_COMMANDS:
+        return True
+    return name == "aggregate" and _writes_through_pipeline(cmd)
+
+
+def add_if_unreported(reply: dict[str, Any], wc: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`add_to_reply` unless the reply has its writeConcernError already (a sharded front
+    passes a shard's on; a failCommand fail point adds its own later)."""
+    if "writeConcernError" in reply:
+        return reply
+    return add_to_reply(reply, wc)
