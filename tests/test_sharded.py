@@ -895,3 +895,29 @@ def test_added_and_removed_shards_outlive_a_restart(tmp_path):
         with c.watch(start_at_operation_time=last, max_await_time_ms=50) as stream:
             c.d.c.insert_one({"_id": 2})
             assert stream.next()["documentKey"] == {"_id": 2}
+
+
+def test_sidecar_with_a_retained_log_per_shard_resumes_after_a_restart(cluster, client,
+                                                                        tmp_path):
+    """`[upstream] retain_dir`: each shard's tail keeps its durable log in a directory of its
+    own; a restarted sidecar resumes streams from it."""
+    from cdcserver.sharding.testing import ShardedSidecar
+
+    _spread(client, cluster, "app.c")
+    n = len(cluster.cluster.shards)
+    retain = tmp_path / "retained"
+    with ShardedSidecar(cluster.uri, majority_poll_ms=1.0, retain_dir=str(retain)) as side_server:
+        with pymongo.MongoClient(side_server.uri) as side, side.watch() as through:
+            count = _write_round(client, n, "a")
+            first = [through.next() for _ in range(count)]
+    assert sorted(p.name for p in retain.iterdir()) == sorted(
+        s.name for s in cluster.cluster.shards)
+    count = _write_round(client, n, "b")  # while no sidecar runs
+    with ShardedSidecar(cluster.uri, majority_poll_ms=1.0, retain_dir=str(retain)) as side_server:
+        with pymongo.MongoClient(side_server.uri) as side, side.watch(
+            resume_after=first[0]["_id"]
+        ) as resumed, client.watch(resume_after=first[0]["_id"]) as front:
+            expected = [front.next() for _ in range(len(first) - 1 + count)]
+            got = [resumed.next() for _ in range(len(expected))]
+    assert [bson.encode(e) for e in got] == [bson.encode(e) for e in expected]
+    assert [bson.encode(e) for e in got[:len(first) - 1]] == [bson.encode(e) for e in first[1:]]

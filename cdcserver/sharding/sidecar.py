@@ -141,7 +141,8 @@ class ShardedUpstream(FrontLog):
         self.cluster = self
         self.store = None
         self.options = options
-        self.mongos = UpstreamOplog(options)  # its clients forward the other commands
+        # Its clients forward the other commands (it tails nothing: no retained log of its own).
+        self.mongos = UpstreamOplog(dataclasses.replace(options, retain_dir=None))
         self.shards: list[SidecarShard] = []
         self.retired: list[SidecarShard] = []  # gone from listShards, still tailed
         self._joined: dict[str, Timestamp] = {}
