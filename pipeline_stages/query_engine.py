@@ -41,6 +41,7 @@ from mongomock import collection as _mm_collection
 from mongomock import filtering as _mm_filtering
 from mongomock import helpers as _mm_helpers
 
+from pipeline_stages import expressions
 from pipeline_stages.transform import MISSING
 
 __all__ = [
@@ -119,6 +120,7 @@ def _install_mongomock_types() -> None:
         type_map[number] = predicate
     type_map["number"] = is_number
     _install_missing_comparison()
+    expressions.install(_mm_aggregate._Parser)  # $getField/$setField/$unsetField, 16410
     _INSTALLED = True
 
 

@@ -501,9 +501,21 @@ def test_literal_arguments_are_not_parsed():
 
 
 def test_an_expression_the_engine_lacks_is_238_when_evaluated():
-    stages = UserStages([{"$set": {"x": {"$getField": "operationType"}}}])
-    raises(238, "$set: the expression $getField is not supported by cdcserver's expression "
+    stages = UserStages([{"$set": {"x": {"$bsonSize": "$$ROOT"}}}])
+    raises(238, "$set: the expression $bsonSize is not supported by cdcserver's expression "
            "engine", stages.process, [insert_event()])
+
+
+def test_get_field_and_set_field_evaluate_as_mongod():
+    event = insert_event()
+    [out] = UserStages([{"$set": {"x": {"$getField": "operationType"},
+                                  "y": {"$setField": {"field": {"$literal": "$v"},
+                                                      "input": {"a": 1}, "value": 2}}}}]
+                         ).process([event])
+    assert (out["x"], plain(out["y"])) == ("insert", {"a": 1, "$v": 2})
+    raises(4161108, "A field path reference which is not allowed in this context. Did you mean "
+           "{$literal: '$a'}?", UserStages([{"$set": {"y": {"$setField": {
+               "field": "$a", "input": "$$ROOT", "value": 1}}}}]).process, [event])
 
 
 def test_split_stage_is_left_to_split_large_event():

@@ -22,9 +22,10 @@ from bson.code import Code
 from bson.decimal128 import Decimal128
 from bson.objectid import ObjectId
 
-from cdcserver.embedded import json_schema, modifiers, regex
+from cdcserver.embedded import json_schema, modifiers, oplog_update, regex
 from pipeline_stages import query_engine
 from pipeline_stages.errors import MongoError
+from pipeline_stages.expressions import DOLLAR_FIELD_MESSAGE
 from pipeline_stages.query_engine import Database
 from pipeline_stages.regex import MatchRegex, is_linear
 
@@ -482,6 +483,11 @@ def apply_modifiers(
         for _, op, path, value in steps:
             if op == "$setOnInsert":
                 op = "$set"
+            if path.startswith("$") and op == "$set":
+                # A top-level $-prefixed field (mongomock refuses it): set here; storage
+                # validation below refuses it unless the update inserts (an upsert).
+                modifiers.set_path(new, path, normalize(value))
+                continue
             if op in _OWN and "$" in path.split("."):
                 path = _resolve_positional(new, query, path)
             if op in ("$inc", "$mul"):
@@ -504,6 +510,18 @@ def apply_modifiers(
         raise
     except Exception as exc:  # noqa: BLE001
         raise engine_error(exc) from None
+    if not is_insert:
+        # mongod's storage validation of the paths an update modified: a top-level
+        # $-prefixed field only an insert may hold (events_containing_version_literals.js).
+        for _, op, path, _value in steps:
+            top = path.split(".", 1)[0]
+            if op != "$unset" and top.startswith("$") and top in new:
+                raise MongoError(
+                    52,
+                    f"The dollar ($) prefixed field '{top}' in '{path}' is not allowed in the "
+                    "context of an update's replacement document. Consider using an "
+                    "aggregation pipeline with $replaceWith.",
+                )
     return new
 
 
@@ -539,16 +557,31 @@ def apply_pipeline_update(doc: dict[str, Any], pipeline: list[Any]) -> dict[str,
     for stage in pipeline:
         name = next(iter(stage), None) if isinstance(stage, Mapping) else None
         if name not in (
-            "$addFields", "$set", "$project", "$unset", "$replaceRoot", "$replaceWith"
+            "$addFields", "$set", "$project", "$unset", "$replaceRoot", "$replaceWith",
+            oplog_update.STAGE,
         ):
             raise MongoError(
                 72,
                 f"{name} is not allowed to be used within an update",
             )
-    out = run_pipeline([copy.deepcopy(doc)], None, pipeline)
-    if len(out) != 1 or not isinstance(out[0], dict):
-        raise MongoError(2, "an update pipeline must produce exactly one document")
-    return out[0]
+        if name in ("$addFields", "$set") and isinstance(stage[name], Mapping) and any(
+            part.startswith("$") for field in stage[name] for part in field.split(".")
+        ):
+            raise MongoError(16410, DOLLAR_FIELD_MESSAGE)
+    current = copy.deepcopy(doc)
+    run: list[Any] = []  # consecutive stages the query engine runs
+    for stage in [*pipeline, None]:
+        if stage is not None and next(iter(stage)) != oplog_update.STAGE:
+            run.append(stage)
+            continue
+        if run:
+            out = run_pipeline([current], None, run)
+            if len(out) != 1 or not isinstance(out[0], dict):
+                raise MongoError(2, "an update pipeline must produce exactly one document")
+            current, run = out[0], []
+        if stage is not None:  # $_internalApplyOplogUpdate: a change event's raw delta
+            current = oplog_update.apply_stage(current, stage[oplog_update.STAGE])
+    return current
 
 
 def upsert_seed(query: Mapping[str, Any]) -> dict[str, Any]:

@@ -7,38 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from cst import ChangeStreamTest
 
 COLL = "events_containing_version_literals"
 VALUES = ["test", 1, 2, "1", "2"]
 FAILED_TO_PARSE, DOLLAR_PREFIXED, TYPE_MISMATCH = 9, 52, 14
-
-
-# What the embedded query/update engine (not the change stream) does differently.
-ENGINE = {
-    'set_fails': (
-        "the embedded update engine fails `$set: {$v: ...}` with code 2 BadValue "
-        "(mongod: 52 DollarPrefixedFieldName)"
-    ),
-    'set_upsert_inserts': (
-        "the embedded update engine refuses an upsert with `$set: {$v: ...}` (code 2); "
-        "mongod inserts `{_id, $v}`"
-    ),
-    'replace_with_object_literal_fails': (
-        'an object literal with a `$v` field in $replaceWith fails with code 2 (mongod: 16410)'
-    ),
-    'replace_root_object_literal_fails': (
-        'an object literal with a `$v` field in $replaceRoot fails with code 2 (mongod: 16410)'
-    ),
-    'inc_fails': (
-        '`$inc: {$v: 1}` succeeds in the embedded update engine; mongod fails with 52 or 14'
-    ),
-    'add_fields_fails': (
-        "`$addFields: {$v: ...}` in an update pipeline succeeds in the embedded engine; "
-        "mongod fails with 16410"
-    ),
-}
 
 
 def _event(op: str, _id: Any, v: Any) -> dict[str, Any]:
@@ -85,14 +58,12 @@ def test_object_literal_upsert_fails(client: Any) -> None:
         s.fails((FAILED_TO_PARSE,), {"_id": i + 10}, {"$v": v}, upsert=True)
 
 
-@pytest.mark.xfail(strict=True, reason=ENGINE['set_fails'])
 def test_set_fails(client: Any) -> None:
     s = Setup(client)
     for i, v in enumerate(VALUES):
         s.fails((DOLLAR_PREFIXED,), {"_id": i}, {"$set": {"$v": v}})
 
 
-@pytest.mark.xfail(strict=True, reason=ENGINE['set_upsert_inserts'])
 def test_set_upsert_inserts(client: Any) -> None:
     s = Setup(client)
     for i, v in enumerate(VALUES):
@@ -106,7 +77,6 @@ def test_replace_with_literal(client: Any) -> None:
                 _event("replace", i, v))
 
 
-@pytest.mark.xfail(strict=True, reason=ENGINE['replace_with_object_literal_fails'])
 def test_replace_with_object_literal_fails(client: Any) -> None:
     s = Setup(client)
     for i, v in enumerate(VALUES):
@@ -120,29 +90,24 @@ def test_replace_root_literal(client: Any) -> None:
                 _event("replace", i, v))
 
 
-@pytest.mark.xfail(strict=True, reason=ENGINE['replace_root_object_literal_fails'])
 def test_replace_root_object_literal_fails(client: Any) -> None:
     s = Setup(client)
     for i, v in enumerate(VALUES):
         s.fails((16410,), {"_id": i}, [{"$replaceRoot": {"newRoot": {"_id": i, "$v": v}}}])
 
 
-@pytest.mark.xfail(strict=True, reason=ENGINE['inc_fails'])
 def test_inc_fails(client: Any) -> None:
     s = Setup(client)
     for i, _ in enumerate(VALUES):
         s.fails((DOLLAR_PREFIXED, TYPE_MISMATCH), {"_id": i}, {"$inc": {"$v": 1}})
 
 
-@pytest.mark.xfail(strict=True, reason=ENGINE['add_fields_fails'])
 def test_add_fields_fails(client: Any) -> None:
     s = Setup(client)
     for i, _ in enumerate(VALUES):
         s.fails((16410,), {"_id": i}, [{"$addFields": {"$v": i}}])
 
 
-@pytest.mark.xfail(strict=True, reason="cdcserver's update pipelines have no $setField (the "
-                   "embedded query engine refuses it)")
 def test_replace_with_set_field(client: Any) -> None:
     s = Setup(client)
     for i, v in enumerate(VALUES):

@@ -1,0 +1,138 @@
+"""Aggregation expressions mongomock lacks or evaluates differently from mongod, installed into
+its expression parser class (`mongomock.aggregate._Parser`, handed over by query_engine.py, the
+one module that imports mongomock), which both the change stream's user stages and the embedded
+store's pipelines run on:
+
+- `$getField`, `$setField`, `$unsetField` (5.0), with mongod's parse errors;
+- an object literal with a `$`-prefixed field after its first (`{_id: 1, $v: 2}`): 16410, as
+  ExpressionObject::parse checks each field name (mongomock: code 2).
+
+`install(parser_class)` is idempotent; the query engine's installation of its mongomock
+patches runs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pipeline_stages.errors import MongoError
+from pipeline_stages.value_string import type_name
+
+__all__ = ["DOLLAR_FIELD_MESSAGE", "install"]
+
+DOLLAR_FIELD_MESSAGE = (
+    "FieldPath field names may not start with '$'. Consider using $getField or $setField."
+)
+
+
+class _Missing:
+    """A missing operand (mongod's `Value()`)."""
+
+
+_MISSING = _Missing()
+_INSTALLED = False
+
+
+def install(parser: Any) -> None:
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    original_parse: Callable[[Any, Any], Any] = parser.parse
+
+    def parse(self: Any, expression: Any) -> Any:
+        if isinstance(expression, dict) and expression:
+            first = next(iter(expression))
+            if len(expression) == 1 and first in _FIELD_OPERATORS:
+                result = _FIELD_OPERATORS[first](self, expression[first])
+                if result is _MISSING:
+                    raise KeyError(first)  # mongomock's way of saying "missing"
+                return result
+            if not first.startswith("$") and any(k.startswith("$") for k in expression):
+                raise MongoError(16410, DOLLAR_FIELD_MESSAGE)
+        return original_parse(self, expression)
+
+    parser.parse = parse
+    _INSTALLED = True
+
+
+def _parse_or_missing(parser: Any, expression: Any) -> Any:
+    try:
+        return parser.parse(expression)
+    except KeyError:
+        return _MISSING
+
+
+def _constant_field(name: str, spec: Any, codes: tuple[int, int, int]) -> str:
+    """The `field` argument: a string constant (or `$literal` of one), as mongod requires."""
+    path_code, non_constant_code, non_string_code = codes
+    if isinstance(spec, Mapping) and len(spec) == 1 and next(iter(spec)) in ("$literal",
+                                                                              "$const"):
+        spec = next(iter(spec.values()))
+        if isinstance(spec, str):
+            return spec
+    elif isinstance(spec, str) and spec.startswith("$"):
+        raise MongoError(path_code, "A field path reference which is not allowed in this "
+                         f"context. Did you mean {{$literal: '{spec}'}}?")
+    elif isinstance(spec, Mapping):
+        raise MongoError(non_constant_code, f"{name} requires 'field' to evaluate to a "
+                         "constant, but got a non-constant argument")
+    if not isinstance(spec, str):
+        raise MongoError(non_string_code, f"{name} requires 'field' to evaluate to type "
+                         f"String, but got {type_name(spec)}")
+    return spec
+
+
+def _get_field(parser: Any, args: Any) -> Any:
+    name = "$getField"
+    if not isinstance(args, Mapping) or not args or next(iter(args)).startswith("$"):
+        args = {"field": args}  # {$getField: <field>}: the input is $$CURRENT
+    for key in args:
+        if key not in ("field", "input"):
+            raise MongoError(3041701, f"{name} found an unknown argument: {key}")
+    if "field" not in args:
+        raise MongoError(3041702, f"{name} requires 'field' to be specified")
+    field = _constant_field(name, args["field"], (5654600, 5654601, 5654602))
+    source = _parse_or_missing(parser, args.get("input", "$$CURRENT"))
+    if source is _MISSING:
+        return _MISSING
+    if source is None:
+        return None
+    if not isinstance(source, Mapping):
+        return _MISSING
+    return source[field] if field in source else _MISSING
+
+
+def _set_field(parser: Any, args: Any, name: str = "$setField") -> Any:
+    if not isinstance(args, Mapping):
+        raise MongoError(4161100, f"{name} only supports an object as its argument")
+    allowed = ("field", "input", "value") if name == "$setField" else ("field", "input")
+    for key in args:
+        if key not in allowed:
+            raise MongoError(4161101, f"{name} found an unknown argument: {key}")
+    if "field" not in args:
+        raise MongoError(4161102, f"{name} requires 'field' to be specified")
+    if name == "$setField" and "value" not in args:
+        raise MongoError(4161103, f"{name} requires 'value' to be specified")
+    if "input" not in args:
+        raise MongoError(4161109, f"{name} requires 'input' to be specified")
+    field = _constant_field(name, args["field"], (4161108, 4161106, 4161107))
+    source = _parse_or_missing(parser, args["input"])
+    if source is _MISSING or source is None:
+        return None
+    if not isinstance(source, Mapping):
+        raise MongoError(4161105, f"{name} requires 'input' to evaluate to type Object")
+    value = _parse_or_missing(parser, args["value"]) if name == "$setField" else _MISSING
+    out = dict(source)
+    if value is _MISSING:  # $$REMOVE, a missing path, or $unsetField
+        out.pop(field, None)
+    else:
+        out[field] = value  # in place when present, else last (MutableDocument::setField)
+    return out
+
+
+_FIELD_OPERATORS: dict[str, Callable[[Any, Any], Any]] = {
+    "$getField": _get_field,
+    "$setField": _set_field,
+    "$unsetField": lambda parser, args: _set_field(parser, args, "$unsetField"),
+}
