@@ -653,6 +653,35 @@ def test_an_update_that_moves_a_document_to_another_shard(cluster, client):
     assert _shard_counts(cluster, "w", "c")[:2] == [0, 2]
 
 
+def test_find_and_modify_that_moves_a_document_to_another_shard(cluster, client):
+    _spread(client, cluster, "w.f")
+    client.w.f.insert_many([{"_id": 1, "x": 5}, {"_id": 2, "x": 6}])
+    with client.w.f.watch(max_await_time_ms=50) as stream:
+        # Retryable: the document moves; the reply is findAndModify's (pre- or post-image).
+        before = client.w.f.find_one_and_update({"_id": 1}, {"$set": {"x": 150}})
+        assert before == {"_id": 1, "x": 5}
+        deleted, inserted = stream.next(), stream.next()
+        assert (deleted["operationType"], inserted["operationType"]) == ("delete", "insert")
+        assert inserted["documentKey"] == {"x": 150, "_id": 1}
+        assert deleted["clusterTime"] == inserted["clusterTime"]
+        after = client.w.f.find_one_and_update(
+            {"x": 150}, {"$set": {"x": 7, "y": 1}}, projection={"y": 1, "_id": 0},
+            return_document=pymongo.ReturnDocument.AFTER)
+        assert after == {"y": 1}
+        assert [stream.next()["operationType"] for _ in range(2)] == ["delete", "insert"]
+    assert _shard_counts(cluster, "w", "f")[:2] == [2, 0]
+    with pymongo.MongoClient(cluster.uri, retryWrites=False) as plain:
+        with pytest.raises(OperationFailure) as err:
+            plain.w.f.find_one_and_update({"_id": 2}, {"$set": {"x": 160}})
+        assert err.value.code == 20 and err.value.details["codeName"] == "IllegalOperation"
+    with client.start_session() as session, session.start_transaction():
+        moved = client.w.f.find_one_and_update({"_id": 2}, {"$set": {"x": 170}},
+                                               session=session,
+                                               return_document=pymongo.ReturnDocument.AFTER)
+        assert moved == {"_id": 2, "x": 170}
+    assert _shard_counts(cluster, "w", "f")[:2] == [1, 1]
+
+
 def test_cross_shard_commit_writes_prepare_and_commit_transaction_entries(cluster, client):
     _spread(client, cluster, "p.c")
     n = len(cluster.cluster.shards)

@@ -879,7 +879,8 @@ def _may_change_shard_key(cluster: ShardedCluster, ns: str, stmt: Any) -> bool:
 
 
 async def _update_changing_shard_key(cluster: ShardedCluster, cmd: Mapping[str, Any], db: str,
-                                     ns: str, stmt: Mapping[str, Any]) -> dict[str, Any] | None:
+                                     ns: str, stmt: Mapping[str, Any],
+                                     moved: list[Any] | None = None) -> dict[str, Any] | None:
     """A single update whose new shard key belongs to another shard (WouldChangeOwningShard):
     mongos deletes the document on its shard and inserts it on the new one, in one
     transaction; without a txnNumber it is refused (20 IllegalOperation). None: the document
@@ -888,8 +889,9 @@ async def _update_changing_shard_key(cluster: ShardedCluster, cmd: Mapping[str, 
     target = _target(cluster, ns, stmt.get("q"))
     shards = [target] if target is not None else _owning_shards(cluster, ns)
     find = {"find": coll, "filter": stmt.get("q") or {}, "limit": 1, "singleBatch": True}
-    if "collation" in stmt:
-        find["collation"] = stmt["collation"]
+    for option in ("collation", "sort"):
+        if option in stmt:
+            find[option] = stmt[option]
     for shard in shards:
         found = (await forward(cluster, shard, find, db))["cursor"]["firstBatch"]
         if found:
@@ -911,11 +913,15 @@ async def _update_changing_shard_key(cluster: ShardedCluster, cmd: Mapping[str, 
         }]}
     key = cluster.catalog.document_key(ns, pre) or {"_id": pre["_id"]}
     if cmd.get("autocommit") is False:  # the user's transaction: two more statements of it
-        base = {k: v for k, v in cmd.items() if k not in ("update", "updates", "ordered")}
+        base = {k: v for k, v in cmd.items()
+                if k in ("lsid", "txnNumber", "autocommit", "startTransaction", "readConcern",
+                         "comment", "bypassDocumentValidation")}
         await forward(cluster, shard, {"delete": coll, "deletes": [{"q": key, "limit": 1}],
                                        **base}, db)
         await forward(cluster, cluster.shard(owner), {"insert": coll, "documents": [post],
                                                       **base}, db)
+        if moved is not None:
+            moved.extend((pre, post))
         return {"n": 1, "nModified": 1}
     # A retryable write: both shards' writes at one time, without yielding in between.
     db_name = db
@@ -929,6 +935,8 @@ async def _update_changing_shard_key(cluster: ShardedCluster, cmd: Mapping[str, 
         source.delete_document(c_source, current)
     with dest.commit_at(at), dest.batch():
         dest.insert_document(c_dest, post)
+    if moved is not None:
+        moved.extend((pre, post))
     return {"n": 1, "nModified": 1}
 
 
@@ -948,6 +956,15 @@ async def find_and_modify(server, conn, cmd, db):
     ns = _sharded_ns(cluster, cmd, db)
     if ns is None:
         return await forward(cluster, _primary(cluster, db, create=True), cmd, db)
+    if not cmd.get("remove") and "update" in cmd:
+        stmt = {"q": cmd.get("query") or {}, "u": cmd["update"]}
+        for option in ("collation", "sort", "arrayFilters"):
+            if option in cmd:
+                stmt[option] = cmd[option]
+        if _may_change_shard_key(cluster, ns, stmt):
+            moved_reply = await _find_and_modify_changing_shard_key(cluster, cmd, db, ns, stmt)
+            if moved_reply is not None:
+                return moved_reply
     shard = _target(cluster, ns, cmd.get("query"))
     if shard is not None:
         return await forward(cluster, shard, cmd, db)
@@ -957,6 +974,28 @@ async def find_and_modify(server, conn, cmd, db):
         if reply.get("value") is not None or k == len(shards) - 1:
             return reply
     return {}
+
+
+async def _find_and_modify_changing_shard_key(
+    cluster: ShardedCluster, cmd: Mapping[str, Any], db: str, ns: str, stmt: dict[str, Any],
+) -> dict[str, Any] | None:
+    """findAndModify whose new shard key belongs to another shard (WouldChangeOwningShard): in
+    a transaction or a retryable write the document moves (a delete and an insert, as for
+    update), else 20 IllegalOperation as mongos 8.0 answers. None: it stays on its shard."""
+    moved: list[Any] = []
+    reply = await _update_changing_shard_key(cluster, cmd, db, ns, stmt, moved)
+    if reply is None:
+        return None
+    if not moved:  # refused: no transaction, not retryable
+        error = reply["writeErrors"][0]
+        raise MongoError(error["code"], error["errmsg"])
+    pre, post = moved
+    value = post if cmd.get("new") is True else pre
+    fields = cmd.get("fields")
+    if isinstance(fields, Mapping) and fields:
+        projected = await cluster.merge_pipeline([value], [{"$project": fields}], {}, ns)
+        value = projected["cursor"]["firstBatch"][0]
+    return {"lastErrorObject": {"n": 1, "updatedExisting": True}, "value": value}
 
 
 def _sort_key(sort: Mapping[str, Any]) -> Any:
