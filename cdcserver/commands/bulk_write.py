@@ -373,7 +373,7 @@ async def bulk_write(server, conn, cmd, db):
                 item = {"ok": 1.0, "idx": i, "n": n, "nModified": modified}
                 replies.n_modified += modified
                 if upserted is not None:
-                    item["upserted"] = {"index": 0, "_id": upserted}
+                    item["upserted"] = {"index": 0, "_id": upserted[0]}
                     replies.n_upserted += 1
                 else:
                     replies.n_matched += n

@@ -360,9 +360,13 @@ def upsert_document(
 ) -> dict[str, Any]:
     seed = engine.upsert_seed(q)
     if kind == "replacement":
-        _id = u.get("_id", seed.get("_id"))
+        # the replacement's _id, else the filter's equality (either may be null), else new
+        if "_id" in u:
+            _id = u["_id"]
+        else:
+            _id = seed["_id"] if "_id" in seed else ObjectId()
         doc = {k: engine.normalize(v) for k, v in u.items() if k != "_id"}
-        replacement = {"_id": _id if _id is not None else ObjectId(), **doc}
+        replacement = {"_id": _id, **doc}
         check_update_depth(replacement)  # an upsert is stored through the update's checks
         return replacement
     if "_id" in seed:
@@ -465,7 +469,8 @@ def run_update_statement(
     store: Store, db: str, coll: str, spec: Mapping[str, Any], retry: _Retry, stmt_id: int,
     validate: bool = True, progress: _Progress | None = None,
 ) -> tuple[int, int, Any]:
-    """(n, nModified, upserted _id or None) of one update statement."""
+    """(n, nModified, (upserted _id,) or None) of one update statement (a tuple: the upserted
+    _id may itself be null)."""
     if not isinstance(spec, Mapping):
         raise MongoError(14, "BSON field 'update.updates' element is not an object")
     if "q" not in spec:
@@ -509,7 +514,7 @@ def run_update_statement(
         new = upsert_document(store, db, coll, q, u, kind, array_filters)
     c = store.ensure_collection(db, coll)
     store.insert_document(c, new, session, stmt_id, validate=validate)
-    return 1, 0, new["_id"]
+    return 1, 0, (new["_id"],)
 
 
 def _multi_matching(
@@ -616,7 +621,7 @@ async def update(server, conn, cmd, db):
                 n += sn
                 modified += sm
                 if up is not None:
-                    upserted.append({"index": i, "_id": up})
+                    upserted.append({"index": i, "_id": up[0]})
         finally:
             _finish_retry(retry)
 

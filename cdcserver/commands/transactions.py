@@ -86,7 +86,7 @@ class Retry:
             )
         if isinstance(done, LoggedWrite):  # known from the oplog only (after a restart)
             if command == "update":
-                return (1, 0, done.doc_id) if done.op == "i" else (1, 1, None)
+                return (1, 0, (done.doc_id,)) if done.op == "i" else (1, 1, None)
             if command == "findAndModify":
                 return done  # its reply is rebuilt from config.image_collection
             return 1
