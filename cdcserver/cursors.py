@@ -4,10 +4,10 @@ A cursor has its own `ChangeStreamPipeline` queue (batches, post-batch token) an
 `StreamGroup` (hub.py) that reads the oplog for it, shared with identical cursors; only what is
 needed to fill the batch asked for is read.
 
-When the group's pipeline has an image stage and its image source does I/O (a live upstream:
-it has `prepare`), each chunk of entries is read first, its lookups are fetched (awaited, so
-every other stream and connection is served meanwhile), and only then is it pushed, with the
-source answering from what was fetched (`step_prepared`).
+When a chunk's push needs documents the pipeline does not have (a live upstream's images or
+transaction history: pipeline_stages/lookups.py), the push says so and runs nothing; the
+lookups are fetched (awaited, so every other stream and connection is served meanwhile) and
+the chunk is pushed again with the answers (hub.py `step_answering`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 
 from bson.int64 import Int64
 
-from cdcserver.hub import READ_CHUNK, Hub, StreamGroup
+from cdcserver.hub import READ_CHUNK, Hub, StreamGroup, step_answering
 from cdcserver.sources.base import CappedPositionLost
 from pipeline_stages.check_resumability import HISTORY_LOST_MESSAGE
 from pipeline_stages.errors import MongoError
-from pipeline_stages.image_lookups import image_lookups, needs_images
+from pipeline_stages.lookups import looks_up_images
 from pipeline_stages.pipeline import Batch, ChangeStreamPipeline
 
 DEFAULT_BATCH_SIZE = 101
@@ -61,41 +61,25 @@ class ChangeStreamCursor:
 
     @property
     def prepares_images(self) -> bool:
-        """Whether pushes into the group's pipeline await their image lookups first."""
-        producer = self.group.producer
-        return needs_images(producer) and hasattr(producer.images, "prepare")
+        """Whether the group's pushes look images up elsewhere (a live upstream)."""
+        return looks_up_images(self.group.producer)
 
     async def pull(self, want: int) -> None:
-        """`StreamGroup.pull`, each chunk's image lookups awaited before it is pushed."""
-        if not self.prepares_images:
-            self.group.pull(want, self)  # in-memory images (or none): nothing to await
-            return
+        """`StreamGroup.pull`; a chunk that needs lookups has them fetched (awaited) and is
+        pushed again with the answers, then the pull goes on."""
         while (
             self.pipeline.pending_count < want
             and not self.group.producer.invalidated
             and self.pipeline.error is None
         ):
-            if not await self.step_prepared(READ_CHUNK):
-                break
+            if self.group.pull(want, self) is None:
+                return  # it has `want` events, or read all there is
+            if not await self.step_answering(READ_CHUNK):
+                return
 
-    async def step_prepared(self, chunk: int, stop: Callable[[], bool] | None = None) -> bool:
-        """`StreamGroup.step` with the chunk's lookups fetched first. False when there was
-        nothing to read (or `stop()` says to stop); True when something moved (the group read
-        on, here or, while this one awaited, by another reader)."""
-        group = self.group
-        producer = group.producer
-        start = group.next_ts
-        entries = group.read(chunk)
-        if not entries:
-            return False
-        images = producer.images
-        prepared = await images.prepare(image_lookups(producer, entries))  # type: ignore[union-attr]
-        if self.closed or (stop is not None and stop()):
-            return False
-        if self.group is not group or group.producer is not producer or group.next_ts != start:
-            return True  # another reader pushed these meanwhile: look again from where it is
-        with images.answering(prepared):  # type: ignore[union-attr]
-            return group.step(self, chunk, entries)
+    async def step_answering(self, chunk: int, stop: Callable[[], bool] | None = None) -> bool:
+        """hub.py `step_answering` for this cursor's group."""
+        return await step_answering(self.group, self, chunk, stop)
 
     def start_prefetch(self, size: int, chunk: int, stopped: Callable[[], bool]) -> None:
         """After a full batch, fill the next one in a task (commands/cursors.py prefetches
@@ -113,7 +97,7 @@ class ChangeStreamCursor:
         pipeline = self.pipeline
         while not stop() and pipeline.pending_count < size and not pipeline.invalidated:
             try:
-                if not await self.step_prepared(chunk, stop):
+                if not await self.step_answering(chunk, stop):
                     return
             except Exception:  # noqa: BLE001 - the getMore reads the same entries and reports it
                 return

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from bson.timestamp import Timestamp
@@ -26,7 +27,7 @@ from bson.timestamp import Timestamp
 from cdcserver.sources.base import CappedPositionLost
 from pipeline_stages import resume_token
 from pipeline_stages.filter_index import FilterGroup, group_key, ready_to_join
-from pipeline_stages.image_lookups import needs_images
+from pipeline_stages.lookups import LookupAnswers, NeedsLookup, looks_up_images
 from pipeline_stages.pipeline import ChangeStreamPipeline
 from pipeline_stages.spec import ChangeStreamSpec
 
@@ -135,25 +136,35 @@ class StreamGroup:
             raise CappedPositionLost(self.last_seen)
         return self.log.read_from(self.next_ts, chunk)
 
-    def pull(self, want: int, member: ChangeStreamCursor) -> None:
+    def pull(self, want: int, member: ChangeStreamCursor) -> NeedsLookup | None:
         """Read the oplog until `member` has `want` events queued or the oplog is exhausted;
-        every member gets what the producer made."""
+        every member gets what the producer made. Stops at a chunk that needs lookups and
+        returns what they are (nothing of that chunk ran: `step_answering` pushes it)."""
         while (
             member.pipeline.pending_count < want
             and not self.producer.invalidated
             and member.pipeline.error is None
         ):
-            if not self.step(member, READ_CHUNK):
+            stepped = self.step(member, READ_CHUNK)
+            if isinstance(stepped, NeedsLookup):
+                return stepped
+            if not stepped:
                 if self.fanout is None and self.hub is not None:
                     self.hub.rejoin(member)  # caught up: it may share a group from here on
                 break
+        return None
 
     def step(
-        self, member: ChangeStreamCursor, chunk: int, entries: list[Entry] | None = None
-    ) -> bool:
+        self,
+        member: ChangeStreamCursor,
+        chunk: int,
+        entries: list[Entry] | None = None,
+        answers: LookupAnswers | None = None,
+    ) -> bool | NeedsLookup:
         """Read up to `chunk` entries for every member (`member` is the one reading); False
-        when there was nothing to read. `entries`: the ones at `next_ts`, already read (their
-        image lookups were fetched for them: cursors.py `step_prepared`)."""
+        when there was nothing to read. `entries`: the ones at `next_ts`, already read, pushed
+        with `answers` (what was looked up for them: `step_answering`). A NeedsLookup: the
+        push needs lookups first; nothing moved."""
         producer = self.producer
         if entries is None:
             latest = self.log.latest_ts()
@@ -165,9 +176,15 @@ class StreamGroup:
         last = entries[-1]["ts"]
         fanout = self.fanout
         if fanout is not None:
-            reached = fanout.push(entries, scanned_to=last)  # only members that got something
+            # Only members that got something.
+            pushed = fanout.push(entries, scanned_to=last, answers=answers)
+            if isinstance(pushed, NeedsLookup):
+                return pushed
+            reached = pushed
         else:
-            producer.push(entries, scanned_to=last)
+            needs = producer.push(entries, scanned_to=last, answers=answers)
+            if needs is not None:
+                return needs
             reached = [producer]
         self.next_ts = next_ts(last)
         self.last_seen = last
@@ -203,9 +220,7 @@ class StreamGroup:
         waits on the source for all members and wakes only those an entry reached, so a write
         does not wake the getMores of streams it does not reach."""
         producer = self.producer
-        if self.fanout is None or (
-            needs_images(producer) and hasattr(producer.images, "prepare")
-        ):
+        if self.fanout is None or looks_up_images(producer):
             # By itself, or its reads await lookups (a live upstream): the getMore reads for
             # itself when the source grows, bounded by its own lookups' timeouts.
             await self.log.wait_for_entries(self.next_ts, timeout)
@@ -250,7 +265,7 @@ class StreamGroup:
                 await asyncio.sleep(0.001)  # the source said ready but had nothing: no spin
 
     async def _step_for_waiters(self) -> bool:
-        return self.step(None, READ_CHUNK)  # type: ignore[arg-type]
+        return await step_answering(self, None, READ_CHUNK)
 
     def _wake_all(self, error: BaseException | None = None) -> None:
         for future in self._waiters.values():
@@ -260,6 +275,43 @@ class StreamGroup:
                 else:
                     future.set_exception(error)
         self._waiters.clear()
+
+
+async def step_answering(
+    group: StreamGroup,
+    member: ChangeStreamCursor | None,
+    chunk: int,
+    stop: Callable[[], bool] | None = None,
+) -> bool:
+    """`StreamGroup.step` for a chunk whose push may need lookups (lookups.py): each time it
+    says what it needs, that is fetched from the source (awaited: every other stream and
+    connection is served meanwhile) and the chunk is pushed again with the answers. False
+    when there was nothing to read (or `stop()` says to stop); True when something moved
+    (the group read on, here or, while this one awaited, by another reader)."""
+    producer = group.producer
+    start = group.next_ts
+    latest = group.log.latest_ts()
+    if latest is None or latest < start:
+        return False
+    entries = group.read(chunk)
+    if not entries:
+        return False
+    answers: LookupAnswers | None = None
+    while True:
+        stepped = group.step(member, chunk, entries, answers)  # type: ignore[arg-type]
+        if not isinstance(stepped, NeedsLookup):
+            return stepped
+        if answers is None:
+            answers = LookupAnswers()
+        await group.log.fetch_lookups(stepped, answers)
+        if answers.missing(stepped):
+            raise RuntimeError(f"the source left lookups unanswered: {stepped!r}")
+        if (member is not None and (member.closed or member.group is not group)) or (
+            stop is not None and stop()
+        ):
+            return False
+        if group.producer is not producer or group.next_ts != start:
+            return True  # another reader pushed these meanwhile: look again from where it is
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -302,11 +354,12 @@ MAX_CATCH_UP_CHUNKS = 4
 def _catch_up(group: StreamGroup, start: Timestamp) -> None:
     """Read `group` on up to `start` if that is a few chunks and needs no awaited lookups."""
     producer = group.producer
-    if needs_images(producer) and hasattr(producer.images, "prepare"):
+    if looks_up_images(producer):
         return
     try:
         for _ in range(MAX_CATCH_UP_CHUNKS):
-            if group.next_ts >= start or not group.step(None, READ_CHUNK):  # type: ignore[arg-type]
+            # (a chunk needing lookups, of transaction history, is left to the members)
+            if group.next_ts >= start or group.step(None, READ_CHUNK) is not True:  # type: ignore[arg-type]
                 return
     except Exception:  # noqa: BLE001 - its members' getMores read the same entries and say so
         return

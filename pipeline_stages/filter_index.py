@@ -48,6 +48,7 @@ from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
 from pipeline_stages.image_source import ImageSource
+from pipeline_stages.lookups import ExternalImages, LookupAnswers, NeedsLookup
 from pipeline_stages.oplog_entry import Entry, encode_in_order
 from pipeline_stages.pipeline import ChangeStreamPipeline, encode_events
 from pipeline_stages.spec import ChangeStreamSpec
@@ -534,7 +535,7 @@ class FilterGroup:
         start: Timestamp,
         *,
         history: TransactionHistory | None = None,
-        images: ImageSource | None = None,
+        images: ImageSource | ExternalImages | None = None,
     ) -> None:
         base = dataclasses.replace(
             spec,
@@ -614,13 +615,19 @@ class FilterGroup:
         member.scan_clock = None
 
     def push(
-        self, entries: Iterable[Entry], scanned_to: Timestamp | None = None
-    ) -> list[ChangeStreamPipeline]:
+        self,
+        entries: Iterable[Entry],
+        scanned_to: Timestamp | None = None,
+        answers: LookupAnswers | None = None,
+    ) -> list[ChangeStreamPipeline] | NeedsLookup:
         """Run a batch of oplog entries for every member; returns the members that got
-        something (events, the invalidate, or an error)."""
+        something (events, the invalidate, or an error), or what the producer's push needs
+        looked up first (lookups.py: nothing ran; push again with `answers`)."""
         self._reached = {}
         was_invalidated = self.producer.invalidated
-        self.producer.push(entries, scanned_to)
+        needs = self.producer.push(entries, scanned_to, answers)
+        if needs is not None:
+            return needs
         if self.producer.invalidated and not was_invalidated:
             token = self.producer._invalidate_token
             for member in self._as_is:

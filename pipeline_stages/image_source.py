@@ -90,13 +90,16 @@ def pre_image_id(ns_uuid: Any, ts: Timestamp, apply_ops_index: int = 0) -> dict[
     }
 
 
-def _pre_image_key(id_doc: Any) -> bytes:
+def pre_image_equality_key(id_doc: Any) -> bytes:
+    """Equal exactly when two pre-image `_id`s are (nsUUID as bytes, Binary or UUID)."""
     if isinstance(id_doc, Mapping) and "nsUUID" in id_doc:
         fixed = _as_uuid_binary(id_doc["nsUUID"])
         if fixed is not id_doc["nsUUID"]:
             id_doc = {k: (fixed if k == "nsUUID" else v) for k, v in id_doc.items()}
     return equality_key(id_doc)
 
+
+_pre_image_key = pre_image_equality_key
 
 _ABSENT = object()
 

@@ -28,6 +28,13 @@ from pipeline_stages.check_resumability import CheckResumability, check_history
 from pipeline_stages.ensure_resume_token_present import EnsureResumeTokenPresent
 from pipeline_stages.errors import MongoError
 from pipeline_stages.image_source import ImageSource
+from pipeline_stages.lookups import (
+    ExternalImages,
+    LookupAnswers,
+    LookupNeeded,
+    NeedsLookup,
+    images_needed,
+)
 from pipeline_stages.oplog_entry import Entry, encode_in_order, encode_many_in_order, split_ns
 from pipeline_stages.oplog_match import OplogFilter
 from pipeline_stages.resume_token import ResumeTokenData
@@ -57,7 +64,7 @@ class ChangeStreamPipeline:
         start: Timestamp,
         *,
         history: TransactionHistory | None = None,
-        images: ImageSource | None = None,
+        images: ImageSource | ExternalImages | None = None,
     ) -> None:
         """`start`: the first `ts` to read. For a stream resumed from a token or started at an
         operation time that is the token's/operation's time; for a new stream, the source's
@@ -81,16 +88,20 @@ class ChangeStreamPipeline:
 
             images = MemoryImageSource()  # no source of images: every lookup finds nothing
         self.images = images
+        # With images elsewhere the stages read the answers each push is given (lookups.py).
+        stage_images: ImageSource | None = (
+            LookupAnswers() if isinstance(images, ExternalImages) else images
+        )
         self.add_pre_image = (
-            AddPreImage(spec, images)
-            if images is not None and spec.full_document_before_change != "off"
+            AddPreImage(spec, stage_images)
+            if stage_images is not None and spec.full_document_before_change != "off"
             else None
         )
         self.add_post_image = (
             # mongod 8.0 always matches the collection UUID on a replica set (the option only
             # exists on master), so a re-created collection gives null.
-            AddPostImage(spec, images, match_collection_uuid=True)
-            if images is not None and spec.full_document != "default"
+            AddPostImage(spec, stage_images, match_collection_uuid=True)
+            if stage_images is not None and spec.full_document != "default"
             else None
         )
         self.ensure_token = (
@@ -165,6 +176,10 @@ class ChangeStreamPipeline:
         self.sink: Callable[[list[dict[str, Any]]], None] | None = None
         self.scan_clock: Any = None  # has `scanned_ts`
         self.error: BaseException | None = None
+        # A push that returned a NeedsLookup for images: (its batch, its events, its last ts),
+        # taken up when the same batch is pushed again with the answers.
+        self._suspended: tuple[tuple[Any, ...], list[dict[str, Any]], Timestamp | None] | None
+        self._suspended = None
 
     @property
     def pending_count(self) -> int:
@@ -204,20 +219,58 @@ class ChangeStreamPipeline:
 
     # -- feeding --------------------------------------------------------------------------------
 
-    def push(self, entries: Iterable[Entry], scanned_to: Timestamp | None = None) -> None:
+    def push(
+        self,
+        entries: Iterable[Entry],
+        scanned_to: Timestamp | None = None,
+        answers: LookupAnswers | None = None,
+    ) -> NeedsLookup | None:
         """Run a batch of oplog entries (ascending `ts`) through the chain and queue the events.
 
         `scanned_to`: how far the source has read (at least the last entry's ts); it lets
         idle streams' post-batch tokens advance past entries no stream matched.
+
+        When the batch needs documents the pipeline does not have (lookups.py: images from an
+        `ExternalImages` source, transaction entries its history does not hold), nothing is
+        run or queued: the return value names them, and the caller pushes the same entries
+        (a list, then) again with `answers` holding them. None: the batch ran.
         """
         if self.invalidated:
-            return
+            return None
+        suspended, self._suspended = self._suspended, None
+        if answers is not None and suspended is not None and _same_batch(suspended[0], entries):
+            # Pushed again with what the first push said it needs: its events are still good.
+            events, last_ts = suspended[1], suspended[2]
+        else:
+            history = self.history if answers is None else answers.history(self.history)
+            try:
+                events, last_ts = self._transform(entries, history)
+            except LookupNeeded as needed:
+                return needed.needs
+        if events and isinstance(self.images, ExternalImages):
+            needs = images_needed(self, events)
+            if answers is not None:
+                needs = answers.missing(needs)
+            if needs:
+                self._suspended = (_batch_key(entries), events, last_ts)
+                return needs
+        if scanned_to is None or (last_ts is not None and last_ts > scanned_to):
+            scanned_to = last_ts
+        if scanned_to is not None and (self._scanned_ts is None or scanned_to > self._scanned_ts):
+            self._scanned_ts = scanned_to
+        if events:
+            self._run_stages(events, answers)
+        return None
+
+    def _transform(
+        self, entries: Iterable[Entry], history: TransactionHistory | None
+    ) -> tuple[list[dict[str, Any]], Timestamp | None]:
+        """Match, unwind and transform: the batch's events and its last entry's ts."""
         start = self.start
         matches = self.filter.matches
         op_filter = self.filter.matches_transaction_op
         transform = self.transform.transform
         prefilter = self.prefilter
-        history = self.history
         events: list[dict[str, Any]] = []
         last = None
         before_start = True  # `ts` ascends: once one entry is at/after start, all the rest are
@@ -242,19 +295,23 @@ class ChangeStreamPipeline:
                 event = transform(op)
                 if event is not None:
                     events.append(event)
-        last_ts = None if last is None else last["ts"]
-        if scanned_to is None or (last_ts is not None and last_ts > scanned_to):
-            scanned_to = last_ts
-        if scanned_to is not None and (self._scanned_ts is None or scanned_to > self._scanned_ts):
-            self._scanned_ts = scanned_to
-        if events:
-            self._run_stages(events)
+        return events, None if last is None else last["ts"]
 
-    def _run_stages(self, events: list[dict[str, Any]]) -> None:
+    def _run_stages(
+        self, events: list[dict[str, Any]], answers: LookupAnswers | None = None
+    ) -> None:
         events = self.check_invalidate.process(events)
         if self.check_invalidate.invalidated and self._invalidate_token is None:
             self._invalidate_token = events[-1]["_id"]  # the invalidate is always last
         events = self.check_resumability.process(events)
+        if isinstance(self.images, ExternalImages):
+            # The image stages read what was looked up for this push (push checked it holds
+            # every lookup they make; without answers it made sure they make none).
+            given = answers if answers is not None else LookupAnswers()
+            if self.add_pre_image is not None:
+                self.add_pre_image.source = given
+            if self.add_post_image is not None:
+                self.add_post_image.source = given
         if self.match_before_pre is not None:
             events = self.match_before_pre.process(events)
         if self.add_pre_image is not None:
@@ -362,8 +419,11 @@ class ChangeStreamPipeline:
         return Batch(out, self._pbrt, self.invalidated and eof)
 
     def process(self, entries: Iterable[Entry], batch_size: int | None = None) -> Batch:
-        """`push` then `next_batch`: events of this oplog batch and the post-batch token."""
-        self.push(entries)
+        """`push` then `next_batch`: events of this oplog batch and the post-batch token.
+        LookupNeeded when the batch needs lookups (answer them with lookups.push_answering)."""
+        needs = self.push(entries)
+        if needs is not None:
+            raise LookupNeeded(needs)
         return self.next_batch(batch_size)
 
 
@@ -435,6 +495,17 @@ def encode_events(events: list[dict[str, Any]], out: Any) -> Any:
             continue
         out.append((RawBSONDocument(raw), token, ts))
     return out
+
+
+def _batch_key(entries: Iterable[Entry]) -> tuple[Any, ...]:
+    """The same entries of an oplog (ts ascending and unique) give the same key."""
+    if isinstance(entries, list) and entries:
+        return (entries[0]["ts"], entries[-1]["ts"], len(entries))
+    return (id(entries),)
+
+
+def _same_batch(key: tuple[Any, ...], entries: Iterable[Entry]) -> bool:
+    return len(key) == 3 and key == _batch_key(entries)
 
 
 _CRUD_TYPES = {"i": "insert", "d": "delete"}

@@ -1,14 +1,14 @@
 """Image lookups through `--upstream` are awaited, never made on B's event loop.
 
-B (tests/test_upstream.py's `UpstreamServer`) tails A (the embedded store). Before a batch is
-pushed into a pipeline with an image stage, B fetches the batch's lookups from A with
-AsyncMongoClient; the synchronous stages answer from that. So:
+B (tests/test_upstream.py's `UpstreamServer`) tails A (the embedded store). A push whose
+events need images says what it needs (pipeline_stages/lookups.py) and runs nothing; B fetches
+that from A with AsyncMongoClient and pushes again with the answers. So:
 
 * the events (updateLookup, pre-images, post-images, transactions) equal A's own, byte for
-  byte, and no lookup was made synchronously;
+  byte, and B never made a synchronous client to look anything up;
 * a lookup that A holds (failCommand blockConnection on `find` of that namespace) does not
   stop B's other streams: they deliver their events while it is held (checked by order);
-* a failed lookup fails the stream with the error the synchronous path gives.
+* a failed lookup fails the stream with the error the fetch records for it.
 
 No wall-clock assertions: every wait has a generous guard.
 """
@@ -66,8 +66,9 @@ def times_entered(a: EmbeddedServer) -> int:
     return a.call(lambda: fail_points(a.state).points["failCommand"].times_entered)
 
 
-def sync_lookups(b: UpstreamServer) -> int:
-    return b.call(lambda: b.source.images.sync_lookups)
+def sync_client_made(b: UpstreamServer) -> bool:
+    """Whether B made its synchronous MongoClient (only `prime`, before serving, may)."""
+    return b.call(lambda: b.source._sync_client is not None)
 
 
 def next_event(stream: Any, guard_s: float = GUARD_S) -> Any:
@@ -133,7 +134,6 @@ def test_images_through_b_equal_a_and_none_is_synchronous(pair, batch_size):
         pytest.skip("A has no pre-images to serve")
     end = latest_ts(a)
     b.wait_caught_up(end)
-    before = sync_lookups(b)
     found_images = False
     with raw_client(b.direct_uri) as cb:
         for scope, options in LOOKUP_SPECS:
@@ -152,7 +152,7 @@ def test_images_through_b_equal_a_and_none_is_synchronous(pair, batch_size):
             )
     ca.close()
     assert found_images
-    assert sync_lookups(b) == before  # every lookup was fetched before its push
+    assert not sync_client_made(b)  # every lookup was fetched (awaited) before its push
 
 
 def test_required_pre_image_missing_is_the_same_error_as_a(pair):
@@ -252,28 +252,32 @@ def test_a_held_lookup_does_not_stop_other_streams(pair):
         plain.close()
         other.close()
     ca.close()
-    assert sync_lookups(b) == 0
+    assert not sync_client_made(b)
 
 
 # ---------------------------------------------------------------------------------------------
-# A failed lookup: the synchronous path's error
+# A failed lookup: the error its fetch records
 
 
-def _sync_error(b: UpstreamServer, call: Any) -> dict[str, Any]:
-    """What the synchronous lookup (the path before prefetching) raises, as a reply."""
+def _fetched_error(b: UpstreamServer, needs: Any, ask: Any) -> dict[str, Any]:
+    """What the stage meets when it asks for `needs` fetched by B (on B's loop), as a reply."""
+    from pipeline_stages.lookups import LookupAnswers
+
+    answers = LookupAnswers()
+    b.run(b.source.fetch_lookups(needs, answers))
 
     def run() -> dict[str, Any]:
         try:
-            call(b.source.images)
+            ask(answers)
         except Exception as exc:  # noqa: BLE001 - compared below
             return exc.to_reply()  # type: ignore[attr-defined]
-        raise AssertionError("the synchronous lookup did not fail")
+        raise AssertionError("the fetched lookup did not fail")
 
     return b.call(run)
 
 
 @pytest.mark.parametrize("kind", ["updateLookup", "preImage"])
-def test_a_failed_lookup_is_the_synchronous_paths_resumable_error(pair, kind):
+def test_a_failed_lookup_is_the_fetchs_resumable_error(pair, kind):
     a, b = pair
     ca = a.client()
     if kind == "updateLookup":
@@ -290,7 +294,7 @@ def test_a_failed_lookup_is_the_synchronous_paths_resumable_error(pair, kind):
         stream = cb[db][coll].watch(max_await_time_ms=100, **options)
         assert stream.try_next() is None
         # Three times: the driver resumes once by itself (the error is resumable) and fails
-        # again; the third is for the synchronous lookup below.
+        # again; the third is for the fetch below.
         configure(a, {"times": 3}, failCommands=["find"], namespace=failing, errorCode=234)
         ca[db][coll].update_one({"_id": 1}, {"$set": {"v": 1}})
         with pytest.raises(errors.OperationFailure) as failed:
@@ -299,18 +303,23 @@ def test_a_failed_lookup_is_the_synchronous_paths_resumable_error(pair, kind):
     got = failed.value.details
     assert got["code"] == 234 and "ResumableChangeStreamError" in got["errorLabels"]
 
-    # The same lookup made synchronously (the fail point's third time) fails alike.
+    # The same lookup fetched by itself (the fail point's third time) fails alike.
+    from pipeline_stages.lookups import NeedsLookup
+
     uuid = ca[db].command("listCollections", filter={"name": coll})["cursor"]["firstBatch"][0]
     uuid = bytes(uuid["info"]["uuid"])
+    needs = NeedsLookup()
     if kind == "updateLookup":
-        expected = _sync_error(b, lambda images: images._current_documents_now(
+        needs.add_document((db, coll, uuid), {"_id": 1})
+        expected = _fetched_error(b, needs, lambda answers: answers.current_documents(
             db, coll, uuid, [{"_id": 1}]))
     else:
         from pipeline_stages.image_source import pre_image_id
 
         entry = next(e for e in a.entries() if e["op"] == "u" and e["ns"] == ns)
-        expected = _sync_error(b, lambda images: images._pre_images_now(
-            [pre_image_id(uuid, entry["ts"], 0)]))
+        needs.add_pre_image(pre_image_id(uuid, entry["ts"], 0))
+        expected = _fetched_error(b, needs, lambda answers: answers.pre_images(
+            needs.pre_images))
     for name in ("errmsg", "code", "codeName"):
         assert got[name] == expected[name], name
     ca.close()
@@ -364,3 +373,82 @@ def servers_timeout() -> Iterator[tuple[EmbeddedServer, UpstreamServer]]:
         if b is not None:
             b.stop()
         a.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# Transaction history behind B's window: the push says which entries it needs, B fetches them
+
+
+def test_a_transaction_chain_behind_the_window_is_fetched_not_read_synchronously():
+    """A splits a transaction into a `partialTxn` chain (two ops per applyOps entry) before B
+    starts: B's window does not hold it, and a stream starting at the commit entry reads from
+    a history segment that starts there. The earlier links are what the push says it needs;
+    B fetches them (awaited) and the events equal A's own, byte for byte."""
+    a = EmbeddedServer(txn_oplog_entry_ops=2)
+    b = None
+    try:
+        ca = raw_client(a.uri)
+        ca.shop.items.insert_one({"_id": "before"})
+        with ca.start_session() as session:
+            session.with_transaction(
+                lambda s: [ca.shop.items.insert_one({"_id": i}, session=s) for i in range(5)]
+            )
+        entries = a.entries()
+        commit = entries[-1]
+        assert commit["op"] == "c" and "prevOpTime" in commit  # a chain of several entries
+        ca.shop.items.insert_one({"_id": "after"})
+        end = latest_ts(a)
+        b = UpstreamServer(a.uri, max_await_ms=200, lookup_timeout_ms=GUARD_S * 1000)
+        b.wait_ready()
+        b.wait_caught_up(end)
+        opts = {"start_at_operation_time": commit["ts"]}
+        with watch(ca, "shop.items", opts) as sa:
+            expected = drain_until(sa, end)
+        with raw_client(b.direct_uri) as cb, watch(cb, "shop.items", opts) as sb:
+            got = drain_until(sb, end)
+        assert [e["documentKey"]["_id"] for e in expected] == [0, 1, 2, 3, 4, "after"]
+        assert raws(got) == raws(expected)
+        # The two partialTxn links were fetched for the push, not found in memory.
+        assert b.call(lambda: b.source.history.entries_fetched) == 2
+        assert not sync_client_made(b)
+        ca.close()
+    finally:
+        if b is not None:
+            b.stop()
+        a.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# A slow lookup holds no other connection
+
+
+def test_other_connections_are_answered_while_a_lookup_is_held(pair):
+    """While A holds B's updateLookup, B answers other connections' commands and getMores:
+    each is answered before the held getMore (an order, not a timing)."""
+    a, b = pair
+    ca = a.client()
+    ca.shop.looked.insert_one({"_id": 1, "v": 0})
+    b.wait_caught_up(latest_ts(a))
+    looked = Reader(b.direct_uri, "shop.looked", full_document="updateLookup")
+    configure(a, {"times": 1}, failCommands=["find"], namespace="shop.looked",
+              blockConnection=True, blockTimeMS=BLOCK_MS)
+    entered = times_entered(a)
+    ca.shop.looked.update_one({"_id": 1}, {"$set": {"v": 1}})
+    looked.start()
+    deadline = time.monotonic() + GUARD_S
+    while times_entered(a) == entered:  # A now holds B's lookup
+        assert time.monotonic() < deadline, "B did not look up shop.looked"
+        time.sleep(0.01)
+    answered = 0
+    with raw_client(b.direct_uri) as other:
+        for _ in range(20):  # new connections' handshakes and commands, one after another
+            assert other.admin.command("ping")["ok"] == 1.0
+            with other.shop.plain.watch(max_await_time_ms=10) as stream:
+                assert stream.try_next() is None  # aggregate + getMore, answered
+            answered += 1
+            assert not looked.done.is_set(), "the held lookup was answered first"
+    assert answered == 20
+    held = looked.finish()
+    assert held is not None and held["fullDocument"] == {"_id": 1, "v": 1}
+    ca.close()
+    assert not sync_client_made(b)

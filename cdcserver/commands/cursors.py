@@ -145,8 +145,8 @@ def _prefetch_step(server, cursor: ChangeStreamCursor, size: int) -> None:
     if pipeline.pending_count >= size or pipeline.invalidated:
         return
     try:
-        if not cursor.group.step(cursor, PREFETCH_STEP):
-            return  # the end of the oplog for now
+        if cursor.group.step(cursor, PREFETCH_STEP) is not True:
+            return  # the end of the oplog for now, or lookups to await (the getMore's)
     except Exception:  # noqa: BLE001 - the getMore reads the same entries and reports it
         return
     asyncio.get_running_loop().call_soon(_prefetch_step, server, cursor, size)

@@ -2,7 +2,8 @@
 
 One source object is shared by every cursor (one scan of the source, many readers): a cursor
 keeps only its own position and reads the entries after it. Sources: a recorded file
-(`file.py`), the embedded store's own oplog (`embedded.py`), a live replica set (`mongo.py`).
+(`file.py`), the embedded store's own oplog (`embedded.py`), a live replica set (`mongo.py`,
+a facade over `mongo_tail.py`, `mongo_history.py`, `mongo_images.py`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Mapping
 from bson.timestamp import Timestamp
 
 from pipeline_stages.errors import MongoError
+from pipeline_stages.lookups import LookupAnswers, NeedsLookup
 from pipeline_stages.oplog_entry import Entry, decode_entry
 
 
@@ -59,6 +61,12 @@ class OplogLog:
     def entry_at(self, ts: Timestamp) -> Entry | None:
         """The entry at exactly `ts` (transaction chains), or None if it is gone."""
         raise NotImplementedError
+
+    async def fetch_lookups(self, needs: NeedsLookup, answers: LookupAnswers) -> None:
+        """Read what a push said it needs (pipeline_stages/lookups.py) into `answers`. Only a
+        source whose documents are elsewhere (a live upstream) makes a push say so; the
+        in-memory ones answer every lookup where it is asked."""
+        raise RuntimeError(f"{type(self).__name__} does not look documents up elsewhere")
 
     def namespaces(self) -> set[tuple[str, str]]:
         """(db, coll) pairs seen, for listDatabases / listCollections."""

@@ -78,6 +78,7 @@ from cdcserver.spark.rows import event_line, event_row, spark_schema
 from pipeline_stages.check_resumability import check_history
 from pipeline_stages.errors import MongoError
 from pipeline_stages.merge import ShardMerge
+from pipeline_stages.lookups import answer_from, push_answering
 from pipeline_stages.oplog_entry import Entry, decode_entry
 from pipeline_stages.pipeline import ChangeStreamPipeline
 from pipeline_stages.spec import ChangeStreamSpec, parse_aggregate
@@ -367,6 +368,8 @@ def _shard_batches(
                 local[_ts_key(decode_entry(raw)["ts"])] = raw
     pipeline = ChangeStreamPipeline(spec, start, history=RawHistory(local))
     if ctx.token_seen and pipeline.ensure_token is not None:
+    # A push that needs a lookup is answered from the task's history (it holds every link).
+    answer = answer_from(pipeline.history, None)
         pipeline.ensure_token.found = True
     lo = _ts_of(max(task.lo, part.start))
     hi = task.hi
@@ -399,14 +402,14 @@ def _shard_batches(
         size += len(raw)
         if len(batch) >= PUSH_BATCH or size >= PUSH_BYTES:
             counts[0] += len(batch)
-            pipeline.push(batch, scanned_to=ts)
+            push_answering(pipeline, batch, ts, answer)
             batch, size = [], 0
             yield from drain()
             if pipeline.invalidated:
                 return
     if batch:
         counts[0] += len(batch)
-        pipeline.push(batch, scanned_to=batch[-1]["ts"])
+        push_answering(pipeline, batch, batch[-1]["ts"], answer)
         yield from drain()
 
 
