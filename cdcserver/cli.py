@@ -23,7 +23,7 @@ from bson import json_util
 
 from cdcserver.config import Config, ConfigError, load_config
 from cdcserver.replay_command import spec_command
-from cdcserver.sources.file import FileOplog, OplogFileError
+from cdcserver.sources.file import FileOplog, OplogFileError, OplogStream
 from pipeline_stages.errors import MongoError
 
 log = logging.getLogger("cdcserver")
@@ -213,7 +213,7 @@ def _shard_batches(paths: list[str], cmd: dict[str, Any], db: str):
     from pipeline_stages.pipeline import ChangeStreamPipeline
     from pipeline_stages.spec import parse_aggregate
 
-    oplog = FileOplog(paths)
+    oplog = OplogStream(paths)  # read once, in bounded memory
     spec = parse_aggregate(cmd, db)
     if spec.resume_token is not None:
         start = spec.resume_token.cluster_time
@@ -223,22 +223,26 @@ def _shard_batches(paths: list[str], cmd: dict[str, Any], db: str):
         oldest = oplog.oldest_entry()
         start = oldest["ts"] if oldest is not None else oplog.start_for_new_stream()
     pipeline = ChangeStreamPipeline(spec, start, history=oplog)
-    pipeline.check_history(oplog.oldest_entry())
-    position = start
-    while True:
-        entries = oplog.read_from(position, 1000)
-        if not entries:
-            break
-        last = entries[-1]["ts"]
-        pipeline.push(entries, scanned_to=last)
-        batch = pipeline.next_batch(None)
-        yield batch.events, len(entries), batch.post_batch_resume_token, batch.invalidated
-        while pipeline.pending_count:  # a batch stops at the 16 MiB reply budget
+    try:
+        pipeline.check_history(oplog.oldest_entry())
+        position = start
+        while True:
+            entries = oplog.read_from(position, 1000)
+            if not entries:
+                break
+            last = entries[-1]["ts"]
+            pipeline.push(entries, scanned_to=last)
             batch = pipeline.next_batch(None)
-            yield batch.events, 0, batch.post_batch_resume_token, batch.invalidated
-        position = type(last)(last.time, last.inc + 1)
-        if pipeline.invalidated:
-            break
+            yield batch.events, len(entries), batch.post_batch_resume_token, batch.invalidated
+            while pipeline.pending_count:  # a batch stops at the 16 MiB reply budget
+                batch = pipeline.next_batch(None)
+                yield batch.events, 0, batch.post_batch_resume_token, batch.invalidated
+            position = type(last)(last.time, last.inc + 1)
+            if pipeline.invalidated:
+                break
+    except MongoError:
+        oplog.read_to_end()  # a bad file is the error, before the pipeline's (as spark-replay)
+        raise
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
