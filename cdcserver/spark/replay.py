@@ -77,8 +77,8 @@ from cdcserver.spark import splits as sp
 from cdcserver.spark.rows import event_line, event_row, spark_schema
 from pipeline_stages.check_resumability import check_history
 from pipeline_stages.errors import MongoError
-from pipeline_stages.merge import ShardMerge
 from pipeline_stages.lookups import answer_from, push_answering
+from pipeline_stages.merge import ShardMerge
 from pipeline_stages.oplog_entry import Entry, decode_entry
 from pipeline_stages.pipeline import ChangeStreamPipeline
 from pipeline_stages.spec import ChangeStreamSpec, parse_aggregate
@@ -367,9 +367,9 @@ def _shard_batches(
                 raw = read_raw_at(src, split, offset)
                 local[_ts_key(decode_entry(raw)["ts"])] = raw
     pipeline = ChangeStreamPipeline(spec, start, history=RawHistory(local))
-    if ctx.token_seen and pipeline.ensure_token is not None:
     # A push that needs a lookup is answered from the task's history (it holds every link).
     answer = answer_from(pipeline.history, None)
+    if ctx.token_seen and pipeline.ensure_token is not None:
         pipeline.ensure_token.found = True
     lo = _ts_of(max(task.lo, part.start))
     hi = task.hi
