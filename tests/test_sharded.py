@@ -725,10 +725,20 @@ def test_upserts_go_to_the_shard_of_their_key(cluster, client):
     n = len(cluster.cluster.shards)
     client.up.c.update_one({"x": 100 * (n - 1) + 5}, {"$set": {"y": 1}}, upsert=True)
     assert _shard_counts(cluster, "up", "c")[n - 1] == 1
-    with pytest.raises(pymongo.errors.WriteError) as err:
-        client.up.c.update_one({"y": 2}, {"$set": {"z": 1}}, upsert=True)
-    assert err.value.code == 61
+    # 8.0: a single upsert without the shard key updates a match on any shard...
+    client.up.c.update_one({"y": 1}, {"$set": {"z": 1}}, upsert=True)
     assert client.up.c.count_documents({}) == 1
+    # ...or, with none, inserts on the shard of the document it makes (a missing key: null).
+    result = client.up.c.update_one({"y": 2}, {"$set": {"x": 100 * (n - 1) + 7}}, upsert=True)
+    assert result.upserted_id is not None
+    assert _shard_counts(cluster, "up", "c")[n - 1] == 2
+    client.up.c.replace_one({"y": 3}, {"y": 3, "w": 1}, upsert=True)
+    assert _shard_counts(cluster, "up", "c")[0] == 1  # x missing: null, the lowest chunk
+    # A multi-document upsert must still name its shard (61 ShardKeyNotFound).
+    with pytest.raises(pymongo.errors.WriteError) as err:
+        client.up.c.update_many({"y": 4}, {"$set": {"z": 1}}, upsert=True)
+    assert err.value.code == 61
+    assert client.up.c.count_documents({}) == 3
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -183,6 +183,27 @@ class ShardedCluster:
         finally:
             await run_command(state, conn, {"dropDatabase": 1, "$db": db})
 
+    async def upsert_document(self, stmt: Any) -> Any:
+        """The document an upsert statement inserts when nothing matches (run by the front's
+        merger store on an empty collection), or None when it fails there."""
+        from cdcserver.commands.registry import run_command
+
+        state, conn = self._merger_state()
+        self._merges += 1
+        db = f"__merge{self._merges}"
+        one = {k: v for k, v in stmt.items()
+               if k in ("q", "u", "arrayFilters", "collation", "c")}
+        try:
+            reply = await run_command(state, conn, {
+                "update": "docs", "updates": [{**one, "upsert": True}], "$db": db})
+            if reply.get("ok") != 1 or reply.get("writeErrors"):
+                return None
+            found = await run_command(state, conn, {"find": "docs", "$db": db})
+            batch = found["cursor"]["firstBatch"]
+            return batch[0] if batch else None
+        finally:
+            await run_command(state, conn, {"dropDatabase": 1, "$db": db})
+
     def _merger_state(self) -> tuple[ServerState, ConnectionState]:
         from cdcserver.embedded.store import Store
         from cdcserver.sources.embedded import EmbeddedOplog

@@ -831,12 +831,14 @@ async def _routed_writes(server, cmd, db, field: str, multi_of: Any) -> dict[str
     for i in broadcast:
         stmt = statements[i]
         shards = _owning_shards(cluster, ns)
-        if multi_of(stmt):
-            for shard in shards:
-                replies.append(([i], await forward(cluster, shard, {**cmd, field: [stmt]}, db)))
+        if field == "updates" and stmt.get("upsert") is True and not multi_of(stmt):
+            # 8.0's write without shard key: the first shard with a match updates it; with no
+            # match anywhere, the document the upsert makes goes to the shard of its key.
+            replies.append(([i], await _upsert_without_shard_key(cluster, cmd, db, ns, stmt)))
             continue
         if field == "updates" and stmt.get("upsert") is True:
-            # An upsert must know its shard: mongos targets it by the query's shard key.
+            # A multi-document upsert must know its shard: mongos targets it by the query's
+            # shard key.
             replies.append(([i], {"n": 0, "nModified": 0, "writeErrors": [{
                 "index": 0, "code": 61,
                 "errmsg": "Failed to target upsert by query :: could not extract exact shard "
@@ -844,6 +846,10 @@ async def _routed_writes(server, cmd, db, field: str, multi_of: Any) -> dict[str
             }]}))
             if cmd.get("ordered", True) is not False:
                 break
+            continue
+        if multi_of(stmt):
+            for shard in shards:
+                replies.append(([i], await forward(cluster, shard, {**cmd, field: [stmt]}, db)))
             continue
         # One document without the shard key: the first shard that has a match takes it.
         for k, shard in enumerate(shards):
@@ -855,6 +861,34 @@ async def _routed_writes(server, cmd, db, field: str, multi_of: Any) -> dict[str
                 replies.append(([i], reply))
                 break
     return _merge_write_replies(replies)
+
+
+async def _upsert_without_shard_key(cluster: ShardedCluster, cmd: Mapping[str, Any], db: str,
+                                    ns: str, stmt: Mapping[str, Any]) -> dict[str, Any]:
+    # The probe is a read (a retryable write's txnNumber goes with the one write only); in
+    # the user's transaction it is a statement of it.
+    coll = ns.split(".", 1)[1]
+    find: dict[str, Any] = {"find": coll, "filter": stmt.get("q") or {}, "limit": 1,
+                            "singleBatch": True, "projection": {"_id": 1}}
+    if "collation" in stmt:
+        find["collation"] = stmt["collation"]
+    if cmd.get("autocommit") is False:
+        find.update({k: v for k, v in cmd.items()
+                     if k in ("lsid", "txnNumber", "autocommit", "startTransaction")})
+    for shard in _owning_shards(cluster, ns):
+        found = (await forward(cluster, shard, find, db))["cursor"]["firstBatch"]
+        if found:
+            match = {**stmt, "q": {"$and": [stmt.get("q") or {}, {"_id": found[0]["_id"]}]}}
+            return await forward(cluster, shard, {**cmd, "updates": [match]}, db)
+    doc = await cluster.upsert_document(stmt)
+    if doc is None:  # the shard gives the update's own error
+        return await forward(cluster, _owning_shards(cluster, ns)[0],
+                             {**cmd, "updates": [stmt]}, db)
+    # The _id the merger chose, pinned, so the shard inserts the document that was targeted
+    # (a generated _id could belong to another shard under a key on _id).
+    pinned = {**stmt, "q": {"$and": [stmt.get("q") or {}, {"_id": doc["_id"]}]}}
+    owner = cluster.shard(cluster.catalog.shard_for(ns, doc))
+    return await forward(cluster, owner, {**cmd, "updates": [pinned]}, db)
 
 
 def _may_change_shard_key(cluster: ShardedCluster, ns: str, stmt: Any) -> bool:
