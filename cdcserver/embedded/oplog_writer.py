@@ -137,8 +137,8 @@ class OplogWriterMixin:
         wall: datetime.datetime | None = None,
         needs_retry_image: str | None = None,
     ) -> tuple[Timestamp, datetime.datetime]:
-        if session is not None and self.before_retryable_write is not None:
-            self.before_retryable_write(session)
+        if session is not None and op in ("i", "u", "d") and self.before_retryable_write:
+            self.before_retryable_write(session)  # a retryable write's statement (not a commit)
         if self.txn is not None and (op in ("i", "u", "d") or (op == "c" and self.txn.lsid)):
             # DDL in a transaction (create, createIndexes on a new collection) is one of the
             # transaction's operations, logged in its applyOps as mongod's OpObserver does
