@@ -23,7 +23,7 @@ class ServerState:
     port: int = 27017
     set_name: str = "cdcserver"
     advertised_host: str | None = None  # host:port drivers are told to use
-    cursors: CursorManager = field(default_factory=CursorManager)
+    cursors: CursorManager = field(default_factory=CursorManager)  # every kind of cursor
     process_id: ObjectId = field(default_factory=ObjectId)
     started: datetime.datetime = field(
         default_factory=lambda: datetime.datetime.now(datetime.UTC)
@@ -37,7 +37,9 @@ class ServerState:
     events_delivered: int = 0
     # The embedded store (`cdcserver.embedded.store.Store`) when the source is its own oplog.
     store: Any = None
-    result_cursors: dict = field(default_factory=dict)  # find/aggregate cursors of the store
+    # The mode's command table (commands/tables.py `CommandTable`): set by whoever starts the
+    # server, else chosen from the source on the first command (registry.run_command).
+    commands: Any = None
     auth: Any = None  # cdcserver.auth.ServerAuth when [auth] has users or is enabled
     max_message_bytes: int = 48_000_000  # hello's maxMessageSizeBytes; larger frames close
     metrics: Any = None  # `cdcserver.metrics.Metrics` when the metrics endpoint is on

@@ -1,4 +1,14 @@
-"""Change-stream cursors: ids, namespaces, getMore with awaitData, idle timeout, kill.
+"""The cursor registry (every kind of cursor) and the change-stream cursor.
+
+`CursorManager` is the one registry of a server's cursors, whatever their kind: change streams
+(`ChangeStreamCursor` here, a sharded front's merged streams), query results
+(commands/crud.py `ResultCursor`), oplog finds (commands/oplog_find.py `OplogCursor`) and
+cursors held elsewhere (commands/proxy.py `ForwardedCursor`: an upstream member's or a shard's).
+Each has an `id`, a namespace `ns`, an `owner` (None: this server holds its results), `last_used`,
+`busy` (a getMore has it checked out) and `close()`; one reaper closes those idle too long, and
+getMore / killCursors (commands/cursors.py) find every kind here.
+
+Change-stream cursors: ids, namespaces, getMore with awaitData, idle timeout, kill.
 
 A cursor has its own `ChangeStreamPipeline` queue (batches, post-batch token) and belongs to a
 `StreamGroup` (hub.py) that reads the oplog for it, shared with identical cursors; only what is
@@ -18,6 +28,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from bson.int64 import Int64
 
@@ -30,6 +41,11 @@ from pipeline_stages.pipeline import Batch, ChangeStreamPipeline
 
 DEFAULT_BATCH_SIZE = 101
 DEFAULT_AWAIT_MS = 1000
+# Cursor kinds (`kind` of each cursor class; an object without one is a change stream).
+CHANGE_STREAM = "changeStream"
+QUERY_RESULT = "queryResult"
+OPLOG_FIND = "oplogFind"
+FORWARDED = "forwarded"
 
 
 @dataclass(eq=False)
@@ -44,6 +60,8 @@ class ChangeStreamCursor:
     draining: bool = False  # the server shuts down: an awaiting getMore answers now
     awaited_s: float = 0.0  # the last getMore's wait for events (not counted as its work)
     _prefetch_task: asyncio.Task[None] | None = field(default=None, repr=False)
+    kind = CHANGE_STREAM
+    owner = None  # this server reads the oplog for it
 
     def touch(self) -> None:
         self.last_used = time.monotonic()
@@ -139,24 +157,37 @@ class ChangeStreamCursor:
 
 
 class CursorManager:
-    """Open cursors by id; reaps cursors idle longer than the timeout (mongod: 10 min)."""
+    """Every open cursor by id, whatever its kind; reaps cursors idle longer than the timeout
+    (mongod: 10 min). `cursors` indexes the change streams among them (the hub's readers:
+    metrics, shutdown and the change-stream getMore look there)."""
 
     def __init__(self, idle_timeout_s: float = 600.0) -> None:
-        self.cursors: dict[int, ChangeStreamCursor] = {}
+        self.open: dict[int, Any] = {}  # every kind
+        self.cursors: dict[int, ChangeStreamCursor] = {}  # the change streams among them
         self.hub = Hub()
         self.idle_timeout_s = idle_timeout_s
 
     def new_id(self) -> int:
         while True:
             cid = secrets.randbits(62) + 1  # positive int64, never 0
-            if cid not in self.cursors:
+            if cid not in self.open:
                 return cid
 
-    def add(self, cursor: ChangeStreamCursor) -> None:
-        self.cursors[cursor.id] = cursor
+    def add(self, cursor: Any) -> None:
+        self.open[cursor.id] = cursor
+        if kind_of(cursor) == CHANGE_STREAM:
+            self.cursors[cursor.id] = cursor
 
-    def get(self, cursor_id: int, ns: str) -> ChangeStreamCursor:
-        cursor = self.cursors.get(cursor_id)
+    def find(self, cursor_id: Any) -> Any:
+        """The cursor with this id, of any kind, or None."""
+        if isinstance(cursor_id, bool) or not isinstance(cursor_id, int):
+            return None
+        return self.open.get(cursor_id)
+
+    def get(self, cursor_id: int, ns: str) -> Any:
+        """The cursor a getMore names: 43 when there is none, 13 when it is another
+        namespace's."""
+        cursor = self.open.get(cursor_id)
         if cursor is None:
             raise MongoError(43, f"cursor id {cursor_id} not found")
         if cursor.ns != ns:
@@ -167,18 +198,27 @@ class CursorManager:
             )
         return cursor
 
+    def held(self) -> int:
+        """The cursors whose results this server holds (all but forwarded ones)."""
+        return sum(1 for c in self.open.values() if kind_of(c) != FORWARDED)
+
+    def is_change_stream(self, cursor_id: Any) -> bool:
+        return isinstance(cursor_id, int) and cursor_id in self.cursors
+
     def kill(self, cursor_id: int) -> bool:
-        cursor = self.cursors.pop(cursor_id, None)
+        cursor = self.open.pop(cursor_id, None)
         if cursor is None:
             return False
+        stream = self.cursors.pop(cursor_id, None) is not None
         cursor.close()
-        self.hub.forget_empty()
+        if stream:
+            self.hub.forget_empty()
         return True
 
     def reap(self) -> int:
         now = time.monotonic()
         stale = [
-            c.id for c in self.cursors.values()
+            c.id for c in self.open.values()
             if not c.busy and now - c.last_used > self.idle_timeout_s
         ]
         for cid in stale:
@@ -189,6 +229,10 @@ class CursorManager:
         while True:
             await asyncio.sleep(interval)
             self.reap()
+
+
+def kind_of(cursor: Any) -> str:
+    return getattr(cursor, "kind", CHANGE_STREAM)  # a front's merged stream has none
 
 
 def cursor_reply(cursor_id: int, ns: str, batch: Batch, first: bool) -> dict:

@@ -23,15 +23,9 @@ from bson.codec_options import CodecOptions, DatetimeConversion
 
 from cdcserver import wire
 from cdcserver.auth import ServerAuth
-from cdcserver.commands import auth as _auth  # noqa: F401  (saslStart, saslContinue, ...)
-from cdcserver.commands import bulk_write as _bulk_write  # noqa: F401  (client bulk write)
-from cdcserver.commands import crud as _crud  # noqa: F401  (the embedded store's commands)
-from cdcserver.commands import cursors as _cursors  # noqa: F401  (registers commands)
-from cdcserver.commands import ddl as _ddl  # noqa: F401
 from cdcserver.commands import failpoints
-from cdcserver.commands import handshake as _handshake  # noqa: F401
-from cdcserver.commands import proxy as _proxy  # noqa: F401  (`serve --upstream` forwarding)
 from cdcserver.commands.registry import run_command
+from cdcserver.commands.tables import CommandTable
 from cdcserver.config import Config
 from cdcserver.context import ConnectionState, ServerState
 from cdcserver.logs import log_slow_command, serving_summary, slow_log
@@ -61,7 +55,8 @@ class Server:
         commands: dict[str, Any] | None = None,
     ) -> None:
         self.state = state
-        self.commands = commands  # a mode's own command table (the sharded front's), or None
+        if commands is not None:  # a mode's own table (a sharded front's, a shard's)
+            state.commands = CommandTable.of(commands)
         self.max_connections = max_connections
         self.ssl_context = ssl_context  # TLS on the listener ([tls])
         self.idle_timeout_s = idle_timeout_s  # close a connection silent this long (0: never)
@@ -216,7 +211,7 @@ class Server:
                 conn.awaited_s = 0.0
                 started = time.perf_counter()
                 try:
-                    reply = await run_command(state, conn, cmd, self.commands)
+                    reply = await run_command(state, conn, cmd)
                     # Like mongod's durationMillis: the awaitData wait for events is left out.
                     took = time.perf_counter() - started - conn.awaited_s
                     if name == "getMore" and state.metrics is not None:
@@ -297,7 +292,9 @@ async def serve_forever(config: Config, oplog: OplogLog) -> None:
     failpoints.set_enabled(state, config.server.enable_fail_points)
     server = server_for_config(state, config)
     # `serve --shards N` (cdcserver/sharding): the front's table; its shards listen first.
-    server.commands = getattr(oplog, "command_table", None)
+    front_table = getattr(oplog, "command_table", None)
+    if front_table is not None:
+        state.commands = CommandTable.of(front_table)
     start_cluster = getattr(oplog, "start_cluster", None)
     if start_cluster is not None:
         await start_cluster(config.server.host)

@@ -3,9 +3,9 @@ the ones drivers' and tools' test harnesses and mongosh call (getCmdLineOpts, ge
 replSetGetStatus, serverStatus, hostInfo, listCommands, explain, validate, profile, dbStats,
 collStats, usersInfo, currentOp) and the `$currentOp` / `$collStats` aggregation sources.
 
-This module has its own table, `TABLE`, merged into the command registry in one place
-(registry.py). It imports no other command module (the registry imports it); the commands it
-runs on behalf of another (explain) are looked up in the table `bind` was given.
+This module has its own table, `TABLE`, taken into the modes' tables in one place
+(commands/tables.py). It imports no other command module; the commands it runs on behalf of
+another (explain) are looked up in the server's table (`server.commands`).
 """
 
 from __future__ import annotations
@@ -43,13 +43,6 @@ _REPLICA_SET_ID = ObjectId("000000000000000000000001")
 
 Handler = Callable[[ServerState, ConnectionState, dict[str, Any], str], Awaitable[dict[str, Any]]]
 TABLE: dict[str, Handler] = {}
-# The registry's whole table (set by `bind`): explain runs the explained command through it.
-_commands: dict[str, Handler] = {}
-
-
-def bind(commands: dict[str, Handler]) -> None:
-    global _commands
-    _commands = commands
 
 
 def _command(*names: str) -> Callable[[Handler], Handler]:
@@ -185,7 +178,8 @@ def op_finished(
     table = counters(server)
     table.in_progress.pop(opid, None)
     # mongod counts the commands it does not know under one name.
-    counts = table.commands.setdefault(name if name in _commands else "<UNKNOWN>", [0, 0])
+    known = name in server.commands.known if server.commands is not None else False
+    counts = table.commands.setdefault(name if known else "<UNKNOWN>", [0, 0])
     counts[1] += 1
     if error is not None:
         counts[0] += 1
@@ -475,7 +469,7 @@ async def server_status(server, conn, cmd, db):
     uptime = (now - server.started).total_seconds()
     op_time, wall = _op_time(server)
     election_ts, _ = _election(server)
-    open_cursors = len(server.cursors.cursors) + len(server.result_cursors)
+    open_cursors = server.cursors.held()  # every kind but the upstream's (forwarded)
     commands = {
         name: {"failed": Int64(counts[0]), "total": Int64(counts[1])}
         for name, counts in sorted(table.commands.items())
@@ -686,7 +680,7 @@ def check_api_parameters(name: str, cmd: Mapping[str, Any]) -> None:
 
 @_command("listCommands")
 async def list_commands(server, conn, cmd, db):
-    names = sorted(n for n in _commands if not n.startswith("$"))
+    names = sorted(server.commands)  # the server's mode's table (commands/tables.py)
     commands = {}
     for name in names:
         commands[name] = {
@@ -1186,7 +1180,7 @@ def _doc_count(server: ServerState, db: str, coll: str) -> int:
 async def _returned(server, conn, inner: dict[str, Any], db: str) -> int:
     """Run a read and count its results (explain's executionStats)."""
     name = next(iter(inner))
-    handler = _commands.get(name)
+    handler = server.commands.get(name)
     if handler is None:
         return 0
     if name == "find":
@@ -1202,7 +1196,7 @@ async def _returned(server, conn, inner: dict[str, Any], db: str) -> int:
     if name in ("update", "delete"):  # what the statements would match; nothing is written
         stmts = inner.get(name + "s") or [{}]
         q = stmts[0].get("q", {}) if isinstance(stmts[0], Mapping) else {}
-        reply = await _commands["find"](server, conn, {"find": inner[name], "filter": q,
+        reply = await server.commands["find"](server, conn, {"find": inner[name], "filter": q,
                                                        "singleBatch": True,
                                                        "batchSize": 2**31 - 1, "$db": db}, db)
         return len(reply["cursor"]["firstBatch"])
@@ -1220,7 +1214,7 @@ async def explain(server, conn, cmd, db):
                          f"'executionStats', 'allPlansExecution'}}, got: {verbosity}")
     inner = dict(inner)
     name = next(iter(inner))
-    if name not in _EXPLAINABLE and name not in _commands:
+    if name not in _EXPLAINABLE and name not in server.commands:
         raise MongoError(59, f"Explain failed due to unknown command: {name}")
     if name not in _EXPLAINABLE:
         raise MongoError(20, f"Cannot explain cmd: {name}")

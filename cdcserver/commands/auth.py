@@ -15,10 +15,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from cdcserver import auth
-from cdcserver.commands.registry import command
+from cdcserver.commands.base import Handler, family
 from cdcserver.context import ConnectionState, ServerState
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
+
+# The authentication commands' own table (which modes serve them: commands/tables.py).
+TABLE: dict[str, Handler] = {}
+command = family(TABLE)
 
 log = logging.getLogger("cdcserver")
 

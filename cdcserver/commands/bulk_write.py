@@ -27,7 +27,6 @@ from bson.timestamp import Timestamp
 from cdcserver.commands import crud, write_concern, write_parsing
 from cdcserver.commands.admin import ELECTION_ID
 from cdcserver.commands.arguments import cursor_batch_size, missing, unknown_field, wrong_type
-from cdcserver.commands.registry import command
 from cdcserver.commands.transactions import NOT_DONE, get_store
 from cdcserver.embedded.store import DocumentValidationError, DuplicateKeyError
 from pipeline_stages.errors import MongoError
@@ -428,4 +427,3 @@ def _reply(server: Any, store: Any, request: Request, replies: _Replies,
 
 # This family's commands (a family table, as commands/tables.py assembles them).
 TABLE: dict[str, Any] = {"bulkWrite": bulk_write}
-command("bulkWrite")(bulk_write)

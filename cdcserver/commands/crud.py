@@ -26,9 +26,10 @@ from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
 from cdcserver.commands import admin, oplog_find, write_concern, write_parsing
+from cdcserver.commands import cursors as change_streams
+from cdcserver.commands.admin import ELECTION_ID as _ELECTION_ID
 from cdcserver.commands.arguments import array_arg, is_number, is_string, safe_long
-from cdcserver.commands.handshake import _ELECTION_ID
-from cdcserver.commands.registry import command, int_arg
+from cdcserver.commands.base import Handler, family, int_arg
 from cdcserver.commands.transactions import (
     NOT_DONE,
     Retry,
@@ -37,6 +38,7 @@ from cdcserver.commands.transactions import (
     retry_state,
     snapshot_reads,
 )
+from cdcserver.cursors import QUERY_RESULT
 from cdcserver.embedded import engine, query
 from cdcserver.embedded.bson_depth import check_update_depth
 from cdcserver.embedded.store import (
@@ -50,10 +52,16 @@ from cdcserver.embedded.store import (
     validate_collection_name,
 )
 from pipeline_stages.errors import MongoError
+from pipeline_stages.spec import check_requires_change_stream, is_change_stream_aggregate
 from pipeline_stages.value_string import type_name
 
 DEFAULT_BATCH = 101
 MAX_REPLY_BYTES = 16 * 1024 * 1024
+
+# The reads and writes of the embedded store (and find / aggregate on the oplog of any
+# source); the modes that serve them: commands/tables.py.
+TABLE: dict[str, Handler] = {}
+command = family(TABLE)
 
 
 def coll_arg(cmd: Mapping[str, Any], name: str) -> str:
@@ -886,12 +894,30 @@ def _replayed_find_and_modify(
 
 @dataclass(eq=False)
 class ResultCursor:
+    """A query's results kept for getMore (a cursor of the registry, cdcserver/cursors.py)."""
+
     id: int
     ns: str
     docs: list[Any]
     pos: int = 0
     last_used: float = field(default_factory=time.monotonic)
     busy: bool = False  # a getMore is gathering its batch
+    awaited_s: float = 0.0  # never waits
+    kind = QUERY_RESULT
+    owner = None
+
+    @property
+    def done(self) -> bool:
+        return self.pos >= len(self.docs)
+
+    async def get_more_reply(self, batch_size: int | None, max_time_ms: int | None) -> dict:
+        batch: list[Any] = []  # up to 16 MiB, gathered in steps
+        await query.run_async(_taking(self, batch_size or None, batch))
+        return {"cursor": {"nextBatch": batch, "id": Int64(0 if self.done else self.id),
+                           "ns": self.ns}}
+
+    def close(self) -> None:
+        pass
 
 
 def _take(cursor: ResultCursor, batch_size: int | None) -> list[Any]:
@@ -917,99 +943,17 @@ def _taking(cursor: ResultCursor, batch_size: int | None, out: list[Any]) -> que
             yield
 
 
-def _cursors(server: Any) -> dict[int, ResultCursor]:
-    table = getattr(server, "result_cursors", None)
-    if table is None:
-        table = {}
-        server.result_cursors = table
-    return table
-
-
 def cursor_first_batch(
     server: Any, ns: str, docs: list[Any], batch_size: int | None, single_batch: bool = False
 ) -> dict[str, Any]:
     """A `{cursor: {firstBatch, id, ns}}` reply; keeps the rest for getMore."""
-    table = _cursors(server)
-    _reap(server, table)
     cid = server.cursors.new_id()
-    while cid in table:
-        cid = server.cursors.new_id()
     cursor = ResultCursor(cid, ns, docs)
     batch = _take(cursor, DEFAULT_BATCH if batch_size is None else batch_size)
     more = cursor.pos < len(docs) and not single_batch
     if more:
-        table[cid] = cursor
+        server.cursors.add(cursor)
     return {"cursor": {"firstBatch": batch, "id": Int64(cid if more else 0), "ns": ns}}
-
-
-def _reap(server: Any, table: dict[int, ResultCursor]) -> None:
-    """Forget cursors idle longer than the idle timeout (mongod: 10 minutes)."""
-    limit = getattr(server.cursors, "idle_timeout_s", 600.0)
-    now = time.monotonic()
-    for cid in [
-        cid for cid, c in table.items()
-        if now - c.last_used > limit and not getattr(c, "busy", False)
-    ]:
-        del table[cid]
-
-
-@command("$getMore")
-async def get_more(server, conn, cmd, db):
-    cid = int(cmd["getMore"])
-    table = _cursors(server)
-    cursor = table.get(cid)
-    if cursor is None:
-        raise MongoError(43, f"cursor id {cid} not found")
-    ns = f"{db}.{cmd.get('collection')}"
-    if cursor.ns != ns:
-        raise MongoError(
-            13,
-            f"Requested getMore on namespace '{ns}', but cursor belongs to a different "
-            f"namespace {cursor.ns}",
-        )
-    batch_size = _int(cmd, "batchSize", "getMore", 0) or None
-    if isinstance(cursor, oplog_find.OplogCursor):
-        reply = await _oplog_get_more(table, cursor, cmd, batch_size)
-        conn.awaited_s = cursor.awaited_s  # its wait for entries is not its work (slow log)
-        return reply
-    if cursor.busy:  # mongod's CursorManager::pinCursor
-        raise MongoError(143, f"cursor id {cursor.id} is already in use")
-    cursor.busy = True  # a batch of up to 16 MiB is gathered in steps
-    try:
-        batch: list[Any] = []
-        await query.run_async(_taking(cursor, batch_size, batch))
-    finally:
-        cursor.busy = False
-    cursor.last_used = time.monotonic()
-    done = cursor.pos >= len(cursor.docs)
-    if done:
-        table.pop(cid, None)
-    return {"cursor": {"nextBatch": batch, "id": Int64(0 if done else cid), "ns": cursor.ns}}
-
-
-async def _oplog_get_more(
-    table: dict[int, Any], cursor: oplog_find.OplogCursor, cmd: Mapping[str, Any],
-    batch_size: int | None,
-) -> dict[str, Any]:
-    if cursor.busy:  # mongod's CursorManager::pinCursor
-        raise MongoError(143, f"cursor id {cursor.id} is already in use")
-    cursor.busy = True
-    try:
-        batch = await cursor.get_more(batch_size, _int(cmd, "maxTimeMS", "getMore", None))
-    except MongoError:
-        table.pop(cursor.id, None)
-        raise
-    finally:
-        cursor.busy = False
-        cursor.last_used = time.monotonic()
-    if cursor.done:
-        table.pop(cursor.id, None)
-    return oplog_find.reply(cursor, batch, first=False)
-
-
-@command("$killCursor")
-async def kill_cursor(server, conn, cmd, db):
-    return _cursors(server).pop(int(cmd["id"]), None) is not None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1252,19 +1196,14 @@ async def find_oplog(server: Any, cmd: Mapping[str, Any]) -> dict[str, Any]:
     """`find` on `local.oplog.rs`: the server's own oplog, whatever its source (the embedded
     store's, a recorded one), with tailable / awaitData cursors as on mongod."""
     filter_doc, projection, skip, limit, batch_size = find_arguments(cmd)
-    table = _cursors(server)
-    _reap(server, table)
-    cid = server.cursors.new_id()
-    while cid in table:
-        cid = server.cursors.new_id()
     cursor = oplog_find.open_cursor(
-        server.log, cid, cmd, filter_doc, projection, skip, limit
+        server.log, server.cursors.new_id(), cmd, filter_doc, projection, skip, limit
     )
     batch = await cursor.fill(DEFAULT_BATCH if batch_size is None else batch_size)
     if cmd.get("singleBatch") is True:
         cursor.exhausted = True
     if not cursor.done:
-        table[cid] = cursor
+        server.cursors.add(cursor)
     return oplog_find.reply(cursor, batch, first=True)
 
 
@@ -1346,8 +1285,13 @@ async def distinct(server, conn, cmd, db):
     return {"values": values}
 
 
-@command("$aggregate")
+@command("aggregate")
 async def aggregate(server, conn, cmd, db):
+    """aggregate: a `$changeStream` opens a change stream (commands/cursors.py); any other
+    pipeline runs on the store's documents, on the oplog, or on `$currentOp` / `$collStats`."""
+    if is_change_stream_aggregate(cmd):
+        return await change_streams.aggregate(server, conn, cmd, db)
+    check_requires_change_stream(cmd.get("pipeline"))
     target = cmd.get("aggregate")
     if cmd.get("explain") is True:
         return await admin.explain_aggregate(server, conn, cmd, db)

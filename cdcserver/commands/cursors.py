@@ -1,14 +1,27 @@
-"""`aggregate` with `$changeStream`, `getMore`, `killCursors`."""
+"""`aggregate` with `$changeStream`, and the one `getMore` / `killCursors` of every cursor.
+
+getMore and killCursors find a cursor of any kind in the server's registry (cdcserver/cursors.py):
+a change stream's batch is read here; a query result's or an oplog find's comes from its own
+`get_more_reply`. Checking the cursor out (43, 13, 143), closing it when it fails or is done, and
+the killCursors reply are the same for every kind.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 from bson.int64 import Int64
 
 from cdcserver.commands.arguments import is_string, wrong_type
-from cdcserver.commands.registry import COMMANDS, command, int_arg
-from cdcserver.cursors import DEFAULT_BATCH_SIZE, ChangeStreamCursor, cursor_reply
+from cdcserver.commands.base import Handler, family, int_arg
+from cdcserver.cursors import (
+    CHANGE_STREAM,
+    DEFAULT_BATCH_SIZE,
+    ChangeStreamCursor,
+    cursor_reply,
+    kind_of,
+)
 from pipeline_stages.errors import MongoError
 from pipeline_stages.pipeline import ChangeStreamPipeline
 from pipeline_stages.spec import (
@@ -17,14 +30,15 @@ from pipeline_stages.spec import (
     parse_aggregate,
 )
 
+TABLE: dict[str, Handler] = {}
+command = family(TABLE)
+
 
 @command("aggregate")
 async def aggregate(server, conn, cmd, db):
+    """aggregate with a `$changeStream` first stage (crud.aggregate answers the others)."""
     if not is_change_stream_aggregate(cmd):
         check_requires_change_stream(cmd.get("pipeline"))
-        other = COMMANDS.get("$aggregate")  # the embedded store's own aggregate, if any
-        if other is not None:
-            return await other(server, conn, cmd, db)
         raise MongoError(
             40324 if cmd.get("pipeline") else 2,
             "cdcserver only answers aggregate with a $changeStream first stage",
@@ -92,12 +106,11 @@ async def get_more(server, conn, cmd, db):
         raise wrong_type("getMore.collection", coll, "string")
     batch_size = int_arg(cmd, "batchSize", "getMore")
     max_time_ms = int_arg(cmd, "maxTimeMS", "getMore")
-    other = COMMANDS.get("$getMore")  # the embedded store's find/aggregate cursors
-    if other is not None and int(cursor_id) not in server.cursors.cursors:
-        return await other(server, conn, cmd, db)
-    cursor = server.cursors.get(int(cursor_id), f"{db}.{coll}")
+    cursor = server.cursors.get(int(cursor_id), f"{db}.{coll}")  # 43, 13
     if cursor.busy:  # mongod's CursorManager::pinCursor
         raise MongoError(143, f"cursor id {cursor.id} is already in use")
+    if kind_of(cursor) != CHANGE_STREAM:  # a query result, an oplog find
+        return await _get_more_other(server, conn, cursor, batch_size, max_time_ms)
     cursor.busy = True
     try:
         batch = await cursor.get_more(batch_size, max_time_ms)
@@ -114,6 +127,24 @@ async def get_more(server, conn, cmd, db):
         _prefetch_after(server, cursor, batch_size, len(batch.events))
     server.events_delivered += len(batch.events)
     return {"cursor": cursor_reply(cursor.id, cursor.ns, batch, first=False)}
+
+
+async def _get_more_other(server, conn, cursor, batch_size, max_time_ms) -> dict:
+    """getMore on a cursor that is not a change stream: its `get_more_reply` makes the batch;
+    the cursor is closed when that fails or when nothing is left."""
+    cursor.busy = True
+    try:
+        reply = await cursor.get_more_reply(batch_size, max_time_ms)
+    except MongoError:
+        server.cursors.kill(cursor.id)  # getMore's cursorDeleter
+        raise
+    finally:
+        cursor.busy = False
+        cursor.last_used = time.monotonic()
+        conn.awaited_s = cursor.awaited_s  # an awaitData oplog find's wait is not its work
+    if cursor.done:
+        server.cursors.kill(cursor.id)
+    return reply
 
 
 # Oplog entries read per prefetch step: small, so the reply being sent (and every other
@@ -167,12 +198,8 @@ async def kill_cursors(server, conn, cmd, db):
                 "expected type 'long'",
             )
     killed, not_found = [], []
-    other = COMMANDS.get("$killCursor")  # the embedded store's cursors: (server, id) -> bool
-    for cid in ids:
-        found = server.cursors.kill(int(cid)) or (
-            other is not None and await other(server, conn, {"id": int(cid)}, db)
-        )
-        (killed if found else not_found).append(Int64(int(cid)))
+    for cid in ids:  # every kind of cursor is in the one registry
+        (killed if server.cursors.kill(int(cid)) else not_found).append(Int64(int(cid)))
     return {
         "cursorsKilled": killed,
         "cursorsNotFound": not_found,

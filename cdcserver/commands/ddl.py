@@ -10,9 +10,9 @@ import bson
 from bson.binary import Binary
 from bson.int64 import Int64
 
-from cdcserver.commands import cursors as _cursors  # noqa: F401  (its "aggregate" is wrapped)
-from cdcserver.commands import oplog_find
+from cdcserver.commands import crud, oplog_find
 from cdcserver.commands.arguments import cursor_batch_size, is_string, object_arg
+from cdcserver.commands.base import Handler, family
 from cdcserver.commands.crud import (
     _run_writes,
     coll_arg,
@@ -20,7 +20,6 @@ from cdcserver.commands.crud import (
     get_store,
     snapshot_reads,
 )
-from cdcserver.commands.registry import COMMANDS, command
 from cdcserver.embedded import engine
 from cdcserver.embedded.store import (
     ID_INDEX,
@@ -35,6 +34,11 @@ from cdcserver.embedded.store import (
 from pipeline_stages.errors import MongoError
 from pipeline_stages.spec import is_change_stream_aggregate
 from pipeline_stages.value_string import type_name
+
+# The catalog commands (collections, views, indexes) of the embedded store: their table (which
+# modes serve them: commands/tables.py).
+TABLE: dict[str, Handler] = {}
+command = family(TABLE)
 
 # Options `create` accepts and stores (others are refused as unknown fields).
 _CREATE_OPTIONS = {
@@ -794,29 +798,20 @@ def view_info(view: Mapping[str, Any]) -> dict[str, Any]:
     return {"name": name, "type": "view", "options": options, "info": {"readOnly": True}}
 
 
-# A change stream on a view: mongod 8.0 refuses it when it takes the collection (views
-# forbidden), before any of the stream's own work.
-_CHANGE_STREAM_AGGREGATE = COMMANDS["aggregate"]
-
-
 @command("aggregate")
 async def aggregate_refusing_views(server, conn, cmd, db):
-    store = getattr(server, "store", None)
+    """The embedded store's aggregate: a change stream on a view is refused as mongod 8.0
+    refuses it when it takes the collection (views forbidden), before any of the stream's own
+    work; then crud.aggregate."""
     target = cmd.get("aggregate")
-    if store is not None and isinstance(target, str) and is_change_stream_aggregate(cmd):
-        store.check_not_view(db, target)
-    return await _CHANGE_STREAM_AGGREGATE(server, conn, cmd, db)
-
-
-# The oplog-derived versions (handshake.py), used when serving a recorded oplog.
-_OPLOG_LIST_COLLECTIONS = COMMANDS.get("listCollections")
-_OPLOG_LIST_DATABASES = COMMANDS.get("listDatabases")
+    if isinstance(target, str) and is_change_stream_aggregate(cmd):
+        get_store(server).check_not_view(db, target)
+    return await crud.aggregate(server, conn, cmd, db)
 
 
 @command("listCollections")
 async def list_collections(server, conn, cmd, db):
-    if getattr(server, "store", None) is None and _OPLOG_LIST_COLLECTIONS is not None:
-        return await _OPLOG_LIST_COLLECTIONS(server, conn, cmd, db)
+    """The store's collections and views (a recorded oplog's: handshake.py)."""
     store = get_store(server)
     filter_doc = object_arg(cmd, "filter", "listCollections") or {}
     name_only = cmd.get("nameOnly") is True
@@ -845,8 +840,7 @@ def _db_size(store: Store, db: str) -> int:
 
 @command("listDatabases")
 async def list_databases(server, conn, cmd, db):
-    if getattr(server, "store", None) is None and _OPLOG_LIST_DATABASES is not None:
-        return await _OPLOG_LIST_DATABASES(server, conn, cmd, db)
+    """The store's databases (a recorded oplog's: handshake.py)."""
     store = get_store(server)
     names = sorted({*store.databases(), "admin", "config", "local"})
     dbs = []

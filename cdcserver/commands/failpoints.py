@@ -48,6 +48,7 @@ from typing import Any
 from bson.int64 import Int64
 
 from cdcserver.commands import write_concern
+from cdcserver.cursors import FORWARDED, kind_of
 from pipeline_stages.error_labels import (  # noqa: F401 (the label policy, re-exported)
     NEED_RETARGETTING_ERROR,
     NETWORK_ERROR,
@@ -469,20 +470,17 @@ def _evaluate_fail_get_more(server, conn, name, cmd, db, point) -> None:
     if isinstance(cursor_id, bool) or not isinstance(cursor_id, int) or not isinstance(coll, str):
         return
     ns = f"{db}.{coll}"
-    cursor = server.cursors.cursors.get(int(cursor_id))
-    change_stream = cursor is not None
-    if cursor is None:  # the embedded store's find/aggregate cursors
-        cursor = server.result_cursors.get(int(cursor_id))
+    cursor = server.cursors.find(int(cursor_id))  # the one registry: any kind
+    if cursor is not None and kind_of(cursor) == FORWARDED:
+        cursor = None  # held by the upstream: not checked out here
+    change_stream = server.cursors.is_change_stream(int(cursor_id))
     # Checked out: it exists, belongs to this namespace and is not in use.
     if cursor is None or getattr(cursor, "ns", ns) != ns or getattr(cursor, "busy", False):
         return
     if not _filters_pass(point.data, conn, ns) or not point.fire():
         return
     # getMore's cursorDeleter: a getMore failing after checkout deletes its cursor.
-    if change_stream:
-        server.cursors.kill(int(cursor_id))
-    else:
-        server.result_cursors.pop(int(cursor_id), None)
+    server.cursors.kill(int(cursor_id))
     code = _int_field(point.data, "errorCode")
     code = 1 if code is None else code
     log.info("failing getMore of cursor %d via 'failGetMoreAfterCursorCheckout'", cursor_id)

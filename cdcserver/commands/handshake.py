@@ -11,9 +11,13 @@ from bson.int64 import Int64
 
 from cdcserver.commands import auth as auth_commands
 from cdcserver.commands.admin import ELECTION_ID, MAX_WIRE_VERSION, SERVER_VERSION
-from cdcserver.commands.registry import command
+from cdcserver.commands.base import Handler, family
 from cdcserver.context import ConnectionState, ServerState
 from pipeline_stages.errors import MongoError
+
+# The handshake commands' own table (which modes serve them: commands/tables.py).
+TABLE: dict[str, Handler] = {}
+command = family(TABLE)
 
 # The version and the electionId live with the admin commands (serverStatus reports them too).
 _ELECTION_ID = ELECTION_ID

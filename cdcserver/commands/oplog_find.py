@@ -32,6 +32,7 @@ from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
+from cdcserver.cursors import OPLOG_FIND
 from cdcserver.sources.base import CappedPositionLost
 from pipeline_stages.errors import MongoError
 from pipeline_stages.oplog_entry import encode_in_order
@@ -225,6 +226,8 @@ class OplogCursor:
     busy: bool = False
     last_used: float = field(default_factory=time.monotonic)
     awaited_s: float = 0.0  # the last getMore's wait for entries
+    kind = OPLOG_FIND  # a cursor of the registry (cdcserver/cursors.py)
+    owner = None
 
     def __post_init__(self) -> None:
         self.position = self.bounds.hi if self.reverse else self.bounds.lo
@@ -322,6 +325,13 @@ class OplogCursor:
             batch = await self.fill(batch_size)
             if batch or self.done:
                 return batch
+
+    async def get_more_reply(self, batch_size: int | None, max_time_ms: int | None) -> dict:
+        """getMore's reply (commands/cursors.py checks the cursor out and closes it)."""
+        return reply(self, await self.get_more(batch_size or None, max_time_ms), first=False)
+
+    def close(self) -> None:
+        self.exhausted = True
 
 
 # ---------------------------------------------------------------------------------------------

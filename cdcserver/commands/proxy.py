@@ -28,19 +28,27 @@ NetworkTimeout (89), labelled as mongos labels a network error reaching a shard:
 `RetryableWriteError` for a retryable write and a transaction's commit or abort,
 `TransientTransactionError` for the other statements of a transaction, so drivers retry.
 
-The registry routes a command here when `COMMANDS["$proxy"].forwards(server, name, cmd)`.
+The upstream mode's table (commands/tables.py) lists what cdcserver answers; its default
+entry, `forward_command`, forwards every other command, and `route_aggregate`,
+`route_get_more` and `route_kill_cursors` pick per request between cdcserver's own change-stream
+handler and forwarding. A forwarded cursor is a `ForwardedCursor` of the server's cursor
+registry (cdcserver/cursors.py): its owner is the member that holds it, reaped when idle.
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 
-from cdcserver.commands.registry import COMMANDS, command
+from cdcserver.commands import cursors as change_streams
+from cdcserver.commands.base import Handler
+from cdcserver.cursors import FORWARDED, CursorManager
 from cdcserver.sources.mongo import (
     NOT_PRIMARY_CODES,
     RAW,
@@ -50,7 +58,7 @@ from cdcserver.sources.mongo import (
 )
 from pipeline_stages.spec import is_change_stream_aggregate
 
-# Answered by cdcserver itself.
+# Answered by cdcserver itself (the upstream mode's table: commands/tables.py).
 LOCAL_COMMANDS = frozenset(
     {
         "hello", "isMaster", "ismaster", "ping", "buildInfo", "buildinfo", "connectionStatus",
@@ -69,25 +77,31 @@ def upstream_of(server: Any) -> UpstreamOplog | None:
 
 
 def _own_cursor(server: Any, cursor_id: Any) -> bool:
-    return isinstance(cursor_id, int) and cursor_id in server.cursors.cursors
+    """A cursor cdcserver holds itself (a change stream), not one of the upstream's."""
+    cursor = server.cursors.find(cursor_id)
+    return cursor is not None and cursor.kind != FORWARDED
 
 
-def forwards(server: Any, name: str, cmd: Mapping[str, Any]) -> bool:
-    """Whether `cmd` goes to the upstream (only when the source is a live upstream)."""
-    if upstream_of(server) is None or not name or name in LOCAL_COMMANDS:
-        return False
-    if name == "aggregate":
-        return not is_change_stream_aggregate(cmd)
-    if name == "getMore":
-        return not _own_cursor(server, cmd.get("getMore"))
-    if name == "killCursors":
-        ids = cmd.get("cursors")
-        return not (isinstance(ids, list) and ids and all(_own_cursor(server, i) for i in ids))
-    return True
+@dataclass(eq=False)
+class ForwardedCursor:
+    """A cursor the upstream holds (a forwarded find / aggregate...): its getMore and
+    killCursors go to `owner`, the member that opened it."""
+
+    id: int
+    ns: str
+    owner: Any  # the upstream member's address
+    last_used: float = field(default_factory=time.monotonic)
+    busy: bool = False
+    awaited_s: float = 0.0
+    kind = FORWARDED
+
+    def close(self) -> None:
+        pass  # the upstream reaps its own cursor; this is only where it lives
 
 
 class _CursorAddresses:
-    """Which upstream member holds each forwarded cursor (its getMore must go there)."""
+    """Which upstream member holds each forwarded cursor (its getMore must go there), for a
+    forwarder without a cursor registry of its own (a sharded sidecar's mongos)."""
 
     def __init__(self) -> None:
         self.table: OrderedDict[int, Any] = OrderedDict()
@@ -117,6 +131,35 @@ def _addresses_of(source: UpstreamOplog) -> _CursorAddresses:
         table = _CursorAddresses()
         source._proxy_cursors = table  # type: ignore[attr-defined]
     return table
+
+
+class _RegistryAddresses:
+    """The forwarded cursors of a server's registry, as `_CursorAddresses` has them."""
+
+    def __init__(self, cursors: CursorManager) -> None:
+        self.cursors = cursors
+
+    def note(self, reply: RawBSONDocument, address: Any) -> None:
+        cursor = reply.get("cursor") if "cursor" in reply else None
+        if not isinstance(cursor, Mapping):
+            return
+        cid = cursor.get("id")
+        if isinstance(cid, int) and cid:
+            ns = cursor.get("ns")
+            self.cursors.add(ForwardedCursor(int(cid), ns if isinstance(ns, str) else "",
+                                             address))
+
+    def get(self, cursor_id: Any) -> Any:
+        cursor = self.cursors.find(cursor_id)
+        if cursor is None or cursor.kind != FORWARDED:
+            return None
+        cursor.last_used = time.monotonic()
+        return cursor.owner
+
+    def forget(self, cursor_id: Any) -> None:
+        cursor = self.cursors.find(cursor_id)
+        if cursor is not None and cursor.kind == FORWARDED:
+            self.cursors.kill(cursor_id)
 
 
 def _selector(cmd: Mapping[str, Any]) -> Any:
@@ -151,15 +194,17 @@ def _error_labels(cmd: Mapping[str, Any]) -> list[str]:
 
 
 async def forward(
-    source: UpstreamOplog, cmd: Mapping[str, Any], db: str
+    source: UpstreamOplog, cmd: Mapping[str, Any], db: str,
+    cursors: CursorManager | None = None,
 ) -> RawBSONDocument:
-    """Run `cmd` on the upstream; its reply as the upstream's bytes."""
+    """Run `cmd` on the upstream; its reply as the upstream's bytes. A cursor it opens is
+    noted in `cursors` (the server's registry), else in the source's own table."""
     from pymongo.errors import NotPrimaryError, PyMongoError
 
     name = next(iter(cmd))
     spec = {k: v for k, v in cmd.items() if k not in _DROPPED_FIELDS}
     client = source.async_client()
-    addresses = _addresses_of(source)
+    addresses: Any = _addresses_of(source) if cursors is None else _RegistryAddresses(cursors)
     address = None
     if name in ("getMore", "killCursors"):
         target = cmd.get(name) if name == "getMore" else next(iter(cmd.get("cursors") or []), None)
@@ -195,25 +240,34 @@ async def forward(
     return reply
 
 
-@command("$proxy")
-async def proxy_command(server, conn, cmd, db):
+async def forward_command(server, conn, cmd, db):
+    """The upstream mode's default entry: the command runs on the upstream, whose reply comes
+    back as it is."""
+    return await forward(_upstream(server), cmd, db, server.cursors)
+
+
+async def kill_cursors(server, conn, cmd, db):
+    """killCursors naming forwarded cursors (and maybe cdcserver's own change streams too)."""
+    source = _upstream(server)
+    ids = cmd.get("cursors")
+    if isinstance(ids, list) and any(_own_cursor(server, i) for i in ids):
+        return await _kill_mixed(server, conn, cmd, db, source, ids)
+    return await forward(source, cmd, db, server.cursors)
+
+
+def _upstream(server: Any) -> UpstreamOplog:
     source = upstream_of(server)
-    if source is None:
-        raise UpstreamError(59, f"no such command: '{next(iter(cmd), '')}'")
-    name = next(iter(cmd))
-    if name == "killCursors":
-        ids = cmd.get("cursors")
-        if isinstance(ids, list) and any(_own_cursor(server, i) for i in ids):
-            return await _kill_mixed(server, conn, cmd, db, source, ids)
-    return await forward(source, cmd, db)
+    if source is None:  # a table mix-up, never a client's doing
+        raise UpstreamError(59, "this cdcserver has no upstream to forward to")
+    return source
 
 
 async def _kill_mixed(server, conn, cmd, db, source, ids):
     """killCursors naming both cdcserver's change-stream cursors and forwarded ones."""
     own = [i for i in ids if _own_cursor(server, i)]
     other = [i for i in ids if not _own_cursor(server, i)]
-    local = await COMMANDS["killCursors"](server, conn, {**cmd, "cursors": own}, db)
-    remote = await forward(source, {**cmd, "cursors": other}, db)
+    local = await change_streams.kill_cursors(server, conn, {**cmd, "cursors": own}, db)
+    remote = await forward(source, {**cmd, "cursors": other}, db, server.cursors)
     if remote.get("ok") != 1:
         return remote
     merged = dict(local)
@@ -222,25 +276,44 @@ async def _kill_mixed(server, conn, cmd, db, source, ids):
     return merged
 
 
-proxy_command.forwards = forwards  # type: ignore[attr-defined]
+# -- routes: which handler answers, per request -----------------------------------------------
 
 
-async def run_command_with_proxy(server, conn, cmd):
-    """`registry.run_command` with the routing the registry hook adds (for tests run before
-    the hook is in the registry): a forwarded command's reply is returned unchanged."""
-    from cdcserver.commands.registry import run_command
+def route_aggregate(server: Any, cmd: Mapping[str, Any]) -> Handler:
+    """A change stream is cdcserver's; any other aggregate is the upstream's."""
+    return change_streams.aggregate if is_change_stream_aggregate(cmd) else forward_command
 
-    name = next(iter(cmd), "")
-    if forwards(server, name, cmd):
-        from cdcserver.commands.registry import cluster_time_fields, error_reply
-        from pipeline_stages.errors import MongoError
 
-        try:
-            reply = await proxy_command(server, conn, cmd, cmd.get("$db", "admin"))
-        except MongoError as err:
-            return error_reply(server, err, False)
-        if not isinstance(reply, RawBSONDocument):  # cdcserver's own (mixed killCursors)
-            reply["ok"] = 1.0
-            reply.update(cluster_time_fields(server))
-        return reply
-    return await run_command(server, conn, cmd)
+def route_get_more(server: Any, cmd: Mapping[str, Any]) -> Handler:
+    """getMore on cdcserver's own change stream here; on any other id at the upstream."""
+    if _own_cursor(server, cmd.get("getMore")):
+        return change_streams.get_more
+    return forward_command
+
+
+def route_kill_cursors(server: Any, cmd: Mapping[str, Any]) -> Handler:
+    """Only cdcserver's own cursors: here; else forwarded (with ours killed here)."""
+    ids = cmd.get("cursors")
+    if isinstance(ids, list) and ids and all(_own_cursor(server, i) for i in ids):
+        return change_streams.kill_cursors
+    return kill_cursors
+
+
+# Handlers that hand the command to the upstream as it is: cdcserver's own argument checks
+# (API parameters, transaction rules) are the upstream's to make.
+FORWARDING: frozenset[Handler] = frozenset({forward_command, kill_cursors})
+# The upstream mode's per-request entries (commands/tables.py puts them in its table).
+ROUTES = {
+    "aggregate": route_aggregate,
+    "getMore": route_get_more,
+    "killCursors": route_kill_cursors,
+}
+
+
+def forwards(server: Any, name: str, cmd: Mapping[str, Any]) -> bool:
+    """Whether `cmd` goes to the upstream (only when the source is a live upstream): what the
+    upstream mode's table decides."""
+    if upstream_of(server) is None or not name or name in LOCAL_COMMANDS:
+        return False
+    route = ROUTES.get(name)
+    return route is None or route(server, cmd) in FORWARDING

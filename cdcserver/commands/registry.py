@@ -1,28 +1,38 @@
-"""Command name -> handler, and the reply/error shape every command shares.
+"""Running a command: the mode's table says which handler answers it; the reply/error shape
+every command shares.
 
 A handler is `async def h(server, conn, cmd, db) -> dict` returning the reply's own fields;
 `run_command` adds `ok`, `$clusterTime` and `operationTime`, and turns a MongoError into
 mongod's error reply with the error labels mongod would attach.
+
+Which handler answers which command, in each server mode, is `commands/tables.py`: a
+`CommandTable` per mode, kept on the server state (`ServerState.commands`). No handler is
+registered at import and no handler calls another through a table.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Mapping
 from typing import Any
 
 from bson.binary import Binary
 from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 
-from cdcserver.commands import admin, arguments, failpoints, txn_rules, write_concern
+from cdcserver.commands import admin, arguments, failpoints, tables, txn_rules, write_concern
+from cdcserver.commands.base import Handler
+from cdcserver.commands.tables import CommandTable
 from cdcserver.context import ConnectionState, ServerState
 from pipeline_stages.errors import MongoError
 
 log = logging.getLogger("cdcserver")
 
-Handler = Callable[[ServerState, ConnectionState, dict[str, Any], str], Awaitable[dict[str, Any]]]
-COMMANDS: dict[str, Handler] = {}
+__all__ = ["COMMANDS", "CommandTable", "Handler", "int_arg", "run_command"]
+
+# The embedded replica set's table as a plain dict, for code that reads a table by name
+# (the sharded cluster's shards start from it). Assembled in commands/tables.py.
+COMMANDS: dict[str, Handler] = dict(tables.EMBEDDED)
 
 # error_codes.yml categories RetriableError, NetworkError and NeedRetargettingError, plus the
 # codes error_labels.cpp adds: resumable for a change stream (reference §6.3). (63 left the
@@ -36,15 +46,6 @@ def int_arg(cmd: Any, name: str, where: str, default: Any = None) -> Any:
     """A numeric command argument (IDL `safeInt64`) as int (`default` when absent or null), or
     mongod's 14; NaN and infinities convert as mongod's safeNumberLong does."""
     return arguments.safe_int_arg(cmd, name, where, default)
-
-
-def command(*names: str) -> Callable[[Handler], Handler]:
-    def register(handler: Handler) -> Handler:
-        for name in names:
-            COMMANDS[name] = handler
-        return handler
-
-    return register
 
 
 def cluster_time_fields(server: ServerState) -> dict[str, Any]:
@@ -63,8 +64,7 @@ def is_change_stream_command(name: str, cmd: dict[str, Any], server: ServerState
             and "$changeStream" in pipeline[0]
         )
     if name == "getMore":
-        cursor_id = cmd.get("getMore")
-        return isinstance(cursor_id, int) and cursor_id in server.cursors.cursors
+        return server.cursors.is_change_stream(cmd.get("getMore"))
     return False
 
 
@@ -101,24 +101,33 @@ def shutdown_error(name: str, cmd: dict[str, Any], change_stream: bool) -> Mongo
 
 
 def live_cursor_ids(server: ServerState) -> set[int]:
-    """Every open cursor: change streams, the embedded store's, forwarded ones."""
-    forwarded = getattr(getattr(server.log, "_proxy_cursors", None), "table", {})
-    return {*server.cursors.cursors, *server.result_cursors, *forwarded}
+    """Every open cursor, of every kind (the registry's)."""
+    return set(server.cursors.open)
+
+
+def table_of(server: ServerState, table: Mapping[str, Any] | None) -> CommandTable:
+    """The table a command runs with: `table` when the caller names one (a shard's, run by a
+    front), else the server's own (its mode's, chosen once)."""
+    if table is not None:
+        return CommandTable.of(table)
+    commands = server.commands
+    if commands is None:
+        commands = server.commands = tables.for_state(server)
+    return commands
 
 
 async def run_command(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any],
-    table: dict[str, Handler] | None = None,
+    table: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """`table`: the command table of a server mode that has its own (the sharded front's)."""
-    commands = COMMANDS if table is None else table
+    """Run `cmd` with the handler the server's table (or `table`) gives its name. The
+    upstream's forwarding (once a `"$proxy"` hook consulted here) is routed here too: it is
+    the upstream table's default entry, and its `forwarding` handlers skip our own checks."""
+    commands = table_of(server, table)
     name = next(iter(cmd), "")
     db = cmd.get("$db", "admin")
-    # "$"-names are internal hooks between handlers, not commands a client may call.
-    handler = commands.get(name) if not name.startswith("$") else None
-    proxy = commands.get("$proxy")  # `serve --upstream`: what cdcserver does not answer itself
-    if proxy is not None and proxy.forwards(server, name, cmd):
-        handler = proxy
+    handler = commands.handler(server, name, cmd)
+    forwarded = handler is not None and handler in commands.forwarding
     # Decided before running: a failed change-stream getMore closes its cursor.
     change_stream = is_change_stream_command(name, cmd, server)
     checked_out = False  # past the checks mongod makes before checking out the session
@@ -135,15 +144,15 @@ async def run_command(
                 await pending
             if handler is None:
                 raise MongoError(59, f"no such command: '{name}'")
-            if handler is not proxy:
+            if not forwarded:
                 admin.check_api_parameters(name, cmd)  # apiVersion / apiStrict (322, 323)
             arguments.check_session_arguments(cmd)  # lsid, txnNumber...: typed for every one
-            if handler is not proxy:
+            if not forwarded:
                 txn_rules.check_allowed(name, cmd)  # 263, before the session is checked out
                 checked_out = True
             # A DDL command or an aggregate with $out / $merge: its write concern, parsed
             # before it runs (9 FailedToParse), reported after (100 / 79 writeConcernError).
-            wc_here = handler is not proxy and write_concern.left_to_dispatch(name, cmd)
+            wc_here = not forwarded and write_concern.left_to_dispatch(name, cmd)
             wc = write_concern.parse(cmd) if wc_here else None
             reply = await handler(server, conn, cmd, db)
             if wc_here and not isinstance(reply, RawBSONDocument):
@@ -178,10 +187,3 @@ async def run_command(
     reply["ok"] = 1.0
     reply.update(cluster_time_fields(server))
     return reply
-
-
-command("configureFailPoint")(failpoints.configure_fail_point)
-# The administrative commands (admin.py): its table, merged here; explain and listCommands
-# see the whole table through `bind`.
-COMMANDS.update(admin.TABLE)
-admin.bind(COMMANDS)

@@ -22,10 +22,14 @@ from bson.binary import Binary
 
 from cdcserver import auth
 from cdcserver.commands import txn_rules, write_concern
-from cdcserver.commands.registry import command
+from cdcserver.commands.base import Handler, family
 from cdcserver.embedded.store import LoggedWrite, OpSession, Session, Store, Txn, session_key
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
+
+# The transaction and session commands' table (which modes serve them: commands/tables.py).
+TABLE: dict[str, Handler] = {}
+command = family(TABLE)
 
 _TRANSIENT = ["TransientTransactionError"]
 

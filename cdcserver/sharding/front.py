@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import time
 from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -27,8 +28,9 @@ from bson.timestamp import Timestamp
 
 from cdcserver import server as _server  # noqa: F401  (every shard command is registered)
 from cdcserver.commands import failpoints, handshake
-from cdcserver.commands.registry import COMMANDS, int_arg, run_command
-from cdcserver.cursors import cursor_reply
+from cdcserver.commands.registry import int_arg, run_command
+from cdcserver.commands.tables import EMBEDDED
+from cdcserver.cursors import QUERY_RESULT, cursor_reply, kind_of
 from cdcserver.embedded.store import id_key as _id_key
 from cdcserver.sharding.catalog import _MISSING, _key_bytes, hashed_value, path_value
 from cdcserver.sharding.shard_commands import SHARD_COMMANDS
@@ -198,7 +200,7 @@ async def server_status(server, conn, cmd, db):
     return reply
 
 
-FRONT_COMMANDS["configureFailPoint"] = COMMANDS["configureFailPoint"]
+FRONT_COMMANDS["configureFailPoint"] = failpoints.configure_fail_point
 
 
 # -- sharding commands ----------------------------------------------------------------------------
@@ -1108,6 +1110,23 @@ def _take(docs: Any, size: int | None) -> list[Any]:
     return out
 
 
+class FrontResults:
+    """Results merged on the front, kept for getMore: a query-result cursor of the front's
+    registry (cdcserver/cursors.py), reaped when idle as every cursor is."""
+
+    kind = QUERY_RESULT
+    owner = None
+
+    def __init__(self, cursor_id: int, ns: str, rest: deque[Any]) -> None:
+        self.id, self.ns, self.rest = cursor_id, ns, rest
+        self.last_used = time.monotonic()
+        self.busy = False
+        self.awaited_s = 0.0
+
+    def close(self) -> None:
+        self.rest.clear()
+
+
 def _results_reply(server: Any, cluster: ShardedCluster, docs: list[Any], ns: str,
                    batch_size: int | None, single: bool = False) -> dict[str, Any]:
     """Results merged on the front (a broadcast find, the merging half of an aggregation):
@@ -1117,7 +1136,7 @@ def _results_reply(server: Any, cluster: ShardedCluster, docs: list[Any], ns: st
     cursor_id = 0
     if rest and not single:
         cursor_id = server.cursors.new_id()
-        cluster.results[cursor_id] = (ns, rest)
+        server.cursors.add(FrontResults(cursor_id, ns, rest))
     return {"cursor": {"firstBatch": first, "id": Int64(cursor_id), "ns": ns}}
 
 
@@ -1376,7 +1395,7 @@ async def open_change_stream(server: Any, cluster: Any, cmd: Mapping[str, Any], 
     if batch.invalidated:
         stream.close()
     else:
-        server.cursors.cursors[stream.id] = stream
+        server.cursors.add(stream)
     return {"cursor": cursor_reply(stream.id, ns, batch, first=True)}
 
 
@@ -1410,9 +1429,10 @@ async def get_more(server, conn, cmd, db):
     cluster = cluster_of(server)
     cursor_id = cmd.get("getMore")
     stream = server.cursors.cursors.get(cursor_id) if isinstance(cursor_id, int) else None
-    results = cluster.results.get(cursor_id) if isinstance(cursor_id, int) else None
-    if results is not None:
-        ns, rest = results
+    results = server.cursors.find(cursor_id)
+    if results is not None and kind_of(results) == QUERY_RESULT:
+        ns, rest = results.ns, results.rest
+        results.last_used = time.monotonic()
         coll = cmd.get("collection")
         if f"{db}.{coll}" != ns:
             raise MongoError(
@@ -1421,7 +1441,7 @@ async def get_more(server, conn, cmd, db):
             )
         batch = _take(rest, int_arg(cmd, "batchSize", "getMore"))
         if not rest:
-            del cluster.results[cursor_id]
+            server.cursors.kill(cursor_id)
         return {"cursor": {"nextBatch": batch, "id": Int64(cursor_id if rest else 0),
                            "ns": ns}}
     if stream is None:
@@ -1471,7 +1491,7 @@ async def kill_cursors(server, conn, cmd, db):
     killed, not_found = [], []
     for cid in ids:
         cid = int(cid)
-        if server.cursors.kill(cid) or cluster.results.pop(cid, None) is not None:
+        if server.cursors.kill(cid):  # the front's own: a merged stream, merged results
             killed.append(Int64(cid))
             continue
         owner = cluster.cursor_owner.pop(cid, None)
@@ -1501,7 +1521,7 @@ def _gossiping(handler: Any) -> Any:
 
 def _build_table() -> None:
     """Every other command a shard knows: forwarded to the primary shard of its database."""
-    for name in COMMANDS:
+    for name in EMBEDDED:
         if name.startswith("$"):
             continue
         FRONT_COMMANDS.setdefault(name, forward_default)
