@@ -116,6 +116,26 @@ def table_of(server: ServerState, table: Mapping[str, Any] | None) -> CommandTab
     return commands
 
 
+# The commands that serve readConcern level "snapshot" outside a transaction (snapshot reads,
+# 5.0+): the others refuse it before running (ServiceEntryPointCommon, supportsReadConcern).
+_SNAPSHOT_READ_COMMANDS = frozenset({"find", "aggregate", "distinct"})
+
+
+def check_snapshot_read_concern(name: str, cmd: Mapping[str, Any]) -> None:
+    """72 InvalidOptions for readConcern level "snapshot" outside a transaction on a command
+    that cannot read at a snapshot (writes, listCollections, count...)."""
+    rc = cmd.get("readConcern")
+    if not isinstance(rc, Mapping) or rc.get("level") != "snapshot":
+        return
+    if txn_rules.in_transaction(cmd) or name in _SNAPSHOT_READ_COMMANDS:
+        return
+    shown = ", ".join(f'{k}: "{v}"' if isinstance(v, str) else f"{k}: {v}" for k, v in rc.items())
+    reason = "read concern snapshot not supported" if name == "count" else (
+        "read concern not supported")
+    raise MongoError(72, f"Command {name} does not support {{ readConcern: {{ {shown} }} }} :: "
+                     f"caused by :: {reason}")
+
+
 async def run_command(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any],
     table: Mapping[str, Any] | None = None,
@@ -149,6 +169,7 @@ async def run_command(
             arguments.check_session_arguments(cmd)  # lsid, txnNumber...: typed for every one
             if not forwarded:
                 txn_rules.check_allowed(name, cmd)  # 263, before the session is checked out
+                check_snapshot_read_concern(name, cmd)  # 72 outside a transaction
                 checked_out = True
             # A DDL command or an aggregate with $out / $merge: its write concern, parsed
             # before it runs (9 FailedToParse), reported after (100 / 79 writeConcernError).
