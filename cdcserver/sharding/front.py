@@ -30,7 +30,7 @@ from cdcserver import server as _server  # noqa: F401  (every shard command is r
 from cdcserver.commands import failpoints, handshake
 from cdcserver.commands.registry import int_arg, run_command
 from cdcserver.commands.tables import EMBEDDED
-from cdcserver.cursors import QUERY_RESULT, cursor_reply, kind_of
+from cdcserver.cursors import FORWARDED, QUERY_RESULT, cursor_reply, kind_of
 from cdcserver.embedded.store import id_key as _id_key
 from cdcserver.sharding.catalog import _MISSING, _key_bytes, hashed_value, path_value
 from cdcserver.sharding.shard_commands import SHARD_COMMANDS
@@ -1127,6 +1127,36 @@ class FrontResults:
         self.rest.clear()
 
 
+class ShardCursor:
+    """A shard's cursor that a client reads through the front (its getMore and killCursors go
+    to the owner shard): in the front's registry, so that an abandoned one is forgotten when
+    idle (the shard reaps its own)."""
+
+    kind = FORWARDED
+
+    def __init__(self, cluster: ShardedCluster, cursor_id: int, ns: str, owner: str) -> None:
+        self.cluster = cluster
+        self.id, self.ns, self.owner = cursor_id, ns, owner
+        self.last_used = time.monotonic()
+        self.busy = False
+        self.awaited_s = 0.0
+
+    def close(self) -> None:
+        self.cluster.cursor_owner.pop(self.id, None)
+
+
+def _note_shard_cursor(server: Any, reply: Any) -> None:
+    """A reply handing the client a shard's cursor: the front's registry keeps it."""
+    cursor = reply.get("cursor") if isinstance(reply, Mapping) else None
+    cid = cursor.get("id") if isinstance(cursor, Mapping) else None
+    if not isinstance(cid, int) or not cid or server.cursors.find(int(cid)) is not None:
+        return
+    cluster = cluster_of(server)
+    owner = cluster.cursor_owner.get(int(cid))
+    if owner is not None:
+        server.cursors.add(ShardCursor(cluster, int(cid), str(cursor.get("ns", "")), owner))
+
+
 def _results_reply(server: Any, cluster: ShardedCluster, docs: list[Any], ns: str,
                    batch_size: int | None, single: bool = False) -> dict[str, Any]:
     """Results merged on the front (a broadcast find, the merging half of an aggregation):
@@ -1447,9 +1477,14 @@ async def get_more(server, conn, cmd, db):
     if stream is None:
         owner = cluster.cursor_owner.get(int(cursor_id)) if isinstance(cursor_id, int) else None
         shard = cluster.shard(owner) if owner is not None else cluster.shards[0]
+        held = server.cursors.find(cursor_id)
+        if held is not None:
+            held.last_used = time.monotonic()  # in use: not reaped
         reply = await forward(cluster, shard, cmd, db)
         if not reply.get("cursor", {}).get("id"):
             cluster.cursor_owner.pop(int(cursor_id), None)
+            if held is not None and kind_of(held) == FORWARDED:
+                server.cursors.kill(int(cursor_id))
         return reply
     return await stream_get_more(server, conn, cmd, db, stream)
 
@@ -1491,10 +1526,12 @@ async def kill_cursors(server, conn, cmd, db):
     killed, not_found = [], []
     for cid in ids:
         cid = int(cid)
-        if server.cursors.kill(cid):  # the front's own: a merged stream, merged results
-            killed.append(Int64(cid))
+        held = server.cursors.find(cid)
+        if held is not None and kind_of(held) != FORWARDED and server.cursors.kill(cid):
+            killed.append(Int64(cid))  # the front's own: a merged stream, merged results
             continue
         owner = cluster.cursor_owner.pop(cid, None)
+        server.cursors.kill(cid)  # a shard's cursor: the front forgets it
         if owner is None:
             not_found.append(Int64(cid))
             continue
@@ -1513,7 +1550,9 @@ def _gossiping(handler: Any) -> Any:
         gossip = cmd.get("$clusterTime")
         if isinstance(gossip, Mapping) and isinstance(gossip.get("clusterTime"), Timestamp):
             cluster_of(server).clock.advance_to(gossip["clusterTime"])
-        return await handler(server, conn, cmd, db)
+        reply = await handler(server, conn, cmd, db)
+        _note_shard_cursor(server, reply)
+        return reply
 
     run.__name__ = getattr(handler, "__name__", "forward")
     return run
