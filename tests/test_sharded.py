@@ -960,3 +960,53 @@ def test_sidecar_with_a_retained_log_per_shard_resumes_after_a_restart(cluster, 
             got = [resumed.next() for _ in range(len(expected))]
     assert [bson.encode(e) for e in got] == [bson.encode(e) for e in expected]
     assert [bson.encode(e) for e in got[:len(first) - 1]] == [bson.encode(e) for e in first[1:]]
+
+
+def test_sidecar_fails_streams_resumably_while_the_mongos_is_unreachable(cluster, client):
+    """Without the shard list no event may leave (a shard could have been added): a mongos
+    that cannot be asked fails the sidecar's streams with a resumable error, and they resume
+    once it answers again."""
+    from cdcserver.server import Server
+    from cdcserver.sharding.testing import ShardedSidecar
+
+    _spread(client, cluster, "app.c")
+    n = len(cluster.cluster.shards)
+    quick = {"serverSelectionTimeoutMS": 500, "heartbeatFrequencyMS": 500}  # notice it soon
+    with ShardedSidecar(cluster.uri, majority_poll_ms=1.0, client_options=quick
+                        ) as side_server, pymongo.MongoClient(side_server.uri) as side:
+        side_server.upstream.down_grace_s = 0.0
+        side_server.upstream.topology_poll_s = 0.05
+        through = side.watch(max_await_time_ms=100)
+        count = _write_round(client, n, "a")
+        seen = [through.next() for _ in range(count)]
+        front = cluster.server
+        cluster.run(front.close())  # the mongos goes away; the shards stay
+        errors = []
+        deadline = time.monotonic() + 30  # a guard against a hang, not a measurement
+        while not errors and time.monotonic() < deadline:
+            try:
+                through.try_next()
+            except pymongo.errors.OperationFailure as exc:
+                errors.append(exc)
+        assert errors and errors[0].code == 6
+        assert errors[0].has_error_label("ResumableChangeStreamError")
+
+        async def listen_again() -> None:
+            server = Server(front.state, commands=cluster.log.command_table)
+            await server.start("127.0.0.1", cluster.port)
+            cluster.server = server
+
+        cluster.run(listen_again())
+        count = _write_round(client, n, "b")
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                resumed = side.watch(resume_after=seen[-1]["_id"], max_await_time_ms=100)
+                got = [resumed.next() for _ in range(count)]
+                break
+            except pymongo.errors.OperationFailure:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        with resumed, client.watch(resume_after=seen[-1]["_id"]) as direct:
+            expected = [direct.next() for _ in range(count)]
+        assert [bson.encode(e) for e in got] == [bson.encode(e) for e in expected]

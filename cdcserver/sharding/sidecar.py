@@ -153,6 +153,7 @@ class ShardedUpstream(FrontLog):
         self.topology_ts: Timestamp | None = None  # the shard list is known up to this time
         self._topology_task: asyncio.Task[Any] | None = None
         self.topology_poll_s = TOPOLOGY_POLL_S
+        self._topology_down_since: float | None = None  # listShards failing since
         self._tasks: list[asyncio.Task[Any]] = []
         self._nudging: set[str] = set()
         self._nudged: dict[str, Timestamp] = {}  # the time each shard was last nudged past
@@ -209,7 +210,10 @@ class ShardedUpstream(FrontLog):
             raise
         except Exception as exc:  # noqa: BLE001 - the mongos is away: the list stays as known
             log.debug("listShards: %s", exc)
+            if self._topology_down_since is None:
+                self._topology_down_since = time.monotonic()
             return
+        self._topology_down_since = None
         known = reply.get("operationTime")
         if not isinstance(known, Timestamp):
             cluster_time = reply.get("$clusterTime") or {}
@@ -335,6 +339,13 @@ class ShardedUpstream(FrontLog):
         resumable error (6 HostUnreachable): they cannot go on without its events, and a
         driver resumes from its last token once the shard is back."""
         now = time.monotonic()
+        since = self._topology_down_since
+        if since is not None and now - since >= self.down_grace_s:
+            # Without the shard list no event can leave (a shard may have been added).
+            raise MongoError(
+                6, f"Unable to reach the mongos: the cluster's shards cannot be listed "
+                f"({now - since:.1f}s)",
+            )
         for shard in self.shards:
             since = getattr(shard.log, "_down_since", None)
             if since is not None and now - since >= self.down_grace_s:
