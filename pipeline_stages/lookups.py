@@ -54,6 +54,21 @@ Namespace = tuple[str, str, bytes | None]
 _PRE_IMAGE_EVENT_TYPES = frozenset({"update", "replace", "delete"})
 
 
+def _pre_key(id_doc: Mapping[str, Any]) -> Any:
+    """Equal exactly when two pre-image `_id`s are. The transform's `{nsUUID, ts,
+    applyOpsIndex}` compare as (UUID bytes, Timestamp, integer), which is what BSON equality
+    of those types is (cheaper than a KeyString); any other shape by its KeyString."""
+    try:
+        uuid = id_doc["nsUUID"]
+        ts = id_doc["ts"]
+        index = id_doc["applyOpsIndex"]
+        if len(id_doc) == 3 and isinstance(ts, Timestamp) and isinstance(index, int):
+            return (bytes(uuid.bytes if hasattr(uuid, "bytes") else uuid), ts, int(index))
+    except (KeyError, TypeError):
+        pass
+    return pre_image_equality_key(id_doc)
+
+
 @dataclass(slots=True)
 class NeedsLookup:
     """What a push needs before it can run: each named once, in the order first met."""
@@ -64,14 +79,14 @@ class NeedsLookup:
     documents: dict[Namespace, list[Document]] = field(default_factory=dict)
     # Transaction history: the oplog entries at these times (a `prevOpTime` chain's links).
     oplog_entries: list[Timestamp] = field(default_factory=list)
-    _seen_pre: set[bytes] = field(default_factory=set, repr=False)
+    _seen_pre: set[Any] = field(default_factory=set, repr=False)
     _seen_keys: set[tuple[Namespace, bytes]] = field(default_factory=set, repr=False)
 
     def __bool__(self) -> bool:
         return bool(self.pre_images or self.documents or self.oplog_entries)
 
     def add_pre_image(self, id_doc: dict[str, Any]) -> None:
-        key = pre_image_equality_key(id_doc)
+        key = _pre_key(id_doc)
         if key not in self._seen_pre:
             self._seen_pre.add(key)
             self.pre_images.append(id_doc)
@@ -111,7 +126,7 @@ class LookupAnswers(ImageSource):
     place the unwinder looks for transaction entries (`history`)."""
 
     def __init__(self) -> None:
-        self._pre_images: dict[bytes, Document | None | BaseException] = {}
+        self._pre_images: dict[Any, Document | None | BaseException] = {}
         self._documents: dict[Namespace, dict[bytes, Document | None | BaseException]] = {}
         self._namespace_errors: dict[Namespace, BaseException] = {}
         self._gone: set[Namespace] = set()
@@ -120,11 +135,11 @@ class LookupAnswers(ImageSource):
     # -- filled by the one who looks up ---------------------------------------------------------
 
     def put_pre_image(self, id_doc: Mapping[str, Any], image: Document | None) -> None:
-        self._pre_images[pre_image_equality_key(id_doc)] = image
+        self._pre_images[_pre_key(id_doc)] = image
 
     def fail_pre_images(self, ids: Sequence[Mapping[str, Any]], error: BaseException) -> None:
         for id_doc in ids:
-            self._pre_images[pre_image_equality_key(id_doc)] = error
+            self._pre_images[_pre_key(id_doc)] = error
 
     def collection_gone(self, ns: Namespace) -> None:
         """The collection now at (db, coll) has another UUID (or none): every answer is null."""
@@ -163,7 +178,7 @@ class LookupAnswers(ImageSource):
         """The part of `needs` these answers do not hold (empty: the push can run)."""
         out = NeedsLookup()
         for id_doc in needs.pre_images:
-            if pre_image_equality_key(id_doc) not in self._pre_images:
+            if _pre_key(id_doc) not in self._pre_images:
                 out.add_pre_image(id_doc)
         for ns, keys in needs.documents.items():
             if ns in self._gone or ns in self._namespace_errors:
@@ -183,7 +198,7 @@ class LookupAnswers(ImageSource):
         out: list[Document | None] = []
         table = self._pre_images
         for id_doc in ids:
-            key = pre_image_equality_key(id_doc)
+            key = _pre_key(id_doc)
             if key not in table:
                 raise _Unanswered(f"pre-image {document_string(id_doc)} was not looked up")
             answer = table[key]

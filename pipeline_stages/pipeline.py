@@ -177,7 +177,7 @@ class ChangeStreamPipeline:
         self.scan_clock: Any = None  # has `scanned_ts`
         self.error: BaseException | None = None
         # A push that returned a NeedsLookup for images: (its batch, its events, its last ts),
-        # taken up when the same batch is pushed again with the answers.
+        # taken up when the same batch is pushed again (its events are not made twice).
         self._suspended: tuple[tuple[Any, ...], list[dict[str, Any]], Timestamp | None] | None
         self._suspended = None
 
@@ -238,8 +238,9 @@ class ChangeStreamPipeline:
         if self.invalidated:
             return None
         suspended, self._suspended = self._suspended, None
-        if answers is not None and suspended is not None and _same_batch(suspended[0], entries):
-            # Pushed again with what the first push said it needs: its events are still good.
+        if suspended is not None and _same_batch(suspended[0], entries):
+            # The batch the last push said needs lookups: its events are still good (nothing
+            # ran, and match, unwind and transform depend only on the entries).
             events, last_ts = suspended[1], suspended[2]
         else:
             history = self.history if answers is None else answers.history(self.history)
