@@ -592,6 +592,7 @@ def executor_errors(command_name: str) -> Iterator[None]:
 
 @command("update")
 async def update(server, conn, cmd, db):
+    cmd = engine.bind_let(cmd)  # `let` variables bound into filters and pipeline updates
     store = get_store(server)
     coll = coll_arg(cmd, "update")
     request = write_parsing.parse_write_command(cmd, "update")  # whole, before any write
@@ -654,6 +655,7 @@ async def update(server, conn, cmd, db):
 
 @command("delete")
 async def delete(server, conn, cmd, db):
+    cmd = engine.bind_let(cmd)
     store = get_store(server)
     coll = coll_arg(cmd, "delete")
     request = write_parsing.parse_write_command(cmd, "delete")  # whole, before any write
@@ -763,6 +765,7 @@ def project(store: Store, db: str, coll: str, doc: dict | None, fields: Any) -> 
 
 @command("findAndModify", "findandmodify")
 async def find_and_modify(server, conn, cmd, db):
+    cmd = engine.bind_let(cmd)
     store = get_store(server)
     name = next(iter(cmd))
     coll = coll_arg(cmd, name)
@@ -1130,6 +1133,7 @@ def _distinct_values(docs: list[Any], key: str) -> list[Any]:
 
 @command("find")
 async def find(server, conn, cmd, db):
+    cmd = engine.bind_let(cmd)
     if oplog_find.is_oplog(db, cmd.get("find")):
         return await find_oplog(server, cmd)
     store = get_store(server)
@@ -1291,6 +1295,7 @@ async def aggregate(server, conn, cmd, db):
     pipeline runs on the store's documents, on the oplog, or on `$currentOp` / `$collStats`."""
     if is_change_stream_aggregate(cmd):
         return await change_streams.aggregate(server, conn, cmd, db)
+    cmd = engine.bind_let(cmd)
     check_requires_change_stream(cmd.get("pipeline"))
     target = cmd.get("aggregate")
     if cmd.get("explain") is True:

@@ -594,3 +594,208 @@ def upsert_seed(query: Mapping[str, Any]) -> dict[str, Any]:
 
 def new_object_id() -> ObjectId:
     return ObjectId()
+
+
+# ---------------------------------------------------------------------------------------------
+# The `let` option (find, aggregate, update, delete, findAndModify): command-level variables
+
+# The system variables only mongod's internal clients may set in a `let`
+# (Variables::kSystemVarValidators).
+_SYSTEM_VARIABLES = frozenset(
+    {"NOW", "CLUSTER_TIME", "JS_SCOPE", "IS_MR", "SEARCH_META", "USER_ROLES"}
+)
+
+
+def _check_let_name(name: str) -> None:
+    """variableValidation::isValidNameForUserWrite, as Variables::seedVariablesWithLetParameters
+    checks each `let` name."""
+    if name in _SYSTEM_VARIABLES:
+        raise MongoError(4738901, f"Attempt to set internal constant: {name}")
+    reason = None
+    if not name:
+        reason = "empty variable names are not allowed"
+    elif not ("a" <= name[0] <= "z" or ord(name[0]) >= 0x80) and name != "CURRENT":
+        reason = f"'{name}' starts with an invalid character for a user variable name"
+    else:
+        bad = next((ch for ch in name[1:] if not (ch.isascii() and (ch.isalnum() or ch == "_"))
+                    and ord(ch) < 0x80), None)
+        if bad is not None:
+            reason = f"'{name}' contains an invalid character for a variable name: '{bad}'"
+    if reason is not None:
+        raise MongoError(9, f"Invalid 'let' parameter :: caused by :: {reason}")
+
+
+def _reads_document(expr: Any) -> bool:
+    """Whether an expression reads the document (a field path, $$CURRENT or $$ROOT)."""
+    if isinstance(expr, str):
+        if expr.startswith("$$"):
+            return expr[2:].split(".")[0] in ("CURRENT", "ROOT")
+        return expr.startswith("$")
+    if isinstance(expr, Mapping):
+        if "$literal" in expr:
+            return False
+        return any(_reads_document(v) for v in expr.values())
+    if isinstance(expr, list):
+        return any(_reads_document(v) for v in expr)
+    return False
+
+
+def _fold_rand(expr: Any) -> Any:
+    """`{$rand: {}}` as its value (mongomock has no $rand): a `let` evaluates once."""
+    if isinstance(expr, Mapping):
+        if len(expr) == 1 and "$rand" in expr:
+            import random
+
+            return {"$literal": random.random()}
+        return {k: _fold_rand(v) for k, v in expr.items()}
+    if isinstance(expr, list):
+        return [_fold_rand(v) for v in expr]
+    return expr
+
+
+def let_variables(let: Any, command: str) -> dict[str, Any]:
+    """The values of a command's `let` variables: each an expression evaluated once, before
+    any document (Variables::seedVariablesWithLetParameters); a later one may use an earlier."""
+    if let is None:
+        return {}
+    if not isinstance(let, Mapping):
+        raise MongoError(14, f"BSON field '{command}.let' is the wrong type '{_type_name(let)}', "
+                         "expected type 'object'")
+    variables: dict[str, Any] = {}
+    for name, expr in let.items():
+        _check_let_name(name)
+        if _reads_document(expr):
+            raise MongoError(
+                4890500, "Command let Expression tried to access a field, but this is not "
+                "allowed becauseCommand let Expressions run before the query examines any "
+                "documents.",
+            )
+        bound = normalize(bind_expression(_fold_rand(expr), variables))
+        try:
+            variables[name] = query_engine.evaluate(bound, {}, None)
+        except KeyError:
+            continue  # evaluates to missing: the variable is unset
+        except MongoError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise engine_error(exc) from None
+    return variables
+
+
+def _variable_value(reference: str, variables: Mapping[str, Any]) -> tuple[bool, Any]:
+    """(found, value) of `$$name[.path]` among `variables`."""
+    name, _, path = reference[2:].partition(".")
+    if name not in variables:
+        return False, None
+    value = variables[name]
+    for part in path.split(".") if path else []:
+        if isinstance(value, Mapping) and part in value:
+            value = value[part]
+        else:
+            return True, None  # a missing path: null, as a comparison reads it
+    return True, value
+
+
+def bind_expression(expr: Any, variables: Mapping[str, Any]) -> Any:
+    """An aggregation expression with each reference to a `let` variable replaced by its value
+    (a `$literal`), except where an inner `$let`, `$map`, `$filter` or `$reduce` defines a
+    variable of the same name."""
+    if not variables:
+        return expr
+    if isinstance(expr, str):
+        if expr.startswith("$$"):
+            found, value = _variable_value(expr, variables)
+            if found:
+                return {"$literal": value}
+        return expr
+    if isinstance(expr, list):
+        return [bind_expression(v, variables) for v in expr]
+    if not isinstance(expr, Mapping):
+        return expr
+    if len(expr) == 1:
+        (op, arg), = expr.items()
+        if op == "$literal":
+            return expr
+        if isinstance(arg, Mapping) and op in ("$let", "$map", "$filter", "$reduce"):
+            if op == "$let":
+                names = arg.get("vars")
+                inner = set(names) if isinstance(names, Mapping) else set()
+                scoped = ("in",)
+            elif op == "$reduce":
+                inner, scoped = {"this", "value"}, ("in",)
+            else:
+                inner, scoped = {arg.get("as") or "this"}, ("in", "cond")
+            rest = {k: v for k, v in variables.items() if k not in inner}
+            return {op: {k: bind_expression(v, rest if k in scoped else variables)
+                         for k, v in arg.items()}}
+    return {k: bind_expression(v, variables) for k, v in expr.items()}
+
+
+def bind_filter(filter_doc: Any, variables: Mapping[str, Any]) -> Any:
+    """A query filter with the `let` variables bound in its `$expr` clauses (elsewhere `$$x`
+    is a string like any other)."""
+    if not variables or not isinstance(filter_doc, Mapping):
+        return filter_doc
+    out: dict[str, Any] = {}
+    for key, value in filter_doc.items():
+        if key == "$expr":
+            out[key] = bind_expression(value, variables)
+        elif key in ("$and", "$or", "$nor") and isinstance(value, list):
+            out[key] = [bind_filter(clause, variables) for clause in value]
+        else:
+            out[key] = value
+    return out
+
+
+def bind_pipeline(pipeline: Any, variables: Mapping[str, Any]) -> Any:
+    """An aggregation pipeline with the `let` variables bound in its stages."""
+    if not variables or not isinstance(pipeline, list):
+        return pipeline
+    out: list[Any] = []
+    for stage in pipeline:
+        if isinstance(stage, Mapping) and len(stage) == 1 and "$match" in stage:
+            out.append({"$match": bind_filter(stage["$match"], variables)})
+        else:
+            out.append(bind_expression(stage, variables))
+    return out
+
+
+def bind_let(cmd: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The command with its `let` variables bound into its filters, pipelines and pipeline
+    updates (find, aggregate, update, delete, findAndModify); the command itself when it has
+    no `let`."""
+    if cmd.get("let") is None:
+        return cmd
+    name = next(iter(cmd))
+    variables = let_variables(cmd["let"], name)
+    if not variables:
+        return cmd
+    out = dict(cmd)
+    if name == "find":
+        out["filter"] = bind_filter(cmd.get("filter"), variables)
+    elif name == "aggregate":
+        out["pipeline"] = bind_pipeline(cmd.get("pipeline"), variables)
+    elif name in ("update", "delete"):
+        key = "updates" if name == "update" else "deletes"
+        statements = cmd.get(key)
+        if isinstance(statements, list):
+            out[key] = [_bind_statement(s, variables) for s in statements]
+    elif name in ("findAndModify", "findandmodify"):
+        out["query"] = bind_filter(cmd.get("query"), variables)
+        if isinstance(cmd.get("update"), list):
+            out["update"] = bind_pipeline(cmd["update"], variables)
+    for key in ("filter", "query"):  # never add a field the command did not have
+        if key in out and key not in cmd:
+            del out[key]
+    return out
+
+
+def _bind_statement(statement: Any, variables: Mapping[str, Any]) -> Any:
+    if not isinstance(statement, Mapping):
+        return statement
+    out = dict(statement)
+    if "q" in out:
+        out["q"] = bind_filter(out["q"], variables)
+    if isinstance(out.get("u"), list):
+        out["u"] = bind_pipeline(out["u"], variables)
+    return out
