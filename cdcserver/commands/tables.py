@@ -174,6 +174,7 @@ def for_state(state: ServerState) -> CommandTable:
 
 
 def _qualified(handler: Any) -> str:
+    handler = getattr(handler, "__wrapped__", handler)  # a front's clock-gossip wrapper
     return f"{handler.__module__}.{handler.__qualname__}"
 
 

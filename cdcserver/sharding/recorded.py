@@ -99,30 +99,30 @@ async def _is_master(server, conn, cmd, db):
 
 
 async def _aggregate(server, conn, cmd, db):
-    from cdcserver.commands.registry import COMMANDS
+    from cdcserver.commands.tables import RECORDED
     from cdcserver.sharding.front import open_change_stream
 
     if not is_change_stream_aggregate(cmd):
-        return await COMMANDS["aggregate"](server, conn, cmd, db)
+        return await RECORDED["aggregate"](server, conn, cmd, db)
     return await open_change_stream(server, server.log, cmd, db)
 
 
 async def _get_more(server, conn, cmd, db):
-    from cdcserver.commands.registry import COMMANDS
+    from cdcserver.commands.tables import RECORDED
     from cdcserver.sharding.front import stream_get_more
 
     cursor_id = cmd.get("getMore")
     stream = server.cursors.cursors.get(cursor_id) if isinstance(cursor_id, int) else None
     if stream is None:
-        return await COMMANDS["getMore"](server, conn, cmd, db)
+        return await RECORDED["getMore"](server, conn, cmd, db)
     return await stream_get_more(server, conn, cmd, db, stream)
 
 
 def _table() -> dict[str, Any]:
     from cdcserver import server as _server  # noqa: F401  (every command is registered)
-    from cdcserver.commands.registry import COMMANDS
+    from cdcserver.commands.tables import RECORDED
 
-    table = {k: v for k, v in COMMANDS.items() if not k.startswith("$")}
+    table = {k: v for k, v in RECORDED.items() if not k.startswith("$")}
     table.update({"hello": _hello, "isMaster": _is_master, "ismaster": _is_master,
                   "aggregate": _aggregate, "getMore": _get_more})
     return table
