@@ -210,6 +210,7 @@ def replay_shards(shards: list[list[str]], cmd: dict[str, Any], db: str):
 def _shard_batches(paths: list[str], cmd: dict[str, Any], db: str):
     """One oplog's batches: (events, entries read, post-batch resume token, whether the
     stream ended at an invalidate)."""
+    from pipeline_stages.lookups import ExternalImages, answer_from, push_answering
     from pipeline_stages.pipeline import ChangeStreamPipeline
     from pipeline_stages.spec import parse_aggregate
 
@@ -222,7 +223,10 @@ def _shard_batches(paths: list[str], cmd: dict[str, Any], db: str):
     else:
         oldest = oplog.oldest_entry()
         start = oldest["ts"] if oldest is not None else oplog.start_for_new_stream()
-    pipeline = ChangeStreamPipeline(spec, start, history=oplog)
+    # What the pipeline says it needs is answered here, synchronously, from the recorded data:
+    # transaction entries from the oplog; images are not recorded (each one is null).
+    pipeline = ChangeStreamPipeline(spec, start, history=oplog, images=ExternalImages())
+    answer = answer_from(oplog, None)
     try:
         pipeline.check_history(oplog.oldest_entry())
         position = start
@@ -231,7 +235,7 @@ def _shard_batches(paths: list[str], cmd: dict[str, Any], db: str):
             if not entries:
                 break
             last = entries[-1]["ts"]
-            pipeline.push(entries, scanned_to=last)
+            push_answering(pipeline, entries, last, answer)
             batch = pipeline.next_batch(None)
             yield batch.events, len(entries), batch.post_batch_resume_token, batch.invalidated
             while pipeline.pending_count:  # a batch stops at the 16 MiB reply budget
