@@ -49,32 +49,40 @@ def _children() -> dict[int, list[int]]:
     return out
 
 
-def _hwm(pid: int) -> tuple[str, int]:
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _hwm(pid: int) -> tuple[str, int, float]:
+    """(command, peak RSS in bytes, CPU seconds so far: user + system) of a live process."""
     try:
         cmd = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / _TICK
         for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
-                return cmd, int(line.split()[1]) * 1024
-    except OSError:
+                return cmd, int(line.split()[1]) * 1024, cpu
+    except (OSError, IndexError, ValueError):
         pass
-    return "", 0
+    return "", 0, 0.0
 
 
-def run(args: list[str]) -> tuple[float, bytes, dict[str, int]]:
-    """(wall seconds, stderr, peak RSS by kind: driver / jvm / worker) of a command."""
+def run(args: list[str]) -> tuple[float, bytes, dict[str, int], dict[str, float]]:
+    """(wall seconds, stderr, peak RSS by kind: driver / jvm / worker, CPU seconds by kind) of
+    a command. CPU is sampled every 0.1 s per process (what a process spends after its last
+    sample is missed: Spark's Python workers live as long as the job, so little is)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    peaks: dict[int, tuple[str, int]] = {}
+    peaks: dict[int, tuple[str, int, float]] = {}
     done = threading.Event()
 
     def watch() -> None:
-        while not done.wait(0.2):
+        while not done.wait(0.1):
             tree, todo = _children(), [proc.pid]
             while todo:
                 pid = todo.pop()
-                cmd, rss = _hwm(pid)
+                cmd, rss, cpu = _hwm(pid)
                 if rss:
-                    peaks[pid] = (cmd, rss)
+                    peaks[pid] = (cmd, rss, cpu)
                 todo += tree.get(pid, [])
 
     thread = threading.Thread(target=watch, daemon=True)
@@ -86,10 +94,12 @@ def run(args: list[str]) -> tuple[float, bytes, dict[str, int]]:
     if proc.returncode != 0:
         sys.exit(f"{args[:4]} failed:\n{err.decode()[-3000:]}")
     kinds = {"driver": 0, "jvm": 0, "worker": 0}
-    for pid, (cmd, rss) in peaks.items():
+    cpu = {"driver": 0.0, "jvm": 0.0, "worker": 0.0}
+    for pid, (cmd, rss, used) in peaks.items():
         kind = "driver" if pid == proc.pid else "jvm" if cmd.endswith("java") else "worker"
         kinds[kind] = max(kinds[kind], rss)
-    return seconds, err, kinds
+        cpu[kind] += used
+    return seconds, err, kinds, cpu
 
 
 def digest(paths: list[pathlib.Path]) -> str:
@@ -109,13 +119,24 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--splits", type=int, default=8, help="ranges per shard")
     ap.add_argument("--driver-memory", default="1g")
+    ap.add_argument(
+        "--archive", metavar="DIR",
+        help="keep the generated archive in DIR and reuse it when it is there (while iterating)",
+    )
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Spark property for both spark-replay runs (repeatable)")
     args = ap.parse_args()
     work = pathlib.Path(tempfile.mkdtemp(prefix="spark-bench-"))
+    where = pathlib.Path(args.archive) if args.archive else work
+    where.mkdir(parents=True, exist_ok=True)
     try:
         base = Timestamp(1_720_000_000, 1)
         shards = []
         for s in range(args.shards):
-            path = work / f"shard{s}.bson"
+            path = where / f"shard{s}.bson"
+            if args.archive and path.exists():
+                shards.append(path)
+                continue
             if args.doc_bytes or args.gb:
                 target = int((args.gb or 0.1) * 1e9 / args.shards)
                 BigWorkload(1 + s, s, base, args.doc_bytes or 1024).write_bytes(path, target)
@@ -125,39 +146,55 @@ def main() -> None:
         size = sum(p.stat().st_size for p in shards)
         oplogs = [a for p in shards for a in ("--oplog", str(p))]
         cli = [sys.executable, "-m", "cdcserver.cli"]
+        load = [os.getloadavg()[0]]
 
         single = work / "single.jsonl"
-        t_single, _, rss_single = run([*cli, "replay", *oplogs, "--cluster", "--out", str(single)])
+        t_single, _, rss_single, cpu_single = run(
+            [*cli, "replay", *oplogs, "--cluster", "--out", str(single)]
+        )
         reference = digest([single])
         with open(single, "rb") as f:
             events = sum(1 for _ in f)
         single.unlink()
-        rows = [("cdcserver replay", t_single, t_single, rss_single)]
+        rows = [("cdcserver replay", t_single, t_single, rss_single, cpu_single)]
         split_size = max(1, max(p.stat().st_size for p in shards) // args.splits)
+        conf = [a for c in args.conf for a in ("--conf", c)]
         for master in ("local[1]", "local[2]"):
             out = work / master
-            wall, err, rss = run([
+            load.append(os.getloadavg()[0])
+            wall, err, rss, cpu = run([
                 *cli, "spark-replay", *oplogs, "--cluster", "--format", "jsonl", "--out",
                 str(out), "--master", master, "--driver-memory", args.driver_memory,
                 "--split-size", str(split_size), "--progress", "0",
-                "--conf", "spark.ui.enabled=false",
+                "--conf", "spark.ui.enabled=false", *conf,
             ])
             found = _SUMMARY.search(err)
             job = float(found.group(1)) if found else wall
             got = digest(sorted(out.glob("part-*")))
             assert got == reference, f"{master}: output differs from cdcserver replay"
             shutil.rmtree(out)
-            rows.append((f"spark-replay {master}", job, wall, rss))
+            rows.append((f"spark-replay {master}", job, wall, rss, cpu))
+        load.append(os.getloadavg()[0])
         print(f"{args.shards} shard(s), {size / 1e9:.2f} GB, {events} events, "
               f"split {split_size / 1e6:.0f} MB, driver memory {args.driver_memory}, "
-              f"{os.cpu_count()} cores")
+              f"{os.cpu_count()} cores, 1-min load before each run / after: "
+              + " ".join(f"{x:.2f}" for x in load))
         print(f"{'run':<22} {'seconds':>8} {'(wall)':>8} {'events/s':>10} {'vs replay':>9} "
-              f"{'driver MB':>9} {'JVM MB':>7} {'worker MB':>9}")
-        for name, seconds, wall, rss in rows:
+              f"{'driver MB':>9} {'JVM MB':>7} {'worker MB':>9} {'CPU s':>7} "
+              f"{'(JVM/workers)':>13} {'cores':>5}")
+        for name, seconds, wall, rss, cpu in rows:
+            total = sum(cpu.values())
             print(f"{name:<22} {seconds:>8.1f} {wall:>8.1f} {events / seconds:>10,.0f} "
                   f"{t_single / seconds:>9.2f} {rss['driver'] / 1e6:>9.0f} "
-                  f"{rss['jvm'] / 1e6:>7.0f} {rss['worker'] / 1e6:>9.0f}")
+                  f"{rss['jvm'] / 1e6:>7.0f} {rss['worker'] / 1e6:>9.0f} {total:>7.1f} "
+                  f"{cpu['jvm']:>6.1f}/{cpu['worker']:<6.1f} {total / wall:>5.2f}")
         print(f"scaling local[2] / local[1]: {rows[1][1] / rows[2][1]:.2f} (goal >= 1.8)")
+        # Under load the wall ratio says little: what each run would take with its cores to
+        # itself is its CPU seconds over the cores it can use (1 Python worker for local[1],
+        # but the JVM and the driver run beside it on the other core).
+        c1, c2 = (sum(r[4].values()) for r in rows[1:])
+        print(f"CPU seconds local[1] {c1:.1f}, local[2] {c2:.1f} (ratio {c1 / c2:.2f}); busy "
+              f"cores local[1] {c1 / rows[1][2]:.2f}, local[2] {c2 / rows[2][2]:.2f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -11,6 +11,7 @@ and the root cause of a real py4j failure.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pathlib
 import shutil
@@ -18,7 +19,9 @@ import subprocess
 import sys
 
 import pytest
+from bson import json_util
 from test_spark_replay import (  # noqa: F401
+    CANONICAL,
     Workload,
     command,
     parts,
@@ -217,8 +220,34 @@ def test_the_root_cause_of_a_py4j_failure(spark):  # noqa: F811
 
 @pytest.mark.spark
 def test_a_job_out_of_memory_says_so(tmp_path):
-    """A job whose JVM runs out of memory (15 MiB documents in a 128 MiB heap; in local mode
-    Spark then ends the JVM, status 52): one line naming --driver-memory, no output left."""
+    """A job whose JVM runs out of memory (in local mode Spark then ends the JVM, status 52):
+    one line naming --driver-memory, no output left. The events never pass through the JVM,
+    so what does not fit its 128 MiB heap is the buffer of each Python task's stream
+    (`spark.buffer.size`, 256 MiB here)."""
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("Spark needs Java 17")
+    path = Workload(seed=4).write(tmp_path / "oplog.bson", 300)
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "cdcserver.cli", "spark-replay", "--oplog", str(path),
+         "--out", str(out), "--cluster", "--master", "local[2]", "--driver-memory", "128m",
+         "--conf", "spark.testing.reservedMemory=33554432", "--conf", "spark.ui.enabled=false",
+         "--conf", f"spark.buffer.size={256 << 20}"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    ours = [line for line in done.stderr.splitlines() if line.startswith(PROG)]
+    assert ours == [(
+        PROG + "the Spark JVM ran out of memory (java.lang.OutOfMemoryError): raise "
+        "--driver-memory (now 128m), and --executor-memory on a cluster, or lower --split-size"
+    )], done.stderr[-3000:]
+    assert not out.exists()
+
+
+@pytest.mark.spark
+def test_documents_near_the_limit_in_a_small_heap(tmp_path):
+    """15 MiB documents replay with a 128 MiB heap on local[2] (they once ran it out of
+    memory: the rows went through the JVM to its writer); the lines are `cdcserver replay`'s."""
     import bson
     from oplog_builders import Oplog
 
@@ -234,17 +263,18 @@ def test_a_job_out_of_memory_says_so(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "cdcserver.cli", "spark-replay", "--oplog", str(path),
          "--out", str(out), "--cluster", "--master", "local[2]", "--driver-memory", "128m",
-         "--conf", "spark.testing.reservedMemory=33554432", "--conf", "spark.ui.enabled=false"],
+         "--conf", "spark.testing.reservedMemory=33554432", "--conf", "spark.ui.enabled=false",
+         "--format", "jsonl", "--split-size", str(40 << 20)],
         capture_output=True, text=True, timeout=600, check=False,
     )
-    assert done.returncode == 1, done.stderr[-3000:]
-    ours = [line for line in done.stderr.splitlines() if line.startswith(PROG)]
-    assert ours == [(
-        PROG + "the Spark JVM ran out of memory (java.lang.OutOfMemoryError): raise "
-        "--driver-memory (now 128m), and --executor-memory on a cluster, or lower --split-size"
-    )], done.stderr[-3000:]
-    assert not out.exists()
-    assert reference([path], *command("cluster"))  # the same file replays in one process
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = reference([path], *command("cluster"))
+    assert len(expected) == 6  # the inserts
+    got = b"".join(p.read_bytes() for p in parts(out, ".txt"))
+    assert hashlib.sha256(got).hexdigest() == hashlib.sha256(b"".join(
+        json_util.dumps(e, json_options=CANONICAL).encode() + b"\n" for e in expected
+    )).hexdigest()
+    assert (out / "_SUCCESS").exists() and not (out / "_temporary").exists()
 
 
 @pytest.mark.spark

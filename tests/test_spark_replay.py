@@ -14,6 +14,7 @@ import logging
 import os
 import pathlib
 import random
+import re
 import shutil
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -552,6 +553,50 @@ def test_errors_are_the_replay_errors(spark, generated, tmp_path):
         assert expected is not None, i
         got = spark_error(spark, [paths], cmd, db, tmp_path / f"e{i}", split_size=SPLIT)
         assert got == expected, i
+
+
+@pytest.mark.spark
+def test_the_output_is_committed_when_every_task_succeeded(spark, generated, tmp_path):
+    """Tasks write under `_temporary`; the driver renames their files to Spark's part names and
+    writes `_SUCCESS` only when the job succeeded. A failed job leaves an output it replaces
+    (`overwrite`) as it was, and none where there was none."""
+    from cdcserver.spark.replay import ReplayError, SparkReplay
+
+    path = generated[".bson"]
+    raws = _raw_entries(path)
+    cut = next(i for i, r in enumerate(raws) if "partialTxn" in (decode_entry(r).get("o") or {}))
+    tail = tmp_path / "tail.bson"  # its first transaction's chain is lost: 286 in a task
+    tail.write_bytes(b"".join(raws[cut + 1 :]))
+    cmd, db = command("cluster")
+
+    def job(paths: list[pathlib.Path], out: pathlib.Path, mode: str) -> SparkReplay:
+        return SparkReplay([[str(p) for p in paths]], cmd, db, str(out), fmt="jsonl",
+                           split_size=SPLIT, mode=mode)
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    with pytest.raises(ReplayError) as failed:
+        job([tail], out, "overwrite").run(spark)
+    assert str(failed.value) == reference_error([tail], cmd, db)
+    assert sorted(p.name for p in out.iterdir()) == ["old.txt"]
+    with pytest.raises(ReplayError) as exists:
+        job([path], out, "errorifexists").run(spark)
+    assert str(exists.value) == f"--out {out} exists: give --mode overwrite to replace it"
+    summary = job([path], out, "overwrite").run(spark)
+    names = sorted(p.name for p in out.iterdir())
+    assert "old.txt" not in names and "_temporary" not in names and "_SUCCESS" in names
+    written = parts(out, ".txt")
+    assert 1 < len(written) <= summary.tasks and len(names) == len(written) + 1
+    assert all(re.fullmatch(r"part-\d{5}-[0-9a-f]{32}-c000\.txt", p.name) for p in written)
+    expected = reference([path], cmd, db)
+    assert b"".join(p.read_bytes() for p in written) == b"".join(
+        json_util.dumps(e, json_options=CANONICAL).encode() + b"\n" for e in expected
+    )
+    fresh = tmp_path / "fresh"
+    with pytest.raises(ReplayError):
+        job([tail], fresh, "errorifexists").run(spark)
+    assert not fresh.exists()
 
 
 @pytest.mark.spark

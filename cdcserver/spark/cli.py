@@ -32,6 +32,7 @@ PROG = "cdcserver spark-replay"
 _MEMORY = re.compile(r"^\d+([kmgt]b?)?$", re.I)
 _JAVA_VERSION = re.compile(r'version "(\d+)(?:\.(\d+))?')
 MIN_JAVA = 17
+DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 
 class CheckError(Exception):
@@ -123,6 +124,11 @@ def spark_conf(args: argparse.Namespace) -> dict[str, str]:
         if not eq or not key.strip():
             raise CheckError(f"--conf takes KEY=VALUE, not {item!r}")
         conf[key.strip()] = value
+    # The driver's JVM only schedules the Python tasks (they read, replay and write): C2's
+    # compiling of Spark's own code cost more CPU than it saved, taken from the tasks on a
+    # machine with few cores (measured: the JVM's CPU halved). Unless the user gives the
+    # driver's Java options; under spark-submit the JVM runs already and this does nothing.
+    conf.setdefault("spark.driver.extraJavaOptions", DRIVER_JAVA_OPTIONS)
     return conf
 
 

@@ -33,7 +33,9 @@ How
    merged stream is the concatenation of the tasks' outputs: no shuffle, no sort.
 4. **Write**: partition i is time range i, written in order (Parquet with the columns of
    `rows.py`, or JSON lines: one canonical Extended JSON event per line, the very lines
-   `cdcserver replay` writes). Rows go to the JVM in Arrow batches of at most 4 MiB.
+   `cdcserver replay` writes). The replay task writes its own part file (`output.py`: a
+   staging directory, committed by the driver as Hadoop's committer does); the events never
+   go to the JVM, which only schedules the tasks, so they have the cores to themselves.
 
 The stages that carry state from one entry to the next, and how each is kept exact:
 
@@ -66,7 +68,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,7 +76,8 @@ from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 from cdcserver.spark import splits as sp
-from cdcserver.spark.rows import event_line, event_row, spark_schema
+from cdcserver.spark.output import Output, PartWriter, TaskOutput
+from cdcserver.spark.rows import arrow_schema, event_line, event_row
 from pipeline_stages.check_resumability import check_history
 from pipeline_stages.errors import MongoError
 from pipeline_stages.lookups import answer_from, push_answering
@@ -87,7 +90,7 @@ log = logging.getLogger("cdcserver")
 
 PUSH_BATCH = 1000  # entries per push, as `cdcserver replay` reads them
 PUSH_BYTES = 8 * 1024 * 1024  # ... or fewer when they are large
-ARROW_BATCH = 2048  # events per Arrow record batch
+ARROW_BATCH = 2048  # events per write (an Arrow record batch for Parquet)
 ARROW_BYTES = 4 * 1024 * 1024  # ... or fewer when they are large
 SEGMENTS_PER_SPLIT = 8  # index points per range: where time ranges of several shards start
 _ERROR_MARK = "CDCSERVER-MONGO-ERROR:"
@@ -444,78 +447,70 @@ def replay_task(
             merge.push(shard, *batch)
 
 
-def _arrow_schema(fmt: str):
-    import pyarrow as pa
-
-    if fmt == "jsonl":
-        return pa.schema([pa.field("eventJson", pa.string(), False)])
-    return pa.schema([
-        pa.field("_id", pa.string(), False),
-        pa.field("clusterTime", pa.struct([("t", pa.int64()), ("i", pa.int64())])),
-        pa.field("operationType", pa.string()),
-        pa.field("db", pa.string()),
-        pa.field("coll", pa.string()),
-        pa.field("documentKey", pa.string()),
-        pa.field("event", pa.binary(), False),
-        pa.field("eventJson", pa.string(), False),
-    ])
-
-
-def _spark_schema(fmt: str):
-    from pyspark.sql.types import StringType, StructField, StructType
-
-    if fmt == "jsonl":
-        return StructType([StructField("eventJson", StringType(), False)])
-    return spark_schema()
-
-
-def _record_batches(
-    tasks: Iterable[ReplayTask], ctx: ReplayContext, fmt: str, accs: Any
-) -> Iterator[Any]:
-    import pyarrow as pa
-
-    schema = _arrow_schema(fmt)
-    names = schema.names
+def _row_batches(
+    task: ReplayTask, ctx: ReplayContext, fmt: str, counts: list[int]
+) -> Iterator[list[Any]]:
+    """The task's events as rows (JSON lines, or `event_row` tuples), in lists of at most
+    `ARROW_BATCH` rows or about `ARROW_BYTES`."""
     jsonl = fmt == "jsonl"
+    rows: list[Any] = []
+    size = 0
+    for event in replay_task(task, ctx, counts):
+        rows.append(event_line(event) + "\n" if jsonl else event_row(event))
+        size += len(event.raw) * (1 if jsonl else 2)
+        if len(rows) >= ARROW_BATCH or size >= ARROW_BYTES:
+            yield rows
+            rows, size = [], 0
+    if rows:
+        yield rows
 
-    def batch_of(rows: list[Any]) -> pa.RecordBatch:
-        if jsonl:
-            return pa.RecordBatch.from_arrays([pa.array(rows, pa.string())], names=names)
-        columns = list(zip(*rows))
-        times = columns[1]
-        arrays = [
-            None if i == 1 else pa.array(col, type=schema.field(i).type)
-            for i, col in enumerate(columns)
-        ]
-        arrays[1] = pa.StructArray.from_arrays(
-            [pa.array([c["t"] for c in times], pa.int64()),
-             pa.array([c["i"] for c in times], pa.int64())],
-            names=["t", "i"],
-        )
-        return pa.RecordBatch.from_arrays(arrays, names=names)
 
-    for task in tasks:
-        counts = [0]
-        rows: list[Any] = []
-        size = events = 0
-        try:
-            for event in replay_task(task, ctx, counts):
-                row = event_line(event) if jsonl else event_row(event)
-                rows.append(row)
-                size += len(event.raw) * (1 if jsonl else 2)
-                if len(rows) >= ARROW_BATCH or size >= ARROW_BYTES:
-                    events += len(rows)
-                    yield batch_of(rows)
-                    rows, size = [], 0
-        except MongoError as exc:
-            detail = {"code": exc.code, "errmsg": exc.errmsg}
-            raise RuntimeError(_ERROR_MARK + json.dumps(detail)) from None
-        if rows:
+def _record_batch(rows: list[Any]) -> Any:
+    """A Parquet output's Arrow record batch of `event_row` tuples."""
+    import pyarrow as pa
+
+    schema = arrow_schema("parquet")
+    columns = list(zip(*rows))
+    arrays = [
+        None if i == 1 else pa.array(col, type=schema.field(i).type)
+        for i, col in enumerate(columns)
+    ]
+    times = columns[1]
+    arrays[1] = pa.StructArray.from_arrays(
+        [pa.array([c["t"] for c in times], pa.int64()),
+         pa.array([c["i"] for c in times], pa.int64())],
+        names=["t", "i"],
+    )
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def write_task(
+    task: ReplayTask, ctx: ReplayContext, fmt: str, out: str, job: str, attempt: int,
+    accs: Any = None,
+) -> TaskOutput:
+    """Replay one time range into its own file in the staging directory (`output.py`)."""
+    counts = [0]
+    events = 0
+    writer = PartWriter(out, job, task.index, attempt, fmt)
+    try:
+        for rows in _row_batches(task, ctx, fmt, counts):
             events += len(rows)
-            yield batch_of(rows)
-        if accs is not None:
-            accs[0].add(counts[0])
-            accs[1].add(events)
+            if fmt == "jsonl":
+                writer.write_lines("".join(rows).encode())
+            else:
+                writer.write_batch(_record_batch(rows))
+        name = writer.close()
+    except MongoError as exc:
+        writer.discard()
+        detail = {"code": exc.code, "errmsg": exc.errmsg}
+        raise RuntimeError(_ERROR_MARK + json.dumps(detail)) from None
+    except BaseException:
+        writer.discard()
+        raise
+    if accs is not None:
+        accs[0].add(counts[0])
+        accs[1].add(events)
+    return TaskOutput(task.index, name, counts[0], events)
 
 
 def _mongo_error_in(exc: BaseException) -> MongoError | None:
@@ -718,15 +713,23 @@ class SparkReplay:
             probe=spec.scope != "cluster",
             segment_bytes=max(64 * 1024, self.split_size // SEGMENTS_PER_SPLIT),
         )
+        output = Output(self.out, self.mode, self.fmt)
+        try:
+            output.setup()
+        except FileExistsError as exc:
+            raise ReplayError(str(exc)) from None
         watcher = _Watcher(sc, self, self.progress_interval) if self.progress is not None else None
         try:
-            self._run(spark, sc, spec, resume_ts, scan_ctx, summary, started)
+            self._run(spark, sc, spec, resume_ts, scan_ctx, summary, started, output)
+        except BaseException:
+            output.abort()
+            raise
         finally:
             if watcher is not None:
                 watcher.stop()
         return summary
 
-    def _run(self, spark, sc, spec, resume_ts, scan_ctx, summary, started) -> None:
+    def _run(self, spark, sc, spec, resume_ts, scan_ctx, summary, started, output) -> None:
         # 1. plan and scan
         shards = plan(self.shards_paths, self.split_size)
         all_splits = [s for shard in shards for s in shard.splits]
@@ -788,7 +791,7 @@ class SparkReplay:
 
         # 3. replay and write
         summary.timings["plan"] = time.monotonic() - started - summary.timings["scan"]
-        self._write(spark, tasks, ctx, summary)
+        self._write(spark, tasks, ctx, summary, output)
         summary.seconds = time.monotonic() - started
         summary.timings["replay"] = summary.seconds - summary.timings["scan"] - summary.timings[
             "plan"
@@ -1008,31 +1011,28 @@ class SparkReplay:
                 raise ReplayError(_mongo_message(MongoError(*error)))
 
     def _write(
-        self, spark: Any, tasks: list[ReplayTask], ctx: ReplayContext, summary: ReplaySummary
+        self, spark: Any, tasks: list[ReplayTask], ctx: ReplayContext, summary: ReplaySummary,
+        output: Output,
     ) -> None:
-        import pickle
-
         sc = spark.sparkContext
-        fmt = self.fmt
+        fmt, out, job = self.fmt, self.out, output.job
         accs = (sc.accumulator(0), sc.accumulator(0))
         shared = sc.broadcast(ctx)
-        # One replay task per partition, in time order: partition i's events are range i's.
-        blobs = [(pickle.dumps(t),) for t in tasks]
-        task_df = spark.createDataFrame(sc.parallelize(blobs, max(1, len(blobs))), "task binary")
 
-        def run(batches: Iterator[Any]) -> Iterator[Any]:
-            return _record_batches(_tasks_in(batches), shared.value, fmt, accs)
+        def run(items: Iterator[ReplayTask]) -> Iterator[TaskOutput]:
+            from pyspark import TaskContext
 
-        df = task_df.mapInArrow(run, _spark_schema(fmt))
-        writer = df.write.mode(self.mode)
+            attempt = TaskContext.get().attemptNumber()
+            for task in items:
+                yield write_task(task, shared.value, fmt, out, job, attempt, accs)
+
         self._phase = ("replay", len(tasks), accs[0], time.monotonic())
         sc.setJobGroup("cdcserver-replay", "spark-replay: replay and write")
         try:
-            if fmt == "jsonl":
-                writer.text(self.out)
-            else:
-                # A row group is buffered whole in the JVM: keep it well under a small heap.
-                writer.option("parquet.block.size", 32 * 1024 * 1024).parquet(self.out)
+            # One replay task per partition, in time order: partition i's events are range i's.
+            results = (
+                sc.parallelize(tasks, len(tasks)).mapPartitions(run).collect() if tasks else []
+            )
         except Exception as exc:
             error = _mongo_error_in(exc)
             if error is not None:
@@ -1040,16 +1040,9 @@ class SparkReplay:
             raise
         finally:
             shared.destroy()
-        summary.entries = accs[0].value
-        summary.events = accs[1].value
-
-
-def _tasks_in(batches: Iterable[Any]) -> Iterator[ReplayTask]:
-    import pickle
-
-    for batch in batches:
-        for blob in batch.column(0).to_pylist():
-            yield pickle.loads(blob)
+        output.commit(results)
+        summary.entries = sum(r.entries for r in results)
+        summary.events = sum(r.events for r in results)
 
 
 class _Watcher:

@@ -67,6 +67,24 @@ def spark_schema():
     )
 
 
+def arrow_schema(fmt: str = "parquet"):
+    """The pyarrow schema of the rows (`fmt="jsonl"`: the one column `eventJson`)."""
+    import pyarrow as pa
+
+    if fmt == "jsonl":
+        return pa.schema([pa.field("eventJson", pa.string(), False)])
+    return pa.schema([
+        pa.field("_id", pa.string(), False),
+        pa.field("clusterTime", pa.struct([("t", pa.int64()), ("i", pa.int64())])),
+        pa.field("operationType", pa.string()),
+        pa.field("db", pa.string()),
+        pa.field("coll", pa.string()),
+        pa.field("documentKey", pa.string()),
+        pa.field("event", pa.binary(), False),
+        pa.field("eventJson", pa.string(), False),
+    ])
+
+
 def _convert(obj: Any) -> Any:
     """`json_util._json_convert` in canonical mode, with the common types first (the same
     output: everything else goes through `json_util.default`, as there)."""
@@ -114,7 +132,6 @@ def event_row(event: RawBSONDocument) -> tuple[Any, ...]:
         raw,
         canonical_json(doc),
     )
-
 
 
 def event_line(event: RawBSONDocument) -> str:
