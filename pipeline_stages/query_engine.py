@@ -175,7 +175,7 @@ def _scratch() -> Any:
 def filter_function() -> Callable[[Any, Mapping[str, Any]], bool]:
     """`filter_applies(compiled filter, doc)`, for a caller that matches many documents."""
     _install_mongomock_types()
-    return _mm_filtering.filter_applies  # type: ignore[no-any-return]
+    return _mm_filtering.filter_applies
 
 
 def filter_applies(compiled: Mapping[str, Any], doc: Mapping[str, Any]) -> bool:
@@ -198,7 +198,7 @@ class Database:
     def get_collection(self, name: str) -> Any:
         # A throwaway mongomock collection over the caller's documents: read only (mongomock's
         # reads copy what they return).
-        client = mongomock.MongoClient()
+        client: Any = mongomock.MongoClient()
         collection = client[self.name][name]
         docs = self._resolve(name) if self._resolve is not None else None
         if docs is not None:
