@@ -20,7 +20,15 @@ from bson.binary import Binary
 from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 
-from cdcserver.commands import admin, arguments, failpoints, tables, txn_rules, write_concern
+from cdcserver.commands import (
+    admin,
+    arguments,
+    failpoints,
+    tables,
+    transactions,
+    txn_rules,
+    write_concern,
+)
 from cdcserver.commands.base import Handler
 from cdcserver.commands.tables import CommandTable
 from cdcserver.context import ConnectionState, ServerState
@@ -127,13 +135,37 @@ def check_snapshot_read_concern(name: str, cmd: Mapping[str, Any]) -> None:
     rc = cmd.get("readConcern")
     if not isinstance(rc, Mapping) or rc.get("level") != "snapshot":
         return
-    if txn_rules.in_transaction(cmd) or name in _SNAPSHOT_READ_COMMANDS:
+    # getMore takes any read concern: its cursor's (allSupportedAndDefaultPermitted)
+    if txn_rules.in_transaction(cmd) or name in _SNAPSHOT_READ_COMMANDS or name == "getMore":
         return
     shown = ", ".join(f'{k}: "{v}"' if isinstance(v, str) else f"{k}: {v}" for k, v in rc.items())
     reason = "read concern snapshot not supported" if name == "count" else (
         "read concern not supported")
     raise MongoError(72, f"Command {name} does not support {{ readConcern: {{ {shown} }} }} :: "
                      f"caused by :: {reason}")
+
+
+def _open_snapshot_read(server: ServerState, name: str, cmd: dict[str, Any]) -> Any:
+    """A snapshot read outside transactions on the embedded store: the time it reads at
+    (transactions.open_snapshot_read), else None."""
+    rc = cmd.get("readConcern")
+    store = getattr(server, "store", None)
+    if (store is None or name not in _SNAPSHOT_READ_COMMANDS or not isinstance(rc, Mapping)
+            or rc.get("level") != "snapshot" or txn_rules.in_transaction(cmd)):
+        return None
+    return transactions.open_snapshot_read(store, cmd, server.log.cluster_time())
+
+
+def _answer_snapshot_time(reply: Any, at: Any) -> None:
+    """mongod answers the time a snapshot read read at: in the cursor (find, aggregate),
+    beside the values (distinct)."""
+    if not isinstance(reply, dict):
+        return
+    cursor = reply.get("cursor")
+    if isinstance(cursor, dict):
+        cursor["atClusterTime"] = at
+    else:
+        reply["atClusterTime"] = at
 
 
 async def run_command(
@@ -171,6 +203,7 @@ async def run_command(
                 txn_rules.check_allowed(name, cmd)  # 263, before the session is checked out
                 check_snapshot_read_concern(name, cmd)  # 72 outside a transaction
                 checked_out = True
+            at = _open_snapshot_read(server, name, cmd) if not forwarded else None
             # A DDL command or an aggregate with $out / $merge: its write concern, parsed
             # before it runs (9 FailedToParse), reported after (100 / 79 writeConcernError).
             wc_here = not forwarded and write_concern.left_to_dispatch(name, cmd)
@@ -178,6 +211,8 @@ async def run_command(
             reply = await handler(server, conn, cmd, db)
             if wc_here and not isinstance(reply, RawBSONDocument):
                 reply = write_concern.add_if_unreported(reply, wc)
+            if at is not None:
+                _answer_snapshot_time(reply, at)
         except MongoError as err:
             admin.op_finished(server, opid, name, cmd, None, err, change_stream)
             raise

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bson.binary import Binary
+from bson.timestamp import Timestamp
 
 from cdcserver import auth
 from cdcserver.commands import txn_rules, write_concern
@@ -213,9 +214,16 @@ def check_txn_namespace(cmd: Mapping[str, Any]) -> None:
 @contextlib.contextmanager
 def snapshot_reads(store: Store, cmd: Mapping[str, Any]) -> Iterator[None]:
     """A read in a transaction sees the transaction's snapshot and its own writes (mongod's
-    read concern "snapshot" for transactions); other reads see committed documents."""
+    read concern "snapshot" for transactions); a snapshot read outside transactions sees the
+    store as it was at its atClusterTime; other reads see committed documents."""
     if cmd.get("autocommit") is not False:
-        yield
+        at = snapshot_read_time(cmd)
+        if at is None:
+            yield
+            return
+        with store.batch():
+            store.enter_snapshot(_snapshot_at(store, at))
+            yield
         return
     check_txn_namespace(cmd)
     with store.batch():
@@ -417,3 +425,58 @@ async def kill_all_sessions_by_pattern(server, conn, cmd, db):
     if uids:
         _end(server, None, uids)
     return {}
+
+
+# ---------------------------------------------------------------------------------------------
+# Snapshot reads outside transactions (readConcern level "snapshot", 5.0+): find / aggregate /
+# distinct read the store as it was at `atClusterTime`; the first read of a snapshot session
+# has none, reads now and answers the time it read at (the driver sends it with the next
+# reads). The store keeps that moment's snapshot as long as a transaction's
+# (transactionLifetimeLimitSeconds); a time older than what is kept is 239 SnapshotTooOld.
+
+
+def snapshot_read_time(cmd: Mapping[str, Any]) -> Timestamp | None:
+    """The atClusterTime a snapshot read reads at (set by `open_snapshot_read`), else None."""
+    rc = cmd.get("readConcern")
+    if cmd.get("autocommit") is False or not isinstance(rc, Mapping):
+        return None
+    at = rc.get("atClusterTime")
+    return at if rc.get("level") == "snapshot" and isinstance(at, Timestamp) else None
+
+
+def _snapshots(store: Store) -> dict[Timestamp, Txn]:
+    snapshots: dict[Timestamp, Txn] = store.__dict__.setdefault("snapshot_reads_at", {})
+    for at in [at for at, txn in snapshots.items() if txn.state != "in progress"]:
+        del snapshots[at]  # expired (its lifetime) or aborted
+    return snapshots
+
+
+def open_snapshot_read(store: Store, cmd: dict[str, Any], now: Timestamp) -> Timestamp:
+    """Before a snapshot read runs: the time it reads at (its atClusterTime, else `now`), the
+    store's snapshot of that time kept; the command's readConcern then names that time."""
+    rc = dict(cmd["readConcern"])
+    at = rc.get("atClusterTime")
+    if not isinstance(at, Timestamp):
+        at = now
+    snapshots = _snapshots(store)
+    if at not in snapshots:
+        latest = store.latest_ts()
+        if latest is not None and latest > at:  # written since: that past is not kept
+            raise MongoError(
+                239, f"Read timestamp Timestamp({at.time}, {at.inc}) is older than the oldest "
+                "available timestamp.",
+            )
+        lsid = cmd.get("lsid")
+        owner = full_lsid(lsid) if isinstance(lsid, Mapping) else {"snapshotRead": at}
+        snapshots[at] = store.begin_transaction(owner, -1)  # reads only; never committed
+    rc["atClusterTime"] = at
+    cmd["readConcern"] = rc
+    return at
+
+
+def _snapshot_at(store: Store, at: Timestamp) -> Txn:
+    txn = _snapshots(store).get(at)
+    if txn is None:
+        raise MongoError(239, f"Read timestamp Timestamp({at.time}, {at.inc}) is older than "
+                         "the oldest available timestamp.")
+    return txn
