@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import heapq
+import math
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -122,6 +125,7 @@ class StreamGroup:
         # the source for them (filter groups only).
         self._waiters: dict[ChangeStreamCursor, asyncio.Future[None]] = {}
         self._reader: asyncio.Task[None] | None = None
+        self._expiries: AwaitExpiries | None = None  # their maxTimeMS, one timer for all
         self.log = log
         self.next_ts = start  # the first ts the producer has not read
         # The last entry read (mongod's "last seen record"); before the first read, the place
@@ -230,11 +234,13 @@ class StreamGroup:
         self._waiters[cursor] = future
         if self._reader is None or self._reader.done():
             self._reader = loop.create_task(self._read_for_waiters())
-        timer = loop.call_later(timeout, _resolve, future)
+        expiries = self._expiries
+        if expiries is None or expiries.loop is not loop:
+            expiries = self._expiries = AwaitExpiries(loop)
+        expiries.add(future, timeout)
         try:
             await future  # raises what the reader met on this group's read (a failed lookup)
         finally:
-            timer.cancel()
             if self._waiters.get(cursor) is future:
                 del self._waiters[cursor]
             reader = self._reader
@@ -317,6 +323,84 @@ async def step_answering(
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+# A group's awaitData deadlines are kept in ticks of this many seconds: a getMore with nothing
+# to return answers within a tick after its maxTimeMS, and one loop timer serves every getMore
+# ending in the same tick (not a timer each, set and cancelled on every getMore).
+EXPIRY_TICK_S = 0.01
+# Expired getMores answered per loop turn. Between two slices the loop reads its sockets, so a
+# write arriving while thousands of idle streams expire together (they poll in phase) reaches
+# its stream's getMore after one slice, not after all of them.
+EXPIRY_SLICE = 64
+
+
+class AwaitExpiries:
+    """The maxTimeMS deadlines of one group's waiting getMores, bucketed by tick, on one timer.
+
+    A getMore answered before its deadline (an event reached it) leaves its resolved future in
+    its bucket until the tick comes; the tick skips it. So an idle stream costs one list slot
+    per getMore and nothing on the loop's timer heap.
+    """
+
+    __slots__ = ("_due", "_resolving", "_ticks", "_timer", "_timer_tick", "buckets", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.buckets: dict[int, list[asyncio.Future[None]]] = {}
+        self._ticks: list[int] = []  # heap of the buckets' ticks
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_tick: int | None = None
+        self._due: deque[asyncio.Future[None]] = deque()
+        self._resolving = False
+
+    def add(self, future: asyncio.Future[None], timeout: float) -> None:
+        """Resolve `future` (if nothing else has) once `timeout` seconds have passed."""
+        tick = math.ceil((self.loop.time() + max(timeout, 0.0)) / EXPIRY_TICK_S)
+        bucket = self.buckets.get(tick)
+        if bucket is None:
+            bucket = self.buckets[tick] = []
+            heapq.heappush(self._ticks, tick)
+            if self._timer_tick is None or tick < self._timer_tick:
+                self._arm(tick)
+        bucket.append(future)
+
+    def pending(self) -> int:
+        """Futures still waiting for their tick (tests, metrics)."""
+        return sum(1 for b in self.buckets.values() for f in b if not f.done())
+
+    def _arm(self, tick: int) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_tick = tick
+        self._timer = self.loop.call_at(tick * EXPIRY_TICK_S, self._fire)
+
+    def _fire(self) -> None:
+        fired = self._timer_tick
+        self._timer = self._timer_tick = None
+        # The loop may run a timer up to its clock resolution early: the armed tick is due.
+        now_tick = max(fired or 0, math.floor(self.loop.time() / EXPIRY_TICK_S))
+        ticks, buckets, due = self._ticks, self.buckets, self._due
+        while ticks and ticks[0] <= now_tick:
+            for future in buckets.pop(heapq.heappop(ticks), ()):
+                if not future.done():
+                    due.append(future)
+        if ticks:
+            self._arm(ticks[0])
+        if due and not self._resolving:
+            self._resolving = True
+            self._resolve_slice()
+
+    def _resolve_slice(self) -> None:
+        due = self._due
+        for _ in range(min(EXPIRY_SLICE, len(due))):
+            future = due.popleft()
+            if not future.done():
+                future.set_result(None)
+        if due:
+            self.loop.call_soon(self._resolve_slice)
+        else:
+            self._resolving = False
 
 
 def detach(member: ChangeStreamCursor) -> None:
