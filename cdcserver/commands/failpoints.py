@@ -48,6 +48,7 @@ from typing import Any
 from bson.int64 import Int64
 
 from cdcserver.commands import write_concern
+from cdcserver.commands.transactions import lsid_str
 from cdcserver.cursors import FORWARDED, kind_of
 from pipeline_stages.error_labels import (  # noqa: F401 (the label policy, re-exported)
     NEED_RETARGETTING_ERROR,
@@ -547,9 +548,6 @@ def _install_transactional_write_hook(server: Any, point: FailPoint) -> None:
             conn.__dict__["close_after_command"] = True
         code = data.get("failBeforeCommitExceptionCode")
         if isinstance(code, (int, float)) and not isinstance(code, bool):
-            # late: transactions -> registry -> failpoints at import time
-            from cdcserver.commands.transactions import lsid_str
-
             raise NamedError(
                 int(code), f"Failing write for {lsid_str(session.lsid)}:{session.txn_number} "
                 "due to failpoint. The write must not be reflected.",
