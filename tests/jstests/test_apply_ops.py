@@ -1,8 +1,9 @@
 """Translated from mongodb/mongo `jstests/change_streams/apply_ops.js` @
 01ed0776388cc8cff83a82e3671d313b00d5096d: a transaction's applyOps is unwound into events
 carrying lsid and txnNumber, per collection, database and cluster stream. The file's step that
-runs the `applyOps` command (outside a transaction, not to be unwound) is left out: cdcserver
-has no applyOps command (README.md lists it)."""
+runs the `applyOps` command is left out: cdcserver has no applyOps command, and this revision
+expects that applyOps (no lsid) not to be unwound, which predates SERVER-64972 (change streams
+emit events for applyOps entries without lsid and txnNumber since 6.x; README.md lists it)."""
 
 from __future__ import annotations
 
