@@ -1010,3 +1010,65 @@ def test_sidecar_fails_streams_resumably_while_the_mongos_is_unreachable(cluster
         with resumed, client.watch(resume_after=seen[-1]["_id"]) as direct:
             expected = [direct.next() for _ in range(count)]
         assert [bson.encode(e) for e in got] == [bson.encode(e) for e in expected]
+
+
+def _serve_cluster(data_dir: pathlib.Path, port: int, **env: str) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [str(pathlib.Path(sys.executable).parent / "cdcserver"), "serve", "--data-dir",
+         str(data_dir), "--shards", "2", "--port", str(port), "--metrics-port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+    )
+    for line in proc.stdout:  # type: ignore[union-attr]
+        if "serving" in line:
+            break
+    return proc
+
+
+def test_a_cross_shard_commit_cut_by_a_crash_is_finished_at_restart(tmp_path):
+    """The coordinator's decision is durable before the participants commit: a process that
+    dies after the first participant committed finishes the second at its next start, at the
+    same commit time (mongod's coordinator recovery)."""
+    from cdcserver.sharding.front import CRASH_SWITCH
+
+    port = _free_port()
+    uri = f"mongodb://127.0.0.1:{port}/"
+    proc = _serve_cluster(tmp_path, port, **{CRASH_SWITCH: "after-first-participant"})
+    try:
+        with pymongo.MongoClient(uri, serverSelectionTimeoutMS=2000) as c:
+            c.admin.command("shardCollection", "t.c", key={"x": 1})
+            c.admin.command("split", "t.c", middle={"x": 100})
+            c.admin.command("moveChunk", "t.c", find={"x": 100}, to="shard1")
+            start = c.admin.command("ping")["operationTime"]
+            with c.start_session() as session:
+                session.start_transaction()
+                c.t.c.insert_one({"_id": 1, "x": 1}, session=session)
+                c.t.c.insert_one({"_id": 2, "x": 150}, session=session)
+                with pytest.raises(pymongo.errors.PyMongoError):
+                    session.commit_transaction()  # the process ends in the middle of it
+        assert proc.wait(timeout=30) == 9
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (tmp_path / "coordinator.bson").exists()
+    proc = _serve_cluster(tmp_path, port)
+    try:
+        with pymongo.MongoClient(uri) as c:
+            assert sorted(d["_id"] for d in c.t.c.find()) == [1, 2]
+            with c.t.c.watch(start_at_operation_time=start, max_await_time_ms=50) as stream:
+                events = [stream.next(), stream.next()]
+                assert stream.try_next() is None
+            assert [e["documentKey"]["_id"] for e in events] == [1, 2]
+            assert events[0]["clusterTime"] == events[1]["clusterTime"]
+            assert events[0]["txnNumber"] == events[1]["txnNumber"]
+            for shard in c.admin.command("listShards")["shards"]:
+                name, _, hosts = shard["host"].partition("/")
+                with pymongo.MongoClient(f"mongodb://{hosts}/?directConnection=true") as d:
+                    commits = list(d.local["oplog.rs"].find({"o.commitTransaction": 1}))
+                    assert [e["o"]["commitTimestamp"] for e in commits] == [
+                        events[0]["clusterTime"]]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert not (tmp_path / "coordinator.bson").exists()

@@ -18,6 +18,7 @@ from bson.timestamp import Timestamp
 
 from cdcserver.context import ConnectionState, ServerState
 from cdcserver.sharding.catalog import ShardingCatalog
+from cdcserver.sharding.coordinator import CoordinatorLog
 from cdcserver.sharding.front_log import FrontLog
 from cdcserver.sharding.shard_store import ClusterClock, ShardStore
 from cdcserver.sources.embedded import EmbeddedOplog
@@ -107,6 +108,11 @@ class ShardedCluster:
             self.shards.append(self._make_shard(name))
         for name in self.catalog.removed:
             self.retired.append(self._make_shard(name))
+        # Cross-shard commits decided before a crash are finished now (mongod's coordinator
+        # recovery); their participants' oplogs then hold them at their times.
+        self.coordinator = CoordinatorLog(data_dir)
+        if self.coordinator.pending:
+            self.coordinator.recover({s.name: s.store for s in self.shards + self.retired})
         # Transactions through the front: (lsid id, txnNumber) -> the shards it wrote to.
         self.participants: dict[tuple[bytes, int], list[str]] = {}
         self.cursor_owner: dict[int, str] = {}  # forwarded cursors: id -> shard

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -46,6 +47,8 @@ FRONT_COMMANDS: dict[str, Any] = {}
 
 _REPLY_TIME_FIELDS = ("ok", "$clusterTime", "operationTime")
 ShardNotFound = 70  # error code
+# Tests only: "after-first-participant" ends the process in the middle of a two-phase commit.
+CRASH_SWITCH = "CDCSERVER_TEST_CRASH_IN_TWO_PHASE_COMMIT"
 
 
 class ShardError(failpoints.FailPointError):
@@ -1340,9 +1343,10 @@ def _commit_across_shards(cluster: ShardedCluster, shards: list[Shard],
                           cmd: Mapping[str, Any]) -> None:
     """A transaction that wrote on several shards commits on all of them at one commit time
     (the coordinator's commitTimestamp), without yielding to the loop in between: no stream
-    can see one participant's commit without the others'. (Not durable across a crash
-    between the participants: the prepared state is not kept.) Every participant is checked
-    first (an aborted one fails the commit with its error and the others abort)."""
+    can see one participant's commit without the others'. The decision is kept before the
+    first participant commits (`coordinator.py`): a crash in between is finished at the
+    next start. Every participant is checked first (an aborted one fails the commit with its
+    error and the others abort)."""
     from cdcserver.commands.transactions import transaction_of
 
     txns = []
@@ -1360,7 +1364,17 @@ def _commit_across_shards(cluster: ShardedCluster, shards: list[Shard],
     # all commit at one commitTimestamp (their commitTransaction entries).
     prepares = [cluster.clock.tick() for _ in txns]
     commit_ts = cluster.clock.tick()
-    for (shard, txn), prepare_ts in zip(txns, prepares, strict=True):
+    # The decision is durable before any participant commits (with --data-dir): a crash
+    # in between is finished at the next start (coordinator.py).
+    record = cluster.coordinator.decide_commit(
+        cmd.get("lsid") or {}, int(cmd.get("txnNumber") or 0), commit_ts,
+        [(shard.name, prepare_ts, txn) for (shard, txn), prepare_ts in zip(
+            txns, prepares, strict=True)],
+    )
+    crash = os.environ.get(CRASH_SWITCH) == "after-first-participant"
+    for k, ((shard, txn), prepare_ts) in enumerate(zip(txns, prepares, strict=True)):
+        if crash and k == 1:
+            os._exit(9)  # a test's crash between the participants' commits
         store = shard.store
         entries = pack_transaction(txn.ops, store.txn_oplog_entry_ops,
                                    store.txn_oplog_entry_bytes) if txn.ops else []
@@ -1370,6 +1384,7 @@ def _commit_across_shards(cluster: ShardedCluster, shards: list[Shard],
                  else store.commit_at(commit_ts))
         with phase, store.batch():
             store.commit_transaction(txn)
+    cluster.coordinator.forget(record)
 
 
 @front("endSessions", "killSessions", "killAllSessions", "killAllSessionsByPattern",
