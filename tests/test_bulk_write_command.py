@@ -185,3 +185,14 @@ def test_write_concern(client):
                           write_concern=WriteConcern(w=3))
     assert info.value.write_concern_errors[0]["code"] == 100
     assert client.bw.a.count_documents({}) == 2
+
+
+def test_let_variables(client):
+    client.bw.a.insert_many([{"_id": 1, "x": 1}, {"_id": 2, "x": 2}])
+    reply = _bulk(client, [
+        {"update": 0, "filter": {"$expr": {"$eq": ["$_id", "$$id"]}},
+         "updateMods": [{"$set": {"x": "$$value"}}]},
+        {"delete": 0, "filter": {"$expr": {"$eq": ["$_id", "$$gone"]}}},
+    ], let={"id": 1, "value": 10, "gone": 2})
+    assert reply["nModified"] == 1 and reply["nDeleted"] == 1
+    assert list(client.bw.a.find()) == [{"_id": 1, "x": 10}]

@@ -28,6 +28,7 @@ from cdcserver.commands import crud, write_concern, write_parsing
 from cdcserver.commands.admin import ELECTION_ID
 from cdcserver.commands.arguments import cursor_batch_size, missing, unknown_field, wrong_type
 from cdcserver.commands.transactions import NOT_DONE, get_store
+from cdcserver.embedded import engine
 from cdcserver.embedded.store import DocumentValidationError, DuplicateKeyError
 from pipeline_stages.errors import MongoError
 
@@ -290,9 +291,14 @@ class _Replies:
         self.add(item)
 
 
-def _update_spec(op: Mapping[str, Any]) -> dict[str, Any]:
-    """A bulkWrite update op as an update command's statement (makeUpdateOpEntryFromUpdateOp)."""
-    spec: dict[str, Any] = {"q": op.get("filter"), "u": op.get("updateMods")}
+def _update_spec(op: Mapping[str, Any], variables: Mapping[str, Any]) -> dict[str, Any]:
+    """A bulkWrite update op as an update command's statement (makeUpdateOpEntryFromUpdateOp),
+    the command's `let` variables bound into its filter and pipeline."""
+    u = op.get("updateMods")
+    spec: dict[str, Any] = {
+        "q": engine.bind_filter(op.get("filter"), variables) if variables else op.get("filter"),
+        "u": engine.bind_pipeline(u, variables) if variables and isinstance(u, list) else u,
+    }
     for src, dst in (("multi", "multi"), ("upsert", "upsert"), ("arrayFilters", "arrayFilters"),
                      ("collation", "collation"), ("hint", "hint"), ("sort", "sort"),
                      ("constants", "c")):
@@ -301,8 +307,10 @@ def _update_spec(op: Mapping[str, Any]) -> dict[str, Any]:
     return spec
 
 
-def _delete_spec(op: Mapping[str, Any]) -> dict[str, Any]:
-    spec: dict[str, Any] = {"q": op.get("filter"), "limit": 0 if op.get("multi") is True else 1}
+def _delete_spec(op: Mapping[str, Any], variables: Mapping[str, Any]) -> dict[str, Any]:
+    q = op.get("filter")
+    spec: dict[str, Any] = {"q": engine.bind_filter(q, variables) if variables else q,
+                            "limit": 0 if op.get("multi") is True else 1}
     for key in ("collation", "hint"):
         if op.get(key) is not None:
             spec[key] = op[key]
@@ -313,6 +321,7 @@ async def bulk_write(server, conn, cmd, db):
     if db != "admin":
         raise MongoError(13, "bulkWrite may only be run against the admin database.")
     request = parse(cmd)
+    variables = engine.let_variables(cmd.get("let"), _CTX)  # evaluated once, before any op
     wc = write_concern.parse(cmd)
     store = get_store(server)
     validate = not request.bypass_validation
@@ -364,7 +373,8 @@ async def bulk_write(server, conn, cmd, db):
             elif op.kind == "update":
                 if done is NOT_DONE:
                     done = crud.run_update_statement(
-                        store, ns_db, coll, _update_spec(spec), retry, stmt, validate=validate,
+                        store, ns_db, coll, _update_spec(spec, variables), retry, stmt,
+                        validate=validate,
                         progress=progress,
                     )
                     retry.record(stmt, done)
@@ -379,7 +389,8 @@ async def bulk_write(server, conn, cmd, db):
             else:
                 if done is NOT_DONE:
                     done = crud.run_delete_statement(
-                        store, ns_db, coll, _delete_spec(spec), retry, stmt, progress
+                        store, ns_db, coll, _delete_spec(spec, variables), retry, stmt,
+                        progress,
                     )
                     retry.record(stmt, done)
                 replies.n_deleted += done
