@@ -149,7 +149,8 @@ class MergedChangeStream:
             known = self.topology()  # taken before the shards are read
             if known is not None:
                 # A shard added from now on has a topologyTime after `known`.
-                after = Timestamp(known.time, known.inc + 1)
+                after = (Timestamp(known.time, known.inc + 1) if known.inc < 0xFFFFFFFF
+                         else Timestamp(known.time + 1, 0))
                 merge.push(TOPOLOGY, [], ResumeTokenData.high_water_mark(
                     after, resume_token.version_for_event(after, self.spec.resume_token),
                 ).to_document())
