@@ -196,7 +196,8 @@ def main() -> None:
                 print(
                     f"{mode:12s} K={k:<6d} CPU/write {r['cpu_per_write_ms']:7.2f} ms "
                     f"(x{r['cpu_per_write_ms'] / base:5.1f} of K={ks[0]}; gross "
-                    f"{r['gross_cpu_per_write_ms']:.2f}, idle {r['idle_cpu_per_s_ms']:.0f} ms/s)"
+                    f"{r['gross_cpu_per_write_ms']:.2f}, idle {r['idle_cpu_per_s_ms']:.0f} ms/s"
+                    f" = {r['idle_cpu_per_s_ms'] * args.await_ms / k:.0f} us per idle getMore)"
                     f"  p50/p99 {r['p50_ms']:6.1f}/{r['p99_ms']:6.1f} ms"
                     f"  events {r['events']:<7d} {r['writes_per_s']:.0f} writes/s"
                     f" (await {args.await_ms} ms)"

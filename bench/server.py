@@ -78,6 +78,49 @@ def _best(fn, repeat: int = 3) -> float:
     return best
 
 
+def pipeline_us_per_event(path: pathlib.Path, first: object) -> float:
+    """The server's per-event share without sockets or commands: the same recorded oplog read,
+    run through one stream's pipeline in steps of 100 entries (as the server prefetches) and
+    drained in batches of 101, in this process with the server's GC settings. What the server
+    spends beyond this per event is its getMore/reply path."""
+    import gc
+
+    from bson.timestamp import Timestamp
+
+    from cdcserver.hub import Hub
+    from cdcserver.sources.file import FileOplog
+    from pipeline_stages.pipeline import ChangeStreamPipeline
+    from pipeline_stages.spec import parse_aggregate
+
+    assert isinstance(first, Timestamp)
+    log = FileOplog([str(path)])
+    spec = parse_aggregate(
+        {"aggregate": "items", "cursor": {},
+         "pipeline": [{"$changeStream": {"startAtOperationTime": first}}]}, "bench",
+    )
+    thresholds = gc.get_threshold()
+    gc.set_threshold(10_000, 10, 10)  # as `serve` runs
+    try:
+        best = float("inf")
+        for _ in range(2):
+            group, pipeline = Hub().group_for(
+                spec, first, log, lambda: ChangeStreamPipeline(spec, first, history=log)
+            )
+            events = 0
+            start = time.process_time()
+            while True:
+                while pipeline.pending_count < 101 and group.step(None, 100) is True:  # type: ignore[arg-type]
+                    pass
+                got = len(pipeline.next_batch(101).events)
+                if not got:
+                    break
+                events += got
+            best = min(best, (time.process_time() - start) / max(events, 1))
+    finally:
+        gc.set_threshold(*thresholds)
+    return best * 1e6
+
+
 def throughput(tmp: pathlib.Path, n: int, batch_size: int | None) -> None:
     oplog = Oplog()
     first = oplog.create(NS)["ts"]
@@ -128,6 +171,11 @@ def throughput(tmp: pathlib.Path, n: int, batch_size: int | None) -> None:
         f"throughput (batch_size={label}): {n} events in {elapsed:.2f}s = {rate:,.0f} events/s; "
         f"{len(payloads)} replies, {reply_bytes / len(payloads) / 1024:.0f} KiB each; "
         f"server CPU {server_cpu / n * 1e6:.1f} us/event (steadier than the rate on a busy box)"
+    )
+    print(
+        f"  of which the pipeline (in process, no sockets): "
+        f"{pipeline_us_per_event(path, first):.1f} us/event; the client decodes an event in "
+        f"{t_driver / events * 1e6:.1f} us, so a ratio of 1.0 needs the server at about that"
     )
     print(
         f"  vs bson.decode_all of the same replies: {events / t_all:,.0f} events/s "
