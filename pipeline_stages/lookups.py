@@ -293,6 +293,15 @@ def images_needed(
     """The lookups the image stages will make for `events` (transformed, before the stages
     that may drop some: so perhaps a few more than they make, never fewer)."""
     out = NeedsLookup()
+    moved = pipeline.match_before_pre
+    if moved is not None:
+        # The user's $match that runs ahead of both image stages: the events it drops are
+        # never looked up. (Should it raise here, the stage raises it where it runs, in its
+        # order: only the lookups are left unfiltered.)
+        try:
+            events = moved.process(list(events))
+        except Exception:  # noqa: BLE001
+            pass
     pre = pipeline.add_pre_image is not None
     post = pipeline.add_post_image
     update_lookup = post is not None and post.mode == "updateLookup"

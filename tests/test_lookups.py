@@ -232,3 +232,32 @@ def test_process_raises_what_it_needs():
     with pytest.raises(LookupNeeded) as needed:
         pipeline.process(log.entries)
     assert needed.value.needs.documents
+
+
+def test_events_a_leading_match_drops_are_not_looked_up():
+    """mongod runs a $match that reads neither image ahead of the image stages: what it drops
+    is never looked up, so the push does not name it either."""
+    log, images, start = workload()
+    options = {"fullDocument": "updateLookup", "fullDocumentBeforeChange": "whenAvailable"}
+    cmd = {
+        "aggregate": "items",
+        "pipeline": [{"$changeStream": options}, {"$match": {"documentKey._id": 1}}],
+        "cursor": {},
+    }
+    pipeline = ChangeStreamPipeline(parse_aggregate(cmd, "shop"), start, images=ExternalImages())
+    needs = pipeline.push(log.entries)
+    assert needs is not None
+    one = [e for e in log.entries if e["op"] in ("u", "d") and e["o2" if e["op"] == "u" else "o"]
+           ["_id"] == 1]
+    uuid = bytes(log.uuid(NS))
+    assert needs.pre_images == [pre_image_id(uuid, e["ts"], 0) for e in one]
+    assert {ns: [dict(k) for k in keys] for ns, keys in needs.documents.items()} == {
+        ("shop", "items", uuid): [{"_id": 1}]
+    }
+    answers = LookupAnswers()
+    answer_from(None, images)(needs, answers)
+    assert pipeline.push(log.entries, None, answers) is None
+    expected = ChangeStreamPipeline(parse_aggregate(cmd, "shop"), start, images=images)
+    expected.push(log.entries)
+    got = raws(pipeline)
+    assert got == raws(expected) and len(got) == 3  # insert, update, replace of _id 1
