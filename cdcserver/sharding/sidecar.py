@@ -32,7 +32,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -334,10 +334,12 @@ class ShardedUpstream(FrontLog):
         finally:
             self._nudging.discard(shard.name)
 
-    def check_shards(self) -> None:
+    def check_shards(self, names: Iterable[str] | None = None) -> None:
         """A shard whose tail has been lost for `down_grace_s` fails the merged streams with a
         resumable error (6 HostUnreachable): they cannot go on without its events, and a
-        driver resumes from its last token once the shard is back."""
+        driver resumes from its last token once the shard is back. `names`: the shards a
+        stream still reads (a removed one included until its part has ended); else the
+        cluster's."""
         now = time.monotonic()
         since = self._topology_down_since
         if since is not None and now - since >= self.down_grace_s:
@@ -346,7 +348,9 @@ class ShardedUpstream(FrontLog):
                 6, f"Unable to reach the mongos: the cluster's shards cannot be listed "
                 f"({now - since:.1f}s)",
             )
-        for shard in self.shards:
+        shards = self.shards if names is None else [
+            self._by_name[n] for n in names if n in self._by_name]
+        for shard in shards:
             since = getattr(shard.log, "_down_since", None)
             if since is not None and now - since >= self.down_grace_s:
                 raise MongoError(

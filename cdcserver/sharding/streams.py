@@ -248,8 +248,8 @@ class MergedChangeStream:
         log = self.cluster.front_log
         check = getattr(self.cluster, "check_shards", None)  # a sidecar: shards reachable?
         while True:
-            if check is not None:
-                check()
+            if check is not None:  # the shards this stream still reads
+                check([name for name, sub in self.subs.items() if not sub.closed])
             changed = log.changed_event()  # taken before reading: a write meanwhile wakes us
             if not self.pending and not self.invalidated:
                 await self._poll()
