@@ -1072,3 +1072,22 @@ def test_a_cross_shard_commit_cut_by_a_crash_is_finished_at_restart(tmp_path):
         proc.terminate()
         proc.wait(timeout=30)
     assert not (tmp_path / "coordinator.bson").exists()
+
+
+def test_with_the_balancer_on_an_added_shard_takes_chunks_without_events(cluster, client):
+    client.admin.command("shardCollection", "bal.c", key={"x": 1})
+    for k in range(1, 6):
+        client.admin.command("split", "bal.c", middle={"x": 10 * k})
+    client.bal.c.insert_many([{"_id": i, "x": i} for i in range(60)])
+    client.admin.command("balancerStart")
+    with client.bal.c.watch(max_await_time_ms=50) as stream:
+        client.admin.command("addShard", "fresh/127.0.0.1:1")
+        chunks = list(client.config.chunks.find({"shard": "fresh"}))
+        assert chunks  # its share of the six chunks
+        assert stream.try_next() is None  # migrations: no events
+        bounds = [(c["min"]["x"], c["max"]["x"]) for c in chunks]
+        at = next(hi - 1 if isinstance(hi, int) else lo + 1 for lo, hi in bounds
+                  if isinstance(hi, int) or isinstance(lo, int))
+        client.bal.c.insert_one({"_id": "new", "x": at})  # lands on the new shard
+        assert stream.next()["documentKey"] == {"x": at, "_id": "new"}
+    assert client.bal.c.count_documents({}) == 61

@@ -527,6 +527,8 @@ async def add_shard(server, conn, cmd, db):
     if name in existing:
         raise MongoError(20, f"A shard named {name} already exists")
     await cluster.add_shard(name)
+    if catalog.balancer:  # switched on: the new shard takes its share (migrations: no events)
+        await balancer_round(cluster)
     return {"shardAdded": name}
 
 
