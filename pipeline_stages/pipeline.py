@@ -35,7 +35,13 @@ from pipeline_stages.lookups import (
     NeedsLookup,
     images_needed,
 )
-from pipeline_stages.oplog_entry import Entry, encode_in_order, encode_many_in_order, split_ns
+from pipeline_stages.oplog_entry import (
+    Entry,
+    EntryDocument,
+    encode_in_order,
+    encode_many_in_order,
+    split_ns,
+)
 from pipeline_stages.oplog_match import OplogFilter
 from pipeline_stages.resume_token import ResumeTokenData
 from pipeline_stages.spec import ChangeStreamSpec
@@ -494,7 +500,8 @@ def encode_events(events: list[dict[str, Any]], out: Any) -> Any:
         except MongoError as exc:
             out.append((TooLargeEvent(exc), token, ts))
             continue
-        out.append((RawBSONDocument(raw), token, ts))
+        # The encoder just made these bytes: RawBSONDocument's own checks (~0.6 us) are skipped.
+        out.append((EntryDocument(raw), token, ts))
     return out
 
 
