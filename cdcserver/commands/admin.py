@@ -178,8 +178,9 @@ def op_finished(
     table = counters(server)
     table.in_progress.pop(opid, None)
     # mongod counts the commands it does not know under one name.
-    known = name in server.commands.known if server.commands is not None else False
-    counts = table.commands.setdefault(name if known else "<UNKNOWN>", [0, 0])
+    # The names the server's table knows (run_command has set it).
+    counts = table.commands.setdefault(
+        name if name in server.commands.known else "<UNKNOWN>", [0, 0])
     counts[1] += 1
     if error is not None:
         counts[0] += 1

@@ -30,7 +30,7 @@ from cdcserver.commands import (
     write_concern,
 )
 from cdcserver.commands.base import Handler
-from cdcserver.commands.tables import CommandTable
+from cdcserver.commands.tables import CommandTable, Route
 from cdcserver.context import ConnectionState, ServerState
 from pipeline_stages.errors import MongoError
 
@@ -175,11 +175,18 @@ async def run_command(
     """Run `cmd` with the handler the server's table (or `table`) gives its name. The
     upstream's forwarding (once a `"$proxy"` hook consulted here) is routed here too: it is
     the upstream table's default entry, and its `forwarding` handlers skip our own checks."""
-    commands = table_of(server, table)
+    commands = server.commands if table is None else CommandTable.of(table)
+    if commands is None:
+        commands = table_of(server, None)
     name = next(iter(cmd), "")
     db = cmd.get("$db", "admin")
-    handler = commands.handler(server, name, cmd)
-    forwarded = handler is not None and handler in commands.forwarding
+    # CommandTable.handler, inlined: this runs for every command.
+    handler = commands.get(name) if name else None
+    if handler is None:
+        handler = commands.default if name else None
+    if handler.__class__ is Route:
+        handler = handler.choose(server, cmd)
+    forwarded = bool(commands.forwarding) and handler in commands.forwarding
     # Decided before running: a failed change-stream getMore closes its cursor.
     change_stream = is_change_stream_command(name, cmd, server)
     checked_out = False  # past the checks mongod makes before checking out the session

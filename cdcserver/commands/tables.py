@@ -75,7 +75,7 @@ class CommandTable(dict[str, Any]):
         self.known = frozenset(self if known is None else known)
 
     def handler(self, server: ServerState, name: str, cmd: Mapping[str, Any]) -> Handler | None:
-        """Who answers `cmd` (None: no such command)."""
+        """Who answers `cmd` (None: no such command); registry.run_command inlines it."""
         if not name:
             return None
         entry = self.get(name, self.default)
