@@ -114,3 +114,13 @@ def test_ddl_with_a_malformed_write_concern_does_nothing(client):
         client.fp.command("create", "never", writeConcern={"w": -1})
     assert info.value.code == 9
     assert "never" not in client.fp.list_collection_names()
+
+
+def test_failed_ddl_still_reports_the_write_concern(client):
+    client.fp.a.insert_one({})
+    client.fp.b.insert_one({})
+    reply = client.admin.command({"renameCollection": "fp.a", "to": "fp.b",
+                                  "writeConcern": {"w": 2}}, check=False)
+    assert (reply["ok"], reply["code"], reply["codeName"]) == (0.0, 48, "NamespaceExists")
+    assert reply["writeConcernError"]["code"] == 100
+    assert list(reply)[:5] == ["ok", "errmsg", "code", "codeName", "writeConcernError"]

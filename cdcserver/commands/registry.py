@@ -190,6 +190,7 @@ async def run_command(
     # Decided before running: a failed change-stream getMore closes its cursor.
     change_stream = is_change_stream_command(name, cmd, server)
     checked_out = False  # past the checks mongod makes before checking out the session
+    wc_here, wc = False, None
     try:
         if server.shutting_down:
             raise shutdown_error(name, cmd, change_stream)
@@ -237,7 +238,9 @@ async def run_command(
         if checked_out:
             txn_rules.failed_in_transaction(server, name, cmd)
         failpoints.close_if_requested(conn)  # onPrimaryTransactionalWrite ended the connection
-        return error_reply(server, err, change_stream)
+        reply = error_reply(server, err, change_stream)
+        # mongod waits for the write concern of a failed command too, and says it could not
+        return write_concern.add_to_error_reply(reply, wc) if wc_here else reply
     except failpoints.CloseConnection:
         raise  # the listener drops the connection without a reply
     except Exception as exc:

@@ -119,3 +119,19 @@ def add_if_unreported(reply: dict[str, Any], wc: Mapping[str, Any] | None) -> di
     if "writeConcernError" in reply:
         return reply
     return add_to_reply(reply, wc)
+
+
+def add_to_error_reply(reply: dict[str, Any], wc: Mapping[str, Any] | None) -> dict[str, Any]:
+    """An error reply with the writeConcernError a failed command gets under `wc` (after
+    codeName, before errorLabels, as mongod appends it)."""
+    err = error_for(wc)
+    if err is None or "writeConcernError" in reply:
+        return reply
+    out: dict[str, Any] = {}
+    for key, value in reply.items():
+        if key in ("errorLabels", "$clusterTime", "operationTime") and err is not None:
+            out["writeConcernError"], err = err, None
+        out[key] = value
+    if err is not None:
+        out["writeConcernError"] = err
+    return out

@@ -251,23 +251,15 @@ WIDER_FILES = [
 # The causes of the failures: key -> (pattern on "node id | message", why). The first
 # pattern that matches names the cause; known_failures.py refers to the keys.
 CAUSES: dict[str, tuple[str, str]] = {
-    'fp-onPrimaryTransactionalWrite': (
-        'onPrimaryTransactionalWrite not found',
-        'fail point onPrimaryTransactionalWrite (used by driver tests only) is not offered',
+    'undefined-variable': (
+        r"'code': 17276",
+        "a filter's $expr naming an undefined variable ($$name) is not refused "
+        "(17276 'Use of undefined variable')",
     ),
-    'fp-maxTimeAlwaysTimeOut': (
-        'maxTimeAlwaysTimeOut not found',
-        'fail point maxTimeAlwaysTimeOut is not offered',
-    ),
-    'bulkWrite-command': (
-        r"[Bb]ulk_?[Ww]rite.*no such command: 'bulkWrite'|ClientBulkWrite|client_bulk_write"
-        r"|clientBulkWrite|test_command_bulkWrite",
-        'the 8.0 bulkWrite command (client bulk write) is missing',
-    ),
-    'ddl-write-concern': (
-        r"WriteConcernError not raised|reports_a_writeConcernError"
-        r"|Expected error \{'errorCode': 79|::test_create \|",
-        "write concern is ignored by DDL commands and aggregate $out (no writeConcernError)",
+    'cursor-max-time': (
+        'test_max_time_ms_getmore',
+        "a find's maxTimeMS does not carry over to its getMores (mongod keeps the time left "
+        "with the cursor)",
     ),
     'merge': (
         '\\$merge|fake_cursor',
@@ -288,10 +280,6 @@ CAUSES: dict[str, tuple[str, str]] = {
     'update-sort': (
         '_sort_option',
         'the update/replace sort option is ignored',
-    ),
-    'snapshot': (
-        'atClusterTime|[Ss]napshot',
-        "snapshot sessions: no atClusterTime, no point-in-time reads, writes not refused",
     ),
     'where': (
         '\\$where|csot_applied',
@@ -332,10 +320,6 @@ CAUSES: dict[str, tuple[str, str]] = {
     'index-filters': (
         'test_index_filter',
         'index filters (planCacheSetFilter) are not offered',
-    ),
-    'null-id-upsert': (
-        'CreateNullIds',
-        'an upsert with a null _id',
     ),
     'linearizable-out': (
         'linearizable_with_out',
