@@ -96,11 +96,16 @@ def test_no_pseudo_commands_and_every_name_answered():
 
 
 def test_modes_differ_only_where_tables_py_says():
-    """The recorded and embedded tables serve the same names; three of them differ."""
+    """The recorded and embedded tables serve the same names; they differ in the three names
+    two families answer and in the commands that need the store (115 with a recorded oplog)."""
+    from cdcserver.commands.transactions import needs_store
+
     recorded, embedded = tables.RECORDED, tables.EMBEDDED
     assert set(recorded) == set(embedded)
     differ = sorted(n for n in recorded if recorded[n] is not embedded[n])
-    assert differ == ["aggregate", "listCollections", "listDatabases"]
+    store_only = sorted(n for n in recorded if recorded[n] is needs_store)
+    assert differ == sorted(["aggregate", "listCollections", "listDatabases", *store_only])
+    assert store_only == sorted(tables._STORE_ONLY)
     upstream = tables.UPSTREAM
     assert upstream.default is not None and upstream.default in upstream.forwarding
     assert set(upstream) == {*upstream_local_names(), "aggregate", "getMore", "killCursors"}
@@ -110,6 +115,45 @@ def upstream_local_names() -> set[str]:
     from cdcserver.commands.proxy import LOCAL_COMMANDS
 
     return set(LOCAL_COMMANDS)
+
+
+def test_a_recorded_oplog_answers_the_store_commands_with_115(tmp_path):
+    """What the recorded table says, over the wire: the store's commands answer 115 (whether
+    its entry is needs_store or a handler that looks for the store), the catalog commands list
+    the oplog's namespaces, a change stream and a find on the oplog are served."""
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from oplog_builders import Oplog
+
+    from cdcserver.testing import start_server, write_oplog
+
+    oplog = Oplog()
+    oplog.insert("rec.c", {"_id": 1})
+    oplog.insert("rec.d", {"_id": 2})
+    path = write_oplog(tmp_path / "oplog.bson", oplog.entries)
+    server = start_server(path)
+    try:
+        with MongoClient(server.direct_uri, serverSelectionTimeoutMS=5000) as client:
+            db = client.rec
+            commands = [
+                {"insert": "c", "documents": [{"_id": 3}]},
+                {"update": "c", "updates": [{"q": {}, "u": {"$set": {"a": 1}}}]},
+                {"create": "e"}, {"drop": "c"}, {"distinct": "c", "key": "_id"},
+                {"listIndexes": "c"}, {"createIndexes": "c", "indexes": [
+                    {"key": {"a": 1}, "name": "a_1"}]},
+            ]
+            for cmd in commands:
+                with pytest.raises(OperationFailure) as failed:
+                    db.command(cmd)
+                assert failed.value.code == 115, cmd
+                assert "writes need the embedded store" in str(failed.value.details), cmd
+            assert sorted(db.list_collection_names()) == ["c", "d"]
+            assert "rec" in client.list_database_names()
+            stream = db.command("aggregate", "c", pipeline=[{"$changeStream": {}}], cursor={})
+            assert _kinds(server)[stream["cursor"]["id"]] == CHANGE_STREAM
+            found = client.local.command("find", "oplog.rs", filter={"ns": "rec.d"})
+            assert [e["o"] for e in found["cursor"]["firstBatch"]] == [{"_id": 2}]
+    finally:
+        server.stop()
 
 
 # -- the cursor registry ---------------------------------------------------------------------

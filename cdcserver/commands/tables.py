@@ -8,7 +8,7 @@ it uses. `tests/data/command_tables.json` lists every mode's table (name -> hand
 
 - `RECORDED` (a recorded oplog file, `serve --oplog`): listCollections / listDatabases from the
   oplog's namespaces (handshake.py); aggregate is crud.aggregate (a change stream, the oplog,
-  `$currentOp`); the writes are listed and answer 115 (they need a store).
+  `$currentOp`); the commands that need the store first thing answer 115 (`needs_store`).
 - `EMBEDDED` (the embedded store, `serve`): listCollections / listDatabases / aggregate of the
   store (ddl.py: a change stream on a view is refused).
 - `UPSTREAM` (a live replica set, `serve --upstream`): only `proxy.LOCAL_COMMANDS` are answered
@@ -136,8 +136,17 @@ _OWN = _merge(
     transactions.TABLE,  # commitTransaction, abortTransaction, endSessions, killSessions...
 )
 
+# The embedded store's commands whose handlers need the store before anything else: with a
+# recorded oplog, each answers 115 (transactions.needs_store), as its handler would.
+_STORE_ONLY = (
+    "abortTransaction", "collMod", "commitTransaction", "create", "createIndexes",
+    "deleteIndexes", "distinct", "drop", "dropDatabase", "dropIndexes", "insert", "listIndexes",
+    "renameCollection",
+)
+
 RECORDED = CommandTable("recorded", {
     **_OWN,
+    **dict.fromkeys(_STORE_ONLY, transactions.needs_store),
     "aggregate": crud.aggregate,  # a change stream, the oplog, $currentOp / $collStats
     "listCollections": handshake.list_collections,  # the oplog's namespaces
     "listDatabases": handshake.list_databases,

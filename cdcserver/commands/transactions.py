@@ -36,13 +36,23 @@ _TRANSIENT = ["TransientTransactionError"]
 
 
 def get_store(server: Any) -> Store:
-    store = getattr(server, "store", None)
+    store = server.store
     if store is None:
-        raise MongoError(
-            115, "this cdcserver serves a recorded oplog; writes need the embedded store "
-            "(`cdcserver serve` without --oplog)",
-        )
+        raise _no_store()
     return store
+
+
+def _no_store() -> MongoError:
+    return MongoError(
+        115, "this cdcserver serves a recorded oplog; writes need the embedded store "
+        "(`cdcserver serve` without --oplog)",
+    )
+
+
+async def needs_store(server, conn, cmd, db):
+    """The recorded mode's entry for a command that works only on the embedded store (115,
+    as its handler would answer first thing there: commands/tables.py)."""
+    raise _no_store()
 
 
 def full_lsid(lsid: Mapping[str, Any]) -> dict[str, Any]:
