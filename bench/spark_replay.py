@@ -36,6 +36,19 @@ from bson.timestamp import Timestamp  # noqa: E402
 from test_spark_replay import BigWorkload, Workload  # noqa: E402
 
 _SUMMARY = re.compile(rb"events written in ([0-9.]+)s")
+# spark-replay's last line: each phase's task CPU, in all and the longest task's.
+_PHASE = re.compile(rb"(\w+) \d+ tasks ([0-9.]+)s \(longest ([0-9.]+)s\)")
+
+
+def task_seconds(err: bytes, cores: int) -> tuple[float, float]:
+    """(CPU seconds of the job's Python tasks, the least time they take on `cores` idle cores:
+    per phase, the larger of their CPU over the cores and the longest task)."""
+    line = next((ln for ln in err.splitlines() if b"task CPU:" in ln), b"")
+    total = least = 0.0
+    for _phase, cpu, longest in _PHASE.findall(line):
+        total += float(cpu)
+        least += max(float(cpu) / cores, float(longest))
+    return total, least
 
 
 def _children() -> dict[int, list[int]]:
@@ -159,6 +172,7 @@ def main() -> None:
         rows = [("cdcserver replay", t_single, t_single, rss_single, cpu_single)]
         split_size = max(1, max(p.stat().st_size for p in shards) // args.splits)
         conf = [a for c in args.conf for a in ("--conf", c)]
+        cpu_tasks: list[tuple[float, float]] = []
         for master in ("local[1]", "local[2]"):
             out = work / master
             load.append(os.getloadavg()[0])
@@ -170,10 +184,12 @@ def main() -> None:
             ])
             found = _SUMMARY.search(err)
             job = float(found.group(1)) if found else wall
+            tasks = task_seconds(err, int(master[6:-1]))
             got = digest(sorted(out.glob("part-*")))
             assert got == reference, f"{master}: output differs from cdcserver replay"
             shutil.rmtree(out)
             rows.append((f"spark-replay {master}", job, wall, rss, cpu))
+            cpu_tasks.append(tasks)
         load.append(os.getloadavg()[0])
         print(f"{args.shards} shard(s), {size / 1e9:.2f} GB, {events} events, "
               f"split {split_size / 1e6:.0f} MB, driver memory {args.driver_memory}, "
@@ -189,12 +205,16 @@ def main() -> None:
                   f"{rss['jvm'] / 1e6:>7.0f} {rss['worker'] / 1e6:>9.0f} {total:>7.1f} "
                   f"{cpu['jvm']:>6.1f}/{cpu['worker']:<6.1f} {total / wall:>5.2f}")
         print(f"scaling local[2] / local[1]: {rows[1][1] / rows[2][1]:.2f} (goal >= 1.8)")
-        # Under load the wall ratio says little: what each run would take with its cores to
-        # itself is its CPU seconds over the cores it can use (1 Python worker for local[1],
-        # but the JVM and the driver run beside it on the other core).
+        # Under load the wall ratio says little. The tasks' own CPU (their Python's process
+        # time, which other processes do not inflate) says what the job's work would take on
+        # idle cores: local[1] runs its tasks one after the other, local[2] two at a time.
         c1, c2 = (sum(r[4].values()) for r in rows[1:])
-        print(f"CPU seconds local[1] {c1:.1f}, local[2] {c2:.1f} (ratio {c1 / c2:.2f}); busy "
-              f"cores local[1] {c1 / rows[1][2]:.2f}, local[2] {c2 / rows[2][2]:.2f}")
+        (t1, least1), (t2, least2) = cpu_tasks
+        print(f"CPU seconds, all processes: local[1] {c1:.1f}, local[2] {c2:.1f}; "
+              f"busy cores local[1] {c1 / rows[1][2]:.2f}, local[2] {c2 / rows[2][2]:.2f}")
+        print(f"task CPU seconds: local[1] {t1:.1f} (job {rows[1][1]:.1f}), local[2] {t2:.1f} "
+              f"(job {rows[2][1]:.1f}); on idle cores at least local[1] {least1:.1f}, local[2] "
+              f"{least2:.1f}: CPU-based scaling {least1 / least2:.2f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

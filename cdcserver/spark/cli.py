@@ -401,6 +401,7 @@ def run_args(args: argparse.Namespace, spark: Any = None) -> int:
             except Exception:  # noqa: BLE001 - a JVM that died cannot be stopped
                 pass
     log.info("%s", summary.line())
+    log.info("%s", summary.cpu_line())
     return 0
 
 

@@ -51,12 +51,15 @@ def suffix(fmt: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class TaskOutput:
-    """What a task attempt wrote: its file (None: no events), entries read, events written."""
+    """What a task attempt wrote: its file (None: no events), entries read, events written,
+    CPU seconds, and the pipeline's error if it failed."""
 
     partition: int
     name: str | None
     entries: int
     events: int
+    cpu: float = 0.0  # the attempt's CPU seconds (its Python's process time)
+    error: tuple[int, str] | None = None  # the pipeline's (code, errmsg): it wrote nothing
 
 
 class Output:

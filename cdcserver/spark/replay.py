@@ -63,7 +63,6 @@ events it had produced before the failing batch).
 from __future__ import annotations
 
 import bisect
-import json
 import logging
 import os
 import sys
@@ -93,7 +92,6 @@ PUSH_BYTES = 8 * 1024 * 1024  # ... or fewer when they are large
 ARROW_BATCH = 2048  # events per write (an Arrow record batch for Parquet)
 ARROW_BYTES = 4 * 1024 * 1024  # ... or fewer when they are large
 SEGMENTS_PER_SPLIT = 8  # index points per range: where time ranges of several shards start
-_ERROR_MARK = "CDCSERVER-MONGO-ERROR:"
 _END = 1 << 64  # after every ts key
 
 
@@ -181,6 +179,7 @@ class ScanContext:
 
 def scan_split(split: sp.Split, ctx: ScanContext, counter: Any = None) -> dict[str, Any]:
     """Pass 1 over one range: its extent, index, cross-segment chain links, first invalidation."""
+    cpu = time.process_time()
     meta: dict[str, Any] = {
         "key": split.key, "first": None, "stop": None, "n": 0, "lines": 0,
         "first_ts": None, "last_ts": None, "first_line": 0, "index": [],
@@ -242,6 +241,7 @@ def scan_split(split: sp.Split, ctx: ScanContext, counter: Any = None) -> dict[s
         meta["n"] = n
         if counter is not None:
             counter.add(n)
+    meta["cpu"] = time.process_time() - cpu
     meta["stop"] = stats.get("stop", first)
     meta["lines"] = stats.get("lines", 0)
     meta["links"] = [(k, o, prev, end) for k, (o, _seg, prev, end) in pending.items()]
@@ -343,6 +343,11 @@ class ReplayTask:
     @property
     def key(self) -> int:
         return self.index
+
+    @property
+    def size(self) -> int:
+        """Bytes of oplog the task reads (its work, roughly)."""
+        return sum(stop - first for part in self.parts for _s, first, stop in part.segments)
 
 
 @dataclass(slots=True)
@@ -489,6 +494,7 @@ def write_task(
     accs: Any = None,
 ) -> TaskOutput:
     """Replay one time range into its own file in the staging directory (`output.py`)."""
+    cpu = time.process_time()
     counts = [0]
     events = 0
     writer = PartWriter(out, job, task.index, attempt, fmt)
@@ -501,29 +507,18 @@ def write_task(
                 writer.write_batch(_record_batch(rows))
         name = writer.close()
     except MongoError as exc:
+        # Returned, not raised: the job's error is the one of the earliest time range that
+        # fails (as `cdcserver replay` meets it), whatever order the tasks ran in.
         writer.discard()
-        detail = {"code": exc.code, "errmsg": exc.errmsg}
-        raise RuntimeError(_ERROR_MARK + json.dumps(detail)) from None
+        return TaskOutput(task.index, None, counts[0], events, time.process_time() - cpu,
+                          (exc.code, exc.errmsg))
     except BaseException:
         writer.discard()
         raise
     if accs is not None:
         accs[0].add(counts[0])
         accs[1].add(events)
-    return TaskOutput(task.index, name, counts[0], events)
-
-
-def _mongo_error_in(exc: BaseException) -> MongoError | None:
-    """The MongoError a task raised, from the (Java) exception that failed the job."""
-    text = str(exc)
-    i = text.find(_ERROR_MARK)
-    if i < 0:
-        return None
-    try:
-        detail, _ = json.JSONDecoder().raw_decode(text[i + len(_ERROR_MARK) :])
-    except ValueError:
-        return None
-    return MongoError(detail["code"], detail["errmsg"])
+    return TaskOutput(task.index, name, counts[0], events, time.process_time() - cpu)
 
 
 def dry_task(task: ReplayTask, ctx: ReplayContext) -> tuple[int, Any]:
@@ -548,11 +543,21 @@ class ReplaySummary:
     tasks: int = 0  # replay tasks (time ranges)
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
+    # The CPU seconds of each task's Python (its process time), by phase, in task order:
+    # what the job would take on idle cores, apart from Spark's own work.
+    task_cpu: dict[str, list[float]] = field(default_factory=dict)
 
     def line(self) -> str:
         return (
             f"spark-replay: {self.entries} entries read, {self.events} events written "
             f"in {self.seconds:.1f}s ({self.scanned} entries in {self.splits} splits)"
+        )
+
+    def cpu_line(self) -> str:
+        """The tasks' CPU by phase: `scan 16 tasks 1.20s (longest 0.10s), ...`."""
+        return "spark-replay: task CPU: " + ", ".join(
+            f"{phase} {len(cpu)} tasks {sum(cpu):.2f}s (longest {max(cpu):.2f}s)"
+            for phase, cpu in self.task_cpu.items() if cpu
         )
 
 
@@ -735,6 +740,7 @@ class SparkReplay:
         all_splits = [s for shard in shards for s in shard.splits]
         summary.splits = len(all_splits)
         metas = self._scan(sc, all_splits, scan_ctx)
+        summary.task_cpu["scan"] = [metas[s.key].get("cpu", 0.0) for s in all_splits]
         for shard in shards:
             shard.metas = {s.key: metas[s.key] for s in shard.splits}
             broken, error = _verify(shard)
@@ -1028,19 +1034,21 @@ class SparkReplay:
 
         self._phase = ("replay", len(tasks), accs[0], time.monotonic())
         sc.setJobGroup("cdcserver-replay", "spark-replay: replay and write")
+        # One replay task per partition, the largest first (each writes the part file of its
+        # time range, whatever the order they run in): the last ones to start are short, so
+        # the cores finish together rather than one finishing a long task alone.
+        order = sorted(tasks, key=lambda t: (-t.size, t.index))
         try:
-            # One replay task per partition, in time order: partition i's events are range i's.
             results = (
-                sc.parallelize(tasks, len(tasks)).mapPartitions(run).collect() if tasks else []
+                sc.parallelize(order, len(order)).mapPartitions(run).collect() if order else []
             )
-        except Exception as exc:
-            error = _mongo_error_in(exc)
-            if error is not None:
-                raise ReplayError(_mongo_message(error)) from None
-            raise
         finally:
             shared.destroy()
+        failed = sorted((r.partition, r.error) for r in results if r.error is not None)
+        if failed:
+            raise ReplayError(_mongo_message(MongoError(*failed[0][1])))
         output.commit(results)
+        summary.task_cpu["replay"] = [r.cpu for r in sorted(results, key=lambda r: r.partition)]
         summary.entries = sum(r.entries for r in results)
         summary.events = sum(r.events for r in results)
 
