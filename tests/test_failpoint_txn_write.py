@@ -124,3 +124,22 @@ def test_failed_ddl_still_reports_the_write_concern(client):
     assert (reply["ok"], reply["code"], reply["codeName"]) == (0.0, 48, "NamespaceExists")
     assert reply["writeConcernError"]["code"] == 100
     assert list(reply)[:5] == ["ok", "errmsg", "code", "codeName", "writeConcernError"]
+
+
+def test_retried_find_and_modify_after_a_write_concern_error(server, client):
+    client.fp.c.insert_many([{"_id": 1, "x": 11}, {"_id": 2, "x": 22}])
+    # 91 ShutdownInProgress makes the driver rediscover the server before its retry
+    retrying = server.client(heartbeatFrequencyMS=500, serverSelectionTimeoutMS=30000)
+    client.admin.command({
+        "configureFailPoint": "failCommand", "mode": {"times": 1},
+        "data": {"failCommands": ["findAndModify"], "errorLabels": ["RetryableWriteError"],
+                 "writeConcernError": {"code": 91, "errmsg": "Replication is being shut down"}},
+    })
+    try:
+        # the retry answers the first run's result, without the injected error
+        assert retrying.fp.c.find_one_and_delete({"x": {"$gte": 11}}, sort=[("x", 1)]) == {
+            "_id": 1, "x": 11}
+    finally:
+        client.admin.command("configureFailPoint", "failCommand", mode="off")
+        retrying.close()
+    assert list(client.fp.c.find()) == [{"_id": 2, "x": 22}]

@@ -249,6 +249,9 @@ async def run_command(
         log.exception("command %r failed", name)
         err = MongoError(1, f"{name} failed: {type(exc).__name__}: {exc}")
         return error_reply(server, err, change_stream)
+    # a copy: a handler may answer a retried statement with the very reply it kept from the
+    # first run (findAndModify), which a fail point's writeConcernError must not change
+    reply = dict(reply)
     failpoints.after_command(server, conn, name, cmd, db, commands, reply)
     reply["ok"] = 1.0
     reply.update(cluster_time_fields(server))

@@ -70,10 +70,7 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
     'test/test_retryable_reads_unified.py': {
     },
     'test/test_retryable_writes_unified.py': {
-        'TestUnifiedFindOneAndDeleteErrorLabels::test_FindOneAndDelete_succeeds_after_WriteConcernError_ShutdownInProgress': 'fam-wce-retry',
-        'TestUnifiedFindOneAndReplaceErrorLabels::test_FindOneAndReplace_succeeds_after_WriteConcernError_ShutdownInProgress': 'fam-wce-retry',
         'TestUnifiedAggregateOutMerge::test_aggregate_with_$merge_does_not_set_txnNumber': 'merge',
-        'TestUnifiedFindOneAndUpdateErrorLabels::test_FindOneAndUpdate_succeeds_after_WriteConcernError_ShutdownInProgress': 'fam-wce-retry',
     },
     'test/test_read_write_concern_spec.py': {
         'TestOperationDefaultWriteConcern_4_2::test_Aggregate_with_$merge_omits_default_write_concern': 'merge',

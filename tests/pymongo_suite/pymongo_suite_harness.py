@@ -333,10 +333,6 @@ CAUSES: dict[str, tuple[str, str]] = {
         'UpdateOnePipeline|UpdatePipeline',
         'pipeline updates that replace the document fail on _id',
     ),
-    'fam-wce-retry': (
-        'Replication is being shut down',
-        "a failCommand writeConcernError on findAndModify is not retried as mongod's",
-    ),
     'collation': (
         '[Cc]ollation',
         'collation is accepted but ignored',
