@@ -44,19 +44,6 @@ FAST_CLIENT = {
 # Shared helpers
 
 
-@pytest.fixture(autouse=True)
-def proxy_routing(monkeypatch):
-    """Route forwarded commands until the registry does it itself (`COMMANDS["$proxy"]`
-    consulted in `run_command`); harmless for servers whose source is not an upstream."""
-    import inspect
-
-    from cdcserver import server as server_module
-    from cdcserver.commands import registry
-
-    if "$proxy" not in inspect.getsource(registry.run_command):
-        monkeypatch.setattr(server_module, "run_command", proxy.run_command_with_proxy)
-
-
 class UpstreamServer(ThreadServer):
     """Server B: cdcserver on its own loop thread, its source the upstream at `uri`."""
 

@@ -453,17 +453,8 @@ def test_timestamps_are_not_reused_after_restart(process_a, servers):
     assert isinstance(before, Timestamp) and after > before
 
 
-def _hook_in(module: Any, marker: str) -> bool:
-    import inspect
-
-    return marker in inspect.getsource(module)
-
-
 def test_cli_serve_upstream(process_a, servers, tmp_path):
     """`cdcserver serve --upstream URI` in its own process: watch B, write to A."""
-    from cdcserver import context
-    from cdcserver.commands import registry
-
     b = ProcessA(None, free_port(), tmp_path / "b.log", ("--upstream", process_a.uri))
     servers.append(b)
     b.start()
@@ -478,11 +469,9 @@ def test_cli_serve_upstream(process_a, servers, tmp_path):
                 if event is not None:
                     events.append(event)
         assert [e["operationType"] for e in events] == ["insert", "update"]
-        if _hook_in(context, '"images"'):  # ServerState takes the source's images
-            assert events[1]["fullDocument"] == {"_id": 1, "a": 1}
-        if _hook_in(registry, "$proxy"):  # run_command routes to the proxy
-            cb.shop.cli.insert_one({"_id": 2})
-            assert ca.shop.cli.count_documents({}) == 2
+        assert events[1]["fullDocument"] == {"_id": 1, "a": 1}  # looked up on A
+        cb.shop.cli.insert_one({"_id": 2})  # forwarded to A
+        assert ca.shop.cli.count_documents({}) == 2
 
 
 def test_a_stalls_lookups_fail_fast_and_resume(servers):
