@@ -143,3 +143,14 @@ def test_retried_find_and_modify_after_a_write_concern_error(server, client):
         client.admin.command("configureFailPoint", "failCommand", mode="off")
         retrying.close()
     assert list(client.fp.c.find()) == [{"_id": 2, "x": 22}]
+
+
+def test_a_query_cursor_keeps_its_max_time(client):
+    client.fp.c.insert_many([{"_id": i} for i in range(5)])
+    timed = client.fp.c.find(batch_size=2).max_time_ms(60_000)
+    untimed = client.fp.c.find(batch_size=2)
+    next(timed), next(untimed)  # the first batches, before the fail point
+    _fail_point(client, "maxTimeAlwaysTimeOut", "alwaysOn")
+    assert len(untimed.to_list()) == 4  # its getMores have no deadline
+    with pytest.raises(errors.ExecutionTimeout):
+        timed.to_list()  # the find's maxTimeMS is its getMores' deadline too

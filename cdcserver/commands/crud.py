@@ -906,6 +906,8 @@ class ResultCursor:
     last_used: float = field(default_factory=time.monotonic)
     busy: bool = False  # a getMore is gathering its batch
     awaited_s: float = 0.0  # never waits
+    # the query's maxTimeMS: mongod keeps it with the cursor, its getMores run with a deadline
+    max_time_ms: int | None = None
     kind = QUERY_RESULT
     owner = None
 
@@ -947,11 +949,14 @@ def _taking(cursor: ResultCursor, batch_size: int | None, out: list[Any]) -> que
 
 
 def cursor_first_batch(
-    server: Any, ns: str, docs: list[Any], batch_size: int | None, single_batch: bool = False
+    server: Any, ns: str, docs: list[Any], batch_size: int | None, single_batch: bool = False,
+    max_time_ms: Any = None,
 ) -> dict[str, Any]:
     """A `{cursor: {firstBatch, id, ns}}` reply; keeps the rest for getMore."""
     cid = server.cursors.new_id()
     cursor = ResultCursor(cid, ns, docs)
+    if is_number(max_time_ms) and max_time_ms > 0:
+        cursor.max_time_ms = int(max_time_ms)
     batch = _take(cursor, DEFAULT_BATCH if batch_size is None else batch_size)
     more = cursor.pos < len(docs) and not single_batch
     if more:
@@ -1164,7 +1169,8 @@ async def find(server, conn, cmd, db):
         docs = await find_documents(store, cmd, db, coll, filter_doc, projection,
                                     cmd.get("sort"), skip, limit)
     return cursor_first_batch(server, f"{db}.{coll}", docs, batch_size,
-                              single_batch=cmd.get("singleBatch") is True)
+                              single_batch=cmd.get("singleBatch") is True,
+                              max_time_ms=cmd.get("maxTimeMS"))
 
 
 def find_pre_images(
@@ -1362,7 +1368,8 @@ async def aggregate(server, conn, cmd, db):
         with store.batch():
             _write_out(store, db, out_stage, results)
         results = []
-    return cursor_first_batch(server, f"{db}.{target}", results, batch_size)
+    return cursor_first_batch(server, f"{db}.{target}", results, batch_size,
+                              max_time_ms=cmd.get("maxTimeMS"))
 
 
 async def _aggregate_oplog(server: Any, cmd: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """Fail points, as mongod offers them with test commands enabled: `configureFailPoint` (admin)
-for `failCommand` and `failGetMoreAfterCursorCheckout`.
+for `failCommand`, `failGetMoreAfterCursorCheckout`, `onPrimaryTransactionalWrite` and
+`maxTimeAlwaysTimeOut` (their semantics: at each one's evaluation below).
 
 Users test their consumers' resume logic with them: a network error (`closeConnection`), a
 `ResumableChangeStreamError` (`failGetMoreAfterCursorCheckout`), `CursorNotFound`, a slow server
@@ -398,16 +399,28 @@ def before_command(
         _evaluate_fail_get_more(server, conn, name, cmd, db, fail_get_more)
     max_time = points.points[MAX_TIME_ALWAYS_TIME_OUT]
     if max_time.on and name in commands:
-        _evaluate_max_time_always_time_out(name, cmd, max_time)
+        _evaluate_max_time_always_time_out(server, name, cmd, max_time)
     return None
 
 
-def _evaluate_max_time_always_time_out(name: str, cmd: Mapping[str, Any], point: FailPoint) -> None:
+def _evaluate_max_time_always_time_out(
+    server: Any, name: str, cmd: Mapping[str, Any], point: FailPoint
+) -> None:
     """`maxTimeAlwaysTimeOut`: an operation with a deadline (a positive maxTimeMS) is killed at
     its first interrupt check, 50 MaxTimeMSExpired. A getMore's maxTimeMS is its await time,
-    not a deadline."""
+    not a deadline: its deadline is the query's maxTimeMS, kept with a query's cursor (the
+    cursor dies with the getMore that failed)."""
     max_ms = cmd.get("maxTimeMS")
-    if name in ("getMore", "configureFailPoint") or isinstance(max_ms, bool):
+    if name == "getMore":
+        cursor_id = cmd.get("getMore")
+        if isinstance(cursor_id, bool) or not isinstance(cursor_id, int):
+            return
+        cursor = server.cursors.find(int(cursor_id))
+        if not getattr(cursor, "max_time_ms", None) or not point.fire():
+            return
+        server.cursors.kill(int(cursor_id))
+        raise MongoError(50, "operation exceeded time limit")
+    if name == "configureFailPoint" or isinstance(max_ms, bool):
         return
     if not isinstance(max_ms, (int, float)) or max_ms <= 0 or not point.fire():
         return

@@ -256,11 +256,6 @@ CAUSES: dict[str, tuple[str, str]] = {
         "a filter's $expr naming an undefined variable ($$name) is not refused "
         "(17276 'Use of undefined variable')",
     ),
-    'cursor-max-time': (
-        'test_max_time_ms_getmore',
-        "a find's maxTimeMS does not carry over to its getMores (mongod keeps the time left "
-        "with the cursor)",
-    ),
     'merge': (
         '\\$merge|fake_cursor',
         '$merge is not supported by the embedded store',
