@@ -27,12 +27,11 @@ from bson import json_util
 from bson.timestamp import Timestamp
 from embedded_support import EmbeddedServer
 from pymongo import MongoClient, errors
-from test_upstream import (  # noqa: F401  (proxy_routing: an autouse fixture)
+from test_upstream import (
     GUARD_S,
     UpstreamServer,
     drain_until,
     latest_ts,
-    proxy_routing,
     raw_client,
     raws,
     watch,

@@ -29,7 +29,6 @@ from test_upstream import (
     GUARD_S,
     UpstreamServer,
     latest_ts,
-    proxy_routing,  # noqa: F401  (autouse fixture)
 )
 
 from cdcserver.testing import HOST

@@ -30,7 +30,6 @@ from test_upstream import (
     drain_until,
     latest_ts,
     mirror_pre_images,
-    proxy_routing,  # noqa: F401  (autouse fixture)
     raw_client,
     raws,
     watch,
