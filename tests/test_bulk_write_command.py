@@ -196,3 +196,14 @@ def test_let_variables(client):
     ], let={"id": 1, "value": 10, "gone": 2})
     assert reply["nModified"] == 1 and reply["nDeleted"] == 1
     assert list(client.bw.a.find()) == [{"_id": 1, "x": 10}]
+
+
+def test_update_one_sort_picks_the_first_match_in_that_order(client):
+    client.bw.a.insert_many([{"_id": 1, "x": 11}, {"_id": 2, "x": 22}, {"_id": 3, "x": 33}])
+    reply = _bulk(client, [{"update": 0, "filter": {"_id": {"$gt": 1}},
+                            "updateMods": {"$inc": {"x": 1}}, "sort": {"_id": -1}}])
+    assert reply["nModified"] == 1
+    client.bw.a.update_one({"_id": {"$gt": 1}}, {"$inc": {"x": 100}}, sort={"x": 1})
+    client.bw.a.replace_one({}, {"r": 1}, sort={"_id": -1})
+    assert list(client.bw.a.find().sort("_id", 1)) == [
+        {"_id": 1, "x": 11}, {"_id": 2, "x": 122}, {"_id": 3, "r": 1}]

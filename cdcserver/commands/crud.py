@@ -501,6 +501,10 @@ def run_update_statement(
                                    c.options.get("collation") if c is not None else None,
                                    "update.updates")
     docs, n, modified = _multi_matching(store, c, q, multi, progress, collation)
+    if not multi and spec.get("sort") and c is not None:  # 8.0: which match updateOne takes
+        with engine_errors():
+            found = _sorted_find(store, db, coll, q, spec["sort"], spec.get("collation"))
+        docs = [found] if found is not None else []
     session = None if multi else retry.session
     for pre in docs:
         assert c is not None

@@ -272,10 +272,6 @@ CAUSES: dict[str, tuple[str, str]] = {
         '\\$setField|DotsAndDollars',
         '$setField / $getField (dotted and $-prefixed field names) are not supported',
     ),
-    'update-sort': (
-        '_sort_option',
-        'the update/replace sort option is ignored',
-    ),
     'where': (
         '\\$where|csot_applied',
         '$where is not supported',
