@@ -207,3 +207,15 @@ def test_update_one_sort_picks_the_first_match_in_that_order(client):
     client.bw.a.replace_one({}, {"r": 1}, sort={"_id": -1})
     assert list(client.bw.a.find().sort("_id", 1)) == [
         {"_id": 1, "x": 11}, {"_id": 2, "x": 122}, {"_id": 3, "r": 1}]
+
+
+def test_dollar_prefixed_field_in_id_is_refused(client):
+    reply = _bulk(client, [{"insert": 0, "document": {"_id": {"a": {"$b": 1}}}}])
+    item = reply["cursor"]["firstBatch"][0]
+    assert (item["code"], item["errmsg"]) == (
+        52, "_id fields may not contain '$'-prefixed fields: $b is not valid for storage.")
+    client.bw.a.insert_one({"_id": {"$ref": "c", "$id": 1}})  # a DBRef is a valid _id
+    with pytest.raises(errors.WriteError) as info:
+        client.bw.a.insert_one({"_id": {"$a": 1}})
+    assert info.value.code == 52
+    assert client.bw.a.count_documents({}) == 1

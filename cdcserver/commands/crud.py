@@ -254,6 +254,27 @@ def _write_reply(store: Store, n: int, errors: list[dict[str, Any]]) -> dict[str
 # insert
 
 
+def _dollar_prefixed(value: Any) -> str | None:
+    """The first `$`-prefixed field name inside an embedded document (or array), else None; a
+    DBRef's `$ref`, `$id`, `$db` are valid (storageValidEmbedded)."""
+    if isinstance(value, Mapping):
+        dbref = list(value)[:2] == ["$ref", "$id"]
+        for key, inner in value.items():
+            if dbref and key in ("$ref", "$id", "$db"):
+                continue
+            if isinstance(key, str) and key.startswith("$"):
+                return key
+            found = _dollar_prefixed(inner)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for inner in value:
+            found = _dollar_prefixed(inner)
+            if found is not None:
+                return found
+    return None
+
+
 def prepare_insert(doc: Any) -> dict[str, Any]:
     if not isinstance(doc, Mapping):
         raise MongoError(14, f"BSON field 'insert.documents.0' is the wrong type "
@@ -265,6 +286,10 @@ def prepare_insert(doc: Any) -> dict[str, Any]:
             raise MongoError(53, "The '_id' value cannot be of type array")
         if isinstance(_id, bson.regex.Regex) or hasattr(_id, "pattern"):
             raise MongoError(53, "can't use a regex for _id")
+        dollar = _dollar_prefixed(_id)
+        if dollar is not None:  # validIdField: storageValidEmbedded of the _id document
+            raise MongoError(52, "_id fields may not contain '$'-prefixed fields: "
+                             f"{dollar} is not valid for storage.")
         return {"_id": _id, **{k: v for k, v in doc.items() if k != "_id"}}
     return {"_id": ObjectId(), **doc}
 

@@ -42,7 +42,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
     },
     'test/test_crud_unified.py': {
         'TestUnifiedDbAggregateWriteReadPreference::test_Database-level_aggregate_with_$merge_includes_read_preference_for_5_0+_server': 'merge',
-        'TestUnifiedInsertOneDotsAndDollars::test_Inserting_document_with_dollar-prefixed_key_in__id_yields_server-side_error': 'dollar-id',
         'TestUnifiedClientBulkWriteErrors::test_a_bulk_write_with_only_errors_does_not_report_a_partial_result': 'undefined-variable',
         'TestUnifiedClientBulkWriteErrors::test_an_individual_operation_fails_during_an_ordered_bulkWrite': 'undefined-variable',
         'TestUnifiedClientBulkWriteErrors::test_an_individual_operation_fails_during_an_unordered_bulkWrite': 'undefined-variable',

@@ -264,10 +264,6 @@ CAUSES: dict[str, tuple[str, str]] = {
         '[Ll]et_option|_with_let|helpers_with_let',
         'the let option is not supported (fails with code 2 and a Python message)',
     ),
-    'dollar-id': (
-        'dollar-prefixed_key_in__id',
-        'a $-prefixed field in _id is accepted',
-    ),
     'setField': (
         '\\$setField|DotsAndDollars',
         '$setField / $getField (dotted and $-prefixed field names) are not supported',
