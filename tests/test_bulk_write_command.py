@@ -219,3 +219,11 @@ def test_dollar_prefixed_field_in_id_is_refused(client):
         client.bw.a.insert_one({"_id": {"$a": 1}})
     assert info.value.code == 52
     assert client.bw.a.count_documents({}) == 1
+
+
+def test_a_pipeline_update_that_drops_the_id_keeps_it(client):
+    client.bw.a.insert_one({"_id": 1, "t": {"u": 2}})
+    reply = _bulk(client, [{"update": 0, "filter": {"_id": 1},
+                            "updateMods": [{"$replaceRoot": {"newRoot": "$t"}}]}])
+    assert reply["nModified"] == 1
+    assert list(client.bw.a.find()) == [{"_id": 1, "u": 2}]

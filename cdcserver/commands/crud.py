@@ -381,7 +381,10 @@ def compute_update(
         rest = {k: engine.normalize(v) for k, v in u.items() if k != "_id"}
         return {"_id": engine.normalize(u.get("_id", pre.get("_id"))), **rest}
     if kind == "pipeline":
-        return _id_first(engine.apply_pipeline_update(pre, u))
+        new = engine.apply_pipeline_update(pre, u)
+        if "_id" not in new and "_id" in pre:  # a pipeline that drops _id keeps the document's
+            new = {"_id": pre["_id"], **new}
+        return _id_first(new)
     return _id_first(
         engine.apply_modifiers(pre, q, u, is_insert=is_insert, array_filters=array_filters)
     )

@@ -316,10 +316,6 @@ CAUSES: dict[str, tuple[str, str]] = {
         'showRecordId_and_returnKey',
         "find's showRecordId / returnKey are ignored",
     ),
-    'update-pipeline-id': (
-        'UpdateOnePipeline|UpdatePipeline',
-        'pipeline updates that replace the document fail on _id',
-    ),
     'collation': (
         '[Cc]ollation',
         'collation is accepted but ignored',
