@@ -1102,6 +1102,8 @@ def session(master: str | None = None, app_name: str = "cdcserver spark-replay",
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
+    # Workers forked with the replay's modules already imported (daemon.py).
+    builder = builder.config("spark.python.daemon.module", "cdcserver.spark.daemon")
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
