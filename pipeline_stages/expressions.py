@@ -4,6 +4,8 @@ one module that imports mongomock), which both the change stream's user stages a
 store's pipelines run on:
 
 - `$getField`, `$setField`, `$unsetField` (5.0), with mongod's parse errors;
+- `$indexOfCP`, `$indexOfBytes` (mongomock: NotImplemented); a BSON regex literal in
+  `$regexMatch` / `$regexFind` / `$regexFindAll` (mongomock: TypeError without flags);
 - an object literal with a `$`-prefixed field after its first (`{_id: 1, $v: 2}`): 16410, as
   ExpressionObject::parse checks each field name (mongomock: code 2).
 
@@ -13,8 +15,11 @@ patches runs it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from bson.regex import Regex
 
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
@@ -43,6 +48,8 @@ def install(parser: Any) -> None:
     def parse(self: Any, expression: Any) -> Any:
         if isinstance(expression, dict) and expression:
             first = next(iter(expression))
+            if len(expression) == 1 and first in _REGEX_OPERATORS:
+                expression = _regex_as_string(first, expression[first]) or expression
             if len(expression) == 1 and first in _FIELD_OPERATORS:
                 result = _FIELD_OPERATORS[first](self, expression[first])
                 if result is _MISSING:
@@ -54,6 +61,24 @@ def install(parser: Any) -> None:
 
     parser.parse = parse
     _INSTALLED = True
+
+
+_REGEX_OPERATORS = ("$regexMatch", "$regexFind", "$regexFindAll")
+
+
+def _regex_as_string(name: str, spec: Any) -> dict[str, Any] | None:
+    """A BSON regex literal without `options` as its pattern and options strings: mongomock
+    compiles a flagless BSON regex with flags None (a TypeError)."""
+    if not isinstance(spec, Mapping) or "options" in spec:
+        return None
+    regex = spec.get("regex")
+    if not isinstance(regex, Regex) or not isinstance(regex.pattern, str):
+        return None
+    flags = regex.flags
+    options = flags if isinstance(flags, str) else "".join(
+        letter for letter, bit in (("i", re.I), ("m", re.M), ("s", re.S), ("x", re.X))
+        if flags & bit)
+    return {name: {**spec, "regex": regex.pattern, "options": options}}
 
 
 def _parse_or_missing(parser: Any, expression: Any) -> Any:
@@ -131,7 +156,51 @@ def _set_field(parser: Any, args: Any, name: str = "$setField") -> Any:
     return out
 
 
+def _index_of(parser: Any, args: Any, name: str) -> Any:
+    """`$indexOfCP` / `$indexOfBytes` (ExpressionIndexOfCP / IndexOfBytes): the code point or
+    UTF-8 byte index of the substring in [start, end), -1 if absent, null for a null or
+    missing string."""
+    if not isinstance(args, list) or not 2 <= len(args) <= 4:
+        count = len(args) if isinstance(args, list) else 1
+        raise MongoError(28667, f"Expression {name} takes at least 2 arguments, and at most 4, "
+                         f"but {count} were passed in.")
+    codes = (40091, 40092) if name == "$indexOfBytes" else (40093, 40094)
+    values = [_parse_or_missing(parser, a) for a in args]
+    string, sub = values[0], values[1]
+    if string is _MISSING or string is None:
+        return None
+    if not isinstance(string, str):
+        raise MongoError(codes[0], f"{name} requires a string as the first argument, found: "
+                         f"{type_name(string)}")
+    if not isinstance(sub, str):
+        raise MongoError(codes[1], f"{name} requires a string as the second argument, found: "
+                         f"{type_name(sub)}")
+    bounds = []
+    for which, value in zip(("starting", "ending"), values[2:]):
+        whole = isinstance(value, (int, float)) and not isinstance(value, bool) and (
+            float(value).is_integer())
+        if not whole:
+            raise MongoError(40096, f"{name} requires an integral {which} index, found a value "
+                             f"of type: {type_name(value)}, with value: {value}")
+        if value < 0:
+            raise MongoError(40097, f"{name} requires a nonnegative {which} index, found: "
+                             f"{value}")
+        bounds.append(int(value))
+    if name == "$indexOfBytes":
+        text: str | bytes = string.encode()
+        needle: str | bytes = sub.encode()
+    else:
+        text, needle = string, sub
+    start = bounds[0] if bounds else 0
+    end = bounds[1] if len(bounds) > 1 else len(text)
+    if start > len(text) or start > end:
+        return -1
+    return text.find(needle, start, end)  # type: ignore[arg-type]
+
+
 _FIELD_OPERATORS: dict[str, Callable[[Any, Any], Any]] = {
+    "$indexOfCP": lambda parser, args: _index_of(parser, args, "$indexOfCP"),
+    "$indexOfBytes": lambda parser, args: _index_of(parser, args, "$indexOfBytes"),
     "$getField": _get_field,
     "$setField": _set_field,
     "$unsetField": lambda parser, args: _set_field(parser, args, "$unsetField"),

@@ -120,8 +120,25 @@ def _install_mongomock_types() -> None:
         type_map[number] = predicate
     type_map["number"] = is_number
     _install_missing_comparison()
+    _install_scalar_path_missing()
     expressions.install(_mm_aggregate._Parser)  # $getField/$setField/$unsetField, 16410
     _INSTALLED = True
+
+
+def _install_scalar_path_missing() -> None:
+    """A dotted path through a scalar or null (`a.b` on `{a: 5}`, `{a: "x"}`, `{a: null}`) is
+    missing there, as in mongod: `{"a.b": null}` and `{$exists: false}` match, `{$ne: null}`
+    does not. mongomock found no candidate at all, so null matched nothing and `$ne` everything
+    (the oplog_rewrite jstests' `{"operationType.subField": {$eq: null}}`)."""
+    original: Callable[[str, Any], Any] = _mm_filtering.iter_key_candidates
+    missing: Any = _mm_filtering.NOTHING
+
+    def iter_key_candidates(key: str, doc: Any) -> Any:
+        if key and doc is not missing and not isinstance(doc, (dict, list)):
+            return [missing]
+        return original(key, doc)
+
+    _mm_filtering.iter_key_candidates = iter_key_candidates
 
 
 def _install_missing_comparison() -> None:

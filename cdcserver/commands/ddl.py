@@ -552,6 +552,10 @@ async def create_indexes(server, conn, cmd, db):
         before = len(c.indexes)
         new: list[dict[str, Any]] = []
         for spec in specs:
+            if dict(spec["key"]) == {"_id": 1} and spec["name"] != "_id_":
+                # mongod corrects an _id index's name to "_id_" (createIndex({_id: 1}) is
+                # "all indexes already exist", as the jstests' createShardedCollection needs)
+                spec = {**spec, "name": "_id_"}
             same_name = c.index(spec["name"]) or next(
                 (s for s in new if s["name"] == spec["name"]), None
             )
