@@ -77,3 +77,13 @@ def test_commands_that_cannot_read_at_a_snapshot_refuse_it(client, op):
     assert info.value.details["errmsg"].startswith(
         f'Command {op} does not support {{ readConcern: {{ level: "snapshot" }} }}')
     assert client.snap.c.count_documents({}) == 2
+
+
+def test_linearizable_aggregate_with_out_is_refused(client):
+    with pytest.raises(errors.OperationFailure) as info:
+        client.snap.command("aggregate", "c", pipeline=[{"$out": "o"}], cursor={},
+                            readConcern={"level": "linearizable"})
+    assert info.value.code == 72
+    assert info.value.details["errmsg"].endswith(
+        ":: caused by :: $out cannot be used with a 'linearizable' read concern level")
+    assert "o" not in client.snap.list_collection_names()

@@ -131,16 +131,26 @@ _SNAPSHOT_READ_COMMANDS = frozenset({"find", "aggregate", "distinct"})
 
 def check_snapshot_read_concern(name: str, cmd: Mapping[str, Any]) -> None:
     """72 InvalidOptions for readConcern level "snapshot" outside a transaction on a command
-    that cannot read at a snapshot (writes, listCollections, count...)."""
+    that cannot read at a snapshot (writes, listCollections, count...), and for "linearizable"
+    on an aggregate that writes ($out, $merge)."""
     rc = cmd.get("readConcern")
-    if not isinstance(rc, Mapping) or rc.get("level") != "snapshot":
+    if not isinstance(rc, Mapping):
+        return
+    level = rc.get("level")
+    if level == "linearizable" and name == "aggregate" and write_concern.left_to_dispatch(
+        name, cmd
+    ):  # DocumentSourceOut / DocumentSourceMerge: supportsReadConcern
+        stage = next(iter(cmd["pipeline"][-1]))
+        reason = f"{stage} cannot be used with a 'linearizable' read concern level"
+    elif level != "snapshot":
         return
     # getMore takes any read concern: its cursor's (allSupportedAndDefaultPermitted)
-    if txn_rules.in_transaction(cmd) or name in _SNAPSHOT_READ_COMMANDS or name == "getMore":
+    elif txn_rules.in_transaction(cmd) or name in _SNAPSHOT_READ_COMMANDS or name == "getMore":
         return
+    else:
+        reason = "read concern snapshot not supported" if name == "count" else (
+            "read concern not supported")
     shown = ", ".join(f'{k}: "{v}"' if isinstance(v, str) else f"{k}: {v}" for k, v in rc.items())
-    reason = "read concern snapshot not supported" if name == "count" else (
-        "read concern not supported")
     raise MongoError(72, f"Command {name} does not support {{ readConcern: {{ {shown} }} }} :: "
                      f"caused by :: {reason}")
 

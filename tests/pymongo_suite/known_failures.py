@@ -46,7 +46,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
         'TestUnifiedClientBulkWriteErrors::test_an_individual_operation_fails_during_an_ordered_bulkWrite': 'undefined-variable',
         'TestUnifiedClientBulkWriteErrors::test_an_individual_operation_fails_during_an_unordered_bulkWrite': 'undefined-variable',
         'TestUnifiedClientBulkWriteErrors::test_detailed_results_are_omitted_from_error_when_verboseResults_is_false': 'undefined-variable',
-        'TestUnifiedAggregateOutReadConcern::test_readConcern_linearizable_with_out_stage': 'linearizable-out',
         'TestUnifiedAggregateMerge::test_Aggregate_with_$merge': 'merge',
         'TestUnifiedAggregateMerge::test_Aggregate_with_$merge_and_available_readConcern': 'merge',
         'TestUnifiedAggregateMerge::test_Aggregate_with_$merge_and_batch_size_of_0': 'merge',

@@ -308,10 +308,6 @@ CAUSES: dict[str, tuple[str, str]] = {
         'test_index_filter',
         'index filters (planCacheSetFilter) are not offered',
     ),
-    'linearizable-out': (
-        'linearizable_with_out',
-        'readConcern linearizable with $out is not refused',
-    ),
     'showRecordId-returnKey': (
         'showRecordId_and_returnKey',
         "find's showRecordId / returnKey are ignored",
