@@ -154,3 +154,11 @@ def test_a_query_cursor_keeps_its_max_time(client):
     assert len(untimed.to_list()) == 4  # its getMores have no deadline
     with pytest.raises(errors.ExecutionTimeout):
         timed.to_list()  # the find's maxTimeMS is its getMores' deadline too
+
+
+def test_test_version_2_is_outside_api_version_1(client):
+    assert client.admin.command("testVersion2")["ok"] == 1.0
+    with pytest.raises(errors.OperationFailure) as info:
+        client.admin.command({"testVersion2": 1, "apiVersion": "1", "apiStrict": True})
+    assert info.value.code == 323
+    assert "the command testVersion2 is not in API Version 1" in info.value.details["errmsg"]

@@ -278,6 +278,22 @@ async def configure_fail_point(server, conn, cmd, db):
     return {"count": entered}
 
 
+async def test_version_2(server, conn, cmd, db):
+    """mongod's test command `testVersion2` (test commands enabled): a command of API version 2
+    only, which drivers' versioned-API tests call to see apiStrict refuse it (323, before it
+    runs: admin.check_api_parameters); otherwise it does nothing."""
+    if not fail_points(server).enabled:
+        raise MongoError(59, "no such command: 'testVersion2'")
+    return {}
+
+
+# The test commands this family answers (commands/tables.py).
+TABLE: dict[str, Any] = {
+    "configureFailPoint": configure_fail_point,
+    "testVersion2": test_version_2,
+}
+
+
 # -- what a command meets -------------------------------------------------------------------------
 
 

@@ -74,7 +74,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
         'TestCommandLoggingOperationId::test_Failed_bulk_write_command_log_message_includes_operationId': 'update-pipeline-parse',
     },
     'test/test_versioned_api_integration.py': {
-        'TestVersionedApiTestCommandsStrictMode::test_Running_a_command_that_is_not_part_of_the_versioned_API_results_in_an_error': 'test-commands',
     },
     'test/test_client_bulk_write.py': {
     },

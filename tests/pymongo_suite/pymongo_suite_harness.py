@@ -288,10 +288,6 @@ CAUSES: dict[str, tuple[str, str]] = {
         'createUser|updateUser',
         'user management commands are not offered (users come from [auth] in the config)',
     ),
-    'test-commands': (
-        "not_part_of_the_versioned_API",
-        "mongod's test command testVersion2 (outside API version 1) is not offered",
-    ),
     'stable-api': (
         'VersionedApi',
         'Stable API parameters are not checked (no APIStrictError / APIVersionError)',
