@@ -42,6 +42,7 @@ from mongomock import filtering as _mm_filtering
 from mongomock import helpers as _mm_helpers
 
 from pipeline_stages import expressions
+from pipeline_stages.errors import MongoError
 from pipeline_stages.transform import MISSING
 
 __all__ = [
@@ -121,8 +122,63 @@ def _install_mongomock_types() -> None:
     type_map["number"] = is_number
     _install_missing_comparison()
     _install_scalar_path_missing()
+    _install_match_operators()
     expressions.install(_mm_aggregate._Parser)  # $getField/$setField/$unsetField, 16410
     _INSTALLED = True
+
+
+def _install_match_operators() -> None:
+    """`$mod` (mongomock: "unknown operator"), `$type` with an array of types (a TypeError),
+    and `$lte: null` / `$gte: null` matching a missing field as `$eq: null` does (mongod's
+    ComparisonMatchExpression with a null operand; mongomock: missing compares with nothing)."""
+    missing: Any = _mm_filtering.NOTHING
+    operators: dict[str, Any] = _mm_filtering._filterer_inst._operator_map
+
+    def with_null(original: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
+        return lambda dv, sv: (sv is None and dv is missing) or original(dv, sv)
+
+    operators["$lte"] = with_null(operators["$lte"])
+    operators["$gte"] = with_null(operators["$gte"])
+
+    def mod(dv: Any, sv: Any) -> bool:
+        divisor, remainder = (_truncated(v) for v in sv)
+        if divisor == 0:
+            raise MongoError(2, "divisor cannot be 0")
+        value = _truncated(dv) if _is_number(dv) else None
+        if value is None:
+            return False
+        rest = abs(value) % abs(divisor)  # C++'s %: the sign of the dividend
+        return (rest if value >= 0 else -rest) == remainder
+
+    def mod_any(dv: Any, sv: Any) -> bool:  # an array matches by any of its elements
+        if isinstance(dv, list):
+            return any(mod(v, sv) for v in dv)
+        return mod(dv, sv)
+
+    operators["$mod"] = mod_any
+
+    type_of: Callable[[Any, Any], bool] = operators["$type"]
+
+    def type_any(dv: Any, sv: Any) -> bool:  # `$type: [9, "string"]`: any of them
+        if isinstance(sv, list):
+            return any(type_of(dv, t) for t in sv)
+        return type_of(dv, sv)
+
+    operators["$type"] = type_any
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float, Decimal128, decimal.Decimal)) and not isinstance(v, bool)
+
+
+def _truncated(v: Any) -> int | None:
+    """A number as mongod's coerceToLong takes it (toward zero); None for NaN / infinity."""
+    if isinstance(v, Decimal128):
+        v = v.to_decimal()
+    try:
+        return int(v)
+    except (ValueError, OverflowError, TypeError):
+        return None
 
 
 def _install_scalar_path_missing() -> None:

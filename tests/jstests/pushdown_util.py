@@ -96,7 +96,47 @@ def run_cases(
             stream = live.pop(id(match)) if mode == "live" else open_stream(match, False)
             try:
                 events = read_exactly(stream, len(expected))
+            except AssertionError as exc:
+                raise AssertionError(f"{match!r}: {exc}") from None
             finally:
                 stream.close()
             got = [identify(e) for e in events]
             assert got == expected, f"{match!r}: {got!r} != {expected!r}"
+
+
+def whole_cluster_opener(
+    client: pymongo.MongoClient, resume_after: Any, **options: Any
+) -> Callable[[dict[str, Any], bool], Any]:
+    """`verifyChangeStreamOnWholeCluster`'s stream: `admin`, `allChangesForCluster`, resumed
+    after `resume_after` (or, live, from now) with `options` (e.g. `full_document`)."""
+    def open_stream(match: dict[str, Any], live: bool) -> Any:
+        return client.watch([{"$match": match}], resume_after=None if live else resume_after,
+                            max_await_time_ms=1, **options)
+
+    return open_stream
+
+
+def whole_cluster_identity(event: dict[str, Any]) -> tuple[Any, ...]:
+    """What `verifyChangeStreamOnWholeCluster` checks of an event: its operationType, its
+    identifier (`documentKey._id`, `to.coll`, `ns.coll`, or `ns.db` for dropDatabase) and,
+    but for dropDatabase, its `ns.coll`."""
+    op = event["operationType"]
+    if op == "dropDatabase":
+        return (op, event["ns"]["db"])
+    if op in ("insert", "update", "replace", "delete"):
+        ident = event["documentKey"]["_id"]
+    elif op == "rename":
+        ident = event["to"]["coll"]
+    else:
+        ident = event["ns"]["coll"]
+    return (op, ident, event["ns"]["coll"])
+
+
+def whole_cluster_expected(expected: dict[str, dict[str, list[Any]]]) -> list[tuple[Any, ...]]:
+    """`expectedResult` ({collOrDb: {op: [identifiers]}}) as identities, in its order."""
+    out: list[tuple[Any, ...]] = []
+    for coll_or_db, ops in expected.items():
+        for op, identifiers in ops.items():
+            for ident in identifiers:
+                out.append((op, ident) if op == "dropDatabase" else (op, ident, coll_or_db))
+    return out
