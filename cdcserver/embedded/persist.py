@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO
 
 try:
@@ -100,6 +100,53 @@ def corrupt(path: str, detail: object) -> DataDirError:
     )
 
 
+def open_database(
+    data_dir: str,
+    file_name: str,
+    schema: str,
+    synchronous: str,
+    *,
+    lock: bool = True,
+    load: Callable[[sqlite3.Connection], None] | None = None,
+    unusable: Callable[[str, sqlite3.OperationalError], DataDirError] | None = None,
+) -> tuple[sqlite3.Connection, IO[str] | None]:
+    """Open `<data_dir>/<file_name>` as every durable file of cdcserver is opened: the data
+    directory locked first (`lock_data_dir`), `PRAGMA quick_check` before anything is read (a
+    damaged file is refused before the server reads half of it), WAL, `synchronous`, the schema,
+    then `load` (reading what must be checked at start). Returns the connection and the held
+    lock. A damaged file is `corrupt`; `unusable` names an OperationalError (read-only, disk
+    full) when the caller has a better message than "corrupt"."""
+    path = os.path.join(data_dir, file_name)
+    held = lock_data_dir(data_dir) if lock else None
+    try:
+        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        try:
+            rows = [r[0] for r in db.execute("PRAGMA quick_check")]
+            if rows != ["ok"]:
+                raise sqlite3.DatabaseError("; ".join(map(str, rows[:3])))
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+            db.executescript(schema)
+            if load is not None:
+                load(db)
+        except BaseException:
+            db.close()
+            raise
+    except sqlite3.OperationalError as exc:
+        if held is not None:
+            held.close()
+        raise (unusable(path, exc) if unusable is not None else corrupt(path, exc)) from None
+    except sqlite3.DatabaseError as exc:  # "file is not a database", "malformed"...
+        if held is not None:
+            held.close()
+        raise corrupt(path, exc) from None
+    except BaseException:
+        if held is not None:
+            held.close()
+        raise
+    return db, held
+
+
 class Persistence:
     """The SQLite side of the store. Writes are buffered into the open transaction; `commit()`
     makes them durable (`synchronous` = SQLite's PRAGMA synchronous)."""
@@ -111,30 +158,8 @@ class Persistence:
             raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS)}")
         os.makedirs(data_dir, exist_ok=True)
         self.path = os.path.join(data_dir, self.FILE_NAME)
-        self._lock = lock_data_dir(data_dir)  # before the database file is touched
-        try:
-            self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            try:
-                self._open(synchronous)
-            except BaseException:
-                self.db.close()
-                raise
-        except sqlite3.DatabaseError as exc:  # "file is not a database", "malformed"...
-            self._unlock()
-            raise corrupt(self.path, exc) from None
-        except BaseException:
-            self._unlock()
-            raise
+        self.db, self._lock = open_database(data_dir, self.FILE_NAME, SCHEMA, synchronous)
         self._in_tx = False
-
-    def _open(self, synchronous: str) -> None:
-        # quick_check first: a damaged file is refused before the server reads half of it.
-        rows = [r[0] for r in self.db.execute("PRAGMA quick_check")]
-        if rows != ["ok"]:
-            raise sqlite3.DatabaseError("; ".join(map(str, rows[:3])))
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute(f"PRAGMA synchronous={synchronous.upper()}")
-        self.db.executescript(SCHEMA)
 
     def _unlock(self) -> None:
         if self._lock is not None:

@@ -26,11 +26,11 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import IO, Any
+from typing import Any
 
 from bson.timestamp import Timestamp
 
-from cdcserver.embedded.persist import DataDirError, corrupt, int_ts, lock_data_dir, ts_int
+from cdcserver.embedded.persist import DataDirError, int_ts, open_database, ts_int
 from pipeline_stages.oplog_entry import Entry, decode_entry
 
 log = logging.getLogger("cdcserver")
@@ -81,6 +81,13 @@ def _uuid_bytes(value: Any) -> bytes:
     return bytes(value.bytes if hasattr(value, "bytes") else value)
 
 
+def _unusable(path: str, exc: sqlite3.OperationalError) -> DataDirError:
+    return DataDirError(
+        f"cannot use the retained log {path}: {exc} (is its directory writable, with free "
+        "space?)"
+    )
+
+
 class RetainedLog:
     """The durable log (one per data directory, locked like the embedded store's)."""
 
@@ -106,40 +113,19 @@ class RetainedLog:
         if not os.access(data_dir, os.W_OK | os.X_OK):
             raise DataDirError(f"the data directory {data_dir} is not writable")
         self.path = os.path.join(data_dir, FILE_NAME)
-        self._lock: IO[str] | None = lock_data_dir(data_dir) if lock else None
-        try:
-            self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            try:
-                rows = [r[0] for r in self.db.execute("PRAGMA quick_check")]
-                if rows != ["ok"]:
-                    raise sqlite3.DatabaseError("; ".join(map(str, rows[:3])))
-                self.db.execute("PRAGMA journal_mode=WAL")
-                self.db.execute(f"PRAGMA synchronous={synchronous.upper()}")
-                self.db.executescript(SCHEMA)
-                self._load()
-            except BaseException:
-                self.db.close()
-                raise
-        except sqlite3.OperationalError as exc:  # read-only, disk full, cannot open...
-            self._unlock()
-            raise DataDirError(
-                f"cannot use the retained log {self.path}: {exc} (is its directory writable, "
-                "with free space?)"
-            ) from None
-        except sqlite3.DatabaseError as exc:  # "file is not a database", "malformed"...
-            self._unlock()
-            raise corrupt(self.path, exc) from None
-        except BaseException:
-            self._unlock()
-            raise
+        self.db, self._lock = open_database(
+            data_dir, FILE_NAME, SCHEMA, synchronous, lock=lock, load=self._load,
+            unusable=_unusable,
+        )
         self.write_errors = 0  # failed appends (a metric)
         self.failing: str | None = None  # the last write error, while writes fail
         self.dropped_entries = 0  # dropped by retention
         self.rolled_back = 0  # dropped because the upstream no longer had them
 
-    def _load(self) -> None:
+    def _load(self, db: sqlite3.Connection) -> None:
         """Read the log's extent, checking that every entry decodes (a corrupt log is named at
         start, not met by a stream later)."""
+        self.db = db
         count, size = self.db.execute("SELECT count(*), coalesce(sum(length(entry)), 0) "
                                       "FROM oplog").fetchone()
         self.count, self.bytes = int(count), int(size)
