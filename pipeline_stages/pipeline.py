@@ -492,7 +492,8 @@ def encode_events(events: list[dict[str, Any]], out: Any) -> Any:
     for i, event in enumerate(events):
         token = event["_id"]
         ts = event["clusterTime"] if "clusterTime" in event else None
-        if ts is None:  # a stage removed clusterTime: read it from the token
+        if not isinstance(ts, Timestamp):
+            # a stage removed or changed clusterTime (SERVER-65497): read it from the token
             ts = resume_token.decode(token).cluster_time
         raw = encoded[i] if encoded is not None else encode_in_order(event)
         try:

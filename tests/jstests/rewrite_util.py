@@ -32,10 +32,11 @@ CS_CONFIG = {"full_document": "updateLookup", "show_expanded_events": True}
 
 
 def generate_change_stream_write_workload(
-    client: MongoClient, db_name: str, coll_name: str, num_docs: int = NUM_DOCS
+    client: MongoClient, db_name: str, coll_name: str, num_docs: int = NUM_DOCS,
+    include_invalidating_events: bool = False,
 ) -> Timestamp:
-    """`generateChangeStreamWriteWorkload(db, collName, numDocs, false)`: returns the
-    operationTime of its last write (the jstest's `endPoint`)."""
+    """`generateChangeStreamWriteWorkload(db, collName, numDocs, includeInvalidatingEvents)`:
+    returns the operationTime of its last write (the jstest's `endPoint`)."""
     db = client[db_name]
     db.create_collection(coll_name)
     coll = db[coll_name]
@@ -65,6 +66,14 @@ def generate_change_stream_write_workload(
     db.command({"create": "view", "viewOn": coll_name, "pipeline": []})
     db.command({"collMod": "view", "viewOn": "viewOnView", "pipeline": []})
     reply = db.command({"drop": "view"})
+    if include_invalidating_events:
+        renamed = f"{coll_name}_renamed"
+        client.admin.command("renameCollection", f"{db_name}.{coll_name}",
+                             to=f"{db_name}.{renamed}")
+        client.admin.command("renameCollection", f"{db_name}.{renamed}",
+                             to=f"{db_name}.{coll_name}")
+        db.command({"drop": coll_name})
+        reply = db.command({"dropDatabase": 1})
     return reply["operationTime"]
 
 
@@ -94,7 +103,7 @@ def drain(stream: Any, end_point: Timestamp) -> list[dict[str, Any]]:
     for _ in range(10_000):
         event = stream.try_next()
         if event is not None:
-            if event["clusterTime"] > end_point:
+            if token_time(event["_id"]) > end_point:  # (a $project may drop clusterTime)
                 break
             events.append(event)
             continue
