@@ -87,3 +87,13 @@ def test_linearizable_aggregate_with_out_is_refused(client):
     assert info.value.details["errmsg"].endswith(
         ":: caused by :: $out cannot be used with a 'linearizable' read concern level")
     assert "o" not in client.snap.list_collection_names()
+
+
+def test_an_aggregate_that_starts_a_transaction(client):
+    # its pipeline reads again after its first scan: still the transaction it started
+    with client.start_session() as session:
+        with session.start_transaction():
+            docs = list(client.snap.c.aggregate([{"$sort": {"_id": -1}}], session=session))
+            client.snap.c.insert_one({"_id": 3}, session=session)
+    assert [d["_id"] for d in docs] == [2, 1]
+    assert client.snap.c.count_documents({}) == 3

@@ -180,13 +180,16 @@ def transaction_of(store: Store, cmd: Mapping[str, Any]) -> Txn:
     name = next(iter(cmd), "")
     if number < session.txn_number:
         raise _too_old(session, number, transaction=True)
-    if cmd.get("startTransaction") is True:
+    started_here = session.txn is not None and session.txn.__dict__.get("started_by") is cmd
+    if cmd.get("startTransaction") is True and not started_here:  # (this command reads again)
         if number == session.txn_number:  # a replica set never restarts the active number
             raise MongoError(117, "Only servers in a sharded cluster can start a new "
                              "transaction at the active transaction number")
         if session.txn is not None and session.txn.state == "in progress":
             store.abort_transaction(session.txn)
         session.set_txn_number(number, store.begin_transaction(session.lsid, number))
+        assert session.txn is not None
+        session.txn.__dict__["started_by"] = cmd  # the very command object that started it
     elif number != session.txn_number or session.txn is None:
         # _continueMultiDocumentTransaction (commit/abort too: a first statement failed by a
         # fail point never started the transaction)

@@ -28,7 +28,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
         'TestCursor::test_tailable': 'capped-tailable',
         'TestCursor::test_to_list_csot_applied': 'where',
         'TestCursor::test_where': 'where',
-        'TestRawBatchCommandCursor::test_aggregate_raw_transaction': 'raw-aggregate-txn',
         'TestRawBatchCommandCursor::test_exhaust_cursor_db_set': 'exhaust',
     },
     'test/test_bulk.py': {
@@ -97,7 +96,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
         'TestCursor::test_tailable': 'capped-tailable',
         'TestCursor::test_to_list_csot_applied': 'where',
         'TestCursor::test_where': 'where',
-        'TestRawBatchCommandCursor::test_aggregate_raw_transaction': 'raw-aggregate-txn',
     },
     'test/asynchronous/test_bulk.py': {
     },

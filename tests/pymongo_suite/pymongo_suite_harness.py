@@ -312,10 +312,6 @@ CAUSES: dict[str, tuple[str, str]] = {
         '[Cc]ollation',
         'collation is accepted but ignored',
     ),
-    'raw-aggregate-txn': (
-        'aggregate_raw_transaction',
-        'a transaction started by aggregate (raw batches) is refused as already active (117)',
-    ),
     'update-pipeline-parse': (
         'Failed_bulk_write_command_log',
         "an update pipeline with an unknown stage is accepted when nothing matches",
