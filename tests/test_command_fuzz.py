@@ -46,7 +46,7 @@ from pymongo.errors import OperationFailure
 
 import cdcserver.server  # noqa: F401  (registers every command)
 from cdcserver.commands import failpoints
-from cdcserver.commands.registry import COMMANDS
+from cdcserver.commands.tables import EMBEDDED
 from cdcserver.testing import HOST, EmbeddedServer
 
 RAW = CodecOptions(document_class=RawBSONDocument)
@@ -58,8 +58,7 @@ HUNT = "FUZZ_EXAMPLES" in os.environ
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "40"))
 HANG_GUARD_MS = 20_000  # a socket timeout against a hang, never a performance expectation
 
-# "$proxy" is the upstream forwarder's hook (only consulted with `serve --upstream`).
-NAMES = sorted(n for n in COMMANDS if n != "$proxy")
+NAMES = sorted(EMBEDDED)  # every command the embedded store answers
 
 # -- BSON values of every type ------------------------------------------------------------------
 

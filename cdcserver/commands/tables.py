@@ -85,17 +85,13 @@ class CommandTable(dict[str, Any]):
 
     @classmethod
     def of(cls, table: Mapping[str, Any]) -> CommandTable:
-        """A mode's table given as a plain dict (a sharded cluster's): its `"$proxy"` entry, if
-        any, is the default entry and forwards."""
+        """A mode's table given as a plain dict (a sharded cluster's: every name its own)."""
         if isinstance(table, CommandTable):
             return table
         cached = _PLAIN.get(id(table))
         if cached is not None and cached[0] is table:
             return cached[1]
-        default = table.get("$proxy")
-        handlers = {k: v for k, v in table.items() if not k.startswith("$")}
-        out = cls("custom", handlers, default=default,
-                  forwarding=() if default is None else (default,))
+        out = cls("custom", table)
         _PLAIN[id(table)] = (table, out)
         return out
 

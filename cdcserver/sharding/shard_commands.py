@@ -9,7 +9,7 @@ from typing import Any
 from bson.timestamp import Timestamp
 
 from cdcserver import server as _server  # noqa: F401  (every replica-set command is registered)
-from cdcserver.commands.registry import COMMANDS
+from cdcserver.commands.tables import EMBEDDED
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
 
@@ -49,4 +49,4 @@ async def append_oplog_note(server, conn, cmd, db):
     return {}
 
 
-SHARD_COMMANDS: dict[str, Any] = {**COMMANDS, "appendOplogNote": append_oplog_note}
+SHARD_COMMANDS: dict[str, Any] = {**EMBEDDED, "appendOplogNote": append_oplog_note}

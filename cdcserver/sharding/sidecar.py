@@ -39,6 +39,7 @@ from typing import Any
 from bson.timestamp import Timestamp
 
 from cdcserver.commands import failpoints
+from cdcserver.commands.tables import CommandTable
 from cdcserver.context import ServerState
 from cdcserver.sharding.front_log import FrontLog
 from cdcserver.sources.mongo import UpstreamOplog, UpstreamOptions
@@ -376,7 +377,7 @@ class ShardedUpstream(FrontLog):
     # -- serve_forever's hooks -------------------------------------------------------------------
 
     @property
-    def command_table(self) -> dict[str, Any]:
+    def command_table(self) -> CommandTable:
         return SIDECAR_COMMANDS
 
     def prime(self) -> None:
@@ -412,10 +413,6 @@ class ShardedUpstream(FrontLog):
 
 
 # -- the sidecar's commands ---------------------------------------------------------------------
-
-_LOCAL = frozenset({"hello", "isMaster", "ismaster", "ping", "configureFailPoint", "aggregate",
-                    "getMore", "killCursors"})
-
 
 async def _hello(server, conn, cmd, db):
     from cdcserver.sharding.front import _front_hello
@@ -477,23 +474,22 @@ async def _kill_cursors(server, conn, cmd, db):
             "cursorsUnknown": []}
 
 
-def _forwards(server: Any, name: str, cmd: Mapping[str, Any]) -> bool:
-    return bool(name) and name not in _LOCAL
-
-
-_forward.forwards = _forwards  # type: ignore[attr-defined]
-
-SIDECAR_COMMANDS: dict[str, Any] = {
-    "hello": _hello,
-    "isMaster": _is_master,
-    "ismaster": _is_master,
-    "ping": _ping,
-    "configureFailPoint": failpoints.configure_fail_point,
-    "aggregate": _aggregate,
-    "getMore": _get_more,
-    "killCursors": _kill_cursors,
-    "$proxy": _forward,  # everything else goes to the mongos
-}
+# Everything not answered here goes to the mongos: the table's default entry.
+SIDECAR_COMMANDS = CommandTable(
+    "sharded sidecar",
+    {
+        "hello": _hello,
+        "isMaster": _is_master,
+        "ismaster": _is_master,
+        "ping": _ping,
+        "configureFailPoint": failpoints.configure_fail_point,
+        "aggregate": _aggregate,
+        "getMore": _get_more,
+        "killCursors": _kill_cursors,
+    },
+    default=_forward,
+    forwarding=(_forward,),
+)
 
 
 def open_sharded_upstream(config: Any) -> ShardedUpstream | None:
