@@ -8,6 +8,11 @@ SHA-256). Each command runs as a user runs it, in a process of its own; printed 
 seconds, events/s, the ratio to `cdcserver replay`, and the peak resident memory (VmHWM) of
 the driver's Python, the JVM (driver and, in local mode, executors) and the largest Python
 worker. Spark's seconds are the job's own (its summary line), without the JVM's start-up.
+Also the CPU seconds of each run's processes (JVM, Python workers; `cores` = CPU / wall) and
+the 1-minute load before each run: the machine may be shared, and then the wall ratio says
+little. The tasks' own CPU (spark-replay's `task CPU` line: their Python's process time)
+gives what the tasks would take on idle cores, one at a time for local[1], two for local[2]
+(the larger of CPU / cores and the longest task, per phase): the CPU-based scaling.
 
     .venv/bin/python bench/spark_replay.py                          # 200k entries, ~60 MB
     .venv/bin/python bench/spark_replay.py --gb 4 --doc-bytes 16384 --shards 4   # multi-GB
