@@ -215,6 +215,12 @@ def _install_missing_comparison() -> None:
                 operands.append(MISSING)
         a, b = operands
         if a is not MISSING and b is not MISSING:
+            if operator_name in ("$eq", "$ne") and _has_document(a, b):
+                # mongod compares documents field by field in order ({a, b} != {b, a});
+                # mongomock's == on dicts ignores the order
+                equal = _ordered_equal(a, b, lambda x, y: bool(original(
+                    self, "$eq", [{"$literal": x}, {"$literal": y}])))
+                return equal if operator_name == "$eq" else not equal
             return original(self, operator_name, [{"$literal": a}, {"$literal": b}])
 
         def rank(v: Any) -> int:
@@ -230,6 +236,27 @@ def _install_missing_comparison() -> None:
         return _mm_filtering.SORTING_OPERATOR_MAP[operator_name](cmp, 0)
 
     parser._handle_comparison_operator = handle_comparison
+
+
+def _has_document(*values: Any) -> bool:
+    return any(
+        isinstance(v, Mapping) or (isinstance(v, list) and _has_document(*v)) for v in values
+    )
+
+
+def _ordered_equal(a: Any, b: Any, leaf: Callable[[Any, Any], bool]) -> bool:
+    """Value equality with documents compared in field order (arrays element by element, other
+    values by `leaf`)."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return len(a) == len(b) and all(
+            ka == kb and _ordered_equal(va, vb, leaf)
+            for (ka, va), (kb, vb) in zip(a.items(), b.items())
+        )
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_ordered_equal(x, y, leaf) for x, y in zip(a, b))
+    if isinstance(a, (Mapping, list)) or isinstance(b, (Mapping, list)):
+        return False
+    return leaf(a, b)
 
 
 # -- the adapter --------------------------------------------------------------------------------

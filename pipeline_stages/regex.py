@@ -377,7 +377,11 @@ def _is_regex(value: Any) -> bool:
 def _compile_operand(value: Any, fallback: Fallback) -> Any:
     if _is_regex(value):
         return as_match_regex(value, None, fallback)
-    if not isinstance(value, Mapping) or not value or not next(iter(value)).startswith("$"):
+    if isinstance(value, Mapping) and not value:
+        # an equality to {}: the query engine took `{a: {}}` for no condition at all, so a
+        # document without `a` matched
+        return {"$eq": value}
+    if not isinstance(value, Mapping) or not next(iter(value)).startswith("$"):
         return value  # an equality (embedded documents and arrays compare whole)
     return _compile_operators(value, fallback)
 
