@@ -4,7 +4,7 @@
 `{bulkWrite: 1, ops: [...], nsInfo: [{ns}], ordered, errorsOnly, bypassDocumentValidation, let,
 cursor: {batchSize}}` on the admin database: inserts, updates and deletes over several
 namespaces, each op run by the same statement machinery as insert / update / delete
-(commands/crud.py). The reply is a cursor over one result per op (`{ok, idx, n[, nModified]
+(commands/writes.py). The reply is a cursor over one result per op (`{ok, idx, n[, nModified]
 [, upserted]}`, or `{ok: 0, idx, code, errmsg, ...}`; with `errorsOnly` only the errors) and
 the summary counts `nErrors`, `nInserted`, `nMatched`, `nModified`, `nUpserted`, `nDeleted`.
 
@@ -24,7 +24,7 @@ import bson
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
-from cdcserver.commands import crud, write_concern, write_parsing
+from cdcserver.commands import queries, transactions, write_concern, write_parsing, writes
 from cdcserver.commands.admin import ELECTION_ID
 from cdcserver.commands.arguments import cursor_batch_size, missing, unknown_field, wrong_type
 from cdcserver.commands.transactions import NOT_DONE, get_store
@@ -327,7 +327,7 @@ async def bulk_write(server, conn, cmd, db):
     validate = not request.bypass_validation
     retryable = cmd.get("txnNumber") is not None and cmd.get("autocommit") is None
     replies = _Replies(request.errors_only)
-    progress = crud._Progress()
+    progress = writes._Progress()
 
     def run() -> None:
         retry = progress.retry_state(store, cmd)
@@ -364,7 +364,7 @@ async def bulk_write(server, conn, cmd, db):
         try:
             if op.kind == "insert":
                 if done is NOT_DONE:
-                    doc = crud.prepare_insert(spec["document"])
+                    doc = writes.prepare_insert(spec["document"])
                     c = store.get(ns_db, coll) or store.ensure_collection(ns_db, coll)
                     store.insert_document(c, doc, retry.session, stmt, validate=validate)
                     retry.record(stmt, True)
@@ -372,7 +372,7 @@ async def bulk_write(server, conn, cmd, db):
                 item = {"ok": 1.0, "idx": i, "n": 1}
             elif op.kind == "update":
                 if done is NOT_DONE:
-                    done = crud.run_update_statement(
+                    done = writes.run_update_statement(
                         store, ns_db, coll, _update_spec(spec, variables), retry, stmt,
                         validate=validate,
                         progress=progress,
@@ -388,7 +388,7 @@ async def bulk_write(server, conn, cmd, db):
                     replies.n_matched += n
             else:
                 if done is NOT_DONE:
-                    done = crud.run_delete_statement(
+                    done = writes.run_delete_statement(
                         store, ns_db, coll, _delete_spec(spec, variables), retry, stmt,
                         progress,
                     )
@@ -408,9 +408,9 @@ async def bulk_write(server, conn, cmd, db):
     def _failed(i: int, op: Op, err: MongoError) -> bool:
         replies.error(i, err, update=op.kind == "update")
         # In a transaction a write error ends the batch and aborts the transaction.
-        return not crud._txn_write_error(store) and not request.ordered
+        return not transactions.txn_write_error(store) and not request.ordered
 
-    await crud._run_writes(store, cmd, run)
+    await writes._run_writes(store, cmd, run)
     return write_concern.add_to_reply(_reply(server, store, request, replies, wc), wc)
 
 
@@ -424,7 +424,7 @@ def _reply(server: Any, store: Any, request: Request, replies: _Replies,
     if not replies.items or unacknowledged:
         return {"cursor": {"id": Int64(0), "firstBatch": [], "ns": CURSOR_NS}, **counts}
     batch_size = request.batch_size if request.batch_size is not None else len(replies.items)
-    first = crud.cursor_first_batch(server, CURSOR_NS, replies.items, batch_size)["cursor"]
+    first = queries.cursor_first_batch(server, CURSOR_NS, replies.items, batch_size)["cursor"]
     reply: dict[str, Any] = {
         "cursor": {"id": first["id"], "firstBatch": first["firstBatch"], "ns": CURSOR_NS},
         **counts,

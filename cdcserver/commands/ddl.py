@@ -10,16 +10,13 @@ import bson
 from bson.binary import Binary
 from bson.int64 import Int64
 
-from cdcserver.commands import crud, oplog_find
+from cdcserver.commands import oplog_find, queries
 from cdcserver.commands.arguments import cursor_batch_size, is_string, object_arg
 from cdcserver.commands.base import Handler, family
-from cdcserver.commands.crud import (
-    _run_writes,
-    coll_arg,
-    cursor_first_batch,
-    get_store,
-    snapshot_reads,
-)
+from cdcserver.commands.crud_common import coll_arg
+from cdcserver.commands.queries import cursor_first_batch
+from cdcserver.commands.transactions import get_store, snapshot_reads
+from cdcserver.commands.writes import _run_writes
 from cdcserver.embedded import engine
 from cdcserver.embedded.store import (
     ID_INDEX,
@@ -811,11 +808,11 @@ def view_info(view: Mapping[str, Any]) -> dict[str, Any]:
 async def aggregate_refusing_views(server, conn, cmd, db):
     """The embedded store's aggregate: a change stream on a view is refused as mongod 8.0
     refuses it when it takes the collection (views forbidden), before any of the stream's own
-    work; then crud.aggregate."""
+    work; then queries.aggregate."""
     target = cmd.get("aggregate")
     if isinstance(target, str) and is_change_stream_aggregate(cmd):
         get_store(server).check_not_view(db, target)
-    return await crud.aggregate(server, conn, cmd, db)
+    return await queries.aggregate(server, conn, cmd, db)
 
 
 @command("listCollections")

@@ -1,13 +1,14 @@
 """The command table of each server mode, assembled here and nowhere else.
 
 A mode's table maps a command name to its handler. Each command family lists its own handlers
-in its `TABLE` (handshake, auth, admin, cursors, crud, ddl, transactions, bulk_write); a mode
-takes the families it serves and, where two families answer the same name, says here which one
-it uses. `tests/data/command_tables.json` lists every mode's table (name -> handler) and
-`tests/test_command_tables.py` checks it, so a change of registration shows up as a diff.
+in its `TABLE` (handshake, auth, admin, cursors, writes, queries, ddl, transactions,
+bulk_write); a mode takes the families it serves and, where two families answer the same name,
+says here which one it uses. `tests/data/command_tables.json` lists every mode's table
+(name -> handler) and `tests/test_command_tables.py` checks it, so a change of registration
+shows up as a diff.
 
 - `RECORDED` (a recorded oplog file, `serve --oplog`): listCollections / listDatabases from the
-  oplog's namespaces (handshake.py); aggregate is crud.aggregate (a change stream, the oplog,
+  oplog's namespaces (handshake.py); aggregate is queries.aggregate (a change stream, the oplog,
   `$currentOp`); the commands that need the store first thing answer 115 (`needs_store`).
 - `EMBEDDED` (the embedded store, `serve`): listCollections / listDatabases / aggregate of the
   store (ddl.py: a change stream on a view is refused).
@@ -31,13 +32,14 @@ from cdcserver.commands import (
     admin,
     auth,
     bulk_write,
-    crud,
     cursors,
     ddl,
     failpoints,
     handshake,
     proxy,
+    queries,
     transactions,
+    writes,
 )
 from cdcserver.commands.base import Handler
 from cdcserver.context import ServerState
@@ -126,7 +128,8 @@ _OWN = _merge(
     admin.TABLE,  # serverStatus, currentOp, explain, listCommands, getParameter, ...
     failpoints.TABLE,  # configureFailPoint, testVersion2 (test commands)
     _without(cursors.TABLE, *_CHOSEN),  # getMore, killCursors (every kind of cursor)
-    _without(crud.TABLE, *_CHOSEN),  # insert, update, delete, findAndModify, find, count, ...
+    writes.TABLE,  # insert, update, delete, findAndModify
+    _without(queries.TABLE, *_CHOSEN),  # find, count, distinct
     bulk_write.TABLE,  # bulkWrite
     _without(ddl.TABLE, *_CHOSEN),  # create, drop, createIndexes, collMod, ...
     transactions.TABLE,  # commitTransaction, abortTransaction, endSessions, killSessions...
@@ -143,14 +146,14 @@ _STORE_ONLY = (
 RECORDED = CommandTable("recorded", {
     **_OWN,
     **dict.fromkeys(_STORE_ONLY, transactions.needs_store),
-    "aggregate": crud.aggregate,  # a change stream, the oplog, $currentOp / $collStats
+    "aggregate": queries.aggregate,  # a change stream, the oplog, $currentOp / $collStats
     "listCollections": handshake.list_collections,  # the oplog's namespaces
     "listDatabases": handshake.list_databases,
 })
 
 EMBEDDED = CommandTable("embedded", {
     **_OWN,
-    "aggregate": ddl.aggregate_refusing_views,  # then crud.aggregate
+    "aggregate": ddl.aggregate_refusing_views,  # then queries.aggregate
     "listCollections": ddl.list_collections,  # the store's collections and views
     "listDatabases": ddl.list_databases,
 })

@@ -224,6 +224,16 @@ def check_txn_namespace(cmd: Mapping[str, Any]) -> None:
                          "transaction.")
 
 
+def txn_write_error(store: Store) -> bool:
+    """In a transaction, a write error ends the batch and aborts the transaction (mongod's
+    handleError in write_ops_exec)."""
+    txn = store.txn
+    if txn is not None and txn.lsid:
+        store.abort_transaction(txn)
+        return True
+    return False
+
+
 @contextlib.contextmanager
 def snapshot_reads(store: Store, cmd: Mapping[str, Any]) -> Iterator[None]:
     """A read in a transaction sees the transaction's snapshot and its own writes (mongod's

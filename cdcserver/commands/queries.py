@@ -1,0 +1,536 @@
+"""Query commands: find (+ getMore, killCursors through the cursor registry), count,
+distinct, and aggregate without `$changeStream` (the whole pipeline, `$out` included); the
+query results' cursor (`ResultCursor`).
+
+`find` / `count` / `aggregate` on `local.oplog.rs` read the server's oplog whatever its source,
+with tailable + awaitData cursors (`oplog_find.py`); `find` on `config.system.preimages` reads
+the store's pre-images in mongod's schema.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import bson
+from bson.int64 import Int64
+
+from cdcserver.commands import admin, oplog_find
+from cdcserver.commands import cursors as change_streams
+from cdcserver.commands.arguments import is_number, is_string
+from cdcserver.commands.base import Handler, family
+from cdcserver.commands.crud_common import (
+    _doc_arg,
+    _int,
+    _sort_list,
+    coll_arg,
+    engine_errors,
+    find_arguments,
+    max_time_ms_arg,
+    project,
+)
+from cdcserver.commands.transactions import get_store, snapshot_reads
+from cdcserver.commands.writes import _write_out
+from cdcserver.cursors import QUERY_RESULT
+from cdcserver.embedded import engine, query
+from cdcserver.embedded.store import Store
+from pipeline_stages.errors import MongoError
+from pipeline_stages.spec import check_requires_change_stream, is_change_stream_aggregate
+from pipeline_stages.value_string import type_name
+
+DEFAULT_BATCH = 101
+MAX_REPLY_BYTES = 16 * 1024 * 1024
+
+# The reads of the embedded store (and find / aggregate on the oplog of any source); the modes
+# that serve them: commands/tables.py.
+TABLE: dict[str, Handler] = {}
+command = family(TABLE)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cursors of find / aggregate / listIndexes ...
+
+
+@dataclass(eq=False)
+class ResultCursor:
+    """A query's results kept for getMore (a cursor of the registry, cdcserver/cursors.py)."""
+
+    id: int
+    ns: str
+    docs: list[Any]
+    pos: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+    busy: bool = False  # a getMore is gathering its batch
+    awaited_s: float = 0.0  # never waits
+    # the query's maxTimeMS: mongod keeps it with the cursor, its getMores run with a deadline
+    max_time_ms: int | None = None
+    kind = QUERY_RESULT
+    owner = None
+
+    @property
+    def done(self) -> bool:
+        return self.pos >= len(self.docs)
+
+    async def get_more_reply(self, batch_size: int | None, max_time_ms: int | None) -> dict:
+        batch: list[Any] = []  # up to 16 MiB, gathered in steps
+        await query.run_async(_taking(self, batch_size or None, batch))
+        return {"cursor": {"nextBatch": batch, "id": Int64(0 if self.done else self.id),
+                           "ns": self.ns}}
+
+    def close(self) -> None:
+        pass
+
+
+def _take(cursor: ResultCursor, batch_size: int | None) -> list[Any]:
+    out: list[Any] = []
+    query.run_sync(_taking(cursor, batch_size, out))
+    return out
+
+
+def _taking(cursor: ResultCursor, batch_size: int | None, out: list[Any]) -> query.Scan:
+    """The next batch (up to `batch_size` documents and 16 MiB) into `out`, in steps."""
+    size = 0
+    while cursor.pos < len(cursor.docs):
+        if batch_size is not None and len(out) >= batch_size:
+            break
+        doc = cursor.docs[cursor.pos]
+        n = len(bson.encode(doc)) if isinstance(doc, Mapping) else 16
+        if out and size + n > MAX_REPLY_BYTES:
+            break
+        out.append(doc)
+        size += n
+        cursor.pos += 1
+        if len(out) % query.CHECK_EVERY == 0:
+            yield
+
+
+def cursor_first_batch(
+    server: Any, ns: str, docs: list[Any], batch_size: int | None, single_batch: bool = False,
+    max_time_ms: Any = None,
+) -> dict[str, Any]:
+    """A `{cursor: {firstBatch, id, ns}}` reply; keeps the rest for getMore."""
+    cid = server.cursors.new_id()
+    cursor = ResultCursor(cid, ns, docs)
+    if is_number(max_time_ms) and max_time_ms > 0:
+        cursor.max_time_ms = int(max_time_ms)
+    batch = _take(cursor, DEFAULT_BATCH if batch_size is None else batch_size)
+    more = cursor.pos < len(docs) and not single_batch
+    if more:
+        server.cursors.add(cursor)
+    return {"cursor": {"firstBatch": batch, "id": Int64(cid if more else 0), "ns": ns}}
+
+
+# ---------------------------------------------------------------------------------------------
+# Reads
+
+
+def run_find(
+    store: Store, db: str, coll: str, filter_doc: Mapping[str, Any] | None, projection: Any,
+    sort: Any, skip: int, limit: int, *, copy: bool = False,
+) -> list[dict[str, Any]]:
+    """A find's documents, without pausing (for callers that must not interleave). Result
+    documents are the stored ones (never changed in place) unless projected or `copy`."""
+    scan, out = _find_scan(store, db, coll, filter_doc, projection, sort, skip, limit, copy)
+    if scan is not None:
+        with engine_errors():
+            query.run_sync(scan)
+    return out
+
+
+async def find_documents(
+    store: Store, cmd: Mapping[str, Any], db: str, coll: str,
+    filter_doc: Mapping[str, Any] | None, projection: Any, sort: Any, skip: int, limit: int,
+    *, copy: bool = False, deadline: query.Deadline | None = None,
+) -> list[dict[str, Any]]:
+    """A find's documents, read in the command's snapshot, matched in steps that let other
+    connections run, within the command's maxTimeMS (50 MaxTimeMSExpired)."""
+    if deadline is None:
+        deadline = query.Deadline.of(cmd)
+    where = next(iter(cmd), "find")
+    with snapshot_reads(store, cmd):
+        scan, out = _find_scan(store, db, coll, filter_doc, projection, sort, skip, limit, copy,
+                               (cmd.get("collation"), where))
+    if scan is not None:
+        with engine_errors():
+            await query.run_async(scan, deadline)
+    return out
+
+
+def _find_scan(
+    store: Store, db: str, coll: str, filter_doc: Mapping[str, Any] | None, projection: Any,
+    sort: Any, skip: int, limit: int, copy: bool, collation: tuple[Any, str] | None = None,
+) -> tuple[query.Scan | None, list[Any]]:
+    """The scan of a find over the collection's documents as they are now, and the list it
+    fills (no scan when the answer is known: a view's, a missing collection's). `collation`:
+    the command's (and its name), applied with the collection's default."""
+    engine.validate_filter(filter_doc or {})  # mongod's parse errors, before any document
+    c = store.get(db, coll)
+    if c is None:
+        resolved = store.resolve_view(db, coll)
+        if resolved is not None:
+            view_out: list[Any] = []
+            view_scan = _view_scan(store, db, resolved,
+                                   _view_find_stages(filter_doc, projection, sort, skip, limit),
+                                   view_out)
+            if getattr(store.txn, "lsid", None):  # in a transaction: now, in its snapshot
+                with engine_errors():
+                    query.run_sync(view_scan)
+                return None, view_out
+            return view_scan, view_out
+        engine.matches(filter_doc or {}, {})
+        return None, []
+    normalized = engine.normalize(dict(filter_doc or {}))
+    with engine_errors():
+        engine.matcher(normalized)  # compiled (regexes) before the first document
+    sort_list = _sort_list(sort)
+    fields = dict(projection) if projection else None
+    project_one = None
+    if fields is not None:
+        def project_one(doc: Mapping[str, Any]) -> Any:
+            return engine.project(doc, fields)
+
+    applied = None
+    if collation is not None:
+        applied = query.collation_of(collation[0], c.options.get("collation"), collation[1])
+    docs = list(store.documents(c).values())
+    out: list[Any] = []
+    scan = query.find(docs, normalized, sort_list, skip, limit, out,
+                      project=project_one, copy=copy, collation=applied)
+    return scan, out
+
+
+def view_documents(store: Store, db: str, resolved: tuple[str, list[Any]],
+                   stages: list[Any]) -> list[Any]:
+    """A view's documents: its (resolved) pipeline, then `stages`, over the collection it
+    reads."""
+    out: list[Any] = []
+    with engine_errors():
+        query.run_sync(_view_scan(store, db, resolved, stages, out))
+    return out
+
+
+def _view_scan(store: Store, db: str, resolved: tuple[str, list[Any]], stages: list[Any],
+               out: list[Any]) -> query.Scan:
+    """The scan of a view's documents (see view_documents) into `out`: the collection's
+    documents copied, then the pipeline (its per-document stages in chunks)."""
+    base, pipeline = resolved
+    c = store.get(db, base)
+    docs = list(store.documents(c).values()) if c is not None else []
+    full = [engine.normalize(dict(s)) for s in [*pipeline, *stages]]
+    copies: list[Any] = []
+    yield from query.find(docs, None, None, 0, 0, copies, copy=True)
+    if not full:
+        out.extend(copies)
+        return
+    database = store.query_database(db)
+    yield from query.pipeline(copies, database, full, out)
+
+
+def _view_find_stages(
+    filter_doc: Mapping[str, Any] | None, projection: Any, sort: Any, skip: int, limit: int,
+) -> list[Any]:
+    """`find` on a view, as mongod runs it: an aggregation of the view's pipeline followed by
+    `$match`, `$sort`, `$skip`, `$limit` and `$project` (query_request_conversion)."""
+    stages: list[Any] = []
+    if filter_doc:
+        stages.append({"$match": dict(filter_doc)})
+    sort_list = _sort_list(sort)
+    if sort_list:
+        stages.append({"$sort": dict(sort_list)})
+    if skip:
+        stages.append({"$skip": skip})
+    if limit:
+        stages.append({"$limit": limit})
+    if projection:
+        stages.append({"$project": dict(projection)})
+    return stages
+
+
+def _distinct_values(docs: list[Any], key: str) -> list[Any]:
+    """The distinct values at dotted path `key` (array elements counted one by one), equal as
+    mongod compares them (KeyString)."""
+    from cdcserver.embedded.store import id_key
+
+    def at(value: Any, parts: list[str]) -> list[Any]:
+        if not parts:
+            return list(value) if isinstance(value, list) else [value]
+        if isinstance(value, Mapping):
+            return at(value[parts[0]], parts[1:]) if parts[0] in value else []
+        if isinstance(value, list):
+            return [v for element in value for v in at(element, parts)]
+        return []
+
+    seen: dict[bytes, Any] = {}
+    for doc in docs:
+        for value in at(doc, key.split(".")):
+            seen.setdefault(id_key(value), value)
+    return list(seen.values())
+
+
+@command("find")
+async def find(server, conn, cmd, db):
+    cmd = engine.bind_let(cmd)
+    if oplog_find.is_oplog(db, cmd.get("find")):
+        return await find_oplog(server, cmd)
+    store = get_store(server)
+    coll = coll_arg(cmd, "find")
+    tailable, _ = oplog_find.validate_tailable(cmd)
+    view = store.view(db, coll) if store.get(db, coll) is None else None
+    if view is not None:  # mongod runs find on a view as an aggregation
+        if tailable:
+            raise MongoError(168, "Tailable cursors are not supported in aggregation.")
+        collation = cmd.get("collation")
+        view_locale = (view.get("collation") or {}).get("locale", "simple")
+        if isinstance(collation, Mapping) and collation.get("locale", view_locale) != view_locale:
+            raise MongoError(167, "Cannot override a view's default collation")
+    if tailable:  # the store has no capped collections
+        raise MongoError(
+            2, f"error processing query: ns={db}.{coll}Tree: $and\nSort: {{}}\nProj: {{}}\n "
+            "tailable cursor requested on non capped collection",
+        )
+    filter_doc, projection, skip, limit, batch_size = find_arguments(cmd)
+    max_time_ms_arg(cmd, "find")
+    if db == "config" and coll == "system.preimages" and store.get(db, coll) is None:
+        docs = find_pre_images(store, filter_doc, projection, skip, limit)
+    elif db == "config" and coll == "transactions" and store.get(db, coll) is None:
+        docs = [d for d in store.transaction_records.values()  # the sessions' records
+                if engine.matches(filter_doc or {}, d)][skip:]
+        docs = [project(store, db, coll, d, projection) for d in docs[:limit or None]]
+    else:
+        docs = await find_documents(store, cmd, db, coll, filter_doc, projection,
+                                    cmd.get("sort"), skip, limit)
+    return cursor_first_batch(server, f"{db}.{coll}", docs, batch_size,
+                              single_batch=cmd.get("singleBatch") is True,
+                              max_time_ms=cmd.get("maxTimeMS"))
+
+
+def find_pre_images(
+    store: Store, filter_doc: Mapping[str, Any] | None, projection: Mapping[str, Any] | None,
+    skip: int, limit: int,
+) -> list[dict[str, Any]]:
+    """`config.system.preimages`, where mongod keeps the pre-images of collections with
+    `changeStreamPreAndPostImages` (read by other change-stream servers, e.g. a cdcserver
+    with this one as its upstream). `{_id: ...}` and `{_id: {$in: [...]}}` are looked up by
+    key; other filters are matched on every document."""
+    from pipeline_stages.image_source import _pre_image_key
+
+    filter_doc = filter_doc or {}
+    wanted = filter_doc.get("_id") if list(filter_doc) == ["_id"] else None
+    if isinstance(wanted, Mapping) and list(wanted) == ["$in"] and isinstance(
+        wanted["$in"], list
+    ):
+        keys = [_pre_image_key(v) for v in wanted["$in"] if isinstance(v, Mapping)]
+        docs = store.pre_image_documents(keys)
+    elif isinstance(wanted, Mapping) and "nsUUID" in wanted:
+        docs = store.pre_image_documents([_pre_image_key(wanted)])
+    else:
+        docs = [d for d in store.pre_image_documents() if engine.matches(filter_doc, d)]
+    docs = docs[skip:]
+    if limit:
+        docs = docs[:limit]
+    if projection:
+        docs = [project(store, "config", "system.preimages", d, projection) for d in docs]
+    return docs
+
+
+async def find_oplog(server: Any, cmd: Mapping[str, Any]) -> dict[str, Any]:
+    """`find` on `local.oplog.rs`: the server's own oplog, whatever its source (the embedded
+    store's, a recorded one), with tailable / awaitData cursors as on mongod."""
+    filter_doc, projection, skip, limit, batch_size = find_arguments(cmd)
+    cursor = oplog_find.open_cursor(
+        server.log, server.cursors.new_id(), cmd, filter_doc, projection, skip, limit
+    )
+    batch = await cursor.fill(DEFAULT_BATCH if batch_size is None else batch_size)
+    if cmd.get("singleBatch") is True:
+        cursor.exhausted = True
+    if not cursor.done:
+        server.cursors.add(cursor)
+    return oplog_find.reply(cursor, batch, first=True)
+
+
+@command("count")
+async def count(server, conn, cmd, db):
+    if cmd.get("autocommit") is False:
+        raise MongoError(
+            263, "Cannot run 'count' in a multi-document transaction. Please see "
+            "http://dochub.mongodb.org/core/transaction-count for a recommended alternative.",
+        )
+    predicate = _doc_arg(cmd, "query", "count")
+    skip = _int(cmd, "skip", "count")
+    limit = abs(_int(cmd, "limit", "count"))
+    if oplog_find.is_oplog(db, cmd.get("count")):
+        if not predicate and not skip and not limit:
+            return {"n": len(server.log)}
+        return {"n": len(await oplog_find.scan(server.log, predicate, max(skip, 0), limit))}
+    store = get_store(server)
+    coll = coll_arg(cmd, "count")
+    max_time_ms_arg(cmd, None)
+    deadline = query.Deadline.of(cmd)
+    skip = max(skip, 0)
+    c = store.get(db, coll)
+    if c is None:  # a view's (an aggregation), or nothing
+        return {"n": len(run_find(store, db, coll, predicate, {"_id": 1}, None, skip, limit))}
+    engine.validate_filter(predicate or {})
+    normalized = engine.normalize(dict(predicate or {}))
+    with engine_errors():
+        engine.matcher(normalized)
+    collation = query.collation_of(cmd.get("collation"), c.options.get("collation"), "count")
+    docs = list(store.documents(c).values())
+    if not normalized:
+        n = len(docs)
+    else:  # counted without copying a document
+        matched: list[Any] = []
+        with engine_errors():
+            await query.run_async(
+                query.select(docs, normalized, matched, skip + limit if limit else None,
+                             collation),
+                deadline,
+            )
+        n = len(matched)
+    n = max(n - skip, 0)
+    return {"n": min(n, limit) if limit else n}
+
+
+@command("distinct")
+async def distinct(server, conn, cmd, db):
+    store = get_store(server)
+    coll = coll_arg(cmd, "distinct")
+    key = cmd.get("key")
+    if not is_string(key):
+        raise MongoError(
+            14 if key is not None else 40414,
+            "BSON field 'distinct.key' is missing but a required field" if key is None else
+            f"BSON field 'distinct.key' is the wrong type '{type_name(key)}', expected type "
+            "'string'",
+        )
+    predicate = _doc_arg(cmd, "query", "distinct")
+    max_time_ms_arg(cmd, None)
+    if store.get(db, coll) is None:
+        resolved = store.resolve_view(db, coll)
+        if resolved is None:
+            return {"values": []}
+        # mongod runs distinct on a view as an aggregation ($match, then the values)
+        stages = [{"$match": dict(predicate)}] if predicate else []
+        return {"values": _distinct_values(view_documents(store, db, resolved, stages), key)}
+    deadline = query.Deadline.of(cmd)
+    docs = await find_documents(store, cmd, db, coll, predicate, None, None, 0, 0,
+                                deadline=deadline)
+    values: list[Any] = []
+    c = store.get(db, coll)
+    collation = query.collation_of(cmd.get("collation"),
+                                   c.options.get("collation") if c is not None else None,
+                                   "distinct")
+    with engine_errors():
+        await query.run_async(
+            query.distinct(docs, key, values, collation), deadline)
+    return {"values": values}
+
+
+@command("aggregate")
+async def aggregate(server, conn, cmd, db):
+    """aggregate: a `$changeStream` opens a change stream (commands/cursors.py); any other
+    pipeline runs on the store's documents, on the oplog, or on `$currentOp` / `$collStats`."""
+    if is_change_stream_aggregate(cmd):
+        return await change_streams.aggregate(server, conn, cmd, db)
+    cmd = engine.bind_let(cmd)
+    check_requires_change_stream(cmd.get("pipeline"))
+    target = cmd.get("aggregate")
+    if cmd.get("explain") is True:
+        return await admin.explain_aggregate(server, conn, cmd, db)
+    sourced = admin.aggregate_source(server, conn, cmd, db)  # $currentOp, $collStats
+    if sourced is not None:
+        return cursor_first_batch(server, *sourced)
+    if oplog_find.is_oplog(db, target):
+        return await _aggregate_oplog(server, cmd)
+    store = get_store(server)
+    pipeline = cmd.get("pipeline")
+    if not isinstance(pipeline, list):
+        raise MongoError(14, f"BSON field 'aggregate.pipeline' is the wrong type "
+                         f"'{type_name(pipeline)}', expected type 'array'")
+    cursor_doc = cmd.get("cursor")
+    if not isinstance(cursor_doc, Mapping) and not cmd.get("explain"):
+        raise MongoError(
+            9, "The 'cursor' option is required, except for aggregate with the explain argument"
+        )
+    batch_size = None
+    if isinstance(cursor_doc, Mapping) and cursor_doc.get("batchSize") is not None:
+        batch_size = _int(cursor_doc, "batchSize", "aggregate.cursor")
+    if not is_string(target):
+        raise MongoError(
+            73, "{aggregate: 1} is not valid for '$match'; a collection is required."
+        )
+    max_time_ms_arg(cmd, "aggregate")
+    pipeline = [engine.normalize(dict(s)) if isinstance(s, Mapping) else s for s in pipeline]
+    out_stage = None
+    if pipeline and isinstance(pipeline[-1], Mapping):
+        last = next(iter(pipeline[-1]), "")
+        if last in ("$out", "$merge"):
+            out_stage = pipeline.pop()
+    for stage in pipeline:
+        if isinstance(stage, Mapping) and ("$out" in stage or "$merge" in stage):
+            raise MongoError(40601, f"{next(iter(stage))} can only be the final stage in the "
+                             "pipeline")
+    # A leading $match selects documents in steps that let other connections run (the rest
+    # of the pipeline runs on the query engine at once); the deadline is checked after it.
+    first_match = None
+    if pipeline and isinstance(pipeline[0], Mapping) and list(pipeline[0]) == ["$match"] and (
+        isinstance(pipeline[0]["$match"], Mapping)
+    ):
+        first_match = pipeline.pop(0)["$match"]
+    deadline = query.Deadline.of(cmd)
+    docs = await find_documents(store, cmd, db, target, first_match, None, None, 0, 0,
+                                copy=True, deadline=deadline)
+    results: list[Any] = []
+    database = store.query_database(db)
+    c = store.get(db, target)
+    collation = query.collation_of(cmd.get("collation"),
+                                   c.options.get("collation") if c is not None else None,
+                                   "aggregate")
+    stages = query.pipeline(docs, database, pipeline, results, collation)
+    if not pipeline:
+        results = docs
+    elif cmd.get("autocommit") is False:  # $lookup & co. read the transaction's snapshot
+        with snapshot_reads(store, cmd):
+            query.run_sync(stages, deadline)
+    else:  # per-document stages in chunks that yield, the rest at once
+        await query.run_async(stages, deadline)
+    deadline.check()
+    if out_stage is not None:
+        with store.batch():
+            _write_out(store, db, out_stage, results)
+        results = []
+    return cursor_first_batch(server, f"{db}.{target}", results, batch_size,
+                              max_time_ms=cmd.get("maxTimeMS"))
+
+
+async def _aggregate_oplog(server: Any, cmd: Mapping[str, Any]) -> dict[str, Any]:
+    """`aggregate` on `local.oplog.rs`: a leading `$match` selects entries as `find` does
+    (bounds on `ts`), the rest of the pipeline runs on the query engine."""
+    pipeline = cmd.get("pipeline")
+    if not isinstance(pipeline, list):
+        raise MongoError(14, f"BSON field 'aggregate.pipeline' is the wrong type "
+                         f"'{type_name(pipeline)}', expected type 'array'")
+    cursor_doc = cmd.get("cursor")
+    if not isinstance(cursor_doc, Mapping):
+        raise MongoError(
+            9, "The 'cursor' option is required, except for aggregate with the explain argument"
+        )
+    batch_size = None
+    if cursor_doc.get("batchSize") is not None:
+        batch_size = _int(cursor_doc, "batchSize", "aggregate.cursor")
+    stages = list(pipeline)
+    filter_doc: Mapping[str, Any] = {}
+    if stages and isinstance(stages[0], Mapping) and list(stages[0]) == ["$match"]:
+        filter_doc = stages.pop(0)["$match"]
+    for stage in stages:
+        if isinstance(stage, Mapping) and ("$out" in stage or "$merge" in stage):
+            raise MongoError(2, "cdcserver does not write aggregation results from the oplog")
+    entries = await oplog_find.scan(server.log, filter_doc)
+    if not stages:
+        results: list[Any] = list(entries)
+    else:
+        database = engine.query_database(oplog_find.OPLOG_DB)
+        results = engine.run_pipeline(oplog_find.decoded(entries), database, stages)
+    return cursor_first_batch(server, oplog_find.OPLOG_NS, results, batch_size)

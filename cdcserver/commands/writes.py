@@ -1,0 +1,848 @@
+"""Write commands of the embedded store: insert, update, delete, findAndModify, and the
+statement machinery commands/bulk_write.py runs its ops with (one statement at a time, retryable,
+waiting for a transaction that holds a document, pausing between documents); `$out`'s writes.
+
+Replies are shaped as a replica-set primary's (mongod 8.0): write replies carry `n`,
+`electionId`, `opTime`, `writeErrors` (index, code, errmsg[, keyPattern, keyValue]), and for
+updates `upserted` and `nModified`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import Token
+from dataclasses import dataclass, field
+from typing import Any
+
+import bson
+from bson.int64 import Int64
+from bson.objectid import ObjectId
+from bson.timestamp import Timestamp
+
+from cdcserver.commands import write_concern, write_parsing
+from cdcserver.commands.admin import ELECTION_ID as _ELECTION_ID
+from cdcserver.commands.arguments import array_arg, is_string
+from cdcserver.commands.base import Handler, family
+from cdcserver.commands.crud_common import (
+    _doc_arg,
+    _sort_list,
+    coll_arg,
+    engine_errors,
+    project,
+)
+from cdcserver.commands.transactions import (
+    NOT_DONE,
+    Retry,
+    get_store,
+    lsid_str,
+    retry_state,
+    txn_write_error,
+)
+from cdcserver.embedded import engine, query
+from cdcserver.embedded.bson_depth import check_update_depth
+from cdcserver.embedded.store import (
+    Collection,
+    DocumentValidationError,
+    DuplicateKeyError,
+    LoggedWrite,
+    Store,
+    TxnBlocked,
+    id_key,
+    validate_collection_name,
+)
+from pipeline_stages.errors import MongoError
+from pipeline_stages.value_string import type_name
+
+# The write commands of the embedded store; the modes that serve them: commands/tables.py.
+TABLE: dict[str, Handler] = {}
+command = family(TABLE)
+
+
+def _statement_failed(
+    store: Store, errors: list[dict[str, Any]], i: int, err: MongoError, ordered: bool
+) -> bool:
+    """Record statement `i`'s write error; True when the batch stops there (ordered, or in a
+    transaction). A transaction's write conflict fails the whole command instead."""
+    if err.code == 112:
+        raise err
+    errors.append(_write_error(i, err))
+    return txn_write_error(store) or ordered
+
+
+@dataclass
+class _Progress:
+    """How far a write command got, kept while it waits for a transaction to end."""
+
+    retry: Retry | None = None
+    next: int = 0  # the statement to run (again, after a wait)
+    # a multi-document statement that waited: the documents it matched, those it wrote, and
+    # its counts so far
+    keys: list[bytes] | None = None
+    done: set[bytes] = field(default_factory=set)
+    n: int = 0
+    modified: int = 0
+    # the matched documents as they were (a write re-checks only those that changed), and
+    # the position in `keys` of the next one to write
+    matched: list[Any] | None = None
+    pos: int = 0
+
+    def retry_state(self, store: Store, cmd: Mapping[str, Any]) -> Retry:
+        if self.retry is None or cmd.get("autocommit") is False:
+            self.retry = retry_state(store, cmd)
+        return self.retry
+
+    def statement_done(self, i: int) -> None:
+        self.next, self.keys, self.n, self.modified = i + 1, None, 0, 0
+        self.matched, self.pos = None, 0
+        self.done.clear()
+
+
+class _Pause(Exception):  # noqa: N818 - a signal to _run_writes, never a reply
+    """A multi-document statement outside a transaction has written for a while: its batch
+    ends there (durable and visible, as mongod commits each document's write) and the loop
+    gets a turn before it goes on (mongod's executor yields between documents)."""
+
+
+async def _run_writes(store: Store, cmd: Mapping[str, Any], run: Callable[[], Any]) -> Any:
+    """Run a write command's `run` in a batch. A write outside transactions that meets a
+    document or unique key an open transaction has written waits (no polling) until that
+    transaction commits or aborts, then `run` goes on from the statement that waited: mongod's
+    writeConflictRetry, bounded by the command's maxTimeMS (50 MaxTimeMSExpired)."""
+    loop = asyncio.get_running_loop()
+    max_ms = cmd.get("maxTimeMS")
+    deadline = None
+    if isinstance(max_ms, (int, float)) and not isinstance(max_ms, bool) and max_ms > 0:
+        deadline = loop.time() + float(max_ms) / 1000
+    while True:
+        try:
+            with store.batch():
+                return run()
+        except _Pause:
+            await query.pause()
+            if deadline is not None and loop.time() >= deadline:
+                raise MongoError(50, "operation exceeded time limit") from None
+        except TxnBlocked as blocked:
+            timeout = None if deadline is None else deadline - loop.time()
+            store.waiting_writes += 1
+            try:
+                if timeout is not None and timeout <= 0:
+                    raise TimeoutError
+                await asyncio.wait_for(blocked.txn.ended.wait(), timeout)
+            except TimeoutError:
+                raise MongoError(50, "operation exceeded time limit") from None
+            finally:
+                store.waiting_writes -= 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Replies
+
+
+def _write_error(index: int, err: MongoError) -> dict[str, Any]:
+    doc: dict[str, Any] = {"index": index, "code": err.code, "errmsg": err.errmsg}
+    if isinstance(err, (DuplicateKeyError, DocumentValidationError)):
+        doc.update(err.extra())
+    return doc
+
+
+def _write_reply(store: Store, n: int, errors: list[dict[str, Any]]) -> dict[str, Any]:
+    reply: dict[str, Any] = {"n": n, "electionId": _ELECTION_ID}
+    reply["opTime"] = {"ts": store.latest_ts() or Timestamp(0, 0), "t": Int64(1)}
+    if errors:
+        reply["writeErrors"] = errors
+    return reply
+
+
+# ---------------------------------------------------------------------------------------------
+# insert
+
+
+def _dollar_prefixed(value: Any) -> str | None:
+    """The first `$`-prefixed field name inside an embedded document (or array), else None; a
+    DBRef's `$ref`, `$id`, `$db` are valid (storageValidEmbedded)."""
+    if isinstance(value, Mapping):
+        dbref = list(value)[:2] == ["$ref", "$id"]
+        for key, inner in value.items():
+            if dbref and key in ("$ref", "$id", "$db"):
+                continue
+            if isinstance(key, str) and key.startswith("$"):
+                return key
+            found = _dollar_prefixed(inner)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for inner in value:
+            found = _dollar_prefixed(inner)
+            if found is not None:
+                return found
+    return None
+
+
+def prepare_insert(doc: Any) -> dict[str, Any]:
+    if not isinstance(doc, Mapping):
+        raise MongoError(14, f"BSON field 'insert.documents.0' is the wrong type "
+                         f"'{type_name(doc)}', expected type 'object'")
+    doc = engine.normalize(dict(doc))
+    if "_id" in doc:
+        _id = doc["_id"]
+        if isinstance(_id, list):
+            raise MongoError(53, "The '_id' value cannot be of type array")
+        if isinstance(_id, bson.regex.Regex) or hasattr(_id, "pattern"):
+            raise MongoError(53, "can't use a regex for _id")
+        dollar = _dollar_prefixed(_id)
+        if dollar is not None:  # validIdField: storageValidEmbedded of the _id document
+            raise MongoError(52, "_id fields may not contain '$'-prefixed fields: "
+                             f"{dollar} is not valid for storage.")
+        return {"_id": _id, **{k: v for k, v in doc.items() if k != "_id"}}
+    return {"_id": ObjectId(), **doc}
+
+
+@command("insert")
+async def insert(server, conn, cmd, db):
+    store = get_store(server)
+    coll = coll_arg(cmd, "insert")
+    request = write_parsing.parse_write_command(cmd, "insert")  # whole, before any write
+    docs = request.statements
+    wc = write_concern.parse(cmd)
+    ordered = request.ordered
+    validate = not request.bypass_validation
+    n, errors = 0, []
+    progress = _Progress()
+
+    def run() -> None:
+        nonlocal n
+        retry = progress.retry_state(store, cmd)
+        c: Collection | None = store.get(db, coll)
+        try:
+            for i in range(progress.next, len(docs)):
+                progress.next = stmt_id = i
+                if retry.result(stmt_id) is not NOT_DONE:
+                    n += 1
+                    continue
+                try:
+                    doc = prepare_insert(docs[i])
+                    if c is None:
+                        c = store.ensure_collection(db, coll)
+                    store.insert_document(c, doc, retry.session, stmt_id, validate=validate)
+                except MongoError as err:
+                    if _statement_failed(store, errors, i, err, ordered):
+                        break
+                    continue
+                retry.record(stmt_id, True)
+                n += 1
+        finally:
+            retry.finish()
+
+    await _run_writes(store, cmd, run)
+    return write_concern.add_to_reply(_write_reply(store, n, errors), wc)
+
+
+# ---------------------------------------------------------------------------------------------
+# update
+
+
+def _update_kind(u: Any) -> str:
+    if isinstance(u, list):
+        return "pipeline"
+    if not isinstance(u, Mapping):
+        raise MongoError(
+            14, f"BSON field 'update.updates.u' is the wrong type '{type_name(u)}', expected "
+            "type 'object'",
+        )
+    if engine.is_replacement(u):
+        for k in u:
+            if k.startswith("$"):
+                raise MongoError(
+                    52,
+                    f"The dollar ($) prefixed field '{k}' in '{k}' is not allowed in the context "
+                    "of an update's replacement document. Consider using an aggregation "
+                    "pipeline with $replaceWith.",
+                )
+        return "replacement"
+    for k in u:
+        if not k.startswith("$"):
+            raise MongoError(
+                9,
+                f"Unknown modifier: {k}. Expected a valid update modifier or pipeline-style "
+                "update specified as an array",
+            )
+    engine.validate_modifiers(u)
+    return "modifier"
+
+
+def _id_first(doc: dict[str, Any]) -> dict[str, Any]:
+    if "_id" not in doc or next(iter(doc)) == "_id":
+        return doc
+    return {"_id": doc["_id"], **{k: v for k, v in doc.items() if k != "_id"}}
+
+
+def compute_update(
+    store: Store, db: str, coll: str, pre: dict[str, Any], q: Mapping[str, Any], u: Any,
+    kind: str, array_filters: list[Any] | None, is_insert: bool = False,
+) -> dict[str, Any]:
+    if kind == "replacement":
+        rest = {k: engine.normalize(v) for k, v in u.items() if k != "_id"}
+        return {"_id": engine.normalize(u.get("_id", pre.get("_id"))), **rest}
+    if kind == "pipeline":
+        new = engine.apply_pipeline_update(pre, u)
+        if "_id" not in new and "_id" in pre:  # a pipeline that drops _id keeps the document's
+            new = {"_id": pre["_id"], **new}
+        return _id_first(new)
+    return _id_first(
+        engine.apply_modifiers(pre, q, u, is_insert=is_insert, array_filters=array_filters)
+    )
+
+
+def upsert_document(
+    store: Store, db: str, coll: str, q: Mapping[str, Any], u: Any, kind: str,
+    array_filters: list[Any] | None,
+) -> dict[str, Any]:
+    seed = engine.upsert_seed(q)
+    if kind == "replacement":
+        # the replacement's _id, else the filter's equality (either may be null), else new
+        if "_id" in u:
+            _id = u["_id"]
+        else:
+            _id = seed["_id"] if "_id" in seed else ObjectId()
+        doc = {k: engine.normalize(v) for k, v in u.items() if k != "_id"}
+        replacement = {"_id": _id, **doc}
+        check_update_depth(replacement)  # an upsert is stored through the update's checks
+        return replacement
+    if "_id" in seed:
+        seed = _id_first(seed)
+    if kind == "pipeline":
+        new = engine.apply_pipeline_update(seed, u)
+    else:
+        new = engine.apply_modifiers(seed, q, u, is_insert=True, array_filters=array_filters)
+    if "_id" not in new:
+        new = {"_id": ObjectId(), **new}
+    check_update_depth(new)
+    return _id_first(new)
+
+
+def _id_lookup(q: Mapping[str, Any]) -> tuple[bool, Any]:
+    """(True, value) for a filter that is `{_id: value}` / `{_id: {$eq: value}}` with a scalar
+    value: the document is found by its key, without a scan."""
+    if len(q) != 1 or "_id" not in q:
+        return False, None
+    value = q["_id"]
+    if isinstance(value, Mapping) and list(value) == ["$eq"]:
+        value = value["$eq"]
+    if isinstance(value, (Mapping, list, bson.regex.Regex)) or hasattr(value, "pattern"):
+        return False, None
+    return True, value
+
+
+def matching(
+    store: Store, c: Collection | None, q: Mapping[str, Any], one: bool,
+    collation: query.Collation | None = None,
+) -> list[dict]:
+    return [doc for _, doc in _matching_items(store, c, q, one, collation)]
+
+
+def _matching_items(
+    store: Store, c: Collection | None, q: Mapping[str, Any], one: bool,
+    collation: query.Collation | None = None,
+) -> list[tuple[bytes, dict]]:
+    """The (key, document) pairs `q` matches, in natural order."""
+    if c is None:
+        engine.matches(q, {})  # still validate the filter
+        return []
+    by_id, value = _id_lookup(q)
+    if by_id and not (collation is not None and isinstance(value, str)):
+        key = id_key(value)
+        doc = store.documents(c).get(key)
+        return [(key, doc)] if doc is not None and engine.matches(q, doc) else []
+    match = query.matcher(q, collation)  # parse errors before any document
+    known = query.prematched(q, collation)  # matched before the write, in steps (_prematch)
+    out = []
+    for key, doc in list(store.documents(c).items()):
+        hit = known.get(id(doc)) if known is not None else None
+        if hit[1] if hit is not None and hit[0] is doc else match(doc):
+            out.append((key, doc))
+            if one:
+                break
+    return out
+
+
+async def _prematch(
+    store: Store, db: str, coll: str, statements: list[tuple[Any, bool, Any]],
+    deadline: query.Deadline,
+) -> Token[Any] | None:
+    """Match the filters of a write's multi-document statements before the write, in steps
+    that let other connections run, within its maxTimeMS; `matching` re-uses the answers
+    for documents that have not changed since. A filter that fails is left to its statement
+    (its error belongs in writeErrors)."""
+    c = store.get(db, coll)
+    if c is None:
+        return None
+    docs: list[Any] | None = None
+    known: dict[bytes, query.Prematched] = {}
+    for q, multi, collation_spec in statements:
+        if not multi or not isinstance(q, Mapping):
+            continue
+        q = engine.normalize(dict(q))
+        try:
+            collation = query.collation_of(collation_spec, c.options.get("collation"))
+        except MongoError:
+            continue
+        key = query.filter_key(q, collation)
+        if key is None or key in known or _id_lookup(q)[0]:
+            continue
+        if docs is None:
+            docs = list(store.documents(c).values())
+        answers: query.Prematched = {}
+        try:
+            await query.run_async(query.classify(docs, q, answers, collation), deadline)
+        except MongoError as err:
+            if err.code == 50:
+                raise
+            continue
+        except Exception:  # noqa: BLE001 - the statement raises it as its write error
+            continue
+        known[key] = answers
+    return query.remember_prematched(known) if known else None
+
+
+def run_update_statement(
+    store: Store, db: str, coll: str, spec: Mapping[str, Any], retry: Retry, stmt_id: int,
+    validate: bool = True, progress: _Progress | None = None,
+) -> tuple[int, int, Any]:
+    """(n, nModified, (upserted _id,) or None) of one update statement (a tuple: the upserted
+    _id may itself be null)."""
+    if not isinstance(spec, Mapping):
+        raise MongoError(14, "BSON field 'update.updates' element is not an object")
+    if "q" not in spec:
+        raise MongoError(40414, "BSON field 'update.updates.q' is missing but a required field")
+    if "u" not in spec:
+        raise MongoError(40414, "BSON field 'update.updates.u' is missing but a required field")
+    q = _doc_arg(spec, "q", "update.updates") or {}
+    q = engine.normalize(q)
+    u = spec["u"]
+    multi = spec.get("multi") is True
+    upsert = spec.get("upsert") is True
+    array_filters = array_arg(spec, "arrayFilters", "update.updates", of="object")
+    kind = _update_kind(u)
+    if multi and kind == "replacement":
+        raise MongoError(9, "multi update is not supported for replacement-style update")
+    c = store.get(db, coll)
+    if c is None:
+        store.check_not_view(db, coll)  # 166, as mongod refuses writes to a view
+    collation = query.collation_of(spec.get("collation"),
+                                   c.options.get("collation") if c is not None else None,
+                                   "update.updates")
+    docs, n, modified = _multi_matching(store, c, q, multi, progress, collation)
+    if not multi and spec.get("sort") and c is not None:  # 8.0: which match updateOne takes
+        with engine_errors():
+            found = _sorted_find(store, db, coll, q, spec["sort"], spec.get("collation"))
+        docs = [found] if found is not None else []
+    session = None if multi else retry.session
+    for pre in docs:
+        assert c is not None
+        with executor_errors("update"):
+            post = compute_update(store, db, coll, pre, q, u, kind, array_filters)
+            if store.update_document(c, pre, post, kind=kind, update=u, session=session,
+                                     stmt_id=stmt_id, array_filters=array_filters,
+                                     validate=validate):
+                modified += 1
+        n += 1
+        if multi and progress is not None:
+            progress.done.add(id_key(pre["_id"]))
+            progress.n, progress.modified = n, modified
+    if n or not upsert:
+        return n, modified, None
+    if c is None:  # the upsert creates the collection: a name insert refuses is refused (73)
+        validate_collection_name(db, coll)
+    with executor_errors("update"):
+        new = upsert_document(store, db, coll, q, u, kind, array_filters)
+    c = store.ensure_collection(db, coll)
+    store.insert_document(c, new, session, stmt_id, validate=validate)
+    return 1, 0, (new["_id"],)
+
+
+def _multi_matching(
+    store: Store, c: Collection | None, q: Mapping[str, Any], multi: bool,
+    progress: _Progress | None, collation: query.Collation | None = None,
+) -> tuple[list[dict[str, Any]], int, int]:
+    """The documents a statement writes, and its counts so far. A multi-document statement
+    that waited for a transaction goes on with the documents it matched and has not written,
+    as they are now and if they still match (as mongod's update and delete stages re-check a
+    document after a write conflict)."""
+    if progress is None or not multi:
+        return matching(store, c, q, not multi, collation), 0, 0
+    if progress.keys is None or c is None:
+        items = _matching_items(store, c, q, False, collation)
+        progress.keys = [key for key, _ in items]
+        progress.matched, progress.pos = [doc for _, doc in items], 0
+        if c is None:
+            return progress.matched, 0, 0
+    return _still_matching(store, c, q, progress, collation), progress.n, progress.modified
+
+
+def _still_matching(
+    store: Store, c: Collection, q: Mapping[str, Any], progress: _Progress,
+    collation: query.Collation | None,
+) -> Iterator[dict[str, Any]]:
+    """The matched documents not written yet, as they are now and if they still match; a
+    document is done when the caller asks for the next. Outside a transaction, raises
+    _Pause between documents once the batch has run for query.YIELD_AFTER_S."""
+    assert progress.keys is not None and progress.matched is not None
+    current = store.documents(c)
+    match = query.matcher(q, collation)
+    may_pause = not getattr(store.txn, "lsid", None)
+    started = time.monotonic()
+    while progress.pos < len(progress.keys):
+        i = progress.pos
+        key = progress.keys[i]
+        doc = current.get(key)
+        if key not in progress.done and doc is not None and (
+            doc is progress.matched[i] or match(doc)
+        ):
+            yield doc
+        progress.pos = i + 1
+        if may_pause and time.monotonic() - started >= query.YIELD_AFTER_S and (
+            progress.pos < len(progress.keys)
+        ):
+            raise _Pause
+
+
+# Errors raised while the update runs on a document (not those of parsing it), which mongod
+# 8 raises through its plan executor, with this context; duplicate keys and validation
+# failures of `update` come from the write itself, unwrapped.
+_UNWRAPPED_IN_UPDATE = (11000, 121)
+
+
+@contextlib.contextmanager
+def executor_errors(command_name: str) -> Iterator[None]:
+    try:
+        yield
+    except MongoError as err:
+        if err.code != 112 and (
+            command_name != "update" or err.code not in _UNWRAPPED_IN_UPDATE
+        ):
+            err.errmsg = f"Plan executor error during {command_name} :: caused by :: {err.errmsg}"
+            err.args = (err.errmsg,)
+        raise
+
+
+@command("update")
+async def update(server, conn, cmd, db):
+    cmd = engine.bind_let(cmd)  # `let` variables bound into filters and pipeline updates
+    store = get_store(server)
+    coll = coll_arg(cmd, "update")
+    request = write_parsing.parse_write_command(cmd, "update")  # whole, before any write
+    updates = request.statements
+    wc = write_concern.parse(cmd)
+    ordered = request.ordered
+    n = modified = 0
+    upserted: list[dict[str, Any]] = []
+    errors: list[dict[str, Any]] = []
+    progress = _Progress()
+
+    def run() -> None:
+        nonlocal n, modified
+        retry = progress.retry_state(store, cmd)
+        try:
+            for i in range(progress.next, len(updates)):
+                progress.next = i
+                done = retry.result(i, "update")
+                try:
+                    if done is NOT_DONE:
+                        done = run_update_statement(
+                            store, db, coll, updates[i], retry, i,
+                            validate=not request.bypass_validation,
+                            progress=progress,
+                        )
+                        retry.record(i, done)
+                except MongoError as err:
+                    if err.code != 112:
+                        progress.statement_done(i)
+                    if _statement_failed(store, errors, i, err, ordered):
+                        break
+                    continue
+                progress.statement_done(i)
+                sn, sm, up = done
+                n += sn
+                modified += sm
+                if up is not None:
+                    upserted.append({"index": i, "_id": up[0]})
+        finally:
+            retry.finish()
+
+    statements = [(u.get("q"), u.get("multi") is True, u.get("collation")) for u in updates
+                  if isinstance(u, Mapping)]
+    prematched = await _prematch(store, db, coll, statements, query.Deadline.of(cmd))
+    try:
+        await _run_writes(store, cmd, run)
+    finally:
+        if prematched is not None:
+            query.forget_prematched(prematched)
+    reply = _write_reply(store, n, errors)
+    if upserted:
+        reply["upserted"] = upserted
+    reply["nModified"] = modified
+    return write_concern.add_to_reply(reply, wc)
+
+
+# ---------------------------------------------------------------------------------------------
+# delete
+
+
+@command("delete")
+async def delete(server, conn, cmd, db):
+    cmd = engine.bind_let(cmd)
+    store = get_store(server)
+    coll = coll_arg(cmd, "delete")
+    request = write_parsing.parse_write_command(cmd, "delete")  # whole, before any write
+    deletes = request.statements
+    wc = write_concern.parse(cmd)
+    ordered = request.ordered
+    n, errors = 0, []
+    progress = _Progress()
+
+    def run() -> None:
+        nonlocal n
+        retry = progress.retry_state(store, cmd)
+        try:
+            for i in range(progress.next, len(deletes)):
+                progress.next = i
+                spec = deletes[i]
+                done = retry.result(i)
+                try:
+                    if done is NOT_DONE:
+                        done = run_delete_statement(store, db, coll, spec, retry, i, progress)
+                        retry.record(i, done)
+                except MongoError as err:
+                    if err.code != 112:
+                        progress.statement_done(i)
+                    if _statement_failed(store, errors, i, err, ordered):
+                        break
+                    continue
+                progress.statement_done(i)
+                n += done
+        finally:
+            retry.finish()
+
+    statements = [(d.get("q"), _is_multi_delete(d), d.get("collation")) for d in deletes
+                  if isinstance(d, Mapping)]
+    prematched = await _prematch(store, db, coll, statements, query.Deadline.of(cmd))
+    try:
+        await _run_writes(store, cmd, run)
+    finally:
+        if prematched is not None:
+            query.forget_prematched(prematched)
+    return write_concern.add_to_reply(_write_reply(store, n, errors), wc)
+
+
+def run_delete_statement(
+    store: Store, db: str, coll: str, spec: Mapping[str, Any], retry: Retry, stmt_id: int,
+    progress: _Progress,
+) -> int:
+    """The number of documents one delete statement (parsed already) deletes."""
+    # parsed already (write_parsing): limit 0 (or not a number) is multi
+    limit = 0 if write_parsing.delete_limit(spec["limit"]) else 1
+    q = engine.normalize(_doc_arg(spec, "q", "delete.deletes") or {})
+    c = store.get(db, coll)
+    if c is None:
+        store.check_not_view(db, coll)
+    collation = query.collation_of(
+        spec.get("collation"),
+        c.options.get("collation") if c is not None else None,
+        "delete.deletes",
+    )
+    docs, done, _ = _multi_matching(store, c, q, limit == 0, progress, collation)
+    session = retry.session if limit == 1 else None
+    for pre in docs:
+        assert c is not None
+        store.delete_document(c, pre, session, stmt_id)
+        done += 1
+        progress.done.add(id_key(pre["_id"]))
+        progress.n = done
+    return done
+
+
+def _is_multi_delete(spec: Mapping[str, Any]) -> bool:
+    try:
+        return bool(write_parsing.delete_limit(spec.get("limit")))
+    except MongoError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# findAndModify
+
+
+def _sorted_find(
+    store: Store, db: str, coll: str, q: Mapping[str, Any], sort: Mapping[str, Any] | None,
+    collation_spec: Any = None,
+) -> dict[str, Any] | None:
+    c = store.get(db, coll)
+    if c is None:
+        engine.matches(q, {})
+        return None
+    collation = query.collation_of(collation_spec, c.options.get("collation"), "findAndModify")
+    if not sort:
+        found = matching(store, c, q, True, collation)
+        return found[0] if found else None
+    sort_list = _sort_list(sort)
+    out: list[Any] = []
+    with engine_errors():
+        query.run_sync(query.find(list(store.documents(c).values()), q, sort_list, 0, 1, out,
+                                  collation=collation))
+    return out[0] if out else None
+
+
+@command("findAndModify", "findandmodify")
+async def find_and_modify(server, conn, cmd, db):
+    cmd = engine.bind_let(cmd)
+    store = get_store(server)
+    name = next(iter(cmd))
+    coll = coll_arg(cmd, name)
+    write_parsing.parse_find_and_modify(cmd)  # the whole request, in mongod's order
+    remove = write_parsing.true_value(cmd.get("remove"))
+    u = cmd.get("update")
+    new = write_parsing.true_value(cmd.get("new"))
+    upsert = write_parsing.true_value(cmd.get("upsert"))
+    wc = write_concern.parse(cmd)
+    if remove and u is not None:
+        raise MongoError(9, "Cannot specify both an update and remove=true")
+    if not remove and u is None:
+        raise MongoError(9, "Either an update or remove=true must be specified")
+    if remove and (upsert or new):
+        raise MongoError(9, "Cannot specify both upsert=true and remove=true" if upsert
+                         else "Cannot specify both new=true and remove=true; 'remove' always "
+                         "returns the deleted document")
+    progress = _Progress()
+
+    def run() -> dict[str, Any]:
+        retry = progress.retry_state(store, cmd)
+        done = retry.result(0, "findAndModify")
+        if isinstance(done, LoggedWrite):
+            return _replayed_find_and_modify(store, db, coll, retry, done, cmd)
+        if isinstance(done, Mapping):
+            return done
+        if done is not NOT_DONE:  # the statement was another command's (insert, update...)
+            raise MongoError(
+                40606, f"findAndModify retry request: {cmd} is not compatible with previous "
+                "write in the transaction",
+            )
+        try:
+            reply = _find_and_modify_once(store, db, coll, cmd, retry)
+        finally:
+            retry.finish()
+        retry.record(0, reply)
+        return reply
+
+    reply = await _run_writes(store, cmd, run)
+    return write_concern.add_to_reply(reply, wc)
+
+
+def _find_and_modify_once(
+    store: Store, db: str, coll: str, cmd: Mapping[str, Any], retry: Retry
+) -> dict[str, Any]:
+    q = engine.normalize(_doc_arg(cmd, "query", "findAndModify") or {})
+    sort = _doc_arg(cmd, "sort", "findAndModify")
+    remove = write_parsing.true_value(cmd.get("remove"))  # safeBool: numbers count too
+    u = cmd.get("update")
+    new = write_parsing.true_value(cmd.get("new"))
+    upsert = write_parsing.true_value(cmd.get("upsert"))
+    fields = cmd.get("fields")
+    validate = not write_parsing.true_value(cmd.get("bypassDocumentValidation"))
+    if store.get(db, coll) is None:
+        store.check_not_view(db, coll)
+    pre = _sorted_find(store, db, coll, q, sort, cmd.get("collation"))
+    c = store.get(db, coll)
+    if remove:
+        if pre is None:
+            reply = {"lastErrorObject": {"n": 0}, "value": None}
+        else:
+            assert c is not None
+            store.delete_document(c, pre, retry.session, 0, retry_image="preImage")
+            reply = {"lastErrorObject": {"n": 1},
+                     "value": project(store, db, coll, pre, fields)}
+    else:
+        kind = _update_kind(u)
+        array_filters = array_arg(cmd, "arrayFilters", "findAndModify", of="object")
+        if pre is not None:
+            assert c is not None
+            with executor_errors("findAndModify"):
+                post = compute_update(store, db, coll, pre, q, u, kind, array_filters)
+                store.update_document(c, pre, post, kind=kind, update=u,
+                                      session=retry.session, stmt_id=0,
+                                      array_filters=array_filters, validate=validate,
+                                      retry_image="postImage" if new else "preImage")
+            value = post if new else pre
+            reply = {"lastErrorObject": {"n": 1, "updatedExisting": True},
+                     "value": project(store, db, coll, value, fields)}
+        elif upsert:
+            if c is None:  # as insert refuses the name of the collection it would create (73)
+                validate_collection_name(db, coll)
+            with executor_errors("findAndModify"):
+                doc = upsert_document(store, db, coll, q, u, kind, array_filters)
+                c = store.ensure_collection(db, coll)
+                store.insert_document(c, doc, retry.session, 0, validate=validate)
+            reply = {
+                "lastErrorObject": {"n": 1, "updatedExisting": False, "upserted": doc["_id"]},
+                "value": project(store, db, coll, doc, fields) if new else None,
+            }
+        else:
+            reply = {"lastErrorObject": {"n": 0, "updatedExisting": False}, "value": None}
+    return reply
+
+
+def _replayed_find_and_modify(
+    store: Store, db: str, coll: str, retry: Retry, done: LoggedWrite, cmd: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A retried findAndModify known from its oplog entry only (the server restarted since):
+    its reply rebuilt as mongod rebuilds it, from the entry (an upsert) or from the image its
+    `needsRetryImage` points at in config.image_collection."""
+    session = retry.session
+    assert session is not None
+    fields = cmd.get("fields")
+    if done.op == "i":  # an upsert: the inserted document is the entry's `o`
+        value = None
+        if write_parsing.true_value(cmd.get("new")):
+            entry = store.entry_at(done.ts) if done.ts is not None else None
+            value = project(store, db, coll, entry["o"], fields) if entry else None
+        return {"lastErrorObject": {"n": 1, "updatedExisting": False, "upserted": done.doc_id},
+                "value": value}
+    image = store.retry_image(session.lsid, session.txn_number, done.ts)
+    if image is None or done.needs_retry_image is None:
+        raise MongoError(
+            217, f"Retrying a findAndModify operation with session id {lsid_str(session.lsid)} "
+            f"and txn number {session.txn_number} after it has been executed but the "
+            f"{'post' if done.needs_retry_image == 'postImage' else 'pre'}-image is no "
+            "longer available",
+        )
+    last_error: dict[str, Any] = {"n": 1}
+    if done.op == "u":
+        last_error["updatedExisting"] = True
+    return {"lastErrorObject": last_error, "value": project(store, db, coll, image, fields)}
+
+# ---------------------------------------------------------------------------------------------
+# $out
+
+
+def _write_out(store: Store, db: str, stage: Mapping[str, Any], results: list[Any]) -> None:
+    """`$out` as mongod runs it: a temporary collection renamed over the target."""
+    import uuid
+
+    name, arg = next(iter(stage.items()))
+    if name == "$merge":
+        raise MongoError(2, "$merge is not supported by cdcserver's embedded store yet")
+    if isinstance(arg, Mapping):
+        out_db, out_coll = arg.get("db", db), arg.get("coll")
+    else:
+        out_db, out_coll = db, arg
+    if not is_string(out_coll) or not out_coll or not is_string(out_db):
+        raise MongoError(16990, "$out only supports a string or object argument")
+    tmp = store.create_collection(out_db, f"tmp.agg_out.{uuid.uuid4()}", {})
+    target = store.get(out_db, out_coll)
+    if target is not None:
+        store.create_indexes(tmp, [dict(s) for s in target.indexes[1:]])
+    for doc in results:
+        store.insert_document(tmp, prepare_insert(doc))
+    store.rename_collection(tmp, out_db, out_coll, drop_target=True, stay_temp=False)
