@@ -25,6 +25,9 @@ from pipeline_stages.value_string import bson_obj_string
 
 if TYPE_CHECKING:
     from cdcserver.embedded.sessions import Txn
+    from cdcserver.embedded.state import StoreState
+else:
+    StoreState = object  # a base for the type checker only (state.py)
 
 ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
 SYSTEM_VIEWS = "system.views"
@@ -144,7 +147,7 @@ def validate_collection_name(db: str, coll: str) -> None:
         raise MongoError(73, f"Invalid collection name: {coll}")
 
 
-class CatalogMixin:
+class CatalogMixin(StoreState):
     """Collections, views and DDL (mongod's CollectionCatalog)."""
 
     def _records(self, c: Collection) -> OrderedDict[bytes, dict[str, Any]]:
@@ -194,16 +197,17 @@ class CatalogMixin:
         # The _id index as mongod builds it: the requested version, its own name and key, and
         # the collection's default collation; a clustered collection has none (its clustered
         # index, an option, takes its place).
-        id_spec: dict[str, Any] | None = {
+        spec: dict[str, Any] = {
             "v": (id_index or {}).get("v", 2), "key": {"_id": 1}, "name": "_id_"
         }
         collation = options.get("collation")
         if isinstance(collation, Mapping) and collation.get("locale") != "simple":
-            id_spec["collation"] = collation
+            spec["collation"] = collation
+        id_spec: dict[str, Any] | None = spec
         if "clusteredIndex" in options:
             id_spec = None
         else:
-            c.indexes[0] = id_spec
+            c.indexes[0] = spec
         txn = self._txn()
         if txn is not None:
             c.created_by = txn

@@ -720,7 +720,7 @@ def bind_expression(expr: Any, variables: Mapping[str, Any]) -> Any:
             if op == "$let":
                 names = arg.get("vars")
                 inner = set(names) if isinstance(names, Mapping) else set()
-                scoped = ("in",)
+                scoped: tuple[str, ...] = ("in",)
             elif op == "$reduce":
                 inner, scoped = {"this", "value"}, ("in",)
             else:

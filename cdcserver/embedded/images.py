@@ -28,7 +28,10 @@ from pipeline_stages.image_source import (
 
 if TYPE_CHECKING:
     from cdcserver.embedded.catalog import Collection
+    from cdcserver.embedded.state import StoreState
     from cdcserver.embedded.store import Store
+else:
+    StoreState = object  # a base for the type checker only (state.py)
 
 
 class StoreImages(MemoryImageSource):
@@ -57,7 +60,7 @@ class StoreImages(MemoryImageSource):
         return out
 
 
-class ImagesMixin:
+class ImagesMixin(StoreState):
     """Pre-images and retryable findAndModify images."""
 
     def _save_pre_image(
@@ -67,7 +70,9 @@ class ImagesMixin:
         if self.txn is not None:  # ts is the op's index until the applyOps entry is written
             self.txn.pre_images.append((c, ts.inc, pre))
             return
-        doc = {"_id": pre_image_id(c.ui, ts, index), "operationTime": wall, "preImage": pre}
+        doc: dict[str, Any] = {
+            "_id": pre_image_id(c.ui, ts, index), "operationTime": wall, "preImage": pre
+        }
         key = _pre_image_key(doc["_id"])
         self.images._pre_images[key] = pre
         self._pre_image_ts[key] = ts
@@ -80,7 +85,7 @@ class ImagesMixin:
         operationTime, preImage}`, in `_id` order): all, or those with the given keys."""
         if keys is None:
             keys = list(self._pre_image_meta)
-        out = []
+        out: list[dict[str, Any]] = []
         for key in keys:
             meta = self._pre_image_meta.get(key)
             image = self.images._pre_images.get(key)

@@ -25,6 +25,9 @@ from pipeline_stages.errors import MongoError
 if TYPE_CHECKING:
     from cdcserver.embedded.catalog import Collection
     from cdcserver.embedded.sessions import Txn
+    from cdcserver.embedded.state import StoreState
+else:
+    StoreState = object  # a base for the type checker only (state.py)
 
 
 class DuplicateKeyError(MongoError):
@@ -102,7 +105,7 @@ def _has_path(doc: Any, path: str) -> bool:
     return True
 
 
-class IndexMixin:
+class IndexMixin(StoreState):
     """Index builds and drops, and the unique checks of every write."""
 
     def _rebuild_unique(self, c: Collection) -> None:

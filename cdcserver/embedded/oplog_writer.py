@@ -15,7 +15,7 @@ import contextlib
 import datetime
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import bson
 from bson.binary import Binary
@@ -25,14 +25,19 @@ from bson.timestamp import Timestamp
 from cdcserver.embedded.sessions import OpSession, session_key
 from pipeline_stages.oplog_entry import decode_entry
 
+if TYPE_CHECKING:
+    from cdcserver.embedded.state import StoreState
+else:
+    StoreState = object  # a base for the type checker only (state.py)
+
 try:  # mongod's $v:2 diff, written by update_diff.py
     from cdcserver.embedded.update_diff import (  # type: ignore[attr-defined]
         modifier_update_diff,
         pipeline_update_diff,
     )
 except ImportError:  # pragma: no cover - until update_diff.py lands
-    modifier_update_diff = None
-    pipeline_update_diff = None
+    modifier_update_diff = None  # type: ignore[assignment]
+    pipeline_update_diff = None  # type: ignore[assignment]
 
 TXN_OPLOG_ENTRY_OPS = 2**31 - 1  # maxNumberOfTransactionOperationsInSingleOplogEntry
 _BSON_ARRAY_ELEMENT_OVERHEAD = 8  # TransactionOperations::ApplyOpsInfo
@@ -46,7 +51,7 @@ def _now_ms() -> datetime.datetime:
     return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 
-class OplogWriterMixin:
+class OplogWriterMixin(StoreState):
     """Oplog entries, the batches that publish them, and the capped oplog."""
 
     # Called before a retryable write's statement is logged (a test fail point,
@@ -195,7 +200,7 @@ class OplogWriterMixin:
         with self.batch():
             self.log("n", "", {"msg": msg})
 
-    def entry_at(self, ts: Timestamp) -> dict[str, Any] | None:
+    def entry_at(self, ts: Timestamp) -> Mapping[str, Any] | None:
         """The oplog entry with this `ts`, decoded, if still in the oplog."""
         i = bisect.bisect_left(self._ts, ts)
         if i < len(self._ts) and self._ts[i] == ts:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Callable, Iterator
-from typing import IO
+from typing import IO, Any
 
 try:
     import fcntl
@@ -45,7 +45,7 @@ CREATE TABLE IF NOT EXISTS transactions (lsid BLOB PRIMARY KEY, doc BLOB NOT NUL
 
 SYNCHRONOUS = ("off", "normal", "full", "extra")
 # How stored rows (documents, catalog, sessions) are decoded: naive datetimes, as written.
-_DECODE = CodecOptions(tz_aware=False)
+_DECODE: CodecOptions[dict[str, Any]] = CodecOptions(tz_aware=False)
 
 
 def ts_int(ts: Timestamp) -> int:

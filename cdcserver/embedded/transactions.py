@@ -36,9 +36,12 @@ from pipeline_stages.oplog_entry import decode_entry
 
 if TYPE_CHECKING:
     from cdcserver.embedded.catalog import Collection
+    from cdcserver.embedded.state import StoreState
+else:
+    StoreState = object  # a base for the type checker only (state.py)
 
 
-class TransactionMixin:
+class TransactionMixin(StoreState):
     """Sessions, transactions, snapshots and write conflicts."""
 
     # -- sessions ---------------------------------------------------------------------------------
@@ -57,7 +60,8 @@ class TransactionMixin:
         write executed, from its oplog chain: what makes a retried commit answer ok and a
         retried statement not run again after a restart."""
         assert self.persist is not None
-        entries: dict[Timestamp, dict[str, Any]] = {}
+        entries: dict[Timestamp, Mapping[str, Any]] = {}
+        entry: Mapping[str, Any] | None
         for raw in self._raw:
             if raw[5:10] == b"lsid\x00":  # `lsid` is the first field when present
                 entry = decode_entry(raw)
@@ -86,7 +90,7 @@ class TransactionMixin:
             if session_key(entry["lsid"]) not in recorded:
                 self._load_from_entry(entry)
 
-    def _load_from_entry(self, entry: dict[str, Any]) -> None:
+    def _load_from_entry(self, entry: Mapping[str, Any]) -> None:
         session = self.session(dict(entry["lsid"]))
         number, op = int(entry["txnNumber"]), entry.get("op")
         if number < session.txn_number:
@@ -102,7 +106,7 @@ class TransactionMixin:
         session.last_write = entry["ts"]
 
     @staticmethod
-    def _record_statements(session: Session, entry: dict[str, Any]) -> None:
+    def _record_statements(session: Session, entry: Mapping[str, Any]) -> None:
         op, stmt = entry.get("op"), entry.get("stmtId")
         if stmt is None or op not in ("i", "u", "d"):
             return

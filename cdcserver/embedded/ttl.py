@@ -15,6 +15,9 @@ from cdcserver.embedded.sessions import Txn
 
 if TYPE_CHECKING:
     from cdcserver.embedded.catalog import Collection
+    from cdcserver.embedded.state import StoreState
+else:
+    StoreState = object  # a base for the type checker only (state.py)
 
 BATCHED_DELETES_TARGET_DOCS = 100  # mongod's batchedDeletesTargetBatchDocs
 
@@ -28,7 +31,7 @@ def _ttl_date(doc: Mapping[str, Any], path: str) -> datetime.datetime | None:
     return min(d.replace(tzinfo=None) for d in dates)
 
 
-class TTLMixin:
+class TTLMixin(StoreState):
     """mongod's TTL monitor."""
 
     async def ttl_monitor(self) -> None:

@@ -66,7 +66,9 @@ _EMPTY_ARRAY_DIFF_SIZE = 9  # kSizeOfEmptyArrayDiffBuilder: {} + "a" + NUL + typ
 _SECTION_WRAP_SIZE = 8  # type + one-char name + NUL + empty object
 _RESIZE_ENTRY_SIZE = 7  # "l" + int32 + type + NUL
 
-_CODEC = CodecOptions(uuid_representation=UuidRepresentation.STANDARD)
+_CODEC: CodecOptions[dict[str, Any]] = CodecOptions(
+    uuid_representation=UuidRepresentation.STANDARD
+)
 
 _T_DOUBLE, _T_STRING, _T_OBJECT, _T_ARRAY = 0x01, 0x02, 0x03, 0x04
 _T_BOOL, _T_NULL, _T_INT32, _T_INT64, _T_DECIMAL = 0x08, 0x0A, 0x10, 0x12, 0x13

@@ -21,9 +21,12 @@ from pipeline_stages.errors import MongoError
 if TYPE_CHECKING:
     from cdcserver.embedded.catalog import Collection
     from cdcserver.embedded.sessions import OpSession
+    from cdcserver.embedded.state import StoreState
+else:
+    StoreState = object  # a base for the type checker only (state.py)
 
 
-class WritesMixin:
+class WritesMixin(StoreState):
     """Inserts, updates and deletes of one document."""
 
     def insert_document(
