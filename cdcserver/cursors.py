@@ -32,7 +32,7 @@ from typing import Any
 
 from bson.int64 import Int64
 
-from cdcserver.hub import READ_CHUNK, Hub, StreamGroup, step_answering
+from cdcserver.hub import READ_CHUNK, Hub, StreamGroup, step_answering, wants_more
 from cdcserver.sources.base import CappedPositionLost
 from pipeline_stages.check_resumability import HISTORY_LOST_MESSAGE
 from pipeline_stages.errors import MongoError
@@ -82,11 +82,11 @@ class ChangeStreamCursor:
         """Whether the group's pushes look images up elsewhere (a live upstream)."""
         return looks_up_images(self.group.producer)
 
-    async def pull(self, want: int) -> None:
-        """`StreamGroup.pull`; a chunk that needs lookups has them fetched (awaited) and is
-        pushed again with the answers, then the pull goes on."""
+    async def pull(self, want: int | None) -> None:
+        """`StreamGroup.pull` (`want` None: a reply's 16 MiB); a chunk that needs lookups has
+        them fetched (awaited) and is pushed again with the answers, then the pull goes on."""
         while (
-            self.pipeline.pending_count < want
+            wants_more(self.pipeline, want)
             and not self.group.producer.invalidated
             and self.pipeline.error is None
         ):
@@ -123,7 +123,12 @@ class ChangeStreamCursor:
             pipeline = self.pipeline  # detached meanwhile: its own pipeline
 
     async def get_more(self, batch_size: int | None, max_time_ms: int | None) -> Batch:
-        size = DEFAULT_BATCH_SIZE if batch_size is None or batch_size <= 0 else batch_size
+        # Without batchSize, mongod's getMore returns what there is up to the 16 MiB reply
+        # budget (getmore_cmd.cpp); only the initial aggregate defaults to 101.
+        size = (
+            None if batch_size is None
+            else DEFAULT_BATCH_SIZE if batch_size <= 0 else batch_size
+        )
         wait_s = (DEFAULT_AWAIT_MS if max_time_ms is None else max_time_ms) / 1000
         deadline = time.monotonic() + wait_s
         self.awaited_s = 0.0

@@ -46,6 +46,14 @@ READ_CHUNK = 1000
 READER_IDLE_S = 1.0
 
 
+def wants_more(pipeline: ChangeStreamPipeline, want: int | None) -> bool:
+    """Whether a batch of `want` events (None: as many as fill a reply, a getMore without
+    batchSize) needs more than `pipeline` has queued."""
+    if want is None:
+        return not pipeline.pending_fills()
+    return pipeline.pending_count < want
+
+
 def next_ts(ts: Timestamp) -> Timestamp:
     return Timestamp(ts.time, ts.inc + 1) if ts.inc < 0xFFFFFFFF else Timestamp(ts.time + 1, 0)
 
@@ -140,12 +148,13 @@ class StreamGroup:
             raise CappedPositionLost(self.last_seen)
         return self.log.read_from(self.next_ts, chunk)
 
-    def pull(self, want: int, member: ChangeStreamCursor) -> NeedsLookup | None:
-        """Read the oplog until `member` has `want` events queued or the oplog is exhausted;
-        every member gets what the producer made. Stops at a chunk that needs lookups and
-        returns what they are (nothing of that chunk ran: `step_answering` pushes it)."""
+    def pull(self, want: int | None, member: ChangeStreamCursor) -> NeedsLookup | None:
+        """Read the oplog until `member` has `want` events queued (None: a reply's 16 MiB of
+        them) or the oplog is exhausted; every member gets what the producer made. Stops at a
+        chunk that needs lookups and returns what they are (nothing of that chunk ran:
+        `step_answering` pushes it)."""
         while (
-            member.pipeline.pending_count < want
+            wants_more(member.pipeline, want)
             and not self.producer.invalidated
             and member.pipeline.error is None
         ):

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, cast
 
 from bson.raw_bson import RawBSONDocument
@@ -169,6 +170,9 @@ class ChangeStreamPipeline:
             self._pbrt_ts = start
         # (encoded event, its resume token, its clusterTime)
         self._pending: deque[tuple[RawBSONDocument, dict[str, Any], Timestamp]] = deque()
+        # `pending_fills`: how many leading queued events it has summed, and their bytes (the
+        # queue only grows at its end until a batch is taken, so each event is summed once).
+        self._sized = (0, 0)
         self._scanned_ts: Timestamp | None = None
         self.invalidated = False
         # The invalidate event's token: the post-batch token once the stream has ended, even
@@ -192,6 +196,26 @@ class ChangeStreamPipeline:
         """Events produced and not yet returned."""
         return len(self._pending)
 
+    def pending_fills(self, budget: int = MAX_BATCH_BYTES) -> bool:
+        """Whether the queued events fill a reply of `budget` bytes (one of them would not fit,
+        or one is too large to return): a getMore without batchSize reads no further, so a
+        large backlog is not read into memory at once."""
+        counted, size = self._sized
+        pending = self._pending
+        if counted > len(pending):  # a batch was taken meanwhile
+            counted, size = 0, 0
+        for event, _token, _ts in islice(pending, counted, None):
+            if isinstance(event, TooLargeEvent):
+                return True
+            n = len(event.raw)
+            if size + n > budget:
+                self._sized = (counted, size)
+                return True
+            size += n
+            counted += 1
+        self._sized = (counted, size)
+        return False
+
     @property
     def post_batch_resume_token(self) -> dict[str, Any]:
         """The token the last batch reported (the start token before any batch)."""
@@ -202,6 +226,7 @@ class ChangeStreamPipeline:
         identical cursors hands them on with `share`."""
         items = list(self._pending)
         self._pending.clear()
+        self._sized = (0, 0)
         return items
 
     def share(
@@ -384,6 +409,7 @@ class ChangeStreamPipeline:
         if self.error is not None:
             raise self.error  # what the stream's own push would have raised
         pending = self._pending
+        self._sized = (0, 0)  # the queue's head moves
         out: list[RawBSONDocument] = []
         size = 0
         limit = len(pending) if batch_size is None else min(batch_size, len(pending))
