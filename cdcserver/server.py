@@ -169,16 +169,21 @@ class Server:
         frames = wire.FrameReader(max_message_size=self.state.max_message_bytes)
         state = self.state
         idle = self.idle_timeout_s
+        watch = _IdleWatch(idle) if idle > 0 else None
+        read = reader.read
+        write = writer.write
+        transport = writer.transport
         while True:
-            if idle > 0:
+            if watch is not None:
                 try:
-                    async with asyncio.timeout(idle):
-                        data = await reader.read(256 * 1024)
-                except TimeoutError:
+                    data = await watch.read(read)
+                except asyncio.CancelledError:
+                    if not watch.expired:
+                        raise
                     log.info("connection %d closed: idle for %ss", conn.id, idle)
                     return
             else:
-                data = await reader.read(256 * 1024)
+                data = await read(256 * 1024)
             if not data:
                 return
             for frame in frames.feed(data):
@@ -199,7 +204,7 @@ class Server:
                         # moreToCome means no reply); the connection goes on.
                         continue
                     # mongod answers this request with the error and keeps the connection.
-                    writer.write(_parse_error_reply(frame, exc))
+                    write(_parse_error_reply(frame, exc))
                     await writer.drain()
                     continue
                 cmd = _command_of(request)
@@ -223,7 +228,7 @@ class Server:
                     if getattr(request, "more_to_come", False):
                         continue  # the client asked for no reply
                     # Like mongod, a compressed request gets a reply in its own compressor.
-                    writer.write(
+                    write(
                         wire.encode_reply(
                             request,
                             reply,
@@ -231,11 +236,52 @@ class Server:
                             compressor=request.compressor_id,
                         )
                     )
-                    await writer.drain()
+                    # A small reply is usually sent whole by write(): waiting on the flow
+                    # control (a coroutine per reply) only when some of it is still queued.
+                    if transport.get_write_buffer_size() or transport.is_closing():
+                        await writer.drain()
                 finally:
                     conn.command = None
             if frames.error is not None:
                 raise frames.error  # after answering what came before it
+
+
+class _IdleWatch:
+    """[server] idle_connection_timeout_s for one connection: one loop timer that is moved on
+    lazily (not a timeout set and cancelled around every read). Only the wait for the next
+    request counts: a command that runs long (an awaitData getMore) is not idleness."""
+
+    __slots__ = ("expired", "idle_s", "loop", "reading_since", "task", "timer")
+
+    def __init__(self, idle_s: float) -> None:
+        self.idle_s = idle_s
+        self.loop = asyncio.get_running_loop()
+        self.task = asyncio.current_task()
+        self.reading_since: float | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.expired = False
+
+    async def read(self, read: Any) -> bytes:
+        self.reading_since = now = self.loop.time()
+        if self.timer is None:
+            self.timer = self.loop.call_at(now + self.idle_s, self._check)
+        try:
+            return await read(256 * 1024)
+        finally:
+            self.reading_since = None
+
+    def _check(self) -> None:
+        self.timer = None
+        since = self.reading_since
+        if since is None:
+            return  # a command is running: armed again when the next read starts
+        due = since + self.idle_s
+        if self.loop.time() >= due:
+            self.expired = True
+            if self.task is not None:
+                self.task.cancel()
+        else:
+            self.timer = self.loop.call_at(due, self._check)
 
 
 def _parse_error_reply(frame: wire.Frame, exc: wire.ProtocolError) -> bytes:
