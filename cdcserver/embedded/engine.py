@@ -160,6 +160,7 @@ _compiled: tuple[Any, Any] = (None, None)
 
 def _compiled_filter(filter_doc: Mapping[str, Any]) -> dict[str, Any]:
     global _compiled
+    compiled: dict[str, Any]
     known, compiled = _compiled
     if known is not filter_doc:
         validate_filter(filter_doc)
@@ -464,7 +465,7 @@ def apply_modifiers(
 ) -> dict[str, Any]:
     """`doc` after the modifier update (a new document; `doc` is left as it was)."""
     filters = _parse_array_filters(array_filters)
-    steps: list[tuple[tuple, str, str, Any]] = []
+    steps: list[tuple[tuple[Any, ...], str, str, Any]] = []
     for op, fields in update.items():
         for path, value in fields.items():
             if op == "$setOnInsert" and not is_insert:

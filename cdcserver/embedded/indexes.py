@@ -33,7 +33,9 @@ else:
 class DuplicateKeyError(MongoError):
     """11000, with the `keyPattern` / `keyValue` fields mongod adds to the error."""
 
-    def __init__(self, ns: str, index: str, pattern: dict, key_value: dict) -> None:
+    def __init__(
+        self, ns: str, index: str, pattern: dict[str, Any], key_value: dict[str, Any]
+    ) -> None:
         super().__init__(
             11000,
             f"E11000 duplicate key error collection: {ns} index: {index} dup key: "
@@ -75,7 +77,9 @@ def _path_values(value: Any, parts: Sequence[str]) -> list[Any]:
     return [None]
 
 
-def index_entries(spec: Mapping[str, Any], doc: Mapping[str, Any]) -> list[tuple[bytes, dict]]:
+def index_entries(
+    spec: Mapping[str, Any], doc: Mapping[str, Any]
+) -> list[tuple[bytes, dict[str, Any]]]:
     """(key bytes, {field: value}) of each index key `doc` produces in the index `spec`."""
     fields = list(spec["key"])
     if spec.get("sparse") and all(
@@ -236,7 +240,9 @@ class IndexMixin(StoreState):
         ]
 
     @staticmethod
-    def _apply_edits(edits: list, key: bytes) -> None:
+    def _apply_edits(
+        edits: list[tuple[dict[bytes, bytes], list[bytes], list[bytes]]], key: bytes
+    ) -> None:
         for table, old_keys, new_keys in edits:
             for k in old_keys:
                 if table.get(k) == key:

@@ -59,7 +59,9 @@ def validate(schema: Mapping[str, Any], doc: Mapping[str, Any]) -> list[dict[str
     return _object_rules(schema, doc, top=True)
 
 
-def _object_rules(schema: Mapping[str, Any], value: Any, top: bool = False) -> list[dict]:
+def _object_rules(
+    schema: Mapping[str, Any], value: Any, top: bool = False
+) -> list[dict[str, Any]]:
     failures: list[dict[str, Any]] = []
     for keyword, arg in schema.items():
         failure = _rule(keyword, arg, schema, value)
@@ -72,7 +74,9 @@ def _considered(value: Any) -> dict[str, Any]:
     return {"consideredValue": value}
 
 
-def _rule(keyword: str, arg: Any, schema: Mapping[str, Any], value: Any) -> dict | None:
+def _rule(
+    keyword: str, arg: Any, schema: Mapping[str, Any], value: Any
+) -> dict[str, Any] | None:
     is_obj = isinstance(value, Mapping)
     is_arr = isinstance(value, list)
     is_str = isinstance(value, str)

@@ -31,7 +31,7 @@ else:
     StoreState = object  # a base for the type checker only (state.py)
 
 try:  # mongod's $v:2 diff, written by update_diff.py
-    from cdcserver.embedded.update_diff import (  # type: ignore[attr-defined]
+    from cdcserver.embedded.update_diff import (
         modifier_update_diff,
         pipeline_update_diff,
     )

@@ -64,40 +64,42 @@ class StoreState(EntryList):
     retry_images: dict[bytes, dict[str, Any]]
     persist: Persistence | None
 
-    # IndexMixin
+    # indexes.py
     def _add_index(self, c: Collection, spec: dict[str, Any], empty: bool) -> None:
         raise NotImplementedError
 
-    # IndexMixin
+    # indexes.py
     @staticmethod
-    def _apply_edits(edits: list, key: bytes) -> None:
+    def _apply_edits(
+        edits: list[tuple[dict[bytes, bytes], list[bytes], list[bytes]]], key: bytes
+    ) -> None:
         raise NotImplementedError
 
-    # IndexMixin
+    # indexes.py
     def _build_unique(self, c: Collection, spec: dict[str, Any]) -> None:
         raise NotImplementedError
 
-    # IndexMixin
+    # indexes.py
     def _check_unique(
         self, c: Collection, key: bytes, old: Mapping[str, Any] | None, new: Mapping[str, Any]
     ) -> list[tuple[dict[bytes, bytes], list[bytes], list[bytes]]]:
         raise NotImplementedError
 
-    # TransactionMixin
+    # transactions.py
     def _check_write_conflict(self, c: Collection, key: bytes) -> None:
         raise NotImplementedError
 
-    # IndexMixin
+    # indexes.py
     def _index_edits(
         self, c: Collection, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
     ) -> list[tuple[dict[bytes, bytes], list[bytes], list[bytes]]]:
         raise NotImplementedError
 
-    # CatalogMixin
+    # catalog.py
     def _records(self, c: Collection) -> OrderedDict[bytes, dict[str, Any]]:
         raise NotImplementedError
 
-    # TransactionMixin
+    # transactions.py
     def _remember(
         self,
         c: Collection,
@@ -108,19 +110,19 @@ class StoreState(EntryList):
     ) -> None:
         raise NotImplementedError
 
-    # TransactionMixin
+    # transactions.py
     def _restore_views(self) -> None:
         raise NotImplementedError
 
-    # ImagesMixin
+    # images.py
     def _retry_image_kind(self, session: OpSession | None, kind: str | None) -> str | None:
         raise NotImplementedError
 
-    # CatalogMixin
+    # catalog.py
     def _save_meta(self, c: Collection) -> None:
         raise NotImplementedError
 
-    # ImagesMixin
+    # images.py
     def _save_pre_image(
         self,
         c: Collection,
@@ -131,25 +133,25 @@ class StoreState(EntryList):
     ) -> None:
         raise NotImplementedError
 
-    # ImagesMixin
+    # images.py
     def _save_retry_image(
         self, session: OpSession, ts: Timestamp, kind: str, image: dict[str, Any]
     ) -> None:
         raise NotImplementedError
 
-    # TransactionMixin
+    # transactions.py
     def _swap_view(self, c: Collection, txn: Txn) -> None:
         raise NotImplementedError
 
-    # TransactionMixin
+    # transactions.py
     def _txn(self) -> Txn | None:
         raise NotImplementedError
 
-    # TransactionMixin
+    # transactions.py
     def _txn_put(self, txn: Txn, c: Collection, key: bytes, doc: dict[str, Any] | None) -> None:
         raise NotImplementedError
 
-    # OplogWriterMixin
+    # oplog_writer.py
     @staticmethod
     def _update_o(
         pre: dict[str, Any],
@@ -160,16 +162,16 @@ class StoreState(EntryList):
     ) -> dict[str, Any]:
         raise NotImplementedError
 
-    # TransactionMixin
+    # transactions.py
     def _write_conflict(self, txn: Txn) -> NoReturn:
         raise NotImplementedError
 
-    # OplogWriterMixin
+    # oplog_writer.py
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
         raise NotImplementedError
 
-    # WritesMixin
+    # writes.py
     def delete_document(
         self,
         c: Collection,
@@ -180,11 +182,11 @@ class StoreState(EntryList):
     ) -> None:
         raise NotImplementedError
 
-    # CatalogMixin
+    # catalog.py
     def documents(self, c: Collection) -> dict[bytes, dict[str, Any]]:
         raise NotImplementedError
 
-    # WritesMixin
+    # writes.py
     def insert_document(
         self,
         c: Collection,
@@ -195,7 +197,7 @@ class StoreState(EntryList):
     ) -> None:
         raise NotImplementedError
 
-    # OplogWriterMixin
+    # oplog_writer.py
     def log(
         self,
         op: str,
@@ -211,7 +213,7 @@ class StoreState(EntryList):
     ) -> tuple[Timestamp, datetime.datetime]:
         raise NotImplementedError
 
-    # WritesMixin
+    # writes.py
     def update_document(
         self,
         c: Collection,

@@ -128,7 +128,8 @@ def _as_mapping(value: Any) -> Mapping[str, Any]:
     # A DBRef is a BSON object; the diff walks its fields like any other sub-document.
     if isinstance(value, DBRef):
         return value.as_doc()
-    return value
+    mapping: Mapping[str, Any] = value
+    return mapping
 
 
 def _utf8_key(name: str) -> bytes:

@@ -116,7 +116,8 @@ class WritesMixin(StoreState):
 
     def _put(
         self, c: Collection, key: bytes, pre: dict[str, Any] | None,
-        doc: dict[str, Any] | None, raw: bytes | None, edits: list,
+        doc: dict[str, Any] | None, raw: bytes | None,
+        edits: list[tuple[dict[bytes, bytes], list[bytes], list[bytes]]],
     ) -> None:
         """One checked document write (None: delete): into the running transaction's overlay,
         or into the working set (and SQLite), remembered for older open snapshots."""
