@@ -16,8 +16,11 @@ once, so the ratio sharded / replica set printed last should stay near 1 (goal <
 The sidecars are measured against upstreams in a process of their own (`cdcserver serve
 --in-memory [--shards N]`), as a sidecar runs beside mongod: in one process the upstream's
 work and the sidecar's share one interpreter lock, and the sidecar of a cluster does more
-requests per event (an `appendOplogNote` to each idle shard, a `listShards`) than a sidecar of
-a replica set (its tail's getMore and a `hello`), which inflated the ratio to 2.5-7 there.
+requests per event (an `appendOplogNote` to each idle shard, a `listShards`, its tails'
+getMores of the busy shard and of each idle one's no-op, the busy shard's `hello`) than a
+sidecar of a replica set (its tail's getMore and a `hello`), which inflated the ratio to 2.5-7
+there. The requests the sidecar of the cluster sent per event are printed (a command monitor
+on its clients).
 
 Measured here: see the README (Sharded clusters); the load of the machine is printed first.
 
@@ -38,6 +41,7 @@ import time
 from collections.abc import Iterator
 
 import pymongo
+from pymongo import monitoring
 
 from cdcserver.sharding.testing import ShardedServer, ShardedSidecar
 from cdcserver.sources.mongo import UpstreamOplog, UpstreamOptions
@@ -107,6 +111,22 @@ def _writes(shard_host: str) -> int:
         return client.local["oplog.rs"].count_documents({"ns": "bench.c", "op": "i"})
 
 
+class _Requests(monitoring.CommandListener):
+    """Counts the commands the sidecar's clients send upstream, by name."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        self.counts[event.command_name] = self.counts.get(event.command_name, 0) + 1
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
 def _pct(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
@@ -143,9 +163,13 @@ def main() -> None:
             hosts = [s["host"] for s in client.admin.command("listShards")["shards"]]
         # Writes to the cluster's front, events from the sidecar (which tails every shard and
         # nudges the idle ones).
-        with ShardedSidecar(front_uri, majority_poll_ms=1.0) as side:
+        requests = _Requests()
+        with ShardedSidecar(front_uri, majority_poll_ms=1.0,
+                            client_options={"event_listeners": [requests]}) as side:
+            requests.counts.clear()  # start-up's aside
             through = _sidecar_lags(front_uri, side.uri, args.events)
             nudges = side.upstream.nudges
+            per_event = {k: v / args.events for k, v in sorted(requests.counts.items())}
         writes = [_writes(h) for h in hosts]
         assert writes[0] > 0 and not any(writes[1:]), "the other shards were not idle"
     load_after = os.getloadavg()
@@ -160,6 +184,8 @@ def main() -> None:
           f"p99 {_pct(sharded, 0.99):6.2f} ms")
     print(f"  sidecar of a cluster (another process): p50 {_pct(through, 0.5):6.2f} ms  "
           f"p99 {_pct(through, 0.99):6.2f} ms  ({nudges} appendOplogNote to idle shards)")
+    print("    its upstream requests per event: "
+          + ", ".join(f"{k} {v:.2f}" for k, v in per_event.items()))
     ratio = statistics.median(sharded) / statistics.median(rs)
     print(f"  ratio idle-shard cluster / single replica set (p50): {ratio:.2f} (goal <= 1.2)")
     ratio = statistics.median(through) / statistics.median(rs_through)

@@ -1091,3 +1091,73 @@ def test_with_the_balancer_on_an_added_shard_takes_chunks_without_events(cluster
         client.bal.c.insert_one({"_id": "new", "x": at})  # lands on the new shard
         assert stream.next()["documentKey"] == {"x": at, "_id": "new"}
     assert client.bal.c.count_documents({}) == 61
+
+
+class _Requests(pymongo.monitoring.CommandListener):
+    """The commands a sidecar's own clients send, by name and server port."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, int], int] = {}
+        self.on = False
+
+    def started(self, event) -> None:
+        if self.on:
+            key = (event.command_name, event.connection_id[1])
+            self.counts[key] = self.counts.get(key, 0) + 1
+
+    def succeeded(self, event) -> None:
+        pass
+
+    def failed(self, event) -> None:
+        pass
+
+    def count(self, name: str, port: int) -> int:
+        return self.counts.get((name, port), 0)
+
+
+def test_sidecar_asks_a_bounded_number_of_upstream_requests_per_event(cluster, client,
+                                                                       monkeypatch):
+    """Per event of a busy shard while the others idle, besides the tails' getMores: the busy
+    shard's `hello` (its commit point), one `appendOplogNote` per idle shard (`w: majority`:
+    its reply is that shard's commit point, so no `hello` to it) and at most one `listShards`
+    (one answer covers every event read while it was asked); a burst of events read at once
+    takes one round of them."""
+    from cdcserver.sharding import sidecar as sidecar_module
+    from cdcserver.sharding.testing import ShardedSidecar
+
+    monkeypatch.setattr(sidecar_module, "TOPOLOGY_POLL_S", 3600.0)  # only what events ask
+    busy, idle = cluster.cluster.shards[0], cluster.cluster.shards[1:]
+    mongos_port = int(cluster.uri.rstrip("/").rsplit(":", 1)[1])
+    client.admin.command("enableSharding", "busy", primaryShard=busy.name)
+    requests = _Requests()
+    events = 20
+    with ShardedSidecar(cluster.uri, majority_poll_ms=1.0,
+                        client_options={"event_listeners": [requests]}) as side, \
+            pymongo.MongoClient(side.uri) as reader, \
+            reader.busy.c.watch(max_await_time_ms=5000) as stream:
+        client.busy.c.insert_one({"_id": "warm"})
+        assert stream.next()["documentKey"] == {"_id": "warm"}
+        requests.on = True
+        for i in range(events):
+            client.busy.c.insert_one({"_id": i})
+            assert stream.next()["documentKey"] == {"_id": i}
+        requests.on = False
+        slack = 2  # the warm event's last requests, the last event's trailing ones
+        assert requests.count("hello", busy.port) <= events + slack
+        assert requests.count("listShards", mongos_port) <= events + slack
+        assert requests.count("appendOplogNote", busy.port) == 0
+        for shard in idle:
+            assert 1 <= requests.count("appendOplogNote", shard.port) <= events + slack
+            assert requests.count("hello", shard.port) <= slack
+        others = sum(n for (name, _), n in requests.counts.items() if name != "getMore")
+        assert others <= (2 + len(idle)) * events + 2 * slack
+
+        # A burst written at once: read in a batch or a few, nudged once per batch read.
+        before = {s.name: requests.count("appendOplogNote", s.port) for s in idle}
+        requests.on = True
+        client.busy.c.insert_many([{"_id": f"b{i}"} for i in range(100)])
+        got = [stream.next()["documentKey"]["_id"] for _ in range(100)]
+        requests.on = False
+        assert got == [f"b{i}" for i in range(100)]
+        for shard in idle:
+            assert requests.count("appendOplogNote", shard.port) - before[shard.name] <= 4

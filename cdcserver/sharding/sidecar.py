@@ -14,13 +14,22 @@ busy shard wait for an idle one, the sidecar asks the idle shard for `appendOplo
 (at once, instead of its periodic no-op up to 10 s later) and the events leave as soon as that
 no-op is majority-committed. (A shard's no-op gets a time after the others' only if its
 clock has heard of them: mongos gossips cluster times to every shard; the embedded cluster's
-shards share one clock.)
+shards share one clock.) The nudges of all the shards a merge waits for go at once, while the
+entry that made them wait is still waiting for its own commit point; a shard has one nudge in
+flight, and a later target asked meanwhile follows its reply at once (one per tailing round,
+not one per event). The nudge is `w: majority`: its reply's `operationTime` is the shard's
+commit point past the no-op, so the tail that read the no-op waits for that reply instead of
+asking `hello`. Per event of a busy shard the upstream is asked: the busy shard's `hello`, one
+`appendOplogNote` per idle shard, at most one `listShards` (and the tails' getMores).
 
 Added and removed shards: the sidecar asks the mongos `listShards` every
 `TOPOLOGY_POLL_S` and whenever events wait for the shard list (mongos reads the config server's
 oplog for `kNewShardDetected`; the sidecar knows only the mongos). The list is a participant of
 every merge: no event later than the `operationTime` of the last answer leaves, so a shard added
-at its `topologyTime` joins every stream at that time, before any later event of the others. A
+at its `topologyTime` joins every stream at that time, before any later event of the others.
+(Not the reply's `$clusterTime`: mongos's clock can be ahead of the config server's snapshot
+the list was read at, which `operationTime` is; one request in flight, the next asked for the
+latest entry read, so one answer covers every event read while it was asked.) A
 shard gone from the list is still tailed: streams read it up to the time it was seen gone (an
 `appendOplogNote` makes it write past that), then its part of them ends.
 """
@@ -55,6 +64,9 @@ DOWN_GRACE_S = 5.0
 # last waited for idle shards (no streams waiting: no no-ops written).
 NUDGE_AHEAD_S = 5.0
 TOPOLOGY_POLL_S = 1.0  # how often listShards is asked when nothing else asks it
+# How long a tail whose no-op waits for the commit point waits for the reply of the nudge that
+# wrote it (w: majority: the commit point) before it asks `hello` instead.
+NUDGE_REPLY_WAIT_S = 1.0
 NUDGE_NOTE = {"msg": "cdcserver: merged change streams wait for this shard"}
 
 
@@ -100,6 +112,9 @@ class ShardTail(UpstreamOplog):
         super().__init__(options)
         self._on_change = on_change
         self._on_receive = on_receive
+        # Resolved when this shard's `appendOplogNote` in flight has answered (None: none).
+        self.nudge_reply: asyncio.Future[None] | None = None
+        self.hellos_spared = 0  # commit points learnt from a nudge's reply (status, tests)
 
     def notify(self) -> None:
         super().notify()
@@ -116,6 +131,17 @@ class ShardTail(UpstreamOplog):
                     if isinstance(ts, Timestamp):
                         self._on_receive(ts)
                     break
+
+    async def _before_majority_poll(self) -> None:
+        """A nudge in flight is `w: majority`: its reply is the commit point past its no-op,
+        which the tail often reads first; wait for it rather than ask `hello` too."""
+        reply = self.nudge_reply
+        if reply is not None and not reply.done():
+            await asyncio.wait({reply}, timeout=NUDGE_REPLY_WAIT_S)
+            pending = self._pending
+            majority = self._majority
+            if not pending or (majority is not None and pending[-1][0] <= majority):
+                self.hellos_spared += 1
 
     def note_majority(self, ts: Timestamp) -> None:
         """The shard answered a `w: majority` write at `ts`: its commit point is there at least
@@ -157,6 +183,9 @@ class ShardedUpstream(FrontLog):
         self._topology_down_since: float | None = None  # listShards failing since
         self._tasks: list[asyncio.Task[Any]] = []
         self._nudging: set[str] = set()
+        # A later target asked while a shard's nudge is in flight: sent as soon as it answers.
+        self._nudge_wanted: dict[str, Timestamp] = {}
+        self._topology_wanted: Timestamp | None = None  # likewise for listShards
         self._nudged: dict[str, Timestamp] = {}  # the time each shard was last nudged past
         self._streams_waited = -1e9  # when a merged stream last waited for idle shards
         self.nudges = 0  # appendOplogNote sent (for tests and status)
@@ -189,11 +218,28 @@ class ShardedUpstream(FrontLog):
     def removed_at(self, name: str) -> Timestamp | None:
         return self._removed.get(name)
 
-    def refresh_topology(self) -> None:
-        """Ask the mongos for its shards now (one request at a time)."""
+    def refresh_topology(self, until: Timestamp | None = None) -> None:
+        """Ask the mongos for its shards now, to know the list past `until` (one request at
+        a time: one asked while another is in flight follows its reply at once, unless that
+        reply is for a time past `until`; so one answer covers every event read meanwhile)."""
         if self._topology_task is None or self._topology_task.done():
-            self._topology_task = asyncio.get_running_loop().create_task(
-                self._read_topology())
+            task = asyncio.get_running_loop().create_task(self._read_topology())
+            task.add_done_callback(self._topology_answered)
+            self._topology_task = task
+            return
+        if until is None:  # past every entry delivered (the events a merge can hold back)
+            until = self.latest_ts()
+        if until is not None and (self._topology_wanted is None
+                                  or until > self._topology_wanted):
+            self._topology_wanted = until
+
+    def _topology_answered(self, task: asyncio.Task[Any]) -> None:
+        wanted, self._topology_wanted = self._topology_wanted, None
+        if task.cancelled() or wanted is None or self._topology_down_since is not None:
+            return  # a mongos that does not answer is asked again by the poll
+        known = self.topology_ts
+        if known is None or known < wanted:
+            self.refresh_topology()
 
     async def _topology_loop(self) -> None:
         while True:
@@ -288,7 +334,7 @@ class ShardedUpstream(FrontLog):
             return
         known = self.topology_ts
         if known is None or known < ts:
-            self.refresh_topology()  # the shard list must be known past it too
+            self.refresh_topology(ts)  # the shard list must be known past it too
         for shard in self.shards:
             if shard.name != name:
                 self.nudge(shard.name, ts, waited=False)
@@ -298,8 +344,6 @@ class ShardedUpstream(FrontLog):
         `until`)."""
         if waited:
             self._streams_waited = time.monotonic()
-        if name in self._nudging:
-            return
         target = max((t for t in (s.log.latest_ts() for s in self.shards) if t is not None),
                      default=None)
         if until is not None and (target is None or until > target):
@@ -311,12 +355,29 @@ class ShardedUpstream(FrontLog):
         nudged = self._nudged.get(name)
         if nudged is not None and nudged >= target and (latest is None or latest < nudged):
             return  # its no-op past that is written, on its way through the tail
-        self._nudging.add(name)
-        task = asyncio.get_running_loop().create_task(self._nudge(shard, target))
+        if name in self._nudging:
+            # One nudge at a time per shard; a later entry read meanwhile goes as soon as it
+            # answers (if its no-op is not past it already): one per tailing round, not per
+            # event. (A waiting stream asks again when that reply or no-op wakes it.)
+            if waited:
+                return
+            wanted = self._nudge_wanted.get(name)
+            if wanted is None or target > wanted:
+                self._nudge_wanted[name] = target
+            return
+        self._start_nudge(shard, target)
+
+    def _start_nudge(self, shard: SidecarShard, target: Timestamp) -> None:
+        loop = asyncio.get_running_loop()
+        self._nudging.add(shard.name)
+        shard.log.nudge_reply = loop.create_future()
+        task = loop.create_task(self._nudge(shard, target))
         self._tasks.append(task)
         task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
 
     async def _nudge(self, shard: SidecarShard, target: Timestamp) -> None:
+        written: Timestamp | None = None
+        answered = False
         try:
             client = shard.log.async_client()
             self.nudges += 1
@@ -326,14 +387,23 @@ class ShardedUpstream(FrontLog):
                 {"appendOplogNote": 1, "data": NUDGE_NOTE, "maxClusterTime": target,
                  "writeConcern": {"w": "majority"}}
             )
-            written = reply.get("operationTime")
-            if isinstance(written, Timestamp):
+            answered = True
+            op_time = reply.get("operationTime")
+            if isinstance(op_time, Timestamp):
+                written = op_time
                 self._nudged[shard.name] = written
                 shard.log.note_majority(written)
         except Exception as exc:  # noqa: BLE001 - 209 (it is already past), unreachable...
             log.debug("appendOplogNote on %s: %s", shard.name, exc)
         finally:
             self._nudging.discard(shard.name)
+            reply_future = shard.log.nudge_reply
+            if reply_future is not None and not reply_future.done():
+                reply_future.set_result(None)
+            wanted = self._nudge_wanted.pop(shard.name, None)
+            if (answered and wanted is not None and (written is None or written < wanted)
+                    and shard in self.shards + self.retired):
+                self._start_nudge(shard, wanted)  # a shard that failed waits for the next ask
 
     def check_shards(self, names: Iterable[str] | None = None) -> None:
         """A shard whose tail has been lost for `down_grace_s` fails the merged streams with a

@@ -758,6 +758,10 @@ class UpstreamOplog(EntryList, OplogLog):
         del self._ts[:n]
         self._bytes -= freed
 
+    async def _before_majority_poll(self) -> None:
+        """Before a `hello` for the commit point: a subclass may learn it another way first
+        (the sharded sidecar: the reply of its own `w: majority` no-op)."""
+
     async def _majority_loop(self) -> None:
         """While entries wait for the commit point: ask `hello` where it is."""
         from pymongo import ReadPreference
@@ -767,6 +771,11 @@ class UpstreamOplog(EntryList, OplogLog):
         backoff = self.options.backoff_initial_ms / 1000
         while True:
             await self._majority_wanted.wait()
+            await self._before_majority_poll()
+            pending = self._pending
+            if not pending or (self._majority is not None and pending[-1][0] <= self._majority):
+                self._majority_wanted.clear()  # the commit point was learnt otherwise
+                continue
             try:
                 hello = await self.async_client().admin.command(
                     "hello", read_preference=ReadPreference.PRIMARY_PREFERRED
