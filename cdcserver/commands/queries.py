@@ -439,7 +439,11 @@ async def aggregate(server, conn, cmd, db):
     target = cmd.get("aggregate")
     if cmd.get("explain") is True:
         return await admin.explain_aggregate(server, conn, cmd, db)
-    sourced = admin.aggregate_source(server, conn, cmd, db)  # $currentOp, $collStats
+    written = _collectionless_write(server, conn, cmd, db)
+    if written is not None:
+        return written
+    sourced = _documents_source(server, cmd, db) or admin.aggregate_source(
+        server, conn, cmd, db)  # $documents, $currentOp, $collStats
     if sourced is not None:
         return cursor_first_batch(server, *sourced)
     if oplog_find.is_oplog(db, target):
@@ -503,6 +507,60 @@ async def aggregate(server, conn, cmd, db):
         results = []
     return cursor_first_batch(server, f"{db}.{target}", results, batch_size,
                               max_time_ms=cmd.get("maxTimeMS"))
+
+
+def _documents_source(
+    server: Any, cmd: Mapping[str, Any], db: str
+) -> tuple[str, list[Any], int | None] | None:
+    """`{aggregate: 1}` whose pipeline starts with `$documents`: its namespace, results and
+    batch size, else None."""
+    pipeline = cmd.get("pipeline")
+    if cmd.get("aggregate") != 1 or not isinstance(pipeline, list) or not pipeline or not (
+        isinstance(pipeline[0], Mapping) and next(iter(pipeline[0]), "") == "$documents"
+    ):
+        return None
+    cursor_doc = cmd.get("cursor")
+    if not isinstance(cursor_doc, Mapping):
+        raise MongoError(
+            9, "The 'cursor' option is required, except for aggregate with the explain argument"
+        )
+    batch_size = None
+    if cursor_doc.get("batchSize") is not None:
+        batch_size = _int(cursor_doc, "batchSize", "aggregate.cursor")
+    values = pipeline[0]["$documents"]
+    if not isinstance(values, list):  # an expression (evaluated once, on no document)
+        values = engine.run_pipeline([{}], None, [{"$project": {"_id": 0, "d": values}}])
+        values = values[0].get("d") if values else None
+    if not isinstance(values, list) or not all(isinstance(v, Mapping) for v in values):
+        raise MongoError(5858203, "error during evaluation of the $documents expression: "
+                         "an array of objects is required")
+    docs = [engine.normalize(dict(v)) for v in values]
+    rest = [engine.normalize(dict(s)) if isinstance(s, Mapping) else s for s in pipeline[1:]]
+    if rest:
+        docs = engine.run_pipeline(docs, get_store(server).query_database(db), rest)
+    return f"{db}.$cmd.aggregate", docs, batch_size
+
+
+def _collectionless_write(
+    server: Any, conn: Any, cmd: Mapping[str, Any], db: str
+) -> dict[str, Any] | None:
+    """`{aggregate: 1}` ending in `$out` / `$merge` (`$documents`, `$listLocalSessions`...
+    first): its results written, an empty first batch returned; else None."""
+    pipeline = cmd.get("pipeline")
+    if cmd.get("aggregate") != 1 or not isinstance(pipeline, list) or len(pipeline) < 2 or not (
+        isinstance(pipeline[-1], Mapping) and next(iter(pipeline[-1]), "") in ("$out", "$merge")
+    ):
+        return None
+    reading = dict(cmd, pipeline=pipeline[:-1])
+    sourced = _documents_source(server, reading, db) or admin.aggregate_source(
+        server, conn, reading, db)
+    if sourced is None:
+        return None
+    ns, results, batch_size = sourced
+    store = get_store(server)
+    with store.batch():
+        _write_out(store, db, engine.normalize(dict(pipeline[-1])), results)
+    return cursor_first_batch(server, ns, [], batch_size)
 
 
 async def _aggregate_oplog(server: Any, cmd: Mapping[str, Any]) -> dict[str, Any]:

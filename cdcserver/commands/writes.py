@@ -832,7 +832,8 @@ def _write_out(store: Store, db: str, stage: Mapping[str, Any], results: list[An
 
     name, arg = next(iter(stage.items()))
     if name == "$merge":
-        raise MongoError(2, "$merge is not supported by cdcserver's embedded store yet")
+        _write_merge(store, db, arg, results)
+        return
     if isinstance(arg, Mapping):
         out_db, out_coll = arg.get("db", db), arg.get("coll")
     else:
@@ -846,3 +847,135 @@ def _write_out(store: Store, db: str, stage: Mapping[str, Any], results: list[An
     for doc in results:
         store.insert_document(tmp, prepare_insert(doc))
     store.rename_collection(tmp, out_db, out_coll, drop_target=True, stay_temp=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# $merge (mongod's DocumentSourceMerge: each result matched on `on` in the target collection)
+
+_MERGE_FIELDS = ("into", "on", "let", "whenMatched", "whenNotMatched", "targetCollectionVersion")
+_WHEN_MATCHED = ("replace", "keepExisting", "merge", "fail")
+_WHEN_NOT_MATCHED = ("insert", "discard", "fail")
+
+
+def _merge_spec(db: str, arg: Any) -> tuple[str, str, list[str], Any, Any, Any]:
+    """(db, coll, on fields, whenMatched, whenNotMatched, let) of a `$merge` stage, checked as
+    mongod parses it (DocumentSourceMergeSpec)."""
+    if is_string(arg):
+        arg = {"into": arg}
+    if not isinstance(arg, Mapping):
+        raise MongoError(51182, "$merge only supports a string or object argument, but found "
+                         f"{type_name(arg)}")
+    for key in arg:
+        if key not in _MERGE_FIELDS:
+            raise MongoError(40415, f"BSON field '$merge.{key}' is an unknown field.")
+    into = arg.get("into")
+    if is_string(into):
+        out_db, out_coll = db, into
+    elif isinstance(into, Mapping):
+        out_db, out_coll = into.get("db", db), into.get("coll")
+    else:
+        raise MongoError(51178, "$merge 'into' field  must be either a string or an object, "
+                         f"but found {type_name(into)}")
+    if not is_string(out_coll) or not out_coll or not is_string(out_db) or not out_db:
+        raise MongoError(73, f"Invalid {'$merge'} target namespace: '{out_db}.{out_coll}'")
+    on = arg.get("on", "_id")
+    fields = [on] if is_string(on) else on
+    if not isinstance(fields, list) or not fields or not all(is_string(f) for f in fields):
+        raise MongoError(51186, "$merge 'on' field  must be either a string or an array of "
+                         f"strings, but found {type_name(on)}")
+    if len(set(fields)) != len(fields):
+        raise MongoError(31465, f"Found a duplicate field '{fields[0]}'")
+    matched = arg.get("whenMatched", "merge")
+    if not isinstance(matched, list) and matched not in _WHEN_MATCHED:
+        raise MongoError(2, f"Enumeration value '{matched}' for field '$merge.whenMatched' is "
+                         "not a valid value.")
+    not_matched = arg.get("whenNotMatched", "insert")
+    if not_matched not in _WHEN_NOT_MATCHED:
+        raise MongoError(2, f"Enumeration value '{not_matched}' for field "
+                         "'$merge.whenNotMatched' is not a valid value.")
+    let = arg.get("let")
+    if let is not None and not isinstance(matched, list):
+        raise MongoError(51199, "Cannot use 'let' variables with 'whenMatched: "
+                         f"{matched}' mode")
+    if let is not None and not isinstance(let, Mapping):
+        raise MongoError(14, f"BSON field '$merge.let' is the wrong type '{type_name(let)}', "
+                         "expected type 'object'")
+    return out_db, out_coll, fields, matched, not_matched, let
+
+
+def _merge_key(doc: Mapping[str, Any], fields: list[str]) -> tuple[bytes, ...]:
+    """The `on` fields' values of `doc` (each present, not null/undefined, not an array)."""
+    key = []
+    for path in fields:
+        value: Any = doc
+        for part in path.split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        if value is None or isinstance(value, list):  # (BSON undefined decodes to None)
+            raise MongoError(51132, "$merge write error: 'on' field cannot be missing, null, "
+                             "undefined or an array")
+        key.append(id_key(value))
+    return tuple(key)
+
+
+def _write_merge(store: Store, db: str, arg: Any, results: list[Any]) -> None:
+    """`$merge`: each result document updates (whenMatched) or is inserted into
+    (whenNotMatched) the target collection, matched on the `on` fields."""
+    out_db, out_coll, fields, matched, not_matched, let = _merge_spec(db, arg)
+    validate_collection_name(out_db, out_coll)
+    target = store.get(out_db, out_coll)
+    if fields != ["_id"]:  # mongod requires a unique index whose keys are exactly `on`
+        unique = target is not None and any(
+            ix.get("unique") and set(ix.get("key", {})) == set(fields)
+            for ix in target.indexes[1:]
+        )
+        if not unique:
+            raise MongoError(51183, "Cannot find index to verify that join fields will be "
+                             "unique")
+    c = target if target is not None else store.ensure_collection(out_db, out_coll)
+    by_key: dict[tuple[bytes, ...], dict[str, Any]] = {}
+    for existing in store.documents(c).values():
+        try:
+            by_key.setdefault(_merge_key(existing, fields), existing)
+        except MongoError:
+            continue  # a target document without the `on` fields matches nothing
+    for doc in results:
+        if not isinstance(doc, dict):
+            continue
+        if "_id" not in doc and "_id" in fields:  # MergeProcessor: only when `on` has _id
+            doc = {"_id": ObjectId(), **doc}
+        key = _merge_key(doc, fields)
+        pre = by_key.get(key)
+        if pre is None or matched == "fail":
+            if not_matched == "discard" and pre is None:
+                continue
+            if not_matched == "fail" and pre is None:
+                raise MongoError(13113, "$merge could not find a matching document in the "
+                                 "target collection for at least one document in the source "
+                                 "collection")
+            new = prepare_insert(doc)
+            store.insert_document(c, new)
+            by_key[key] = new
+            continue
+        if matched == "keepExisting":
+            continue
+        if matched == "replace":
+            post = {k: engine.normalize(v) for k, v in doc.items()}
+            post = {"_id": post.get("_id", pre["_id"]), **{k: v for k, v in post.items()
+                                                           if k != "_id"}}
+            kind, update = "replacement", post
+        elif matched == "merge":
+            update = {"$set": dict(doc)}
+            post = compute_update(store, out_db, out_coll, pre, {}, update, "modifier", None)
+            kind = "modifier"
+        else:  # a pipeline: $$new is the result document unless `let` names other variables
+            variables = engine.merge_variables(let, doc)
+            update = engine.bind_pipeline(matched, variables)
+            post = compute_update(store, out_db, out_coll, pre, {}, update, "pipeline", None)
+            kind = "pipeline"
+        if "_id" in post and id_key(post["_id"]) != id_key(pre["_id"]):
+            raise MongoError(66, "$merge failed to update the matching document, did you "
+                             "attempt to modify the _id or the shard key? :: caused by :: "
+                             "Performing an update on the path '_id' would modify the "
+                             "immutable field '_id'")
+        store.update_document(c, pre, post, kind=kind, update=update)
+        by_key[key] = post

@@ -683,6 +683,25 @@ def let_variables(let: Any, command: str) -> dict[str, Any]:
     return variables
 
 
+def merge_variables(let: Mapping[str, Any] | None, doc: dict[str, Any]) -> dict[str, Any]:
+    """The variables of a `$merge` whenMatched pipeline: `let`'s expressions evaluated on the
+    result document `doc` (default `{new: "$$ROOT"}`)."""
+    if let is None:
+        return {"new": doc}
+    variables: dict[str, Any] = {}
+    for name, expr in let.items():
+        _check_let_name(name)
+        try:
+            variables[name] = query_engine.evaluate(normalize(expr), doc, None)
+        except KeyError:
+            continue  # evaluates to missing: the variable is unset
+        except MongoError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise engine_error(exc) from None
+    return variables
+
+
 def _variable_value(reference: str, variables: Mapping[str, Any]) -> tuple[bool, Any]:
     """(found, value) of `$$name[.path]` among `variables`."""
     name, _, path = reference[2:].partition(".")

@@ -15,7 +15,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
         'TestCollection::test_min_query': 'hint-min-max',
     },
     'test/test_database.py': {
-        'TestDatabaseAggregation::test_database_aggregation_fake_cursor': 'merge',
     },
     'test/test_cursor.py': {
         'TestCursor::test_comment': 'profiler',
@@ -40,29 +39,18 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
         'TestCollectionWCustomType::test_aggregate_w_custom_type_decoder': 'sum-int64',
     },
     'test/test_crud_unified.py': {
-        'TestUnifiedDbAggregateWriteReadPreference::test_Database-level_aggregate_with_$merge_includes_read_preference_for_5_0+_server': 'merge',
         'TestUnifiedClientBulkWriteErrors::test_a_bulk_write_with_only_errors_does_not_report_a_partial_result': 'undefined-variable',
         'TestUnifiedClientBulkWriteErrors::test_an_individual_operation_fails_during_an_ordered_bulkWrite': 'undefined-variable',
         'TestUnifiedClientBulkWriteErrors::test_an_individual_operation_fails_during_an_unordered_bulkWrite': 'undefined-variable',
         'TestUnifiedClientBulkWriteErrors::test_detailed_results_are_omitted_from_error_when_verboseResults_is_false': 'undefined-variable',
-        'TestUnifiedAggregateMerge::test_Aggregate_with_$merge': 'merge',
-        'TestUnifiedAggregateMerge::test_Aggregate_with_$merge_and_available_readConcern': 'merge',
-        'TestUnifiedAggregateMerge::test_Aggregate_with_$merge_and_batch_size_of_0': 'merge',
-        'TestUnifiedAggregateMerge::test_Aggregate_with_$merge_and_local_readConcern': 'merge',
-        'TestUnifiedAggregateMerge::test_Aggregate_with_$merge_and_majority_readConcern': 'merge',
-        'TestUnifiedAggregateMergeErrorResponse::test_aggregate_$merge_DuplicateKey_error_is_accessible': 'merge',
-        'TestUnifiedAggregateWriteReadPreference::test_Aggregate_with_$merge_includes_read_preference_for_5_0+_server': 'merge',
     },
     'test/test_sessions_unified.py': {
     },
     'test/test_retryable_reads_unified.py': {
     },
     'test/test_retryable_writes_unified.py': {
-        'TestUnifiedAggregateOutMerge::test_aggregate_with_$merge_does_not_set_txnNumber': 'merge',
     },
     'test/test_read_write_concern_spec.py': {
-        'TestOperationDefaultWriteConcern_4_2::test_Aggregate_with_$merge_omits_default_write_concern': 'merge',
-        'TestWriteConcernErrorsAggregate::test_aggregate_with_$merge_reports_a_writeConcernError': 'merge',
     },
     'test/test_command_monitoring.py': {
         'TestCommandMonitoringFind::test_A_successful_find_with_showRecordId_and_returnKey': 'showRecordId-returnKey',
@@ -84,7 +72,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
         'AsyncTestCollection::test_min_query': 'hint-min-max',
     },
     'test/asynchronous/test_database.py': {
-        'TestDatabaseAggregation::test_database_aggregation_fake_cursor': 'merge',
     },
     'test/asynchronous/test_cursor.py': {
         'TestCursor::test_comment': 'profiler',
