@@ -82,10 +82,57 @@ _TYPE_ALIASES = frozenset({
 })
 
 
+# Variables every expression may read (Variables::kBuiltinVarNameToId, CURRENT, and $redact's
+# three, which mongod defines where $redact runs).
+_BUILTIN_VARIABLES = frozenset({
+    "ROOT", "CURRENT", "REMOVE", "NOW", "CLUSTER_TIME", "SEARCH_META", "USER_ROLES", "IS_MR",
+    "JS_SCOPE", "DESCEND", "PRUNE", "KEEP",
+})
+
+
+def check_variables(expr: Any, defined: frozenset[str] = frozenset()) -> None:
+    """17276 for a `$$name` that nothing defines (VariablesParseState::getVariable), as mongod
+    refuses it when the expression is parsed; `let` variables are bound (`$literal`) before."""
+    if isinstance(expr, str):
+        if expr.startswith("$$"):
+            name = expr[2:].split(".")[0]
+            if name not in defined and name not in _BUILTIN_VARIABLES:
+                raise MongoError(17276, f"Use of undefined variable: {name}")
+        return
+    if isinstance(expr, list):
+        for v in expr:
+            check_variables(v, defined)
+        return
+    if not isinstance(expr, Mapping):
+        return
+    if len(expr) == 1:
+        (op, arg), = expr.items()
+        if op == "$literal":
+            return
+        if isinstance(arg, Mapping) and op in ("$let", "$map", "$filter", "$reduce"):
+            if op == "$let":
+                names = arg.get("vars")
+                inner = frozenset(names) if isinstance(names, Mapping) else frozenset()
+                scoped: tuple[str, ...] = ("in",)
+            elif op == "$reduce":
+                inner, scoped = frozenset({"this", "value"}), ("in",)
+            else:
+                as_name = arg.get("as")
+                inner = frozenset({as_name if isinstance(as_name, str) else "this"})
+                scoped = ("in", "cond")
+            for k, v in arg.items():
+                check_variables(v, defined | inner if k in scoped else defined)
+            return
+    for v in expr.values():
+        check_variables(v, defined)
+
+
 def validate_filter(filter_doc: Mapping[str, Any]) -> None:
     """The parse errors mongod's MatchExpressionParser gives for the common mistakes, which
     mongomock answers with Python errors or silently (e.g. `$regex: 1` matching nothing)."""
     for key, value in filter_doc.items():
+        if key == "$expr":
+            check_variables(value)
         if key in ("$and", "$or", "$nor"):
             if not isinstance(value, list):
                 raise MongoError(2, f"{key} must be an array")

@@ -39,10 +39,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
         'TestCollectionWCustomType::test_aggregate_w_custom_type_decoder': 'sum-int64',
     },
     'test/test_crud_unified.py': {
-        'TestUnifiedClientBulkWriteErrors::test_a_bulk_write_with_only_errors_does_not_report_a_partial_result': 'undefined-variable',
-        'TestUnifiedClientBulkWriteErrors::test_an_individual_operation_fails_during_an_ordered_bulkWrite': 'undefined-variable',
-        'TestUnifiedClientBulkWriteErrors::test_an_individual_operation_fails_during_an_unordered_bulkWrite': 'undefined-variable',
-        'TestUnifiedClientBulkWriteErrors::test_detailed_results_are_omitted_from_error_when_verboseResults_is_false': 'undefined-variable',
     },
     'test/test_sessions_unified.py': {
     },
