@@ -90,6 +90,14 @@ class ChangeStreamCursor:
             and not self.group.producer.invalidated
             and self.pipeline.error is None
         ):
+            if want is None:
+                # Up to a whole reply (tens of thousands of small events): a chunk at a time,
+                # every other connection served between chunks.
+                if not await self.step_answering(READ_CHUNK):
+                    self.group.caught_up(self)
+                    return
+                await asyncio.sleep(0)
+                continue
             if self.group.pull(want, self) is None:
                 return  # it has `want` events, or read all there is
             if not await self.step_answering(READ_CHUNK):

@@ -162,10 +162,14 @@ class StreamGroup:
             if isinstance(stepped, NeedsLookup):
                 return stepped
             if not stepped:
-                if self.fanout is None and self.hub is not None:
-                    self.hub.rejoin(member)  # caught up: it may share a group from here on
+                self.caught_up(member)
                 break
         return None
+
+    def caught_up(self, member: ChangeStreamCursor) -> None:
+        """`member` read all there is: reading by itself, it may share a group from here on."""
+        if self.fanout is None and self.hub is not None:
+            self.hub.rejoin(member)
 
     def step(
         self,

@@ -160,7 +160,14 @@ def _prefetch_after(server, cursor: ChangeStreamCursor, batch_size: int | None, 
     one after the other. The getMore then finds its events queued: what it returns is what it
     would have produced itself, since the queue is filled from the same oplog in the same order.
     """
-    size = DEFAULT_BATCH_SIZE if batch_size is None or batch_size <= 0 else batch_size
+    if batch_size is None:
+        # A getMore without batchSize took what there was up to 16 MiB: it was full when it
+        # left events queued; the next one is prepared as large (bounded by this one's bytes).
+        if not cursor.pipeline.pending_count:
+            return
+        size = max(sent, DEFAULT_BATCH_SIZE)
+    else:
+        size = DEFAULT_BATCH_SIZE if batch_size <= 0 else batch_size
     if sent < size:
         return  # the stream caught up with the oplog: nothing to get ahead of
     if cursor.prepares_images:  # its lookups are awaited: a task, not loop callbacks
