@@ -17,7 +17,7 @@ from typing import Any
 import bson
 from bson.int64 import Int64
 
-from cdcserver.commands import admin, oplog_find
+from cdcserver.commands import admin, capped_find, oplog_find
 from cdcserver.commands import cursors as change_streams
 from cdcserver.commands.arguments import is_number, is_string
 from cdcserver.commands.base import Handler, family
@@ -285,13 +285,17 @@ async def find(server, conn, cmd, db):
         view_locale = (view.get("collation") or {}).get("locale", "simple")
         if isinstance(collation, Mapping) and collation.get("locale", view_locale) != view_locale:
             raise MongoError(167, "Cannot override a view's default collation")
-    if tailable:  # the store has no capped collections
-        raise MongoError(
-            2, f"error processing query: ns={db}.{coll}Tree: $and\nSort: {{}}\nProj: {{}}\n "
-            "tailable cursor requested on non capped collection",
-        )
     filter_doc, projection, skip, limit, batch_size = find_arguments(cmd)
     max_time_ms_arg(cmd, "find")
+    if tailable:  # a capped collection's tailable cursor (capped_find.py)
+        c = store.get(db, coll)
+        if c is None or not c.options.get("capped"):
+            raise capped_find.non_capped_error(db, coll)
+        with engine_errors():
+            return capped_find.open_tailable(
+                server, store, c, db, coll, cmd, filter_doc, projection, skip, limit,
+                batch_size, cmd.get("awaitData") is True, DEFAULT_BATCH,
+            )
     if db == "config" and coll == "system.preimages" and store.get(db, coll) is None:
         docs = find_pre_images(store, filter_doc, projection, skip, limit)
     elif db == "config" and coll == "transactions" and store.get(db, coll) is None:

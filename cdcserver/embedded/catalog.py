@@ -94,6 +94,13 @@ class Collection:
     records: OrderedDict[bytes, dict[str, Any]] = field(
         default_factory=OrderedDict, compare=False, repr=False
     )
+    # a capped collection's documents' BSON sizes (its `size` limit), see cap_collection
+    capped_sizes: dict[bytes, tuple[dict[str, Any], int]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    # a capped collection's RecordIds (document key -> id) and the last one given, see record_ids
+    capped_ids: dict[bytes, int] = field(default_factory=dict, compare=False, repr=False)
+    last_record_id: int = field(default=0, compare=False, repr=False)
 
     @property
     def ns(self) -> str:
@@ -218,6 +225,51 @@ class CatalogMixin(StoreState):
                  {"create": coll, **options, **({"idIndex": id_spec} if id_spec else {})},
                  ui=c.ui)
         return c
+
+    def cap_collection(self, c: Collection, inserted: bytes) -> None:
+        """After an insert into a capped collection over its `max` documents or `size` bytes:
+        its oldest documents deleted, in insertion order, until it fits, never the one just
+        inserted (mongod's cappedDeleteUntilBelowConfiguredMaximum). The deletes are logged
+        as deletes, as a primary has replicated them since 5.0."""
+        if not c.options.get("capped") or self._txn() is not None:
+            return
+        max_docs = int(c.options.get("max") or 0)
+        max_size = int(c.options.get("size") or 0)
+        records = self._records(c)
+        self.record_ids(c)
+        sizes = c.capped_sizes  # key -> (document, its BSON size): each document encoded once
+        total = 0
+        for key, doc in records.items():
+            known = sizes.get(key)
+            if known is None or known[0] is not doc:
+                known = sizes[key] = (doc, len(bson.encode(doc)))
+            total += known[1]
+        count = len(records)
+        while (max_size and total > max_size) or (max_docs > 0 and count > max_docs):
+            oldest = next(iter(records), None)
+            if oldest is None or oldest == inserted:
+                break
+            pre = records[oldest]
+            known = sizes.pop(oldest, None)
+            total -= known[1] if known is not None else len(bson.encode(pre))
+            count -= 1
+            self.delete_document(c, pre)
+            c.capped_ids.pop(oldest, None)
+
+    def record_ids(self, c: Collection) -> dict[bytes, int]:
+        """A capped collection's RecordIds (1, 2, ... in insertion order, as mongod numbers a
+        capped collection's records): what a tailable cursor's position is."""
+        records = self._records(c)
+        ids = c.capped_ids
+        if len(ids) != len(records) or next(reversed(records), None) not in ids:
+            for key in [k for k in ids if k not in records]:
+                del ids[key]
+                c.capped_sizes.pop(key, None)
+            for key in records:
+                if key not in ids:
+                    c.last_record_id += 1
+                    ids[key] = c.last_record_id
+        return ids
 
     def ensure_collection(self, db: str, coll: str) -> Collection:
         c = self.catalog.get((db, coll))

@@ -183,6 +183,9 @@ class StoreState(EntryList):
         raise NotImplementedError
 
     # catalog.py
+    def cap_collection(self, c: Collection, inserted: bytes) -> None:
+        raise NotImplementedError
+
     def documents(self, c: Collection) -> dict[bytes, dict[str, Any]]:
         raise NotImplementedError
 

@@ -50,6 +50,8 @@ class WritesMixin(StoreState):
         self.log("i", c.ns, doc, ui=c.ui, o2={"_id": doc["_id"]}, session=session,
                  stmt_id=stmt_id)
         self._put(c, key, None, doc, raw, edits)
+        if c.options.get("capped"):
+            self.cap_collection(c, key)
 
     def update_document(
         self,
