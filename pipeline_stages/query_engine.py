@@ -131,7 +131,7 @@ def _install_match_operators() -> None:
     """`$mod` (mongomock: "unknown operator"), `$type` with an array of types (a TypeError),
     and `$lte: null` / `$gte: null` matching a missing field as `$eq: null` does (mongod's
     ComparisonMatchExpression with a null operand; mongomock: missing compares with nothing)."""
-    missing: Any = _mm_filtering.NOTHING
+    missing: Any = vars(_mm_filtering)["NOTHING"]
     operators: dict[str, Any] = _mm_filtering._filterer_inst._operator_map
 
     def with_null(original: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
@@ -142,6 +142,11 @@ def _install_match_operators() -> None:
 
     def mod(dv: Any, sv: Any) -> bool:
         divisor, remainder = (_truncated(v) for v in sv)
+        for name, bound in (("divisor", divisor), ("remainder", remainder)):
+            if bound is None:
+                raise MongoError(2, f"malformed mod, {name} value is invalid :: caused by :: "
+                                 "Unable to coerce NaN/Inf to integral type")
+        assert divisor is not None and remainder is not None
         if divisor == 0:
             raise MongoError(2, "divisor cannot be 0")
         value = _truncated(dv) if _is_number(dv) else None
@@ -187,7 +192,7 @@ def _install_scalar_path_missing() -> None:
     does not. mongomock found no candidate at all, so null matched nothing and `$ne` everything
     (the oplog_rewrite jstests' `{"operationType.subField": {$eq: null}}`)."""
     original: Callable[[str, Any], Any] = _mm_filtering.iter_key_candidates
-    missing: Any = _mm_filtering.NOTHING
+    missing: Any = vars(_mm_filtering)["NOTHING"]
 
     def iter_key_candidates(key: str, doc: Any) -> Any:
         if key and doc is not missing and not isinstance(doc, (dict, list)):

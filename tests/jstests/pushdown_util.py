@@ -140,3 +140,18 @@ def whole_cluster_expected(expected: dict[str, dict[str, list[Any]]]) -> list[tu
             for ident in identifiers:
                 out.append((op, ident) if op == "dropDatabase" else (op, ident, coll_or_db))
     return out
+
+
+def read_until_quiet(stream: Any, at_least: int) -> list[dict[str, Any]]:
+    """Every event until getMores come back empty, waiting for `at_least` first (for a count
+    that is the cluster's business, e.g. one DDL event per shard); closes the stream."""
+    events: list[dict[str, Any]] = []
+    empty = 0
+    while empty < QUIET_GETMORES + 1 or (len(events) < at_least and empty < 300):
+        event = stream.try_next()
+        if event is None:
+            empty += 1
+        else:
+            events.append(event)
+    stream.close()
+    return events

@@ -22,6 +22,7 @@ from pushdown_util import (
     cluster,
     create_sharded_collection,
     mongos,
+    read_until_quiet,
     run_cases,
     whole_cluster_expected,
     whole_cluster_identity,
@@ -159,19 +160,6 @@ ESCAPED_DOT_CASES: list[tuple[dict[str, Any], list[Any]]] = [
 ]
 
 
-def _read_until_quiet(stream: Any) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    empty = 0
-    while empty < 20:
-        event = stream.try_next()
-        if event is None:
-            empty += 1 if events else 0.1
-        else:
-            events.append(event)
-    stream.close()
-    return events
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_namespace_rewrite(mongos: Any, cluster: Any, mode: str) -> None:
     def sharded(db: str, coll: str, split_at: int) -> Any:
@@ -218,7 +206,7 @@ def test_namespace_rewrite(mongos: Any, cluster: Any, mode: str) -> None:
               whole_cluster_identity)
     for i, match in enumerate(DROP_DATABASE_MATCHES):
         stream = live[i] if live else opener(match, False)
-        events = _read_until_quiet(stream)
+        events = read_until_quiet(stream, 1)
         assert events and all(whole_cluster_identity(e) == ("dropDatabase", DB)
                               for e in events), (match, events)
 

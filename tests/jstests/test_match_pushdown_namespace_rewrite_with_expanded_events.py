@@ -26,6 +26,7 @@ from pushdown_util import (
     cluster,
     create_sharded_collection,
     mongos,
+    read_until_quiet,
     whole_cluster_expected,
     whole_cluster_identity,
     whole_cluster_opener,
@@ -118,19 +119,6 @@ def _collapsed(identities: list[Any]) -> list[Any]:
     return out
 
 
-def _read_until_quiet(stream: Any, at_least: int) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    empty = 0
-    while empty < 3 or (len(events) < at_least and empty < 300):
-        event = stream.try_next()
-        if event is None:
-            empty += 1
-        else:
-            events.append(event)
-    stream.close()
-    return events
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_namespace_rewrite_with_expanded_events(mongos: Any, cluster: Any, mode: str) -> None:
     for db in (S0, S1):
@@ -157,5 +145,5 @@ def test_namespace_rewrite_with_expanded_events(mongos: Any, cluster: Any, mode:
         stream = live[i] if live else opener(match, False)
         wanted = _collapsed(expected)
         got = _collapsed([whole_cluster_identity(e)
-                          for e in _read_until_quiet(stream, len(wanted))])
+                          for e in read_until_quiet(stream, len(wanted))])
         assert got == wanted, f"{match!r}: {got!r} != {wanted!r}"
