@@ -108,6 +108,19 @@ def op_started(
     return opid
 
 
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_last_ms: list[Any] = [0, _EPOCH]  # the last millisecond asked for, and its date
+
+
+def _now_ms() -> datetime.datetime:
+    """Now, to the millisecond (what a BSON date holds); one object per millisecond, since a
+    driver's session is used on every getMore (datetime.now + replace: ~3 us each)."""
+    ms = time.time_ns() // 1_000_000
+    if ms != _last_ms[0]:
+        _last_ms[0], _last_ms[1] = ms, _EPOCH + datetime.timedelta(milliseconds=ms)
+    return _last_ms[1]
+
+
 _SESSIONS_MAX = 100_000
 _SESSION_IDLE = datetime.timedelta(minutes=30)  # localLogicalSessionTimeoutMinutes
 
@@ -127,8 +140,7 @@ def _note_session(table: Counters, conn: ConnectionState, session_id: bytes) -> 
         record = {"_id": {"id": Binary(session_id, 4), "uid": Binary(digest, 0)}}
         if name is not None:
             record["user"] = {"name": name}
-    now = _now()
-    record["lastUse"] = now.replace(microsecond=now.microsecond // 1000 * 1000)  # a BSON date
+    record["lastUse"] = _now_ms()
     table.sessions[session_id] = record
     while len(table.sessions) > _SESSIONS_MAX:
         table.sessions.pop(next(iter(table.sessions)))
