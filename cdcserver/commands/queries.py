@@ -66,12 +66,19 @@ class ResultCursor:
     awaited_s: float = 0.0  # never waits
     # the query's maxTimeMS: mongod keeps it with the cursor, its getMores run with a deadline
     max_time_ms: int | None = None
+    # A plain collection scan (no sort, no limit): as mongod's, it learns it has reached the
+    # end only by looking past a full batch, so a batch that ends exactly at the last document
+    # leaves the cursor open and the next getMore returns an empty last batch.
+    open_until_seen_end: bool = False
+    end_seen: bool = False
     kind = QUERY_RESULT
     owner = None
 
     @property
     def done(self) -> bool:
-        return self.pos >= len(self.docs)
+        if self.pos < len(self.docs):
+            return False
+        return not self.open_until_seen_end or self.end_seen
 
     async def get_more_reply(self, batch_size: int | None, max_time_ms: int | None) -> dict:
         batch: list[Any] = []  # up to 16 MiB, gathered in steps
@@ -92,8 +99,11 @@ def _take(cursor: ResultCursor, batch_size: int | None) -> list[Any]:
 def _taking(cursor: ResultCursor, batch_size: int | None, out: list[Any]) -> query.Scan:
     """The next batch (up to `batch_size` documents and 16 MiB) into `out`, in steps."""
     size = 0
-    while cursor.pos < len(cursor.docs):
+    while True:
         if batch_size is not None and len(out) >= batch_size:
+            break  # full: mongod does not look further
+        if cursor.pos >= len(cursor.docs):
+            cursor.end_seen = True
             break
         doc = cursor.docs[cursor.pos]
         n = len(bson.encode(doc)) if isinstance(doc, Mapping) else 16
@@ -108,15 +118,15 @@ def _taking(cursor: ResultCursor, batch_size: int | None, out: list[Any]) -> que
 
 def cursor_first_batch(
     server: Any, ns: str, docs: list[Any], batch_size: int | None, single_batch: bool = False,
-    max_time_ms: Any = None,
+    max_time_ms: Any = None, open_until_seen_end: bool = False,
 ) -> dict[str, Any]:
     """A `{cursor: {firstBatch, id, ns}}` reply; keeps the rest for getMore."""
     cid = server.cursors.new_id()
-    cursor = ResultCursor(cid, ns, docs)
+    cursor = ResultCursor(cid, ns, docs, open_until_seen_end=open_until_seen_end)
     if is_number(max_time_ms) and max_time_ms > 0:
         cursor.max_time_ms = int(max_time_ms)
     batch = _take(cursor, DEFAULT_BATCH if batch_size is None else batch_size)
-    more = cursor.pos < len(docs) and not single_batch
+    more = not cursor.done and not single_batch
     if more:
         server.cursors.add(cursor)
     return {"cursor": {"firstBatch": batch, "id": Int64(cid if more else 0), "ns": ns}}
@@ -151,7 +161,8 @@ async def find_documents(
     where = next(iter(cmd), "find")
     with snapshot_reads(store, cmd):
         scan, out = _find_scan(store, db, coll, filter_doc, projection, sort, skip, limit, copy,
-                               (cmd.get("collation"), where))
+                               (cmd.get("collation"), where),
+                               (cmd.get("hint"), cmd.get("min"), cmd.get("max")))
     if scan is not None:
         with engine_errors():
             await query.run_async(scan, deadline)
@@ -161,6 +172,7 @@ async def find_documents(
 def _find_scan(
     store: Store, db: str, coll: str, filter_doc: Mapping[str, Any] | None, projection: Any,
     sort: Any, skip: int, limit: int, copy: bool, collation: tuple[Any, str] | None = None,
+    hint_args: tuple[Any, Any, Any] | None = None,
 ) -> tuple[query.Scan | None, list[Any]]:
     """The scan of a find over the collection's documents as they are now, and the list it
     fills (no scan when the answer is known: a view's, a missing collection's). `collation`:
@@ -195,6 +207,10 @@ def _find_scan(
     if collation is not None:
         applied = query.collation_of(collation[0], c.options.get("collation"), collation[1])
     docs = list(store.documents(c).values())
+    if hint_args is not None and any(a is not None for a in hint_args):  # hint, min, max
+        hint, min_doc, max_doc = hint_args
+        docs = engine.index_scan(docs, engine.hinted_index(c.indexes, hint, c.ns), hint,
+                                 min_doc, max_doc, c.ns)
     out: list[Any] = []
     scan = query.find(docs, normalized, sort_list, skip, limit, out,
                       project=project_one, copy=copy, collation=applied)
@@ -307,7 +323,8 @@ async def find(server, conn, cmd, db):
                                     cmd.get("sort"), skip, limit)
     return cursor_first_batch(server, f"{db}.{coll}", docs, batch_size,
                               single_batch=cmd.get("singleBatch") is True,
-                              max_time_ms=cmd.get("maxTimeMS"))
+                              max_time_ms=cmd.get("maxTimeMS"),
+                              open_until_seen_end=not limit and not cmd.get("sort"))
 
 
 def find_pre_images(
@@ -377,6 +394,7 @@ async def count(server, conn, cmd, db):
     if c is None:  # a view's (an aggregation), or nothing
         return {"n": len(run_find(store, db, coll, predicate, {"_id": 1}, None, skip, limit))}
     engine.validate_filter(predicate or {})
+    engine.hinted_index(c.indexes, cmd.get("hint"), c.ns)  # 2 BadValue for an unknown index
     normalized = engine.normalize(dict(predicate or {}))
     with engine_errors():
         engine.matcher(normalized)

@@ -23,7 +23,7 @@ from bson.decimal128 import Decimal128
 from bson.objectid import ObjectId
 
 from cdcserver.embedded import json_schema, modifiers, oplog_update, regex
-from pipeline_stages import query_engine
+from pipeline_stages import keystring, query_engine
 from pipeline_stages.errors import MongoError
 from pipeline_stages.expressions import DOLLAR_FIELD_MESSAGE
 from pipeline_stages.query_engine import Database
@@ -866,3 +866,131 @@ def _bind_statement(statement: Any, variables: Mapping[str, Any]) -> Any:
     if isinstance(out.get("u"), list):
         out["u"] = bind_pipeline(out["u"], variables)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The `hint` option and find's `min` / `max` (mongod's QueryPlanner::plan: a hinted index is
+# scanned in its key order; min/max bound that scan)
+
+
+def planner_error(ns: str, code: int, reason: str) -> MongoError:
+    """A planner failure as find / count / aggregate report it."""
+    return MongoError(code, f"error processing query: ns={ns} planner returned error :: "
+                      f"caused by :: {reason}")
+
+
+def _same_pattern(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Key patterns equal field by field in order (1 and 1.0 alike, as BSON compares them)."""
+    return list(a) == list(b) and all(
+        a[k] == b[k] and isinstance(a[k], str) == isinstance(b[k], str) for k in a)
+
+
+def hinted_index(
+    indexes: list[dict[str, Any]], hint: Any, ns: str
+) -> dict[str, Any] | None:
+    """The index `hint` names (by name or by key pattern); None without a hint or for a
+    `$natural` one. 2 BadValue when no index answers it (QueryPlanner::plan)."""
+    if hint is None or (isinstance(hint, Mapping) and not hint) or hint == "":
+        return None
+    if isinstance(hint, Mapping) and "$natural" in hint:
+        return None
+    if isinstance(hint, str):
+        found = [ix for ix in indexes if ix.get("name") == hint]
+    elif isinstance(hint, Mapping):
+        found = [ix for ix in indexes if _same_pattern(ix.get("key", {}), hint)]
+        if len(found) > 1:
+            raise planner_error(ns, 27, "Hint matched multiple indexes, must hint by index "
+                                f"name. Matched: {found[0].get('name')} and "
+                                f"{found[1].get('name')}")
+    else:
+        raise MongoError(9, "hint must be either a string or nested object")
+    if not found:
+        raise planner_error(ns, 2, "hint provided does not correspond to an existing index")
+    return found[0]
+
+
+def _path_values(doc: Any, path: str) -> list[Any]:
+    value = doc
+    for part in path.split("."):
+        if isinstance(value, list):
+            value = [v.get(part) for v in value if isinstance(v, Mapping) and part in v]
+            if not value:
+                return [None]
+            continue
+        if not isinstance(value, Mapping) or part not in value:
+            return [None]  # a missing field is indexed as null
+        value = value[part]
+    if isinstance(value, list):
+        return value or [None]  # (an empty array's key is undefined; sorted with null here)
+    return [value]
+
+
+class _Key:
+    """A document's key in an index, ordered as the index orders its keys."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[tuple[bytes, bool]]) -> None:
+        self.parts = parts  # (KeyString of the value, descending)
+
+    def compare(self, other: _Key) -> int:
+        for (a, desc), (b, _) in zip(self.parts, other.parts):
+            if a != b:
+                return (1 if a > b else -1) * (-1 if desc else 1)
+        return 0
+
+    def __lt__(self, other: _Key) -> bool:
+        return self.compare(other) < 0
+
+
+def _key_of(values: list[Any], pattern: list[tuple[str, bool]]) -> _Key:
+    return _Key([(keystring.encode_values((v,))[0], desc)
+                 for v, (_, desc) in zip(values, pattern)])
+
+
+def _direction(value: Any) -> bool:
+    """Whether a key pattern's field is descending (a number below 0)."""
+    return not isinstance(value, str) and isinstance(value, (int, float)) and value < 0
+
+
+def index_scan(
+    docs: list[dict[str, Any]], index: dict[str, Any] | None, hint: Any,
+    min_doc: Mapping[str, Any] | None, max_doc: Mapping[str, Any] | None, ns: str,
+) -> list[dict[str, Any]]:
+    """`docs` (in natural order) as the hinted index (or `$natural: -1`) returns them, within
+    find's `min` (inclusive) and `max` (exclusive) bounds, with mongod's errors for those."""
+    if min_doc or max_doc:
+        if min_doc and max_doc and list(min_doc) != list(max_doc):
+            raise MongoError(51176, "min() and max() must have the same field names")
+        if index is None:
+            raise planner_error(ns, 51173, "When using min()/max() a hint of which index to "
+                                "use must be provided")
+        fields = list(index.get("key", {}))
+        if any(bound and list(bound) != fields for bound in (min_doc, max_doc)):
+            raise planner_error(ns, 51174, "The index chosen is not compatible with min/max")
+    if index is None:
+        if isinstance(hint, Mapping) and _direction(hint.get("$natural")):
+            return docs[::-1]
+        return docs
+    key = index.get("key", {})
+    if any(isinstance(v, str) for v in key.values()):  # hashed, text, 2d...: natural order
+        return docs
+    pattern = [(f, _direction(v)) for f, v in key.items()]
+
+    def doc_key(doc: dict[str, Any]) -> _Key:
+        values = []
+        for path, desc in pattern:  # a multikey field: its first key in the index's order
+            candidates = _path_values(doc, path)
+            keyed = sorted(candidates, key=lambda v: keystring.encode_values((v,))[0])
+            values.append(keyed[-1] if desc else keyed[0])
+        return _key_of(values, pattern)
+
+    keyed = sorted(((doc_key(d), d) for d in docs), key=lambda t: t[0])  # stable: ties by
+    # record id, as an index orders equal keys
+    low = _key_of(list(min_doc.values()), pattern) if min_doc else None
+    high = _key_of(list(max_doc.values()), pattern) if max_doc else None
+    if low is not None and high is not None and low.compare(high) >= 0:
+        raise planner_error(ns, 51175, "The value provided for min() does not come before "
+                            "the value provided for max() in the hinted index")
+    return [d for k, d in keyed
+            if (low is None or k.compare(low) >= 0) and (high is None or k.compare(high) < 0)]

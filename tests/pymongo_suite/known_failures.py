@@ -12,16 +12,11 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
         'TestCollection::test_helpers_with_let': 'let',
         'TestCollection::test_index_filter': 'index-filters',
         'TestCollection::test_index_text': 'text-index',
-        'TestCollection::test_min_query': 'hint-min-max',
     },
     'test/test_database.py': {
     },
     'test/test_cursor.py': {
         'TestCursor::test_comment': 'profiler',
-        'TestCursor::test_hint': 'hint-min-max',
-        'TestCursor::test_hint_by_name': 'hint-min-max',
-        'TestCursor::test_max': 'hint-min-max',
-        'TestCursor::test_min': 'hint-min-max',
         'TestCursor::test_to_list_csot_applied': 'where',
         'TestCursor::test_where': 'where',
         'TestRawBatchCommandCursor::test_exhaust_cursor_db_set': 'exhaust',
@@ -62,16 +57,11 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
         'AsyncTestCollection::test_helpers_with_let': 'let',
         'AsyncTestCollection::test_index_filter': 'index-filters',
         'AsyncTestCollection::test_index_text': 'text-index',
-        'AsyncTestCollection::test_min_query': 'hint-min-max',
     },
     'test/asynchronous/test_database.py': {
     },
     'test/asynchronous/test_cursor.py': {
         'TestCursor::test_comment': 'profiler',
-        'TestCursor::test_hint': 'hint-min-max',
-        'TestCursor::test_hint_by_name': 'hint-min-max',
-        'TestCursor::test_max': 'hint-min-max',
-        'TestCursor::test_min': 'hint-min-max',
         'TestCursor::test_to_list_csot_applied': 'where',
         'TestCursor::test_where': 'where',
     },
