@@ -227,12 +227,15 @@ class Server:
                         log_slow_command(took, conn.id, name, ns, reply)
                     if getattr(request, "more_to_come", False):
                         continue  # the client asked for no reply
+                    more = name == "getMore" and _exhaust_goes_on(request, reply)
+                    reply_id = next(_request_ids)
                     # Like mongod, a compressed request gets a reply in its own compressor.
                     write(
                         wire.encode_reply(
                             request,
                             reply,
-                            request_id=next(_request_ids),
+                            request_id=reply_id,
+                            more_to_come=more,
                             compressor=request.compressor_id,
                         )
                     )
@@ -240,6 +243,8 @@ class Server:
                     # control (a coroutine per reply) only when some of it is still queued.
                     if transport.get_write_buffer_size() or transport.is_closing():
                         await writer.drain()
+                    if more:
+                        await _stream_exhaust(state, conn, cmd, request, reply_id, writer)
                 finally:
                     conn.command = None
             if frames.error is not None:
@@ -282,6 +287,40 @@ class _IdleWatch:
                 self.task.cancel()
         else:
             self.timer = self.loop.call_at(due, self._check)
+
+
+def _exhaust_goes_on(request: wire.Request, reply: Any) -> bool:
+    """mongod's exhaust getMore: an OP_MSG with exhaustAllowed whose reply succeeded with an
+    open cursor is answered with moreToCome, and the server runs the same getMore again."""
+    if not isinstance(request, wire.OpMsg) or not request.exhaust_allowed:
+        return False
+    if not isinstance(reply, dict) or reply.get("ok", 1) != 1:
+        return False
+    cursor = reply.get("cursor")
+    return isinstance(cursor, dict) and bool(cursor.get("id"))
+
+
+async def _stream_exhaust(
+    state: ServerState, conn: ConnectionState, cmd: dict[str, Any], request: wire.OpMsg,
+    reply_id: int, writer: asyncio.StreamWriter,
+) -> None:
+    """The rest of an exhaust stream: the getMore run again, each reply a response to the one
+    before it, with moreToCome until the cursor is exhausted or fails (that reply without)."""
+    while True:
+        conn.command = "getMore"
+        reply = await run_command(state, conn, cmd)
+        more = _exhaust_goes_on(request, reply)
+        previous, reply_id = reply_id, next(_request_ids)
+        msg = wire.encode_op_msg(
+            reply, request_id=reply_id, response_to=previous,
+            flags=wire.MORE_TO_COME if more else 0, checksum=request.checksum_present,
+        )
+        if request.compressor_id is not None:
+            msg = wire.compress_message(msg, request.compressor_id)
+        writer.write(msg)
+        await writer.drain()  # the client reads at its own pace: each reply waits for room
+        if not more:
+            return
 
 
 def _parse_error_reply(frame: wire.Frame, exc: wire.ProtocolError) -> bytes:

@@ -318,6 +318,15 @@ async def find(server, conn, cmd, db):
         docs = [d for d in store.transaction_records.values()  # the sessions' records
                 if engine.matches(filter_doc or {}, d)][skip:]
         docs = [project(store, db, coll, d, projection) for d in docs[:limit or None]]
+    elif cmd.get("returnKey") is True and store.get(db, coll) is not None:
+        # each document's key in the index the plan scans ({} for a collection scan)
+        docs = await find_documents(store, cmd, db, coll, filter_doc, None,
+                                    cmd.get("sort"), skip, limit)
+        c = store.get(db, coll)
+        assert c is not None
+        index = engine.plan_index(c.indexes, cmd.get("hint"), cmd.get("sort"), filter_doc,
+                                  c.ns)
+        docs = [engine.index_key(d, index) for d in docs]
     else:
         docs = await find_documents(store, cmd, db, coll, filter_doc, projection,
                                     cmd.get("sort"), skip, limit)

@@ -8,7 +8,6 @@ xfail in test_pymongo_suite.py, its reason the text of the cause in CAUSES.
 
 KNOWN_FAILURES: dict[str, dict[str, str]] = {
     'test/test_collection.py': {
-        'TestCollection::test_exhaust': 'exhaust',
         'TestCollection::test_helpers_with_let': 'let',
         'TestCollection::test_index_filter': 'index-filters',
         'TestCollection::test_index_text': 'text-index',
@@ -19,7 +18,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
         'TestCursor::test_comment': 'profiler',
         'TestCursor::test_to_list_csot_applied': 'where',
         'TestCursor::test_where': 'where',
-        'TestRawBatchCommandCursor::test_exhaust_cursor_db_set': 'exhaust',
     },
     'test/test_bulk.py': {
     },
@@ -53,7 +51,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
     'test/test_client_bulk_write.py': {
     },
     'test/asynchronous/test_collection.py': {
-        'AsyncTestCollection::test_exhaust': 'exhaust',
         'AsyncTestCollection::test_helpers_with_let': 'let',
         'AsyncTestCollection::test_index_filter': 'index-filters',
         'AsyncTestCollection::test_index_text': 'text-index',
