@@ -134,6 +134,8 @@ def validate_filter(filter_doc: Mapping[str, Any]) -> None:
         if key == "$expr":
             check_variables(value)
         if key in ("$and", "$or", "$nor"):
+        if key == "$where":  # JavaScript: answered as a mongod without a script engine
+            raise MongoError(6108304, "no globalScriptEngine in $where parsing")
             if not isinstance(value, list):
                 raise MongoError(2, f"{key} must be an array")
             if not value:

@@ -270,7 +270,8 @@ CAUSES: dict[str, tuple[str, str]] = {
     ),
     'where': (
         '\\$where|csot_applied',
-        '$where is not supported',
+        '$where runs JavaScript: cdcserver has no JavaScript engine (a limit of the emulator; '
+        "it answers as a mongod without one: 6108304 'no globalScriptEngine in $where parsing')",
     ),
     'hint-min-max': (
         '::test_hint|::test_min|::test_max \\||::test_max$',
