@@ -28,7 +28,7 @@ from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from cdcserver.commands import oplog_find
+from cdcserver.commands import oplog_find, profiler
 from cdcserver.context import ConnectionState, ServerState
 from cdcserver.embedded import engine
 from pipeline_stages.errors import MongoError
@@ -186,9 +186,12 @@ def op_finished(
     error: MongoError | None,
     change_stream: bool,
 ) -> None:
-    """Count a finished command as mongod's opcounters and metrics do."""
+    """Count a finished command as mongod's opcounters and metrics do (and profile it)."""
     table = counters(server)
-    table.in_progress.pop(opid, None)
+    running = table.in_progress.pop(opid, None)
+    if running is not None and server.__dict__.get("profile_levels"):
+        conn, db, _, started = running
+        profiler.record(server, conn, db, name, cmd, reply, error, time.monotonic() - started)
     # mongod counts the commands it does not know under one name.
     # The names the server's table knows (run_command has set it).
     counts = table.commands.setdefault(
@@ -866,8 +869,8 @@ async def users_info(server, conn, cmd, db):
 @_command("profile")
 async def profile(server, conn, cmd, db):
     """The profiling level of a database and the slow-operation threshold. The threshold is
-    the server's (it is what "Slow query" log lines use, as mongod's slowms); cdcserver
-    writes no `system.profile` documents."""
+    the server's (it is what "Slow query" log lines use, as mongod's slowms); levels 1 and 2
+    write `system.profile` documents (profiler.py)."""
     levels: dict[str, int] = server.__dict__.setdefault("profile_levels", {})
     sample: dict[str, float] = server.__dict__.setdefault("profile_sample_rates", {})
     level = cmd.get("profile")

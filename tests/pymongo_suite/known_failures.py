@@ -15,7 +15,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
     'test/test_database.py': {
     },
     'test/test_cursor.py': {
-        'TestCursor::test_comment': 'profiler',
         'TestCursor::test_to_list_csot_applied': 'where',
         'TestCursor::test_where': 'where',
     },
@@ -58,7 +57,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
     'test/asynchronous/test_database.py': {
     },
     'test/asynchronous/test_cursor.py': {
-        'TestCursor::test_comment': 'profiler',
         'TestCursor::test_to_list_csot_applied': 'where',
         'TestCursor::test_where': 'where',
     },
