@@ -39,6 +39,7 @@ from cdcserver.commands import (
     proxy,
     queries,
     transactions,
+    user_management,
     writes,
 )
 from cdcserver.commands.base import Handler
@@ -133,6 +134,7 @@ _OWN = _merge(
     bulk_write.TABLE,  # bulkWrite
     _without(ddl.TABLE, *_CHOSEN),  # create, drop, createIndexes, collMod, ...
     transactions.TABLE,  # commitTransaction, abortTransaction, endSessions, killSessions...
+    user_management.TABLE,  # createUser, updateUser, dropUser, dropAllUsersFromDatabase
 )
 
 # The embedded store's commands whose handlers need the store before anything else: with a

@@ -8,7 +8,6 @@ xfail in test_pymongo_suite.py, its reason the text of the cause in CAUSES.
 
 KNOWN_FAILURES: dict[str, dict[str, str]] = {
     'test/test_collection.py': {
-        'TestCollection::test_helpers_with_let': 'let',
         'TestCollection::test_index_filter': 'index-filters',
         'TestCollection::test_index_text': 'text-index',
     },
@@ -25,7 +24,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
     'test/test_raw_bson.py': {
     },
     'test/test_custom_types.py': {
-        'TestCollectionWCustomType::test_aggregate_w_custom_type_decoder': 'sum-int64',
     },
     'test/test_crud_unified.py': {
     },
@@ -38,19 +36,14 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
     'test/test_read_write_concern_spec.py': {
     },
     'test/test_command_monitoring.py': {
-        'TestCommandMonitoringFind::test_A_successful_find_with_showRecordId_and_returnKey': 'showRecordId-returnKey',
     },
     'test/test_command_logging.py': {
-        'TestCommandLoggingRedactedCommands::test_network_error_in_response_to_createUser_is_not_redacted': 'user-management',
-        'TestCommandLoggingRedactedCommands::test_network_error_in_response_to_updateUser_is_not_redacted': 'user-management',
-        'TestCommandLoggingOperationId::test_Failed_bulk_write_command_log_message_includes_operationId': 'update-pipeline-parse',
     },
     'test/test_versioned_api_integration.py': {
     },
     'test/test_client_bulk_write.py': {
     },
     'test/asynchronous/test_collection.py': {
-        'AsyncTestCollection::test_helpers_with_let': 'let',
         'AsyncTestCollection::test_index_filter': 'index-filters',
         'AsyncTestCollection::test_index_text': 'text-index',
     },
