@@ -124,7 +124,42 @@ def _install_mongomock_types() -> None:
     _install_scalar_path_missing()
     _install_match_operators()
     expressions.install(_mm_aggregate._Parser)  # $getField/$setField/$unsetField, 16410
+    _mm_aggregate._GROUPING_OPERATOR_MAP["$sum"] = group_sum
     _INSTALLED = True
+
+
+def group_sum(values: Any) -> Any:
+    """`$sum` in `$group` typed as mongod's AccumulatorSum: the widest numeric type met (int,
+    then long, then double, then decimal), an int past 32 bits a long and a long past 64 bits
+    a double; non-numbers (booleans too) are skipped. mongomock's gives a plain int (an int32
+    when small) for longs and counts booleans."""
+    total: Any = 0
+    widest = 0  # 0 int, 1 long, 2 double, 3 decimal
+    for v in values:
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, Decimal128):
+            widest, v = 3, v.to_decimal()
+        elif isinstance(v, decimal.Decimal):
+            widest = 3
+        elif isinstance(v, float):
+            widest = max(widest, 2)
+        elif isinstance(v, Int64):
+            widest = max(widest, 1)
+        elif not isinstance(v, int):
+            continue
+        if widest == 3 and not isinstance(total, decimal.Decimal):
+            total = decimal.Decimal(repr(total)) if isinstance(total, float) else \
+                decimal.Decimal(total)
+        total = total + (decimal.Decimal(repr(v)) if widest == 3 and isinstance(v, float)
+                         else v)
+    if widest == 3:
+        return Decimal128(total)
+    if widest == 2 or not -(2**63) <= total < 2**63:
+        return float(total)
+    if widest == 1 or not -(2**31) <= total < 2**31:
+        return Int64(total)
+    return int(total)
 
 
 def _install_match_operators() -> None:

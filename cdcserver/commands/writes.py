@@ -246,6 +246,7 @@ async def insert(server, conn, cmd, db):
 
 def _update_kind(u: Any) -> str:
     if isinstance(u, list):
+        engine.validate_pipeline_update(u)  # parsed with the command, matched or not
         return "pipeline"
     if not isinstance(u, Mapping):
         raise MongoError(
@@ -535,6 +536,9 @@ async def update(server, conn, cmd, db):
     coll = coll_arg(cmd, "update")
     request = write_parsing.parse_write_command(cmd, "update")  # whole, before any write
     updates = request.statements
+    for spec in updates:  # a pipeline's stage names fail the command, as mongod parses them
+        if isinstance(spec, Mapping) and isinstance(spec.get("u"), list):
+            engine.check_stage_names(spec["u"])
     wc = write_concern.parse(cmd)
     ordered = request.ordered
     n = modified = 0

@@ -28,6 +28,7 @@ from pipeline_stages.errors import MongoError
 from pipeline_stages.expressions import DOLLAR_FIELD_MESSAGE
 from pipeline_stages.query_engine import Database
 from pipeline_stages.regex import MatchRegex, is_linear
+from pipeline_stages.spec import KNOWN_STAGES
 
 UPDATE_OPERATORS = frozenset(
     {
@@ -133,9 +134,9 @@ def validate_filter(filter_doc: Mapping[str, Any]) -> None:
     for key, value in filter_doc.items():
         if key == "$expr":
             check_variables(value)
-        if key in ("$and", "$or", "$nor"):
         if key == "$where":  # JavaScript: answered as a mongod without a script engine
             raise MongoError(6108304, "no globalScriptEngine in $where parsing")
+        if key in ("$and", "$or", "$nor"):
             if not isinstance(value, list):
                 raise MongoError(2, f"{key} must be an array")
             if not value:
@@ -603,7 +604,23 @@ def _path_exists(doc: Any, path: str) -> bool:
     return True
 
 
-def apply_pipeline_update(doc: dict[str, Any], pipeline: list[Any]) -> dict[str, Any]:
+def validate_pipeline_update(pipeline: list[Any]) -> None:
+    """An update pipeline's parse errors, before any document is matched (mongod parses it
+    with the command): 40324 for a stage mongod does not know, 72 for one not allowed in an
+    update, 16410 for a `$`-prefixed field set."""
+    check_stage_names(pipeline)
+    _check_update_stages(pipeline)
+
+
+def check_stage_names(pipeline: list[Any]) -> None:
+    """40324 for a stage name mongod does not know."""
+    for stage in pipeline:
+        name = next(iter(stage), None) if isinstance(stage, Mapping) else None
+        if isinstance(name, str) and name not in KNOWN_STAGES and name != oplog_update.STAGE:
+            raise MongoError(40324, f"Unrecognized pipeline stage name: '{name}'")
+
+
+def _check_update_stages(pipeline: list[Any]) -> None:
     for stage in pipeline:
         name = next(iter(stage), None) if isinstance(stage, Mapping) else None
         if name not in (
@@ -618,6 +635,10 @@ def apply_pipeline_update(doc: dict[str, Any], pipeline: list[Any]) -> dict[str,
             part.startswith("$") for field in stage[name] for part in field.split(".")
         ):
             raise MongoError(16410, DOLLAR_FIELD_MESSAGE)
+
+
+def apply_pipeline_update(doc: dict[str, Any], pipeline: list[Any]) -> dict[str, Any]:
+    _check_update_stages(pipeline)
     current = copy.deepcopy(doc)
     run: list[Any] = []  # consecutive stages the query engine runs
     for stage in [*pipeline, None]:
@@ -996,3 +1017,37 @@ def index_scan(
                             "the value provided for max() in the hinted index")
     return [d for k, d in keyed
             if (low is None or k.compare(low) >= 0) and (high is None or k.compare(high) < 0)]
+
+
+def plan_index(
+    indexes: list[dict[str, Any]], hint: Any, sort: Any, filter_doc: Mapping[str, Any] | None,
+    ns: str,
+) -> dict[str, Any] | None:
+    """The index a find would scan, as far as returnKey shows it: the hinted one, else one
+    whose key pattern gives the sort (either direction), else one whose first field the
+    filter names; None for a collection scan."""
+    hinted = hinted_index(indexes, hint, ns)
+    if hinted is not None or hint is not None:
+        return hinted
+    btree = [ix for ix in indexes
+             if not any(isinstance(v, str) for v in ix.get("key", {}).values())
+             and not ix.get("sparse") and "partialFilterExpression" not in ix]
+    if isinstance(sort, Mapping) and sort:
+        wanted = [(k, _direction(v)) for k, v in sort.items()]
+        for ix in btree:
+            have = [(k, _direction(v)) for k, v in ix.get("key", {}).items()]
+            if have[:len(wanted)] == wanted or have[:len(wanted)] == [
+                    (k, not d) for k, d in wanted]:
+                return ix
+    fields = set(filter_doc or {})
+    for ix in btree:
+        if next(iter(ix.get("key", {})), None) in fields:
+            return ix
+    return None
+
+
+def index_key(doc: Mapping[str, Any], index: dict[str, Any] | None) -> dict[str, Any]:
+    """`doc`'s key in `index` as returnKey shows it (the key pattern's field names)."""
+    if index is None:
+        return {}
+    return {path: _path_values(doc, path)[0] for path in index.get("key", {})}

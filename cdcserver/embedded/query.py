@@ -407,8 +407,8 @@ class Collation(collation.Collation):
 
 def collation_of(spec: Any, default: Any = None, where: str = "find") -> Collation | None:
     """The collation a command asks for (else the collection's default), None for simple
-    (binary) comparisons."""
-    if spec is None:
+    (binary) comparisons. An empty `{}` asks for nothing, as mongod reads it (the default)."""
+    if spec is None or (isinstance(spec, Mapping) and not spec):
         spec = default
         where = "create"
     parsed = collation.parse_collation(spec, where)
