@@ -99,3 +99,17 @@ def test_await_data_returns_a_document_inserted_while_waiting(client) -> None:
     assert more["cursor"]["id"] == cid
     empty = db.command("getMore", cid, collection="await", maxTimeMS=10)
     assert empty["cursor"]["nextBatch"] == [] and empty["cursor"]["id"] == cid
+
+
+def test_tailable_cursor_of_a_dropped_collection_is_killed(client) -> None:
+    db = client.capped_db
+    db.drop_collection("dropped")
+    coll = db.create_collection("dropped", capped=True, size=1000)
+    coll.insert_one({"x": 1})
+    reply = db.command("find", "dropped", tailable=True)
+    cid = reply["cursor"]["id"]
+    db.drop_collection("dropped")
+    with pytest.raises(OperationFailure) as failure:
+        db.command("getMore", cid, collection="dropped")
+    assert failure.value.code == 175
+    assert str(failure.value).startswith("collection dropped. UUID ")

@@ -9,6 +9,7 @@ CappedPositionLost, as mongod's CollectionScan does.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,7 +65,7 @@ class CappedCursor:
         c = self.store.get(self.db, self.coll)
         if c is None or c.uuid != self.uuid:  # dropped (or renamed) under the cursor
             self.exhausted = True
-            raise MongoError(175, f"collection dropped. UUID {bson.Binary(self.uuid, 4)}")
+            raise MongoError(175, f"collection dropped. UUID {uuid.UUID(bytes=self.uuid)}")
         return c
 
     def fill(self, want: int | None) -> list[Any]:
