@@ -36,11 +36,7 @@ from pipeline_stages.errors import MongoError
 
 log = logging.getLogger("cdcserver")
 
-__all__ = ["COMMANDS", "CommandTable", "Handler", "int_arg", "run_command"]
-
-# The embedded replica set's table as a plain dict, for code that reads a table by name
-# (the sharded cluster's shards start from it). Assembled in commands/tables.py.
-COMMANDS: dict[str, Handler] = dict(tables.EMBEDDED)
+__all__ = ["CommandTable", "Handler", "int_arg", "run_command"]
 
 # error_codes.yml categories RetriableError, NetworkError and NeedRetargettingError, plus the
 # codes error_labels.cpp adds: resumable for a change stream (reference §6.3). (63 left the
@@ -183,8 +179,8 @@ async def run_command(
     table: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run `cmd` with the handler the server's table (or `table`) gives its name. The
-    upstream's forwarding (once a `"$proxy"` hook consulted here) is routed here too: it is
-    the upstream table's default entry, and its `forwarding` handlers skip our own checks."""
+    upstream's forwarding is the upstream table's default entry, and its `forwarding`
+    handlers skip our own checks."""
     commands = server.commands if table is None else CommandTable.of(table)
     if commands is None:
         commands = table_of(server, None)
