@@ -113,3 +113,15 @@ def test_tailable_cursor_of_a_dropped_collection_is_killed(client) -> None:
         db.command("getMore", cid, collection="dropped")
     assert failure.value.code == 175
     assert str(failure.value).startswith("collection dropped. UUID ")
+
+
+def test_a_document_larger_than_the_capped_size_is_refused(client) -> None:
+    db = client.capped_db
+    db.drop_collection("small")
+    coll = db.create_collection("small", capped=True, size=256)
+    coll.insert_one({"_id": 1})
+    with pytest.raises(OperationFailure) as failure:
+        coll.insert_one({"_id": 2, "s": "x" * 400})
+    assert failure.value.code == 2
+    assert "object to insert exceeds cappedMaxSize" in str(failure.value)
+    assert [d["_id"] for d in coll.find()] == [1]

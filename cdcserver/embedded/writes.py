@@ -47,6 +47,8 @@ class WritesMixin(StoreState):
         if len(raw) > MAX_BSON:
             raise MongoError(10334, f"object to insert too large. size in bytes: {len(raw)}, "
                              f"max size: {MAX_BSON}")
+        if c.options.get("capped") and len(raw) > int(c.options.get("size") or 0):
+            raise MongoError(2, "object to insert exceeds cappedMaxSize")  # WiredTiger's
         self.log("i", c.ns, doc, ui=c.ui, o2={"_id": doc["_id"]}, session=session,
                  stmt_id=stmt_id)
         self._put(c, key, None, doc, raw, edits)
