@@ -1161,3 +1161,32 @@ def test_sidecar_asks_a_bounded_number_of_upstream_requests_per_event(cluster, c
         assert got == [f"b{i}" for i in range(100)]
         for shard in idle:
             assert requests.count("appendOplogNote", shard.port) - before[shard.name] <= 4
+
+
+def test_front_get_more_without_batch_size_returns_what_is_ready(cluster, client):
+    """mongos, like a shard, has no default getMore batch size (only the aggregate's 101): a
+    backlog spread over the shards comes back in one getMore, in order; a batchSize still
+    caps the batch."""
+    db = client.gm
+    _spread(client, cluster, "gm.c")
+    opened = db.command("aggregate", "c", pipeline=[{"$changeStream": {}}],
+                        cursor={"batchSize": 0})
+    cursor_id = opened["cursor"]["id"]
+    n = 300
+    db.c.insert_many([{"_id": i, "x": i} for i in range(n)])  # every shard's chunk
+    seen: list[int] = []
+    tokens: list[str] = []
+    sizes: list[int] = []
+    for extra in ({"batchSize": 120}, {}, {}, {}, {}):
+        if len(seen) == n:
+            break
+        more = db.command("getMore", cursor_id, collection="c", maxTimeMS=2000, **extra)
+        batch = more["cursor"]["nextBatch"]
+        assert batch, "an empty getMore with events still to come"
+        sizes.append(len(batch))
+        seen += [e["documentKey"]["_id"] for e in batch]
+        tokens += [e["_id"]["_data"] for e in batch]
+    assert sizes[0] == 120  # batchSize still caps a getMore
+    assert sorted(seen) == list(range(n))  # none lost or repeated
+    assert tokens == sorted(tokens)  # in cluster-time order
+    assert max(sizes[1:]) > 101  # without batchSize: more than the aggregate's default

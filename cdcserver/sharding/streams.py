@@ -211,11 +211,12 @@ class MergedChangeStream:
                 self.invalidated = True
                 break
 
-    def _batch(self, size: int) -> Batch:
+    def _batch(self, size: int | None) -> Batch:
+        """Up to `size` merged events (None: what is ready) within the 16 MiB reply budget."""
         out: list[RawBSONDocument] = []
         total = 0
         pending = self.pending
-        while pending and len(out) < size:
+        while pending and (size is None or len(out) < size):
             n = len(pending[0].raw)
             if out and total + n > MAX_BATCH_BYTES:
                 break
@@ -223,7 +224,7 @@ class MergedChangeStream:
             out.append(pending.popleft())
         if out:
             self.pbrt = dict(out[-1]["_id"])
-        if not pending and (not out or len(out) < size):
+        if not pending and (not out or size is None or len(out) < size):
             if self.invalidated:
                 return Batch(out, self.pbrt, True)
             high = self.merge.post_batch_resume_token
@@ -241,7 +242,12 @@ class MergedChangeStream:
         return self._batch(size)
 
     async def get_more(self, batch_size: int | None, max_time_ms: int | None) -> Batch:
-        size = DEFAULT_BATCH_SIZE if batch_size is None or batch_size <= 0 else batch_size
+        # Without batchSize, mongos returns what is ready up to the 16 MiB reply budget (as a
+        # shard's getMore does: cdcserver/cursors.py); only the aggregate defaults to 101.
+        size = (
+            None if batch_size is None
+            else DEFAULT_BATCH_SIZE if batch_size <= 0 else batch_size
+        )
         wait_s = (DEFAULT_AWAIT_MS if max_time_ms is None else max_time_ms) / 1000
         deadline = time.monotonic() + wait_s
         self.awaited_s = 0.0
