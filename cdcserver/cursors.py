@@ -2,7 +2,7 @@
 
 `CursorManager` is the one registry of a server's cursors, whatever their kind: change streams
 (`ChangeStreamCursor` here, a sharded front's merged streams), query results
-(commands/crud.py `ResultCursor`), oplog finds (commands/oplog_find.py `OplogCursor`) and
+(commands/queries.py `ResultCursor`), oplog finds (commands/oplog_find.py `OplogCursor`) and
 cursors held elsewhere (commands/proxy.py `ForwardedCursor`: an upstream member's or a shard's).
 Each has an `id`, a namespace `ns`, an `owner` (None: this server holds its results), `last_used`,
 `busy` (a getMore has it checked out) and `close()`; one reaper closes those idle too long, and

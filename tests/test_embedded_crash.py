@@ -189,7 +189,7 @@ def test_retryable_writes_stay_at_most_once_across_a_restart(tmp_path):
     from bson.binary import Binary
     from bson.int64 import Int64
 
-    from cdcserver.commands import crud
+    from cdcserver.commands import writes as crud  # the write commands (writes.py)
     from cdcserver.embedded.store import Store
 
     lsid = {"id": Binary(uuid.uuid4().bytes, 4)}

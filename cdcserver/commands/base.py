@@ -1,6 +1,6 @@
 """What every command family shares: the handler type, a family's own table, `int_arg`.
 
-A family (handshake, cursors, crud, ddl, ...) lists its commands in its own `TABLE`; the
+A family (handshake, cursors, writes, queries, ddl, ...) lists its commands in its own `TABLE`; the
 server modes' tables are assembled from those in one place, `commands/tables.py`. A family
 never reads another family's table: it calls the other's functions.
 """

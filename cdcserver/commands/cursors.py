@@ -36,7 +36,7 @@ command = family(TABLE)
 
 @command("aggregate")
 async def aggregate(server, conn, cmd, db):
-    """aggregate with a `$changeStream` first stage (crud.aggregate answers the others)."""
+    """aggregate with a `$changeStream` first stage (queries.aggregate answers the others)."""
     if not is_change_stream_aggregate(cmd):
         check_requires_change_stream(cmd.get("pipeline"))
         raise MongoError(
