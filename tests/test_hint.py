@@ -68,3 +68,18 @@ def test_min_max_errors(coll: Collection, make, code: int) -> None:
     with pytest.raises(errors.OperationFailure) as info:
         list(make(coll))
     assert info.value.code == code
+
+
+def test_writes_refuse_an_unknown_hint(coll: Collection) -> None:
+    with pytest.raises(errors.WriteError) as info:
+        coll.update_one({"_id": 1}, {"$set": {"x": 1}}, hint="nope")
+    assert info.value.code == 2
+    with pytest.raises(errors.WriteError) as info:
+        coll.delete_one({"_id": 1}, hint=[("zz", 1)])
+    assert info.value.code == 2
+    with pytest.raises(errors.OperationFailure) as info:
+        coll.find_one_and_delete({"_id": 1}, hint="nope")
+    assert info.value.code == 2
+    assert coll.count_documents({"_id": 1}) == 1
+    assert coll.update_one({"_id": 1}, {"$set": {"x": 1}}, hint="b_1").modified_count == 1
+    assert coll.delete_one({"_id": 1}, hint={"a": 1, "b": -1}).deleted_count == 1

@@ -432,6 +432,8 @@ def run_update_statement(
     c = store.get(db, coll)
     if c is None:
         store.check_not_view(db, coll)  # 166, as mongod refuses writes to a view
+    else:  # 2 BadValue for a hint no index answers
+        engine.hinted_index(c.indexes, spec.get("hint"), c.ns)
     collation = query.collation_of(spec.get("collation"),
                                    c.options.get("collation") if c is not None else None,
                                    "update.updates")
@@ -652,6 +654,8 @@ def run_delete_statement(
     c = store.get(db, coll)
     if c is None:
         store.check_not_view(db, coll)
+    else:  # 2 BadValue for a hint no index answers
+        engine.hinted_index(c.indexes, spec.get("hint"), c.ns)
     collation = query.collation_of(
         spec.get("collation"),
         c.options.get("collation") if c is not None else None,
@@ -757,6 +761,10 @@ def _find_and_modify_once(
     validate = not write_parsing.true_value(cmd.get("bypassDocumentValidation"))
     if store.get(db, coll) is None:
         store.check_not_view(db, coll)
+    else:  # 2 BadValue for a hint no index answers
+        target = store.get(db, coll)
+        assert target is not None
+        engine.hinted_index(target.indexes, cmd.get("hint"), target.ns)
     pre = _sorted_find(store, db, coll, q, sort, cmd.get("collation"))
     c = store.get(db, coll)
     if remove:
