@@ -97,3 +97,16 @@ def test_bad_specs(db: Database, spec: dict, code: int) -> None:
     with pytest.raises(errors.OperationFailure) as info:
         list(db.src.aggregate([{"$merge": {"into": "dst"}}, {"$match": {}}]))
     assert info.value.code == 40601
+
+
+@pytest.mark.parametrize("stage", [{"$merge": {"into": "dst"}}, {"$out": "o"}])
+def test_refused_in_a_transaction(db: Database, stage: dict) -> None:
+    with db.client.start_session() as session:
+        with pytest.raises(errors.OperationFailure) as info:
+            with session.start_transaction():
+                list(db.src.aggregate([stage], session=session))
+    assert info.value.code == 263
+    assert info.value.details["errmsg"] == (
+        "Operation not permitted in transaction :: caused by :: Aggregation stage "
+        f"{next(iter(stage))} cannot run within a multi-document transaction.")
+    assert db.dst.count_documents({}) == 2

@@ -507,6 +507,10 @@ async def aggregate(server, conn, cmd, db):
         if isinstance(stage, Mapping) and ("$out" in stage or "$merge" in stage):
             raise MongoError(40601, f"{next(iter(stage))} can only be the final stage in the "
                              "pipeline")
+    if out_stage is not None and cmd.get("autocommit") is False:  # LiteParsed's check
+        raise MongoError(263, "Operation not permitted in transaction :: caused by :: "
+                         f"Aggregation stage {next(iter(out_stage))} cannot run within a "
+                         "multi-document transaction.")
     # A leading $match selects documents in steps that let other connections run (the rest
     # of the pipeline runs on the query engine at once); the deadline is checked after it.
     first_match = None
