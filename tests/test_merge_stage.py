@@ -110,3 +110,35 @@ def test_refused_in_a_transaction(db: Database, stage: dict) -> None:
         "Operation not permitted in transaction :: caused by :: Aggregation stage "
         f"{next(iter(stage))} cannot run within a multi-document transaction.")
     assert db.dst.count_documents({}) == 2
+
+
+def test_pipeline_mode_inserts_the_pipeline_applied_to_the_on_fields(db: Database) -> None:
+    # jstests/aggregation/sources/merge/mode_pipeline_insert.js: an upsert, not the result
+    db.dst.delete_many({})
+    db.dst.insert_one({"_id": 1, "b": 1})
+    assert _merged(db, whenMatched=[{"$addFields": {"x": {"$add": ["$b", 1]}}}]) == [
+        {"_id": 1, "b": 1, "x": 2}, {"_id": 2, "x": None}]
+    db.dst.delete_many({})
+    db.dst.create_index("k", unique=True)
+    list(db.src.aggregate([{"$project": {"_id": 0}}, {"$merge": {
+        "into": "dst", "on": "k", "whenMatched": [{"$addFields": {"z": 1}}]}}]))
+    assert sorted((d["k"], d["z"]) for d in db.dst.find({}, {"_id": 0})) == [("x", 1), ("y", 1)]
+
+
+def test_on_field_missing_or_array(db: Database) -> None:
+    db.dst.delete_many({})
+    db.dst.create_index("k", unique=True)
+    db.src.insert_one({"_id": 9, "k": [1, 2]})
+    with pytest.raises(errors.OperationFailure) as info:
+        list(db.src.aggregate([{"$match": {"_id": 9}}, {"$merge": {"into": "dst", "on": "k"}}]))
+    assert info.value.code == 51185
+    with pytest.raises(errors.OperationFailure) as info:
+        list(db.src.aggregate([{"$project": {"k": 0}}, {"$merge": {"into": "dst", "on": "k"}}]))
+    assert info.value.code == 51132
+
+
+def test_target_validator_applies(db: Database) -> None:
+    db.create_collection("valid", validator={"a": {"$gt": 1}})
+    with pytest.raises(errors.OperationFailure) as info:
+        list(db.src.aggregate([{"$merge": {"into": "valid"}}]))
+    assert info.value.code == 121

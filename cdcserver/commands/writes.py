@@ -41,7 +41,7 @@ from cdcserver.commands.transactions import (
     retry_state,
     txn_write_error,
 )
-from cdcserver.embedded import engine, query
+from cdcserver.embedded import engine, modifiers, query
 from cdcserver.embedded.bson_depth import check_update_depth
 from cdcserver.embedded.store import (
     Collection,
@@ -919,12 +919,12 @@ def _merge_key(doc: Mapping[str, Any], fields: list[str]) -> tuple[bytes, ...]:
     """The `on` fields' values of `doc` (each present, not null/undefined, not an array)."""
     key = []
     for path in fields:
-        value: Any = doc
-        for part in path.split("."):
-            value = value.get(part) if isinstance(value, Mapping) else None
-        if value is None or isinstance(value, list):  # (BSON undefined decodes to None)
-            raise MongoError(51132, "$merge write error: 'on' field cannot be missing, null, "
-                             "undefined or an array")
+        value = _path_value(doc, path)
+        if isinstance(value, list):
+            raise MongoError(51185, f"$merge write error: 'on' field '{path}' is an array")
+        if value is None:  # missing, null (BSON undefined decodes to None)
+            raise MongoError(51132, f"$merge write error: 'on' field '{path}' cannot be "
+                             "missing, null, undefined or an array")
         key.append(id_key(value))
     return tuple(key)
 
@@ -964,8 +964,18 @@ def _write_merge(store: Store, db: str, arg: Any, results: list[Any]) -> None:
                 raise MongoError(13113, "$merge could not find a matching document in the "
                                  "target collection for at least one document in the source "
                                  "collection")
-            new = prepare_insert(doc)
-            store.insert_document(c, new)
+            if isinstance(matched, list) and pre is None:  # an upsert: the pipeline applied
+                # to the `on` fields (MergeProcessor's upsert), not the result document
+                seed: dict[str, Any] = {}
+                for path in fields:
+                    modifiers.set_path(seed, path, _path_value(doc, path))
+                update = engine.bind_pipeline(matched, engine.merge_variables(let, doc))
+                new = engine.apply_pipeline_update(seed, update)
+                new = _id_first({"_id": seed["_id"], **new} if "_id" in seed else new)
+            else:
+                new = doc
+            new = prepare_insert(new)
+            store.insert_document(c, new, validate=True)
             by_key[key] = new
             continue
         if matched == "keepExisting":
@@ -989,5 +999,12 @@ def _write_merge(store: Store, db: str, arg: Any, results: list[Any]) -> None:
                              "attempt to modify the _id or the shard key? :: caused by :: "
                              "Performing an update on the path '_id' would modify the "
                              "immutable field '_id'")
-        store.update_document(c, pre, post, kind=kind, update=update)
+        store.update_document(c, pre, post, kind=kind, update=update, validate=True)
         by_key[key] = post
+
+
+def _path_value(doc: Mapping[str, Any], path: str) -> Any:
+    value: Any = doc
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
