@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import itertools
+import json
 import os
 import platform
 import socket
@@ -1140,13 +1141,124 @@ _SERVER_PARAMETERS = {
 }
 
 
-def _plan(filter_doc: Any, sort: Any, limit: int, skip: int) -> dict[str, Any]:
-    """The winning plan of a query on a collection without a usable index: a COLLSCAN, with
+def _conjuncts(filter_doc: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
+    """(path, operator, value) of each predicate ANDed at the top of a filter ($and flattened;
+    `{path: value}` is `$eq`); other top-level operators are left out."""
+    out: list[tuple[str, str, Any]] = []
+    for key, value in filter_doc.items():
+        if key == "$and" and isinstance(value, list):
+            for clause in value:
+                if isinstance(clause, Mapping):
+                    out.extend(_conjuncts(clause))
+        elif key.startswith("$"):
+            continue
+        elif isinstance(value, Mapping) and value and next(iter(value)).startswith("$"):
+            out.extend((key, op, arg) for op, arg in value.items())
+        else:
+            out.append((key, "$eq", value))
+    return out
+
+
+def _ordered(a: Any, b: Any) -> bool:
+    """Whether a and b compare by value as the planner's bounds do (numbers or strings)."""
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float, Int64)) and not isinstance(v, bool)
+    return (number(a) and number(b)) or (isinstance(a, str) and isinstance(b, str))
+
+
+def _implies(query: tuple[str, str, Any], wanted: tuple[str, str, Any]) -> bool:
+    """Whether the query's predicate implies the partial filter's (the subset check of
+    expression::isSubsetOf, for equality, ranges and $exists)."""
+    (path, op, v), (wpath, wop, wv) = query, wanted
+    if path != wpath:
+        return False
+    if (op, v) == (wop, wv) and type(v) is type(wv):
+        return True
+    if wop == "$exists":
+        return wv is True and (op in ("$gt", "$gte", "$lt", "$lte") or (op == "$eq"
+                                                                         and v is not None))
+    if wop not in ("$lt", "$lte", "$gt", "$gte") or not _ordered(v, wv):
+        return False
+    if wop in ("$lt", "$lte"):
+        if op in ("$eq", "$lte"):
+            return v < wv or (wop == "$lte" and v == wv)
+        return op == "$lt" and v <= wv
+    if op in ("$eq", "$gte"):
+        return v > wv or (wop == "$gte" and v == wv)
+    return op == "$gt" and v >= wv
+
+
+def _bound(v: Any) -> str:
+    if isinstance(v, float) and v in (float("inf"), float("-inf")):
+        return "inf.0" if v > 0 else "-inf.0"
+    return json.dumps(v) if isinstance(v, str) else str(v)
+
+
+def _index_bounds(field: str, preds: list[tuple[str, str, Any]]) -> list[str]:
+    """The first key field's interval from its equality or range predicates (other shapes:
+    all values)."""
+    low, high, low_open, high_open = "MinKey", "MaxKey", False, False
+    for path, op, v in preds:
+        if path != field or not _ordered(v, v):
+            continue
+        if op == "$eq":
+            return [f"[{_bound(v)}, {_bound(v)}]"]
+        number = not isinstance(v, str)
+        if op in ("$gt", "$gte"):
+            low, low_open = _bound(v), op == "$gt"
+            high = "inf.0" if number and high == "MaxKey" else high
+        elif op in ("$lt", "$lte"):
+            high, high_open = _bound(v), op == "$lt"
+            low = "-inf.0" if number and low == "MinKey" else low
+    return [f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"]
+
+
+def _partial_index_leaf(server: ServerState, db: str, coll: str,
+                        filter_doc: Any) -> dict[str, Any] | None:
+    """FETCH over an IXSCAN of a partial index the query can use: one whose first key field
+    the filter names and whose partialFilterExpression the filter implies (mongod plans no
+    partial index otherwise, since it would miss documents)."""
+    store = _store(server)
+    c = store.get(db, coll) if store is not None else None
+    if c is None or not isinstance(filter_doc, Mapping):
+        return None
+    preds = _conjuncts(filter_doc)
+    for ix in c.indexes:
+        pfe, key = ix.get("partialFilterExpression"), ix.get("key", {})
+        if not isinstance(pfe, Mapping) or ix.get("hidden") or any(
+                isinstance(v, str) for v in key.values()):
+            continue
+        first = next(iter(key), None)
+        if not any(p[0] == first for p in preds) or not all(
+                any(_implies(q, w) for q in preds) for w in _conjuncts(pfe)):
+            continue
+        scan = {"stage": "IXSCAN", "keyPattern": dict(key), "indexName": ix["name"],
+                "isMultiKey": False, "multiKeyPaths": {k: [] for k in key},
+                "isUnique": bool(ix.get("unique")), "isSparse": bool(ix.get("sparse")),
+                "isPartial": True, "indexVersion": 2, "direction": "forward",
+                "indexBounds": {k: _index_bounds(k, preds) if k == first
+                                else ["[MinKey, MaxKey]"] for k in key}}
+        rest = {k: v for k, v in filter_doc.items() if k != first}
+        fetch: dict[str, Any] = {"stage": "FETCH"}
+        if rest:
+            fetch["filter"] = rest
+        fetch["inputStage"] = scan
+        return fetch
+    return None
+
+
+def _plan(filter_doc: Any, sort: Any, limit: int, skip: int,
+          leaf: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The winning plan of a query: a COLLSCAN when no index serves it (else `leaf`), with
     the SORT / SKIP / LIMIT stages above it that mongod's classic planner adds."""
-    plan: dict[str, Any] = {"stage": "COLLSCAN"}
-    if filter_doc:
-        plan["filter"] = dict(filter_doc)
-    plan["direction"] = "forward"
+    plan: dict[str, Any]
+    if leaf is not None:
+        plan = leaf
+    else:
+        plan = {"stage": "COLLSCAN"}
+        if filter_doc:
+            plan["filter"] = dict(filter_doc)
+        plan["direction"] = "forward"
     if skip:
         plan = {"stage": "SKIP", "skipAmount": skip, "inputStage": plan}
     if isinstance(sort, Mapping) and sort:
@@ -1258,7 +1370,8 @@ async def explain(server, conn, cmd, db):
         filter_doc = first.get("q", {}) if isinstance(first, Mapping) else {}
     else:
         filter_doc, sort = inner.get("query") or {}, inner.get("sort")
-    plan = _plan(filter_doc, sort, abs(limit), skip)
+    plan = _plan(filter_doc, sort, abs(limit), skip,
+                 _partial_index_leaf(server, db, target, filter_doc))
     if name == "count":
         plan = {"stage": "COUNT", "inputStage": plan}
     elif name in ("update", "delete", "findAndModify", "findandmodify"):

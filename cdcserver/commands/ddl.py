@@ -478,6 +478,12 @@ def normalize_index_spec(raw: Any) -> dict[str, Any]:
             )
     if name == "_id_" and (list(key) != ["_id"]):
         raise MongoError(197, "The index name '_id_' is reserved for the _id index")
+    if "partialFilterExpression" in raw:  # index_key_validate, then the match parser's errors
+        pfe = raw["partialFilterExpression"]
+        if not isinstance(pfe, Mapping):
+            raise MongoError(14, "The field 'partialFilterExpression' must be an object, but "
+                             f"got {type_name(pfe)}")
+        engine.validate_filter(pfe)
     spec: dict[str, Any] = {"v": 2}
     for flag in ("unique", "hidden", "prepareUnique"):
         if raw.get(flag):

@@ -34,7 +34,7 @@ from cdcserver.commands.crud_common import (
 from cdcserver.commands.transactions import get_store, snapshot_reads
 from cdcserver.commands.writes import _write_out
 from cdcserver.cursors import QUERY_RESULT
-from cdcserver.embedded import engine, query
+from cdcserver.embedded import engine, query, text_search
 from cdcserver.embedded.store import Store
 from pipeline_stages.errors import MongoError
 from pipeline_stages.spec import check_requires_change_stream, is_change_stream_aggregate
@@ -191,13 +191,25 @@ def _find_scan(
                     query.run_sync(view_scan)
                 return None, view_out
             return view_scan, view_out
-        engine.matches(filter_doc or {}, {})
+        engine.matches({k: v for k, v in (filter_doc or {}).items() if k != "$text"}, {})
         return None, []
+    text_q: text_search.TextQuery | None = None
+    ix: Mapping[str, Any] = {}
+    if filter_doc and "$text" in filter_doc:  # matched and scored here, the rest as any filter
+        ix = text_search.text_index(c.indexes)
+        text_q = text_search.parse(filter_doc["$text"], ix.get("default_language", "english"))
+        filter_doc = {k: v for k, v in filter_doc.items() if k != "$text"}
+    sort, meta_sorted = _text_score_sort(sort)
+    if text_q is None and (meta_sorted or _text_score_fields(projection)):
+        raise MongoError(40218, "query requires text score metadata, but it is not available")
     normalized = engine.normalize(dict(filter_doc or {}))
     with engine_errors():
         engine.matcher(normalized)  # compiled (regexes) before the first document
     sort_list = _sort_list(sort)
     fields = dict(projection) if projection else None
+    score_fields = _text_score_fields(projection)
+    if fields is not None and score_fields:
+        fields = {k: v for k, v in fields.items() if k not in score_fields} or None
     project_one = None
     if fields is not None:
         def project_one(doc: Mapping[str, Any]) -> Any:
@@ -211,10 +223,48 @@ def _find_scan(
         hint, min_doc, max_doc = hint_args
         docs = engine.index_scan(docs, engine.hinted_index(c.indexes, hint, c.ns), hint,
                                  min_doc, max_doc, c.ns)
+    if text_q is not None:
+        text_scores: dict[int, float] = {}
+        for doc in docs:
+            found = text_search.score(ix, text_q, doc)
+            if found is not None:
+                text_scores[id(doc)] = found
+        docs = [d for d in docs if id(d) in text_scores]
+        if meta_sorted:  # highest score first; the sort's plain keys before it then apply
+            docs.sort(key=lambda d: -text_scores[id(d)])
+        if score_fields:
+            inner = project_one
+
+            def project_one(doc: Mapping[str, Any]) -> Any:
+                shown = dict(inner(doc)) if inner is not None else engine.copy_document(doc)
+                for name in score_fields:
+                    shown[name] = text_scores[id(doc)]
+                return shown
     out: list[Any] = []
     scan = query.find(docs, normalized, sort_list, skip, limit, out,
                       project=project_one, copy=copy, collation=applied)
     return scan, out
+
+
+def _text_score_fields(projection: Any) -> list[str]:
+    """The projection's `{name: {$meta: "textScore"}}` fields."""
+    if not isinstance(projection, Mapping):
+        return []
+    return [k for k, v in projection.items()
+            if isinstance(v, Mapping) and dict(v) == {"$meta": "textScore"}]
+
+
+def _text_score_sort(sort: Any) -> tuple[Any, bool]:
+    """The sort without its `{$meta: "textScore"}` key (and the plain keys after it, which
+    only order documents of equal score), and whether it had one."""
+    if not isinstance(sort, Mapping):
+        return sort, False
+    plain: dict[str, Any] = {}
+    for k, v in sort.items():
+        if isinstance(v, Mapping) and dict(v) == {"$meta": "textScore"}:
+            return plain, True
+        plain[k] = v
+    return sort, False
 
 
 def view_documents(store: Store, db: str, resolved: tuple[str, list[Any]],

@@ -8,8 +8,6 @@ xfail in test_pymongo_suite.py, its reason the text of the cause in CAUSES.
 
 KNOWN_FAILURES: dict[str, dict[str, str]] = {
     'test/test_collection.py': {
-        'TestCollection::test_index_filter': 'index-filters',
-        'TestCollection::test_index_text': 'text-index',
     },
     'test/test_database.py': {
     },
@@ -44,8 +42,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
     'test/test_client_bulk_write.py': {
     },
     'test/asynchronous/test_collection.py': {
-        'AsyncTestCollection::test_index_filter': 'index-filters',
-        'AsyncTestCollection::test_index_text': 'text-index',
     },
     'test/asynchronous/test_database.py': {
     },

@@ -251,19 +251,6 @@ WIDER_FILES = [
 # The causes of the failures: key -> (pattern on "node id | message", why). The first
 # pattern that matches names the cause; known_failures.py refers to the keys.
 CAUSES: dict[str, tuple[str, str]] = {
-    'undefined-variable': (
-        r"'code': 17276",
-        "a filter's $expr naming an undefined variable ($$name) is not refused "
-        "(17276 'Use of undefined variable')",
-    ),
-    'merge': (
-        '\\$merge|fake_cursor',
-        '$merge is not supported by the embedded store',
-    ),
-    'let': (
-        '[Ll]et_option|_with_let|helpers_with_let',
-        'the let option is not supported (fails with code 2 and a Python message)',
-    ),
     'setField': (
         '\\$setField|DotsAndDollars',
         '$setField / $getField (dotted and $-prefixed field names) are not supported',
@@ -272,10 +259,6 @@ CAUSES: dict[str, tuple[str, str]] = {
         '\\$where|csot_applied',
         '$where runs JavaScript: cdcserver has no JavaScript engine (a limit of the emulator; '
         "it answers as a mongod without one: 6108304 'no globalScriptEngine in $where parsing')",
-    ),
-    'hint-min-max': (
-        '::test_hint|::test_min|::test_max \\||::test_max$',
-        'hint / min / max are ignored by find',
     ),
     'exhaust': (
         '[Ee]xhaust',
@@ -297,31 +280,9 @@ CAUSES: dict[str, tuple[str, str]] = {
         '::test_comment \\|',
         'the profiler writes no system.profile documents',
     ),
-    'text-index': (
-        'test_index_text',
-        "$text search is not implemented (the text index spec is; tokenising, stemming, "
-        "stop words and textScore are not)",
-    ),
-    'index-filters': (
-        'test_index_filter',
-        "partial indexes: partialFilterExpression is not validated (5, unknown operators) "
-        "and explain does not plan an IXSCAN with isPartial",
-    ),
-    'showRecordId-returnKey': (
-        'showRecordId_and_returnKey',
-        "find's showRecordId / returnKey are ignored",
-    ),
     'collation': (
         '[Cc]ollation',
         'collation is accepted but ignored',
-    ),
-    'update-pipeline-parse': (
-        'Failed_bulk_write_command_log',
-        "an update pipeline with an unknown stage is accepted when nothing matches",
-    ),
-    'sum-int64': (
-        'custom_type_decoder',
-        '$sum over Int64 values returns an Int32',
     ),
     'update-result': (
         'test_update_result',
