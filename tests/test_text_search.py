@@ -74,9 +74,16 @@ def test_text_errors(client: MongoClient, coll: Collection) -> None:
     with pytest.raises(errors.OperationFailure) as exc:
         coll.find_one({}, {"score": {"$meta": "textScore"}})
     assert exc.value.code == 40218
-    with pytest.raises(errors.OperationFailure) as exc:
-        coll.find_one({"$text": {"$search": 5}})
-    assert exc.value.code == 2
+    for spec, code in (({"$search": 5}, 14), ({}, 4), ({"$search": "a", "x": 1}, 2), (5, 2),
+                       ({"$search": "a", "$caseSensitive": 1}, 14)):
+        with pytest.raises(errors.OperationFailure) as exc:  # parse errors come before 27
+            plain.find_one({"$text": spec})
+        assert exc.value.code == code, spec
+    assert coll.find_one({"$text": {"$search": "SPAM", "$caseSensitive": True}}) is None
+    assert coll.find_one({"$text": {"$search": "Spams", "$caseSensitive": True}})["_id"] == 4
+    # "none": the query's words unstemmed, against the index's (English-stemmed) terms
+    assert coll.find_one({"$text": {"$search": "eggs", "$language": "none"}}) is None
+    assert coll.count_documents({"$text": {"$search": "egg", "$language": "none"}}) == 2
 
 
 def _stage(plan: dict, name: str) -> dict:

@@ -178,6 +178,8 @@ def _find_scan(
     fills (no scan when the answer is known: a view's, a missing collection's). `collation`:
     the command's (and its name), applied with the collection's default."""
     engine.validate_filter(filter_doc or {})  # mongod's parse errors, before any document
+    if filter_doc and "$text" in filter_doc:
+        text_search.parse(filter_doc["$text"], "english")
     c = store.get(db, coll)
     if c is None:
         resolved = store.resolve_view(db, coll)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline_stages.errors import MongoError
+from pipeline_stages.value_string import type_name
 
 # mongod's stop_words_english.txt.
 STOP_WORDS = frozenset("""
@@ -58,6 +59,14 @@ def stem(term: str) -> str:
     return term
 
 
+def _cased_terms(text: str, language: str) -> list[str]:
+    """Terms as written ($caseSensitive: FTSMatcher compares the unlowered, stemmed terms)."""
+    words = _TOKEN.findall(text)
+    if language == "none":
+        return words
+    return [stem(w) for w in words if w.lower() not in STOP_WORDS]
+
+
 def terms(text: str, language: str = "english") -> list[str]:
     """The index terms of a string, in order (stop words dropped, stemmed)."""
     words = [w.lower() for w in _TOKEN.findall(text)]
@@ -75,30 +84,38 @@ class TextQuery:
     phrases: list[str] = field(default_factory=list)
     negated_phrases: list[str] = field(default_factory=list)
     case_sensitive: bool = False
+    cased: set[str] = field(default_factory=set)  # the positive words as written, stemmed
 
 
-_TEXT_OPTIONS = {"$search", "$language", "$caseSensitive", "$diacriticSensitive"}
+def _extract(spec: Mapping[str, Any], name: str, kind: type, kind_name: str) -> Any:
+    """bsonExtractTypedField: 4 when missing (None here for the optional ones), 14 when of
+    another type."""
+    if name not in spec:
+        return None
+    value = spec[name]
+    if not isinstance(value, kind) or (kind is str and isinstance(value, bool)):
+        raise MongoError(14, f'"{name}" had the wrong type. Expected {kind_name}, found '
+                         f"{type_name(value)}")
+    return value
 
 
 def parse(spec: Any, default_language: str) -> TextQuery:
-    """mongod's parse errors for a `$text` argument (TextMatchExpressionBase::parse)."""
+    """mongod's parse errors for a `$text` argument
+    (ExtensionsCallback::extractTextMatchExpressionParams), then the query's terms."""
     if not isinstance(spec, Mapping):
         raise MongoError(2, "$text expects an object")
-    for key in spec:
-        if key not in _TEXT_OPTIONS:
-            raise MongoError(2, f"extra fields in $text: {key}")  # as mongod's parser words it
-    search = spec.get("$search")
-    if not isinstance(search, str):
-        raise MongoError(2, "$search requires a string value")
-    language = spec.get("$language", default_language)
-    if not isinstance(language, str):
-        raise MongoError(2, "$language requires a string value")
-    for flag in ("$caseSensitive", "$diacriticSensitive"):
-        if flag in spec and not isinstance(spec[flag], bool):
-            raise MongoError(2, f"{flag} requires a boolean value")
-    q = TextQuery(case_sensitive=bool(spec.get("$caseSensitive", False)))
+    search = _extract(spec, "$search", str, "string")
+    if search is None:
+        raise MongoError(4, 'Missing expected field "$search"')
+    language = _extract(spec, "$language", str, "string")
+    case_sensitive = _extract(spec, "$caseSensitive", bool, "bool")
+    diacritic = _extract(spec, "$diacriticSensitive", bool, "bool")
+    expected = 1 + sum(v is not None for v in (language, case_sensitive, diacritic))
+    if len(spec) != expected:
+        raise MongoError(2, "extra fields in $text")
+    language = language or default_language
+    q = TextQuery(case_sensitive=bool(case_sensitive))
     # Quoted phrases (a leading '-' negates one), then the remaining words.
-    rest = search
     for m in re.finditer(r'(-?)"([^"]*)"', search):
         (q.negated_phrases if m.group(1) else q.phrases).append(m.group(2))
     rest = re.sub(r'-?"[^"]*"', " ", search)
@@ -106,6 +123,8 @@ def parse(spec: Any, default_language: str) -> TextQuery:
         negate = word.startswith("-")
         target = q.negated if negate else q.terms
         target.update(terms(word.lstrip("-"), language))
+        if not negate:
+            q.cased.update(_cased_terms(word, language))
     for phrase in q.phrases:  # a phrase's words are search terms too
         q.terms.update(terms(phrase, language))
     return q
@@ -183,6 +202,9 @@ def score(index: Mapping[str, Any], q: TextQuery, doc: Mapping[str, Any]) -> flo
             return any(phrase in text for text in raw)
         return any(phrase.lower() in text.lower() for text in raw)
 
+    if q.case_sensitive and not any(
+            t in q.cased for text in raw for t in _cased_terms(text, language)):
+        return None
     if not all(contains(p) for p in q.phrases) or any(contains(p) for p in q.negated_phrases):
         return None
     return sum(scores.get(t, 0.0) for t in q.terms)
