@@ -1190,3 +1190,31 @@ def test_front_get_more_without_batch_size_returns_what_is_ready(cluster, client
     assert sorted(seen) == list(range(n))  # none lost or repeated
     assert tokens == sorted(tokens)  # in cluster-time order
     assert max(sizes[1:]) > 101  # without batchSize: more than the aggregate's default
+
+
+def test_sidecar_forwarded_cursors_live_in_its_registry(cluster, client, sidecar):
+    """A find through the sidecar is the mongos's cursor: its getMores go there, it is listed
+    in the sidecar's one cursor registry as a forwarded cursor, and a killCursors naming it
+    with one of the sidecar's own change streams kills each where it lives."""
+    from cdcserver.cursors import CHANGE_STREAM, FORWARDED, kind_of
+
+    client.fw.c.insert_many([{"_id": i} for i in range(10)])
+    with pymongo.MongoClient(sidecar.uri) as side:
+        db = side.fw
+        found = db.command("find", "c", batchSize=3, sort={"_id": 1})
+        cursor_id = found["cursor"]["id"]
+        assert cursor_id
+        kinds = {cid: kind_of(c) for cid, c in sidecar.state.cursors.open.items()}
+        assert kinds == {cursor_id: FORWARDED}
+        more = db.command("getMore", cursor_id, collection="c", batchSize=3)
+        ids = [d["_id"] for d in found["cursor"]["firstBatch"] + more["cursor"]["nextBatch"]]
+        assert ids == list(range(6))
+        stream = db.command("aggregate", "c", pipeline=[{"$changeStream": {}}], cursor={})
+        stream_id = stream["cursor"]["id"]
+        assert kind_of(sidecar.state.cursors.open[stream_id]) == CHANGE_STREAM
+        killed = db.command("killCursors", "c", cursors=[stream_id, cursor_id])
+        assert sorted(killed["cursorsKilled"]) == sorted([stream_id, cursor_id])
+        assert sidecar.state.cursors.open == {}
+        with pytest.raises(pymongo.errors.OperationFailure) as info:  # gone on the mongos too
+            db.command("getMore", cursor_id, collection="c")
+        assert info.value.code == 43

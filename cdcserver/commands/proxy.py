@@ -38,7 +38,6 @@ registry (cdcserver/cursors.py): its owner is the member that holds it, reaped w
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,7 +67,6 @@ LOCAL_COMMANDS = frozenset(
 )
 # Fields of a client's command that are not forwarded.
 _DROPPED_FIELDS = frozenset({"$db", "$clusterTime"})
-_CURSOR_ADDRESSES_MAX = 100_000
 
 
 def upstream_of(server: Any) -> UpstreamOplog | None:
@@ -99,42 +97,9 @@ class ForwardedCursor:
         pass  # the upstream reaps its own cursor; this is only where it lives
 
 
-class _CursorAddresses:
-    """Which upstream member holds each forwarded cursor (its getMore must go there), for a
-    forwarder without a cursor registry of its own (a sharded sidecar's mongos)."""
-
-    def __init__(self) -> None:
-        self.table: OrderedDict[int, Any] = OrderedDict()
-
-    def note(self, reply: RawBSONDocument, address: Any) -> None:
-        cursor = reply.get("cursor") if "cursor" in reply else None
-        if not isinstance(cursor, Mapping):
-            return
-        cid = cursor.get("id")
-        if isinstance(cid, int) and cid:
-            self.table[int(cid)] = address
-            self.table.move_to_end(int(cid))
-            while len(self.table) > _CURSOR_ADDRESSES_MAX:
-                self.table.popitem(last=False)
-
-    def get(self, cursor_id: Any) -> Any:
-        return self.table.get(cursor_id) if isinstance(cursor_id, int) else None
-
-    def forget(self, cursor_id: Any) -> None:
-        if isinstance(cursor_id, int):
-            self.table.pop(cursor_id, None)
-
-
-def _addresses_of(source: UpstreamOplog) -> _CursorAddresses:
-    table = getattr(source, "_proxy_cursors", None)
-    if table is None:
-        table = _CursorAddresses()
-        source._proxy_cursors = table  # type: ignore[attr-defined]
-    return table
-
-
 class _RegistryAddresses:
-    """The forwarded cursors of a server's registry, as `_CursorAddresses` has them."""
+    """Which upstream member holds each forwarded cursor (its getMore must go there): the
+    server's registry's forwarded cursors."""
 
     def __init__(self, cursors: CursorManager) -> None:
         self.cursors = cursors
@@ -195,16 +160,16 @@ def _error_labels(cmd: Mapping[str, Any]) -> list[str]:
 
 async def forward(
     source: UpstreamOplog, cmd: Mapping[str, Any], db: str,
-    cursors: CursorManager | None = None,
+    cursors: CursorManager,
 ) -> RawBSONDocument:
     """Run `cmd` on the upstream; its reply as the upstream's bytes. A cursor it opens is
-    noted in `cursors` (the server's registry), else in the source's own table."""
+    noted in `cursors` (the server's registry) as a forwarded cursor."""
     from pymongo.errors import NotPrimaryError, PyMongoError
 
     name = next(iter(cmd))
     spec = {k: v for k, v in cmd.items() if k not in _DROPPED_FIELDS}
     client = source.async_client()
-    addresses: Any = _addresses_of(source) if cursors is None else _RegistryAddresses(cursors)
+    addresses = _RegistryAddresses(cursors)
     address = None
     if name in ("getMore", "killCursors"):
         target = cmd.get(name) if name == "getMore" else next(iter(cmd.get("cursors") or []), None)

@@ -503,7 +503,7 @@ async def _ping(server, conn, cmd, db):
 async def _forward(server, conn, cmd, db):
     from cdcserver.commands.proxy import forward
 
-    return await forward(server.log.mongos, cmd, db)
+    return await forward(server.log.mongos, cmd, db, server.cursors)  # cursors: the registry
 
 
 async def _aggregate(server, conn, cmd, db):
@@ -537,11 +537,21 @@ async def _kill_cursors(server, conn, cmd, db):
         return await _forward(server, conn, cmd, db)
     from bson.int64 import Int64
 
+    # Our change streams are killed here; any other id is the mongos's (a forwarded cursor).
+    own = [i for i in ids if isinstance(i, int) and i in server.cursors.cursors]
+    other = [i for i in ids if not (isinstance(i, int) and i in server.cursors.cursors)]
     killed, not_found = [], []
-    for cid in ids:
+    for cid in own:
         (killed if server.cursors.kill(int(cid)) else not_found).append(Int64(int(cid)))
-    return {"cursorsKilled": killed, "cursorsNotFound": not_found, "cursorsAlive": [],
-            "cursorsUnknown": []}
+    reply = {"cursorsKilled": killed, "cursorsNotFound": not_found, "cursorsAlive": [],
+             "cursorsUnknown": []}
+    if other:
+        remote = await _forward(server, conn, {**cmd, "cursors": other}, db)
+        if remote.get("ok") != 1:
+            return remote
+        for key in reply:
+            reply[key] = [*reply[key], *(Int64(i) for i in remote.get(key, []))]
+    return reply
 
 
 # Everything not answered here goes to the mongos: the table's default entry.
