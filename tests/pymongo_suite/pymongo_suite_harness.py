@@ -242,10 +242,12 @@ WIDER_FILES = [
     "test/test_retryable_reads_unified.py", "test/test_retryable_writes_unified.py",
     "test/test_read_write_concern_spec.py", "test/test_command_monitoring.py",
     "test/test_command_logging.py", "test/test_versioned_api_integration.py",
-    "test/test_client_bulk_write.py",
+    "test/test_client_bulk_write.py", "test/test_transactions.py",
+    "test/test_transactions_unified.py",
     "test/asynchronous/test_collection.py", "test/asynchronous/test_database.py",
     "test/asynchronous/test_cursor.py", "test/asynchronous/test_bulk.py",
-    "test/asynchronous/test_session.py",
+    "test/asynchronous/test_session.py", "test/asynchronous/test_transactions.py",
+    "test/asynchronous/test_transactions_unified.py",
 ]
 
 # The causes of the failures: key -> (pattern on "node id | message", why). The first
@@ -287,6 +289,17 @@ CAUSES: dict[str, tuple[str, str]] = {
     'update-result': (
         'test_update_result',
         "update's result: upserted / updatedExisting as mongod's",
+    ),
+    'ddl-in-transaction': (
+        'TestUnifiedCreateCollection::|TestUnifiedCreateIndex::',
+        'DDL inside a transaction (create, createIndexes, an insert creating its collection) '
+        'is visible outside it before commit',
+    ),
+    'no-secondary': (
+        'read preference in a transaction must be primary',
+        'a one-member replica set: the test needs a secondary for the driver to select before '
+        'it raises its own "read preference in a transaction must be primary" (each waits out '
+        "the 30 s server selection timeout)",
     ),
 }
 
