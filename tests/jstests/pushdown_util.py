@@ -155,3 +155,26 @@ def read_until_quiet(stream: Any, at_least: int) -> list[dict[str, Any]]:
             events.append(event)
     stream.close()
     return events
+
+
+def absent_field_cases(
+    op: str, paths: tuple[str, ...], none: list[Any], every: list[Any]
+) -> list[tuple[dict[str, Any], list[Any]]]:
+    """The jstests' predicates on a field that an `op` event never has (`fullDocument` of a
+    delete, `fullDocumentBeforeChange` of an insert): each expects `none` or `every` event."""
+    cases: list[tuple[dict[str, Any], list[Any]]] = []
+    for path in paths:
+        cases += [
+            ({"operationType": op, path: {"$exists": True}}, none),
+            ({"operationType": op, path: {"$exists": False}}, every),
+            ({"operationType": op, path: {"$eq": None}}, every),
+            ({"operationType": op, path: {"$ne": None}}, none),
+            ({"operationType": op, path: {"$gt": None}}, none),
+            ({"operationType": op, path: {"$not": {"$gt": None}}}, every),
+            ({"operationType": op, path: {"$lte": None}}, every),
+            ({"operationType": op, path: {"$type": "null"}}, none),
+            ({"operationType": op, path: {"$not": {"$type": "null"}}}, every),
+            ({"operationType": op, path: {"$eq": 5}}, none),
+            ({"operationType": op, path: {"$ne": 5}}, every),
+        ]
+    return cases

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from pushdown_util import (
     MODES,
+    absent_field_cases,
     cluster,
     create_sharded_collection,
     mongos,
@@ -36,22 +37,7 @@ def _cases(op: str) -> list[tuple[dict[str, Any], list[Any]]]:
 
     all4 = ids(2, 3, 2, 3)
     if op == "insert":
-        cases = []
-        for path in (PRE, PRE + "._id", PRE + ".shard"):
-            cases += [
-                ({"operationType": op, path: {"$exists": True}}, ids()),
-                ({"operationType": op, path: {"$exists": False}}, all4),
-                ({"operationType": op, path: {"$eq": None}}, all4),
-                ({"operationType": op, path: {"$ne": None}}, ids()),
-                ({"operationType": op, path: {"$gt": None}}, ids()),
-                ({"operationType": op, path: {"$not": {"$gt": None}}}, all4),
-                ({"operationType": op, path: {"$lte": None}}, all4),
-                ({"operationType": op, path: {"$type": "null"}}, ids()),
-                ({"operationType": op, path: {"$not": {"$type": "null"}}}, all4),
-                ({"operationType": op, path: {"$eq": 5}}, ids()),
-                ({"operationType": op, path: {"$ne": 5}}, all4),
-            ]
-        return cases
+        return absent_field_cases(op, (PRE, PRE + "._id", PRE + ".shard"), ids(), all4)
     doc: dict[str, Any] = {"_id": 2, "shard": 0}
     if op == "update":
         doc["foo"] = "a"

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from pushdown_util import (
     MODES,
+    absent_field_cases,
     cluster,
     create_sharded_collection,
     mongos,
@@ -36,22 +37,8 @@ def _cases(op: str) -> list[tuple[dict[str, Any], list[Any]]]:
 
     all4 = ids(2, 3, 2, 3)
     if op == "delete":
-        cases = []
-        for path in ("fullDocument", "fullDocument._id", "fullDocument.shard"):
-            cases += [
-                ({"operationType": op, path: {"$exists": True}}, ids()),
-                ({"operationType": op, path: {"$exists": False}}, all4),
-                ({"operationType": op, path: {"$eq": None}}, all4),
-                ({"operationType": op, path: {"$ne": None}}, ids()),
-                ({"operationType": op, path: {"$gt": None}}, ids()),
-                ({"operationType": op, path: {"$not": {"$gt": None}}}, all4),
-                ({"operationType": op, path: {"$lte": None}}, all4),
-                ({"operationType": op, path: {"$type": "null"}}, ids()),
-                ({"operationType": op, path: {"$not": {"$type": "null"}}}, all4),
-                ({"operationType": op, path: {"$eq": 5}}, ids()),
-                ({"operationType": op, path: {"$ne": 5}}, all4),
-            ]
-        return cases
+        paths = ("fullDocument", "fullDocument._id", "fullDocument.shard")
+        return absent_field_cases(op, paths, ids(), all4)
     if op == "drop":
         drop = whole_cluster_expected({COLL: {op: [COLL]}})
         return [
