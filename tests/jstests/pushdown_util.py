@@ -178,3 +178,19 @@ def absent_field_cases(
             ({"operationType": op, path: {"$ne": 5}}, every),
         ]
     return cases
+
+
+# Expression builders the namespace / `to` pushdown jstests write their predicates with.
+def regex_match(field: str, pattern: str, options: str = "") -> dict[str, Any]:
+    spec: dict[str, Any] = {"input": field, "regex": pattern}
+    if options:
+        spec["options"] = options
+    return {"$regexMatch": spec}
+
+
+def expr(e: Any) -> dict[str, Any]:
+    return {"$expr": e}
+
+
+def expr_eq(field: str, value: Any) -> dict[str, Any]:
+    return expr({"$eq": [field, value]})

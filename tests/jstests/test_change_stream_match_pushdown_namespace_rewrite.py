@@ -21,8 +21,11 @@ from pushdown_util import (
     MODES,
     cluster,
     create_sharded_collection,
+    expr,
+    expr_eq,
     mongos,
     read_until_quiet,
+    regex_match,
     run_cases,
     whole_cluster_expected,
     whole_cluster_identity,
@@ -43,19 +46,7 @@ NS1 = {"db": DB, "coll": "coll1"}
 NS2 = {"db": DB, "coll": "coll2"}
 
 
-def _rx(field: str, pattern: str, options: str = "") -> dict[str, Any]:
-    spec: dict[str, Any] = {"input": field, "regex": pattern}
-    if options:
-        spec["options"] = options
-    return {"$regexMatch": spec}
-
-
-def _expr(e: Any) -> dict[str, Any]:
-    return {"$expr": e}
-
-
-def _eq(field: str, value: Any) -> dict[str, Any]:
-    return _expr({"$eq": [field, value]})
+_rx, _expr, _eq = regex_match, expr, expr_eq  # the jstests' own short names
 
 
 def _regex_pair(field: str, pattern: str, options: str, expected: list) -> list:

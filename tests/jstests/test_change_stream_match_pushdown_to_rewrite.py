@@ -19,7 +19,10 @@ from pushdown_util import (
     MODES,
     cluster,
     create_sharded_collection,
+    expr,
+    expr_eq,
     mongos,
+    regex_match,
     run_cases,
     whole_cluster_identity,
     whole_cluster_opener,
@@ -39,19 +42,7 @@ ALL = INS1 + R1 + INS2 + R2
 INS = INS1 + INS2
 
 
-def _rx(field: str, pattern: str, options: str = "") -> dict[str, Any]:
-    spec: dict[str, Any] = {"input": field, "regex": pattern}
-    if options:
-        spec["options"] = options
-    return {"$regexMatch": spec}
-
-
-def _expr(e: Any) -> dict[str, Any]:
-    return {"$expr": e}
-
-
-def _eq(field: str, value: Any) -> dict[str, Any]:
-    return _expr({"$eq": [field, value]})
+_rx, _expr, _eq = regex_match, expr, expr_eq  # the jstests' own short names
 
 
 TO1 = {"db": DB, "coll": "newColl1"}

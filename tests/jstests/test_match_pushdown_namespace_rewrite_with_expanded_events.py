@@ -25,8 +25,11 @@ from pushdown_util import (
     MODES,
     cluster,
     create_sharded_collection,
+    expr,
+    expr_eq,
     mongos,
     read_until_quiet,
+    regex_match,
     whole_cluster_expected,
     whole_cluster_identity,
     whole_cluster_opener,
@@ -46,19 +49,7 @@ ES = whole_cluster_expected({S0: {"create": [S0]}, S1: {"create": [S1]}})
 DDL = ("createIndexes", "dropIndexes", "modify")
 
 
-def _rx(field: str, pattern: str, options: str = "") -> dict[str, Any]:
-    spec: dict[str, Any] = {"input": field, "regex": pattern}
-    if options:
-        spec["options"] = options
-    return {"$regexMatch": spec}
-
-
-def _expr(e: Any) -> dict[str, Any]:
-    return {"$expr": e}
-
-
-def _eq(field: str, value: Any) -> dict[str, Any]:
-    return _expr({"$eq": [field, value]})
+_rx, _expr, _eq = regex_match, expr, expr_eq  # the jstests' own short names
 
 
 CASES: list[tuple[dict[str, Any], list[Any]]] = [
