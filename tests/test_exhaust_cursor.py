@@ -7,7 +7,10 @@ import socket
 import struct
 
 import bson
+import pytest
+from bson.son import SON
 from pymongo import CursorType, monitoring
+from pymongo.errors import OperationFailure
 
 MORE_TO_COME = 1 << 1
 EXHAUST_ALLOWED = 1 << 16
@@ -88,3 +91,22 @@ def test_each_exhaust_reply_answers_the_one_before(server, client) -> None:
     for before, after in zip(replies, replies[1:], strict=False):
         assert after[0] == before[3]  # each later one answers the reply before it
     assert [bool(r[1]) for r in replies] == [True, True, True, False]
+
+
+def test_find_sort_not_a_document_fails_on_a_missing_collection(server) -> None:
+    """mongod parses find's sort before it looks up the collection: 14 even when there is no
+    collection (PyMongo's TestExhaustCursor.test_exhaust_query_server_error, which then checks
+    the exhaust connection went back to the pool)."""
+    client = server.client(maxPoolSize=1)
+    try:
+        coll = client.exhaust_db.no_such_coll
+        coll.drop()
+        for cursor_type in (CursorType.NON_TAILABLE, CursorType.EXHAUST):
+            with pytest.raises(OperationFailure) as info:
+                next(coll.find(SON([("$query", {}), ("$orderby", True)]),
+                               cursor_type=cursor_type))
+            assert info.value.code == 14, info.value.details
+            assert info.value.details["codeName"] == "TypeMismatch"
+        assert coll.count_documents({}) == 0  # the connection is usable afterwards
+    finally:
+        client.close()

@@ -194,6 +194,7 @@ def _find_scan(
                 return None, view_out
             return view_scan, view_out
         engine.matches({k: v for k, v in (filter_doc or {}).items() if k != "$text"}, {})
+        _sort_list(_text_score_sort(sort)[0])  # mongod parses the sort before the lookup
         return None, []
     text_q: text_search.TextQuery | None = None
     ix: Mapping[str, Any] = {}
