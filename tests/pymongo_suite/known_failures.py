@@ -75,4 +75,10 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
         'TestUnifiedCreateIndex::test_create_index_on_a_non-existing_collection': 'ddl-in-transaction',
         'TestUnifiedReadPref::test_secondary_readPreference': 'no-secondary',
     },
+    'test/test_client.py': {
+        'TestClient::test_socket_timeout': 'where',
+    },
+    'test/asynchronous/test_client.py': {
+        'TestClient::test_socket_timeout': 'where',
+    },
 }

@@ -8,6 +8,9 @@ as CI sets it) must have no failure beyond the list below, where each known fail
 strict xfail naming what cdcserver lacks (known_failures.py: test -> cause, the causes'
 texts in pymongo_suite_harness.CAUSES); one that starts passing fails the run until it is taken
 off the list (`python tests/pymongo_suite/pymongo_suite_harness.py update` rewrites it).
+Tests of the machine rather than the server (handshake metadata that sees a container, DNS
+SRV lookups) may pass on one machine and fail on another: they are not run, and are reported
+as skips naming why (pymongo_suite_harness.NOT_RUN), as is one that would break the run.
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ import pytest
 from known_failures import KNOWN_FAILURES
 from pymongo_suite_harness import (
     CAUSES,
+    NOT_RUN,
+    NOT_RUN_CAUSES,
     TOPOLOGY_OR_VERSION_SKIPS,
     WIDER_FILES,
     Case,
     Run,
     Unavailable,
+    not_run_ids,
     run_files,
     suite_tree,
 )
@@ -47,10 +53,10 @@ def tree() -> pathlib.Path:
 
 
 def _run(
-    tree: pathlib.Path, files: list[str], timeout_s: float, extra_args: list[str] | None = None
+    tree: pathlib.Path, files: list[str], timeout_s: float, deselect: list[str] | None = None
 ) -> Run:
     with SubprocessServer() as server:  # `serve --in-memory` on a free port
-        return run_files(tree, files, HOST, server.port, timeout_s, extra_args or ())
+        return run_files(tree, files, HOST, server.port, timeout_s, deselect=deselect or ())
 
 
 def _describe(cases: list[Case]) -> str:
@@ -103,8 +109,7 @@ def _not_this_topology() -> list[str]:
 
 @pytest.fixture(scope="module")
 def wider_run(tree: pathlib.Path) -> Run:
-    deselect = [arg for nodeid in _not_this_topology() for arg in ("--deselect", nodeid)]
-    return _run(tree, WIDER_FILES, WIDER_TIMEOUT_S, deselect)
+    return _run(tree, WIDER_FILES, WIDER_TIMEOUT_S, _not_this_topology() + not_run_ids())
 
 
 @pytest.mark.parametrize("file", [pytest.param(f, marks=slow) for f in WIDER_FILES])
@@ -131,6 +136,18 @@ def _known_params() -> list:
                          pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason)]
             params.append(pytest.param(file, test, marks=marks, id=f"{file}::{test}"))
     return params
+
+
+# The tests of the machine rather than the server, and the one that would break the run
+# (harness NOT_RUN): not run, each reported as a skip naming why.
+@pytest.mark.parametrize("test", [
+    pytest.param(f"{file}::{test}", marks=[
+        *slow, pytest.mark.skip(reason=f"not run: {NOT_RUN_CAUSES[cause]}")],
+        id=f"{file}::{test}")
+    for file, tests in NOT_RUN.items() for test, cause in tests.items()
+])
+def test_wider_not_run(test: str) -> None:
+    raise AssertionError(f"{test} is never run (NOT_RUN)")
 
 
 @pytest.mark.parametrize(("file", "test"), _known_params())
