@@ -20,7 +20,7 @@ from bson.timestamp import Timestamp
 from pymongo.errors import OperationFailure
 
 from cdcserver.sharding.catalog import hashed_value
-from cdcserver.sharding.sidecar import NUDGE_NOTE
+from cdcserver.sharding.shard_commands import AFTER_CLUSTER_TIME_NOOP
 from cdcserver.sharding.testing import ShardedServer
 from cdcserver.testing import EmbeddedServer
 
@@ -442,10 +442,11 @@ def test_sidecar_nudges_idle_shards_instead_of_waiting(cluster, client, sidecar)
             client.busy.c.insert_one({"_id": i})
             assert stream.next()["documentKey"] == {"_id": i}
         stream.close()
-    assert sidecar.upstream.nudges >= 1  # the idle shards were asked for a no-op
-    for shard in cluster.cluster.shards[1:]:  # ...which they wrote (invisible to streams)
+    assert sidecar.upstream.nudges >= 1  # the idle shards' oplogs were read afterClusterTime
+    for shard in cluster.cluster.shards[1:]:  # ...which wrote a no-op (invisible to streams)
         notes = [e for e in cluster.call(lambda s=shard: s.store.read_from(
-            bson.Timestamp(0, 0), 10_000)) if e["op"] == "n" and dict(e["o"]) == NUDGE_NOTE]
+            bson.Timestamp(0, 0), 10_000))
+            if e["op"] == "n" and dict(e["o"]) == AFTER_CLUSTER_TIME_NOOP]
         assert notes
 
 
@@ -1117,11 +1118,12 @@ class _Requests(pymongo.monitoring.CommandListener):
 
 def test_sidecar_asks_a_bounded_number_of_upstream_requests_per_event(cluster, client,
                                                                        monkeypatch):
-    """Per event of a busy shard while the others idle, besides the tails' getMores: the busy
-    shard's `hello` (its commit point), one `appendOplogNote` per idle shard (`w: majority`:
-    its reply is that shard's commit point, so no `hello` to it) and at most one `listShards`
-    (one answer covers every event read while it was asked); a burst of events read at once
-    takes one round of them."""
+    """Per event of a busy shard while the others idle: the busy shard's tail getMore and its
+    `hello` (its commit point), one `find` per idle shard (its oplog read at afterClusterTime,
+    majority: the shard writes its no-op and answers it, with its commit point, in that one
+    reply; its tail, which leaves those no-ops out, is not woken) and at most one
+    `listShards` (one answer covers every event read while it was asked): 3 + idle shards,
+    getMores included; a burst of events read at once takes one round of them."""
     from cdcserver.sharding import sidecar as sidecar_module
     from cdcserver.sharding.testing import ShardedSidecar
 
@@ -1131,7 +1133,8 @@ def test_sidecar_asks_a_bounded_number_of_upstream_requests_per_event(cluster, c
     client.admin.command("enableSharding", "busy", primaryShard=busy.name)
     requests = _Requests()
     events = 20
-    with ShardedSidecar(cluster.uri, majority_poll_ms=1.0,
+    # max_await_ms: an idle tail's getMore does not come back empty during the test.
+    with ShardedSidecar(cluster.uri, majority_poll_ms=1.0, max_await_ms=60_000,
                         client_options={"event_listeners": [requests]}) as side, \
             pymongo.MongoClient(side.uri) as reader, \
             reader.busy.c.watch(max_await_time_ms=5000) as stream:
@@ -1143,24 +1146,27 @@ def test_sidecar_asks_a_bounded_number_of_upstream_requests_per_event(cluster, c
             assert stream.next()["documentKey"] == {"_id": i}
         requests.on = False
         slack = 2  # the warm event's last requests, the last event's trailing ones
+        assert requests.count("getMore", busy.port) <= events + slack
         assert requests.count("hello", busy.port) <= events + slack
         assert requests.count("listShards", mongos_port) <= events + slack
-        assert requests.count("appendOplogNote", busy.port) == 0
+        assert requests.count("find", busy.port) == 0
         for shard in idle:
-            assert 1 <= requests.count("appendOplogNote", shard.port) <= events + slack
+            assert 1 <= requests.count("find", shard.port) <= events + slack
+            assert requests.count("getMore", shard.port) <= slack  # not woken by the no-ops
             assert requests.count("hello", shard.port) <= slack
-        others = sum(n for (name, _), n in requests.counts.items() if name != "getMore")
-        assert others <= (2 + len(idle)) * events + 2 * slack
+            assert requests.count("appendOplogNote", shard.port) == 0
+        total = sum(requests.counts.values())
+        assert total <= (3 + len(idle)) * events + 2 * slack
 
-        # A burst written at once: read in a batch or a few, nudged once per batch read.
-        before = {s.name: requests.count("appendOplogNote", s.port) for s in idle}
+        # A burst written at once: read in a batch or a few, idle shards read once per batch.
+        before = {s.name: requests.count("find", s.port) for s in idle}
         requests.on = True
         client.busy.c.insert_many([{"_id": f"b{i}"} for i in range(100)])
         got = [stream.next()["documentKey"]["_id"] for _ in range(100)]
         requests.on = False
         assert got == [f"b{i}" for i in range(100)]
         for shard in idle:
-            assert requests.count("appendOplogNote", shard.port) - before[shard.name] <= 4
+            assert requests.count("find", shard.port) - before[shard.name] <= 4
 
 
 def test_front_get_more_without_batch_size_returns_what_is_ready(cluster, client):
@@ -1218,3 +1224,37 @@ def test_sidecar_forwarded_cursors_live_in_its_registry(cluster, client, sidecar
         with pytest.raises(pymongo.errors.OperationFailure) as info:  # gone on the mongos too
             db.command("getMore", cursor_id, collection="c")
         assert info.value.code == 43
+
+
+def test_a_shard_reads_after_cluster_time_as_a_shard_server(cluster, client):
+    """readConcern afterClusterTime on a shard (mongod's waitForReadConcern, shardsvr): a time
+    past the shard's last entry makes it write a no-op first, which the read then sees, so the
+    reply holds every entry up to that time; one past the cluster time is 72; a time the
+    oplog has reached writes nothing."""
+    busy = cluster.cluster.shards[0]
+    client.admin.command("enableSharding", "rc", primaryShard=busy.name)
+    written = client.rc.c.insert_one({"_id": 1})
+    assert written.acknowledged
+    with pymongo.MongoClient(cluster.shard_uris[0]) as b, \
+            pymongo.MongoClient(cluster.shard_uris[1]) as d:
+        at = b.local["oplog.rs"].find_one({"ns": "rc.c"})["ts"]
+        last = d.local["oplog.rs"].find_one(sort=[("$natural", -1)])["ts"]
+        assert last < at  # the idle shard's oplog is behind the busy shard's write
+        reply = d.local.command({"find": "oplog.rs", "filter": {"ts": {"$gt": last}},
+                                 "readConcern": {"level": "majority", "afterClusterTime": at}})
+        entries = reply["cursor"]["firstBatch"]
+        assert [(e["op"], e["ns"], e["o"]) for e in entries] == [
+            ("n", "", AFTER_CLUSTER_TIME_NOOP)]
+        assert entries[0]["ts"] > at and reply["operationTime"] >= entries[0]["ts"]
+        # Reached already: no second no-op.
+        again = d.local.command({"find": "oplog.rs", "filter": {"ts": {"$gt": last}},
+                                 "readConcern": {"level": "majority", "afterClusterTime": at}})
+        assert again["cursor"]["firstBatch"] == entries
+        future = Timestamp(at.time + 3600, 1)
+        with pytest.raises(OperationFailure) as err:
+            d.local.command({"find": "oplog.rs",
+                             "readConcern": {"level": "majority", "afterClusterTime": future}})
+        assert err.value.code == 72
+        assert err.value.details["errmsg"].startswith(
+            "readConcern afterClusterTime value must not be greater than the current "
+            f"clusterTime. Requested clusterTime: {{ ts: Timestamp({future.time}, 1) }}; ")

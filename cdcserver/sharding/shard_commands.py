@@ -1,9 +1,14 @@
 """The command table of a shard of the embedded cluster (a `--shardsvr` mongod): every command
-of the embedded replica set, plus `appendOplogNote`, which a sidecar of the cluster uses to
-move an idle shard's oplog past a time (instead of waiting for its periodic no-op)."""
+of the embedded replica set, plus `appendOplogNote`, and reads with `readConcern:
+{afterClusterTime: T}` as a shard server answers them (`waitForReadConcern`): T later than the
+node's cluster time is 72 InvalidOptions; T later than the last entry of its oplog makes it
+write a no-op first (`makeNoopWriteIfNeeded`, which a plain replica set skips), so the read
+sees everything up to T. A sidecar of the cluster reads an idle shard's oplog that way to
+learn at once that it has nothing before T (instead of waiting for its periodic no-op)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from bson.timestamp import Timestamp
@@ -49,4 +54,60 @@ async def append_oplog_note(server, conn, cmd, db):
     return {}
 
 
-SHARD_COMMANDS: dict[str, Any] = {**EMBEDDED, "appendOplogNote": append_oplog_note}
+# The no-op mongod's makeNoopWriteIfNeeded asks the primary for (appendOplogNote's data).
+AFTER_CLUSTER_TIME_NOOP = {"noop write for afterClusterTime read concern": 1}
+# The reads that wait for their read concern on a shard (the others take none).
+_READS = ("find", "aggregate", "count", "distinct")
+
+
+def _logical_time(ts: Timestamp) -> str:
+    return f"{{ ts: Timestamp({ts.time}, {ts.inc}) }}"  # LogicalTime::toString
+
+
+def make_noop_write_if_needed(server: Any, cmd: Mapping[str, Any]) -> None:
+    """mongod's waitForReadConcern on a shard server, for `afterClusterTime`: the time must
+    not be past the node's cluster time (gossip in the command counts: it is heard first);
+    a time past its last oplog entry gets a no-op written after it (the cluster clock is
+    past it), so a read at or after it sees everything the shard has up to it. (One node:
+    what it wrote is majority-committed, nothing to wait for.) A transaction's statements
+    are left alone: its snapshot is not moved by a write."""
+    rc = cmd.get("readConcern")
+    if not isinstance(rc, Mapping):
+        return
+    after = rc.get("afterClusterTime")
+    if not isinstance(after, Timestamp) or cmd.get("autocommit") is False:
+        return
+    store = getattr(server, "store", None)
+    clock = getattr(store, "clock", None)
+    if clock is None:
+        return
+    gossip = cmd.get("$clusterTime")
+    if isinstance(gossip, Mapping) and isinstance(gossip.get("clusterTime"), Timestamp):
+        clock.advance_to(gossip["clusterTime"])
+    if clock.last < after:
+        raise MongoError(
+            72, "readConcern afterClusterTime value must not be greater than the current "
+            f"clusterTime. Requested clusterTime: {_logical_time(after)}; current clusterTime: "
+            f"{_logical_time(clock.last)}",
+        )
+    last = store.latest_ts() or Timestamp(0, 0)
+    if after > last:
+        with store.batch():
+            store.log("n", "", dict(AFTER_CLUSTER_TIME_NOOP))
+
+
+def _waiting_for_read_concern(handler: Any) -> Any:
+    async def read(server, conn, cmd, db):
+        make_noop_write_if_needed(server, cmd)
+        return await handler(server, conn, cmd, db)
+
+    read.__wrapped__ = handler  # type: ignore[attr-defined]
+    read.__name__ = getattr(handler, "__name__", "read")
+    return read
+
+
+SHARD_COMMANDS: dict[str, Any] = {
+    **EMBEDDED,
+    **{name: _waiting_for_read_concern(EMBEDDED[name]) for name in _READS if name in EMBEDDED},
+    "appendOplogNote": append_oplog_note,
+}

@@ -51,7 +51,9 @@ from cdcserver.commands import failpoints
 from cdcserver.commands.tables import CommandTable
 from cdcserver.context import ServerState
 from cdcserver.sharding.front_log import FrontLog
+from cdcserver.sharding.shard_commands import AFTER_CLUSTER_TIME_NOOP
 from cdcserver.sources.mongo import UpstreamOplog, UpstreamOptions
+from cdcserver.sources.mongo_common import RAW
 from pipeline_stages.errors import MongoError
 from pipeline_stages.spec import is_change_stream_aggregate
 
@@ -64,10 +66,11 @@ DOWN_GRACE_S = 5.0
 # last waited for idle shards (no streams waiting: no no-ops written).
 NUDGE_AHEAD_S = 5.0
 TOPOLOGY_POLL_S = 1.0  # how often listShards is asked when nothing else asks it
-# How long a tail whose no-op waits for the commit point waits for the reply of the nudge that
-# wrote it (w: majority: the commit point) before it asks `hello` instead.
+# How long a tail whose entries wait for the commit point waits for the reply of the promise
+# read in flight (majority: its operationTime is a commit point) before it asks `hello`.
 NUDGE_REPLY_WAIT_S = 1.0
-NUDGE_NOTE = {"msg": "cdcserver: merged change streams wait for this shard"}
+# Entries a promise read returns at most (more: it promises only what it returned).
+PROMISE_READ_LIMIT = 1000
 
 
 def next_ts(ts: Timestamp) -> Timestamp:
@@ -112,9 +115,43 @@ class ShardTail(UpstreamOplog):
         super().__init__(options)
         self._on_change = on_change
         self._on_receive = on_receive
-        # Resolved when this shard's `appendOplogNote` in flight has answered (None: none).
+        # Resolved when this shard's promise read in flight has answered (None: none).
         self.nudge_reply: asyncio.Future[None] | None = None
         self.hellos_spared = 0  # commit points learnt from a nudge's reply (status, tests)
+        # Everything the shard has up to this time is delivered (a promise read said so),
+        # though its oplog may have no entry there.
+        self.promised: Timestamp | None = None
+
+    def _tail_filter(self, start: Timestamp) -> dict[str, Any]:
+        """The no-ops a promise read makes the shard write come in its reply: the tail leaves
+        them out (an idle shard's tail is not woken for each), but for the entry it resumes
+        at, which it must find again."""
+        return {"ts": {"$gte": start},
+                "$or": [{"ts": start}, {"o": {"$ne": AFTER_CLUSTER_TIME_NOOP}}]}
+
+    def promise_ts(self) -> Timestamp | None:
+        """Everything the shard has up to this time is delivered."""
+        latest = self.latest_ts()
+        promised = self.promised
+        if promised is not None and (latest is None or promised > latest):
+            return promised
+        return latest
+
+    def take_promise(self, batch: list[Any], target: Timestamp, op_time: Any,
+                     complete: bool) -> None:
+        """A promise read answered: `batch`, every entry after the last one delivered when it
+        was sent up to a majority-committed snapshot at or after `target` (`complete`: not cut
+        by its limit); `op_time`, its operationTime, the shard's commit point."""
+        if batch:
+            self._receive(batch)  # those read already are skipped: never twice
+        if isinstance(op_time, Timestamp):
+            self.note_majority(op_time)
+        pending = self._pending
+        if (complete and isinstance(op_time, Timestamp) and op_time >= target
+                and not (pending and pending[0][0] <= target)
+                and (self.promised is None or target > self.promised)):
+            self.promised = target
+            self.notify()
 
     def notify(self) -> None:
         super().notify()
@@ -186,9 +223,8 @@ class ShardedUpstream(FrontLog):
         # A later target asked while a shard's nudge is in flight: sent as soon as it answers.
         self._nudge_wanted: dict[str, Timestamp] = {}
         self._topology_wanted: Timestamp | None = None  # likewise for listShards
-        self._nudged: dict[str, Timestamp] = {}  # the time each shard was last nudged past
         self._streams_waited = -1e9  # when a merged stream last waited for idle shards
-        self.nudges = 0  # appendOplogNote sent (for tests and status)
+        self.nudges = 0  # promise reads sent (for tests and status)
         self.gossiped: Timestamp | None = None  # the latest $clusterTime clients sent
         self.down_grace_s = DOWN_GRACE_S
 
@@ -308,7 +344,7 @@ class ShardedUpstream(FrontLog):
         return self._by_name[name]
 
     def idle_promise(self, shard: SidecarShard) -> Timestamp:
-        latest = shard.log.latest_ts()
+        latest = shard.log.promise_ts()
         return next_ts(latest) if latest is not None else Timestamp(0, 1)
 
     def start_for_new_stream(self) -> Timestamp:
@@ -340,8 +376,9 @@ class ShardedUpstream(FrontLog):
                 self.nudge(shard.name, ts, waited=False)
 
     def nudge(self, name: str, until: Timestamp | None = None, *, waited: bool = True) -> None:
-        """Have shard `name` write a no-op after the latest time seen on any shard (or after
-        `until`)."""
+        """Have shard `name` promise the latest time seen on any shard (or `until`): one read
+        of its oplog at `afterClusterTime` that time (a shard writes a no-op first when its
+        oplog is behind it) answers every entry up to it."""
         if waited:
             self._streams_waited = time.monotonic()
         target = max((t for t in (s.log.latest_ts() for s in self.shards) if t is not None),
@@ -349,16 +386,13 @@ class ShardedUpstream(FrontLog):
         if until is not None and (target is None or until > target):
             target = until
         shard = self._by_name[name]
-        latest = shard.log.latest_ts()
-        if target is None or (latest is not None and latest >= target):
-            return
-        nudged = self._nudged.get(name)
-        if nudged is not None and nudged >= target and (latest is None or latest < nudged):
-            return  # its no-op past that is written, on its way through the tail
+        have = shard.log.promise_ts()
+        if target is None or (have is not None and have >= target):
+            return  # promised already: no request
         if name in self._nudging:
-            # One nudge at a time per shard; a later entry read meanwhile goes as soon as it
-            # answers (if its no-op is not past it already): one per tailing round, not per
-            # event. (A waiting stream asks again when that reply or no-op wakes it.)
+            # One read at a time per shard; a later entry read meanwhile goes as soon as it
+            # answers (if that answer does not cover it): one per tailing round, not per
+            # event. (A waiting stream asks again when that reply wakes it.)
             if waited:
                 return
             wanted = self._nudge_wanted.get(name)
@@ -375,33 +409,61 @@ class ShardedUpstream(FrontLog):
         self._tasks.append(task)
         task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
 
+    def _gossip(self) -> Mapping[str, Any] | None:
+        """The latest `$clusterTime` any of the sidecar's clients has heard (signed by the
+        cluster): sent with a promise read, whose `afterClusterTime` must not be past the
+        shard's clock (mongos gossips the same way)."""
+        best: Mapping[str, Any] | None = None
+        clients = [s.log._client for s in self.shards + self.retired]
+        for client in [*clients, self.mongos._client]:
+            topology = getattr(client, "_topology", None)
+            heard = topology.max_cluster_time() if topology is not None else None
+            if heard and (best is None or heard["clusterTime"] > best["clusterTime"]):
+                best = heard
+        return best
+
     async def _nudge(self, shard: SidecarShard, target: Timestamp) -> None:
-        written: Timestamp | None = None
+        tail = shard.log
         answered = False
         try:
-            client = shard.log.async_client()
+            since = tail.latest_ts()
+            if since is None:
+                return  # its tail has not started: the stream asks again later
+            client = tail.async_client()
             self.nudges += 1
-            # w: majority: the reply's operationTime is then majority-committed, which
-            # spares the tail a `hello` before it delivers the no-op.
-            reply = await client.admin.command(
-                {"appendOplogNote": 1, "data": NUDGE_NOTE, "maxClusterTime": target,
-                 "writeConcern": {"w": "majority"}}
-            )
+            session = client.start_session(causal_consistency=False)
+            try:
+                gossip = self._gossip()
+                if gossip is not None:
+                    session.advance_cluster_time(gossip)
+                # majority + afterClusterTime: the shard writes a no-op past `target` if its
+                # oplog is behind it (makeNoopWriteIfNeeded), waits until its commit point
+                # passes it, and reads at that snapshot: the reply is every entry after
+                # `since` up to a time at or after `target`, and its operationTime (a
+                # majority read's) the commit point, so no `hello` and no tail round.
+                reply = await client.local.command(
+                    {"find": "oplog.rs", "filter": {"ts": {"$gt": since}},
+                     "limit": PROMISE_READ_LIMIT, "batchSize": PROMISE_READ_LIMIT,
+                     "readConcern": {"level": "majority", "afterClusterTime": target}},
+                    codec_options=RAW, session=session,
+                )
+            finally:
+                await session.end_session()
             answered = True
-            op_time = reply.get("operationTime")
-            if isinstance(op_time, Timestamp):
-                written = op_time
-                self._nudged[shard.name] = written
-                shard.log.note_majority(written)
-        except Exception as exc:  # noqa: BLE001 - 209 (it is already past), unreachable...
-            log.debug("appendOplogNote on %s: %s", shard.name, exc)
+            cursor = reply["cursor"]
+            batch = list(cursor["firstBatch"])
+            complete = not cursor["id"] and len(batch) < PROMISE_READ_LIMIT
+            tail.take_promise(batch, target, reply.get("operationTime"), complete)
+        except Exception as exc:  # noqa: BLE001 - unreachable, a failover...: asked again
+            log.debug("promise read on %s: %s", shard.name, exc)
         finally:
             self._nudging.discard(shard.name)
-            reply_future = shard.log.nudge_reply
+            reply_future = tail.nudge_reply
             if reply_future is not None and not reply_future.done():
                 reply_future.set_result(None)
             wanted = self._nudge_wanted.pop(shard.name, None)
-            if (answered and wanted is not None and (written is None or written < wanted)
+            have = tail.promise_ts()
+            if (answered and wanted is not None and (have is None or have < wanted)
                     and shard in self.shards + self.retired):
                 self._start_nudge(shard, wanted)  # a shard that failed waits for the next ask
 

@@ -585,7 +585,7 @@ class UpstreamOplog(EntryList, OplogLog):
         start = self._resume_ts
         assert start is not None
         cursor = self.oplog_collection(client).find(
-            {"ts": {"$gte": start}},
+            self._tail_filter(start),
             cursor_type=CursorType.TAILABLE_AWAIT,
             batch_size=self.options.batch_size,
         ).max_await_time_ms(int(self.options.max_await_ms))
@@ -620,6 +620,11 @@ class UpstreamOplog(EntryList, OplogLog):
                         self._deliver_committed()
         finally:
             await self.close_own_cursor(cursor)
+
+    def _tail_filter(self, start: Timestamp) -> dict[str, Any]:
+        """The tail's query: every entry from the resume point (the sharded sidecar's shard
+        tails leave out the no-ops its own reads make the shards write)."""
+        return {"ts": {"$gte": start}}
 
     async def _check_continuity(
         self, client: Any, start: Timestamp, batch: list[RawBSONDocument]
