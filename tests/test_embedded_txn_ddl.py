@@ -270,29 +270,32 @@ def test_outside_ddl_waits_for_the_transaction(server, client, db, which):
     assert ops.index(("c", "applyOps")) < len(ops) - 1
 
 
-def test_outside_drop_waits_for_a_transaction_creating_the_collection(server, client, db):
+def test_outside_drop_does_not_see_a_collection_being_created(server, client, db):
+    # mongod: a collection a transaction creates is in its UncommittedCatalogUpdates only, so
+    # an outside drop finds nothing to drop and does not wait
     with client.start_session() as s:
         s.start_transaction()
         db.new.insert_one({"_id": 1}, session=s)
-        outside = Outside(lambda: db.command("drop", "new"))
-        outside.start()
-        wait_until_blocked(server)
-        s.abort_transaction()
-    outside.join()
-    assert outside.error is None and "nIndexesWas" not in outside.result  # nothing to drop
+        result = db.command("drop", "new")
+        assert "nIndexesWas" not in result  # nothing to drop
+        s.commit_transaction()
+    assert db.new.find_one() == {"_id": 1}
 
 
-def test_outside_insert_into_a_collection_being_created_waits(server, client, db):
+def test_outside_insert_into_a_collection_being_created_makes_the_commit_conflict(
+    server, client, db
+):
+    # mongod (jstests/core/txns/create_collection_parallel.js): the outside insert creates
+    # the collection itself at once; the transaction's commit then gets 112 WriteConflict
     with client.start_session() as s:
         s.start_transaction()
         db.create_collection("new", session=s)
-        outside = Outside(lambda: db.new.insert_one({"_id": 9}))
-        outside.start()
-        wait_until_blocked(server)
-        s.commit_transaction()
-    outside.join()
-    assert outside.error is None
-    assert db.new.find_one() == {"_id": 9}
+        db.new.insert_one({"_id": 9})
+        with pytest.raises(errors.OperationFailure) as info:
+            s.commit_transaction()
+        assert (info.value.code, info.value.details["codeName"]) == (112, "WriteConflict")
+        assert info.value.has_error_label("TransientTransactionError")
+    assert list(db.new.find()) == [{"_id": 9}]
 
 
 def test_outside_ddl_gets_max_time_ms_expired(client, db):

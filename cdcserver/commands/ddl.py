@@ -67,6 +67,21 @@ def _in_txn(cmd: Mapping[str, Any]) -> bool:
     return cmd.get("autocommit") is False
 
 
+def _check_txn_read_concern(store: Store, name: str) -> None:
+    """create and createIndexes support read concern "local" only (the default of mongod's
+    CommandInvocation::supportsReadConcern); in a transaction the transaction's read concern
+    counts (jstests/core/txns/commands_in_txns_read_concern.js): another level is 72
+    InvalidOptions, and the error aborts the transaction."""
+    txn = store.txn
+    rc = txn.read_concern if txn is not None else None
+    if not rc or rc.get("level", "local") == "local":
+        return
+    shown = ", ".join(f'{k}: "{v}"' if isinstance(v, str) else f"{k}: {v}"
+                      for k, v in {**rc, "provenance": "clientSupplied"}.items())
+    raise MongoError(72, f"Command {name} does not support {{ readConcern: {{ {shown} }} }} :: "
+                     "caused by :: read concern not supported")
+
+
 # ---------------------------------------------------------------------------------------------
 # create / drop / rename / dropDatabase
 
@@ -118,6 +133,7 @@ async def create(server, conn, cmd, db):
                          "transaction.")
     # In a transaction: the transaction's snapshot, and its create goes into its applyOps.
     with store.batch(), snapshot_reads(store, cmd):
+        _check_txn_read_concern(store, "create")
         existing = store.get(db, coll)
         if existing is not None:
             if ordered_options(options) == existing.options and not _in_txn(cmd):
@@ -544,6 +560,7 @@ async def create_indexes(server, conn, cmd, db):
     specs = [normalize_index_spec(r) for r in raw]
     in_txn = _in_txn(cmd)
     with store.batch(), snapshot_reads(store, cmd):
+        _check_txn_read_concern(store, "createIndexes")
         c = store.get(db, coll)
         created = c is None
         # mongod builds indexes in a transaction only on a collection the transaction creates

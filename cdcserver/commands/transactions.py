@@ -190,6 +190,8 @@ def transaction_of(store: Store, cmd: Mapping[str, Any]) -> Txn:
         session.set_txn_number(number, store.begin_transaction(session.lsid, number))
         assert session.txn is not None
         session.txn.__dict__["started_by"] = cmd  # the very command object that started it
+        rc = cmd.get("readConcern")
+        session.txn.read_concern = dict(rc) if isinstance(rc, Mapping) else None
     elif number != session.txn_number or session.txn is None:
         # _continueMultiDocumentTransaction (commit/abort too: a first statement failed by a
         # fail point never started the transaction)

@@ -86,9 +86,14 @@ class Collection:
     indexes: list[dict[str, Any]] = field(default_factory=lambda: [dict(ID_INDEX)])
     # unique index name -> index key bytes -> document key
     unique: dict[str, dict[bytes, bytes]] = field(default_factory=dict)
-    # the transaction in progress that created it (mongod's UncommittedCatalogUpdates): it is
-    # durable and others may write to it only once that transaction commits
+    # the transaction in progress that created it (mongod's UncommittedCatalogUpdates): until
+    # that transaction commits it is in its `Txn.created`, not in the catalog, so nobody else
+    # sees it, and it is not durable
     created_by: Txn | None = None
+    # the store's commit sequence number when it was created (Store._seq): a transaction (or
+    # snapshot read) whose snapshot is older does not see it, as mongod reads the catalog at
+    # the snapshot's timestamp
+    created_seq: int = 0
     # Its documents (the working set: committed ones only), document key -> document in
     # natural order; plain dicts the store owns, read by the query engine.
     records: OrderedDict[bytes, dict[str, Any]] = field(
@@ -176,19 +181,40 @@ class CatalogMixin(StoreState):
         read when its stage runs."""
 
         def resolve(name: str) -> OrderedDict[bytes, dict[str, Any]] | None:
-            c = self.catalog.get((db, name))
+            c = self.get(db, name)
             return self._records(c) if c is not None else None
 
         return engine.query_database(db, resolve)
 
     def get(self, db: str, coll: str) -> Collection | None:
-        return self.catalog.get((db, coll))
+        """The collection `db.coll` as the running command sees it: outside transactions the
+        committed catalog; in a transaction (or snapshot read) the collections it created
+        itself, else the committed ones its snapshot has."""
+        txn = self._txn()
+        if txn is None:
+            return self.catalog.get((db, coll))
+        own = txn.created.get((db, coll))
+        if own is not None:
+            return own
+        c = self.catalog.get((db, coll))
+        return c if c is not None and c.created_seq <= txn.snapshot else None
+
+    def _visible(self) -> dict[tuple[str, str], Collection]:
+        """Every collection the running command sees (see `get`)."""
+        txn = self._txn()
+        if txn is None:
+            return self.catalog
+        seen = {k: c for k, c in self.catalog.items() if c.created_seq <= txn.snapshot}
+        seen.update(txn.created)
+        return seen
 
     def databases(self) -> list[str]:
-        return sorted({db for db, _ in self.catalog})
+        return sorted({db for db, _ in self._visible()})
 
     def collections_of(self, db: str) -> list[Collection]:
-        return sorted((c for (d, _), c in self.catalog.items() if d == db), key=lambda c: c.name)
+        return sorted(
+            (c for (d, _), c in self._visible().items() if d == db), key=lambda c: c.name
+        )
 
     def _save_meta(self, c: Collection) -> None:
         if self.persist is not None and c.created_by is None:  # else at its commit
@@ -216,10 +242,14 @@ class CatalogMixin(StoreState):
         else:
             c.indexes[0] = spec
         txn = self._txn()
-        if txn is not None:
+        if txn is not None:  # the catalog gets it at commit (commit_transaction)
             c.created_by = txn
             txn.colls[c.uuid] = c
-        self.catalog[(db, coll)] = c
+            txn.created[(db, coll)] = c
+        else:
+            self._seq += 1  # transactions whose snapshot is older do not see it
+            c.created_seq = self._seq
+            self.catalog[(db, coll)] = c
         self._save_meta(c)
         self.log("c", f"{db}.$cmd",
                  {"create": coll, **options, **({"idIndex": id_spec} if id_spec else {})},
@@ -272,7 +302,7 @@ class CatalogMixin(StoreState):
         return ids
 
     def ensure_collection(self, db: str, coll: str) -> Collection:
-        c = self.catalog.get((db, coll))
+        c = self.get(db, coll)
         if c is not None:
             return c
         self.check_not_view(db, coll)

@@ -71,11 +71,16 @@ class Txn:
         default_factory=dict
     )
     colls: dict[bytes, Collection] = field(default_factory=dict)
+    # (db, name) -> each collection it created (explicitly, implicitly or by createIndexes):
+    # mongod's UncommittedCatalogUpdates, seen by this transaction only until it commits
+    created: dict[tuple[str, str], Collection] = field(default_factory=dict)
     # (collection uuid, document key) of each document it wrote: its write locks
     keys: set[tuple[bytes, bytes]] = field(default_factory=set)
     # (collection uuid, unique index name, index key) its writes added or removed: locked too
     index_keys: set[tuple[bytes, str, bytes]] = field(default_factory=set)
     ended: asyncio.Event = field(default_factory=asyncio.Event)  # set at commit or abort
+    # the readConcern its first command gave (startTransaction), kept for its other commands
+    read_concern: dict[str, Any] | None = None
     expiry: asyncio.TimerHandle | None = None  # transactionLifetimeLimitSeconds
 
 

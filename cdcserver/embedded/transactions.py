@@ -19,6 +19,7 @@ import bson
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
+from cdcserver.embedded.catalog import id_key
 from cdcserver.embedded.indexes import index_entries
 from cdcserver.embedded.oplog_writer import NULL_OP_TIME, _now_ms, pack_transaction
 from cdcserver.embedded.persist import _DECODE
@@ -192,7 +193,7 @@ class TransactionMixin(StoreState):
         self.txn = txn
         uuids = set(txn.overlay) | {v.uuid for v in self._history if v.seq > txn.snapshot}
         if uuids:
-            for c in list(self.catalog.values()):
+            for c in [*self.catalog.values(), *txn.created.values()]:
                 if c.uuid in uuids:
                     self._swap_view(c, txn)
 
@@ -300,11 +301,7 @@ class TransactionMixin(StoreState):
         and make it durable."""
         if txn.state != "in progress":
             return
-        for c in txn.colls.values():
-            if c.created_by is txn:  # its collections become everyone's, and durable
-                c.created_by = None
-                if self.catalog.get((c.db, c.name)) is c:
-                    self._save_meta(c)
+        self._check_created(txn)
         if not txn.ops:
             self._end(txn, "committed")
             return
@@ -328,6 +325,10 @@ class TransactionMixin(StoreState):
         if record is not None:
             record["state"] = "committed"
         self._seq += 1
+        for ns, made in txn.created.items():  # its collections become everyone's, and durable
+            made.created_by, made.created_seq = None, self._seq
+            self.catalog[ns] = made
+            self._save_meta(made)
         for uuid, entries in txn.overlay.items():
             c = txn.colls[uuid]
             if self.catalog.get((c.db, c.name)) is not c:
@@ -360,11 +361,31 @@ class TransactionMixin(StoreState):
         SQLite."""
         if txn.state != "in progress":
             return
-        for c in txn.colls.values():
-            if c.created_by is txn and self.catalog.get((c.db, c.name)) is c:
-                del self.catalog[(c.db, c.name)]  # never logged, never persisted
-                c.records = OrderedDict()
+        for c in txn.created.values():  # never in the catalog, never logged or persisted
+            c.records = OrderedDict()
+        txn.created = {}
         self._end(txn, "aborted")
+
+    def _check_created(self, txn: Txn) -> None:
+        """mongod's pre-commit check of each collection the transaction created
+        (CollectionCatalog::ensureCollectionIsNew): a collection committed under that name
+        since (created outside, or by a transaction that committed first) makes the commit a
+        112 WriteConflict, a view a 48 NamespaceExists; the transaction is aborted."""
+        for (db, name) in txn.created:
+            if (db, name) in self.catalog:
+                self.abort_transaction(txn)
+                raise MongoError(
+                    112, f"Caused by :: Collection namespace '{db}.{name}' is already in use. "
+                    ":: Please retry your operation or multi-document transaction.",
+                    labels=["TransientTransactionError"],
+                )
+            system_views = self.catalog.get((db, "system.views"))
+            if system_views is not None and self.documents(system_views).get(
+                id_key(f"{db}.{name}")
+            ) is not None:
+                self.abort_transaction(txn)
+                raise MongoError(48, "Conflicted registering namespace, already have a view "
+                                 "with the same namespace")
 
     def kill_sessions(self, matches: Callable[[Mapping[str, Any]], bool]) -> int:
         """killSessions / killAllSessions / endSessions: abort the open transaction of each

@@ -44,12 +44,8 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
     'test/test_transactions.py': {
     },
     'test/test_transactions_unified.py': {
-        'TestUnifiedCreateCollection::test_explicitly_create_collection_using_create_command': 'ddl-in-transaction',
-        'TestUnifiedCreateCollection::test_implicitly_create_collection_using_insert': 'ddl-in-transaction',
         'TestUnifiedRunCommand::test_run_command_fails_with_explicit_secondary_read_preference': 'no-secondary',
         'TestUnifiedRunCommand::test_run_command_fails_with_secondary_read_preference_from_transaction_options': 'no-secondary',
-        'TestUnifiedCreateIndex::test_create_index_on_a_collection_created_within_the_same_transaction': 'ddl-in-transaction',
-        'TestUnifiedCreateIndex::test_create_index_on_a_non-existing_collection': 'ddl-in-transaction',
         'TestUnifiedReadPref::test_secondary_readPreference': 'no-secondary',
     },
     'test/asynchronous/test_collection.py': {
@@ -67,12 +63,8 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
     'test/asynchronous/test_transactions.py': {
     },
     'test/asynchronous/test_transactions_unified.py': {
-        'TestUnifiedCreateCollection::test_explicitly_create_collection_using_create_command': 'ddl-in-transaction',
-        'TestUnifiedCreateCollection::test_implicitly_create_collection_using_insert': 'ddl-in-transaction',
         'TestUnifiedRunCommand::test_run_command_fails_with_explicit_secondary_read_preference': 'no-secondary',
         'TestUnifiedRunCommand::test_run_command_fails_with_secondary_read_preference_from_transaction_options': 'no-secondary',
-        'TestUnifiedCreateIndex::test_create_index_on_a_collection_created_within_the_same_transaction': 'ddl-in-transaction',
-        'TestUnifiedCreateIndex::test_create_index_on_a_non-existing_collection': 'ddl-in-transaction',
         'TestUnifiedReadPref::test_secondary_readPreference': 'no-secondary',
     },
     'test/test_client.py': {

@@ -295,11 +295,6 @@ CAUSES: dict[str, tuple[str, str]] = {
         'test_update_result',
         "update's result: upserted / updatedExisting as mongod's",
     ),
-    'ddl-in-transaction': (
-        'TestUnifiedCreateCollection::|TestUnifiedCreateIndex::',
-        'DDL inside a transaction (create, createIndexes, an insert creating its collection) '
-        'is visible outside it before commit',
-    ),
     'no-secondary': (
         'read preference in a transaction must be primary',
         'a one-member replica set: the test needs a secondary for the driver to select before '
