@@ -281,6 +281,7 @@ class TransactionMixin(StoreState):
         self._release(txn)
         # its session keeps it (the outcome) until the next txnNumber: not its writes
         txn.ops, txn.persist, txn.pre_images, txn.overlay = [], [], [], {}
+        txn.created = {}
         self._live.pop(id(txn), None)
         if txn.expiry is not None:
             txn.expiry.cancel()
@@ -363,7 +364,6 @@ class TransactionMixin(StoreState):
             return
         for c in txn.created.values():  # never in the catalog, never logged or persisted
             c.records = OrderedDict()
-        txn.created = {}
         self._end(txn, "aborted")
 
     def _check_created(self, txn: Txn) -> None:
