@@ -25,8 +25,8 @@ def test_second_writer_gets_write_conflict_and_is_aborted(client, coll):
         assert (err.code, err.details["codeName"]) == (112, "WriteConflict")
         assert err.has_error_label("TransientTransactionError")
         assert err.details["errmsg"] == (
-            "Write conflict during plan execution and yielding is disabled. :: Please retry "
-            "your operation or multi-document transaction."
+            "Caused by :: Write conflict during plan execution and yielding is disabled. :: "
+            "Please retry your operation or multi-document transaction."
         )
         with pytest.raises(errors.OperationFailure) as again:  # s2's transaction is gone
             coll.update_one({"_id": 2}, {"$inc": {"n": 1}}, session=s2)

@@ -126,9 +126,10 @@ class TransactionMixin(StoreState):
 
     def _write_conflict(self, txn: Txn) -> NoReturn:
         self.abort_transaction(txn)
+        # mongod 8.0's throwWriteConflictException(context): "Caused by :: <context> :: ..."
         raise MongoError(
-            112, "Write conflict during plan execution and yielding is disabled. :: Please "
-            "retry your operation or multi-document transaction.",
+            112, "Caused by :: Write conflict during plan execution and yielding is disabled. "
+            ":: Please retry your operation or multi-document transaction.",
             labels=["TransientTransactionError"],
         )
 
