@@ -77,6 +77,10 @@ class MergedChangeStream:
         self.last_used = time.monotonic()
         self.start = start
         self.subs: dict[str, ChangeStreamCursor] = {}
+        # A shard read to its end, as it was then (its last entry, its promise, its removal):
+        # while that stays, reading it again gives nothing new (a wake-up for another shard's
+        # delivery or promise reads only that one).
+        self._read_at: dict[str, tuple[Any, Any, Any]] = {}
         self.merge: ShardMerge[RawBSONDocument] = ShardMerge()
         try:
             # The shards of the cluster at `start`: today's, and those removed since.
@@ -159,6 +163,12 @@ class MergedChangeStream:
                 continue
             if merge.buffered(name) >= SHARD_BATCH:
                 continue
+            shard = self.cluster.shard(name)
+            state = (shard.log.latest_ts(), self.cluster.idle_promise(shard),
+                     self.cluster.removed_at(name))
+            if self._read_at.get(name) == state and sub.pipeline.pending_count == 0:
+                continue  # unchanged since it was read to its end: its promise is pushed
+            self._read_at.pop(name, None)
             batch = await sub.get_more(SHARD_BATCH, 0)
             token = batch.post_batch_resume_token
             events = batch.events
@@ -167,7 +177,6 @@ class MergedChangeStream:
                 merge.close(name)
                 sub.closed = True
                 continue
-            shard = self.cluster.shard(name)
             latest = shard.log.latest_ts()
             caught_up = (
                 len(events) < SHARD_BATCH and sub.pipeline.pending_count == 0
@@ -186,6 +195,7 @@ class MergedChangeStream:
                 promise = ResumeTokenData.high_water_mark(ts, version).to_document()
                 if resume_token.sort_key(promise) > resume_token.sort_key(token):
                     token = promise
+                self._read_at[name] = (latest, ts, removed)
             merge.push(name, events, token)
 
     def _nudge_blocker(self) -> None:
@@ -268,5 +278,6 @@ class MergedChangeStream:
             if remaining <= 0 or self.draining:
                 return self._batch(size)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), remaining)
+                async with asyncio.timeout(remaining):  # (no task of its own, as wait_for's)
+                    await changed.wait()
             self.awaited_s += time.monotonic() - now
