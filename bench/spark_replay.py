@@ -1,21 +1,26 @@
 """`cdcserver spark-replay` on `local[1]` and `local[2]` against single-process `cdcserver replay`.
 
 The same generated mongod-8.0 oplog (the test workload: CRUD on three collections, multi-entry
-and prepared transactions, retryable writes, batched applyOps; `--doc-bytes` makes its
-documents large, so that gigabytes stay a manageable number of entries), one or several shards,
-a cluster stream, JSON lines out (the one output both commands write; checked equal by
-SHA-256). Each command runs as a user runs it, in a process of its own; printed for each:
-seconds, events/s, the ratio to `cdcserver replay`, and the peak resident memory (VmHWM) of
-the driver's Python, the JVM (driver and, in local mode, executors) and the largest Python
-worker. Spark's seconds are the job's own (its summary line), without the JVM's start-up.
-Also the CPU seconds of each run's processes (JVM, Python workers; `cores` = CPU / wall) and
-the 1-minute load before each run: the machine may be shared, and then the wall ratio says
-little. The tasks' own CPU (spark-replay's `task CPU` line: their Python's process time)
-gives what the tasks would take on idle cores, one at a time for local[1], two for local[2]
-(the larger of CPU / cores and the longest task, per phase): the CPU-based scaling.
+and prepared transactions, retryable writes, batched applyOps), by default a multi-GB archive
+of large documents (2 GB in two shards, 16 KiB documents: gigabytes stay ~10^5 entries, so a
+run takes a few minutes), generated to a temporary directory and removed after; a cluster
+stream, JSON lines out (the one output both commands write; checked equal by SHA-256). Each
+command runs as a user runs it, in a process of its own; printed for each: seconds, events/s,
+the ratio to `cdcserver replay`, and the peak resident memory (VmHWM) of the driver's Python,
+the JVM (driver and, in local mode, executors) and the largest Python worker. Spark's seconds
+are the job's own (its summary line), without the JVM's start-up.
 
-    .venv/bin/python bench/spark_replay.py                          # 200k entries, ~60 MB
-    .venv/bin/python bench/spark_replay.py --gb 4 --doc-bytes 16384 --shards 4   # multi-GB
+`local[1]` and `local[2]` run alternately (`--rounds`, in the order 1 2 2 1 1 2 ...: a load
+that drifts weighs on both alike); the ratio is of the best runs and of the medians. The
+machine may be shared: the 1-minute load is printed with every run, and the CPU seconds of each
+run's processes (JVM, Python workers; `cores` = CPU / wall). The tasks' own CPU (spark-replay's
+`task CPU` line: their Python's process time, which other processes do not inflate) gives what
+the tasks would take on idle cores, one at a time for local[1], two for local[2] (per phase the
+larger of CPU / cores and the longest task): the CPU-based scaling, beside the wall one.
+
+    .venv/bin/python bench/spark_replay.py            # 2 GB, 2 shards, 2 rounds
+    .venv/bin/python bench/spark_replay.py --quick    # 0.3 GB, 1 round: a quick check
+    .venv/bin/python bench/spark_replay.py --gb 4 --shards 4 --rounds 3
 
 Goal (issue 20): local[2] >= 1.8x local[1].
 """
@@ -28,6 +33,7 @@ import os
 import pathlib
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -129,21 +135,32 @@ def digest(paths: list[pathlib.Path]) -> str:
     return h.hexdigest()
 
 
+def _phase_line(err: bytes) -> str:
+    line = next((ln for ln in err.splitlines() if b"phases:" in ln), b"")
+    return line.split(b"phases:", 1)[-1].decode().strip()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("-n", type=int, default=200_000, help="oplog entries in all (without --gb)")
-    ap.add_argument("--gb", type=float, help="archive size in GB instead of -n")
-    ap.add_argument("--doc-bytes", type=int, default=0, help="average document size (large)")
-    ap.add_argument("--shards", type=int, default=1)
+    ap.add_argument("--gb", type=float, default=2.0, help="archive size in GB (default 2)")
+    ap.add_argument("-n", type=int,
+                    help="instead of --gb: this many entries of small documents")
+    ap.add_argument("--doc-bytes", type=int, default=16384, help="average document size")
+    ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--splits", type=int, default=8, help="ranges per shard")
+    ap.add_argument("--rounds", type=int, default=2, help="runs of local[1] and of local[2]")
+    ap.add_argument("--quick", action="store_true",
+                    help="0.3 GB and one round (fixed costs weigh more: a smaller ratio)")
     ap.add_argument("--driver-memory", default="1g")
     ap.add_argument(
         "--archive", metavar="DIR",
         help="keep the generated archive in DIR and reuse it when it is there (while iterating)",
     )
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
-                    help="a Spark property for both spark-replay runs (repeatable)")
+                    help="a Spark property for the spark-replay runs (repeatable)")
     args = ap.parse_args()
+    if args.quick:
+        args.gb, args.rounds = 0.3, 1
     work = pathlib.Path(tempfile.mkdtemp(prefix="spark-bench-"))
     where = pathlib.Path(args.archive) if args.archive else work
     where.mkdir(parents=True, exist_ok=True)
@@ -155,17 +172,17 @@ def main() -> None:
             if args.archive and path.exists():
                 shards.append(path)
                 continue
-            if args.doc_bytes or args.gb:
-                target = int((args.gb or 0.1) * 1e9 / args.shards)
-                BigWorkload(1 + s, s, base, args.doc_bytes or 1024).write_bytes(path, target)
-            else:
+            if args.n:
                 Workload(seed=1 + s, shard=s, start=base).write(path, args.n // args.shards)
+            else:
+                target = int(args.gb * 1e9 / args.shards)
+                BigWorkload(1 + s, s, base, args.doc_bytes).write_bytes(path, target)
             shards.append(path)
         size = sum(p.stat().st_size for p in shards)
         oplogs = [a for p in shards for a in ("--oplog", str(p))]
         cli = [sys.executable, "-m", "cdcserver.cli"]
-        load = [os.getloadavg()[0]]
 
+        load = os.getloadavg()[0]
         single = work / "single.jsonl"
         t_single, _, rss_single, cpu_single = run(
             [*cli, "replay", *oplogs, "--cluster", "--out", str(single)]
@@ -174,13 +191,33 @@ def main() -> None:
         with open(single, "rb") as f:
             events = sum(1 for _ in f)
         single.unlink()
-        rows = [("cdcserver replay", t_single, t_single, rss_single, cpu_single)]
+        print(f"{args.shards} shard(s), {size / 1e9:.2f} GB, {events} events, "
+              f"driver memory {args.driver_memory}, {os.cpu_count()} cores", flush=True)
+        print(f"{'run':<22} {'seconds':>8} {'(wall)':>8} {'events/s':>10} {'vs replay':>9} "
+              f"{'driver MB':>9} {'JVM MB':>7} {'worker MB':>9} {'CPU s':>7} "
+              f"{'(JVM/workers)':>13} {'cores':>5} {'load':>5}")
+
+        def show(name: str, seconds: float, wall: float, rss: dict[str, int],
+                 cpu: dict[str, float], load: float) -> None:
+            total = sum(cpu.values())
+            print(f"{name:<22} {seconds:>8.1f} {wall:>8.1f} {events / seconds:>10,.0f} "
+                  f"{t_single / seconds:>9.2f} {rss['driver'] / 1e6:>9.0f} "
+                  f"{rss['jvm'] / 1e6:>7.0f} {rss['worker'] / 1e6:>9.0f} {total:>7.1f} "
+                  f"{cpu['jvm']:>6.1f}/{cpu['worker']:<6.1f} {total / wall:>5.2f} {load:>5.2f}",
+                  flush=True)
+
+        show("cdcserver replay", t_single, t_single, rss_single, cpu_single, load)
         split_size = max(1, max(p.stat().st_size for p in shards) // args.splits)
         conf = [a for c in args.conf for a in ("--conf", c)]
-        cpu_tasks: list[tuple[float, float]] = []
-        for master in ("local[1]", "local[2]"):
+        # (job seconds, wall, CPU of all processes, task CPU, least on idle cores), by master
+        runs: dict[str, list[tuple[float, float, float, float, float]]] = {
+            "local[1]": [], "local[2]": []
+        }
+        order = [m for r in range(args.rounds)
+                 for m in (("local[1]", "local[2]") if r % 2 == 0 else ("local[2]", "local[1]"))]
+        for master in order:
             out = work / master
-            load.append(os.getloadavg()[0])
+            load = os.getloadavg()[0]
             wall, err, rss, cpu = run([
                 *cli, "spark-replay", *oplogs, "--cluster", "--format", "jsonl", "--out",
                 str(out), "--master", master, "--driver-memory", args.driver_memory,
@@ -189,37 +226,30 @@ def main() -> None:
             ])
             found = _SUMMARY.search(err)
             job = float(found.group(1)) if found else wall
-            tasks = task_seconds(err, int(master[6:-1]))
+            task_cpu, least = task_seconds(err, int(master[6:-1]))
             got = digest(sorted(out.glob("part-*")))
             assert got == reference, f"{master}: output differs from cdcserver replay"
             shutil.rmtree(out)
-            rows.append((f"spark-replay {master}", job, wall, rss, cpu))
-            cpu_tasks.append(tasks)
-        load.append(os.getloadavg()[0])
-        print(f"{args.shards} shard(s), {size / 1e9:.2f} GB, {events} events, "
-              f"split {split_size / 1e6:.0f} MB, driver memory {args.driver_memory}, "
-              f"{os.cpu_count()} cores, 1-min load before each run / after: "
-              + " ".join(f"{x:.2f}" for x in load))
-        print(f"{'run':<22} {'seconds':>8} {'(wall)':>8} {'events/s':>10} {'vs replay':>9} "
-              f"{'driver MB':>9} {'JVM MB':>7} {'worker MB':>9} {'CPU s':>7} "
-              f"{'(JVM/workers)':>13} {'cores':>5}")
-        for name, seconds, wall, rss, cpu in rows:
-            total = sum(cpu.values())
-            print(f"{name:<22} {seconds:>8.1f} {wall:>8.1f} {events / seconds:>10,.0f} "
-                  f"{t_single / seconds:>9.2f} {rss['driver'] / 1e6:>9.0f} "
-                  f"{rss['jvm'] / 1e6:>7.0f} {rss['worker'] / 1e6:>9.0f} {total:>7.1f} "
-                  f"{cpu['jvm']:>6.1f}/{cpu['worker']:<6.1f} {total / wall:>5.2f}")
-        print(f"scaling local[2] / local[1]: {rows[1][1] / rows[2][1]:.2f} (goal >= 1.8)")
+            show(f"spark-replay {master}", job, wall, rss, cpu, load)
+            print(f"{'':<22} phases: {_phase_line(err)}", flush=True)
+            runs[master].append((job, wall, sum(cpu.values()), task_cpu, least))
+        one, two = runs["local[1]"], runs["local[2]"]
+        best = min(r[0] for r in one) / min(r[0] for r in two)
+        median = statistics.median(r[0] for r in one) / statistics.median(r[0] for r in two)
+        walls = statistics.median(r[1] for r in one) / statistics.median(r[1] for r in two)
+        least = statistics.median(r[4] for r in one) / statistics.median(r[4] for r in two)
+        print(f"scaling local[2] / local[1] ({args.rounds} round(s), job seconds): best "
+              f"{best:.2f}, median {median:.2f} (goal >= 1.8); whole processes (JVM start "
+              f"included) {walls:.2f}; CPU-based {least:.2f}; 1-min load now "
+              f"{os.getloadavg()[0]:.2f}")
         # Under load the wall ratio says little. The tasks' own CPU (their Python's process
         # time, which other processes do not inflate) says what the job's work would take on
         # idle cores: local[1] runs its tasks one after the other, local[2] two at a time.
-        c1, c2 = (sum(r[4].values()) for r in rows[1:])
-        (t1, least1), (t2, least2) = cpu_tasks
-        print(f"CPU seconds, all processes: local[1] {c1:.1f}, local[2] {c2:.1f}; "
-              f"busy cores local[1] {c1 / rows[1][2]:.2f}, local[2] {c2 / rows[2][2]:.2f}")
-        print(f"task CPU seconds: local[1] {t1:.1f} (job {rows[1][1]:.1f}), local[2] {t2:.1f} "
-              f"(job {rows[2][1]:.1f}); on idle cores at least local[1] {least1:.1f}, local[2] "
-              f"{least2:.1f}: CPU-based scaling {least1 / least2:.2f}")
+        for master, rows in runs.items():
+            print(f"{master}: task CPU {statistics.median(r[3] for r in rows):.1f} s, at "
+                  f"least {statistics.median(r[4] for r in rows):.1f} s on idle cores; CPU of "
+                  f"all processes {statistics.median(r[2] for r in rows):.1f} s, busy cores "
+                  f"{statistics.median(r[2] / r[1] for r in rows):.2f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

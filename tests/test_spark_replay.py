@@ -386,6 +386,26 @@ def test_ranges_give_every_entry_once(tmp_path, suffix, split_size):
     assert stops[-1] == size
 
 
+@pytest.mark.parametrize("tasks", [1, 2, 3, 8, 100])
+@pytest.mark.parametrize("sizes", [[10], [64, 64, 64, 20], [64] * 18, [5, 64, 64, 64, 1, 64, 64]])
+def test_scan_groups_keep_every_range_once_in_order(tasks, sizes):
+    """Scan tasks take runs of consecutive ranges (several files of a shard, several shards),
+    at most `tasks` of them, none empty, about equal in bytes."""
+    from cdcserver.spark.replay import scan_groups
+
+    splits = []
+    for f, size in enumerate(sizes):  # one file per size, cut in ranges of 16 bytes
+        splits += sp.plan_splits(f % 2, f, f"f{f}", size, False, 16)
+    groups = scan_groups(splits, tasks)
+    assert [s for g in groups for s in g] == splits
+    assert 1 <= len(groups) <= min(tasks, len(splits)) and all(groups)
+    share = sum(s.end - s.start for s in splits) / len(groups)
+    for g in groups:  # within one range of the equal share
+        assert abs(sum(s.end - s.start for s in g) - share) <= 16
+    if tasks <= len(splits) and all(s.end - s.start == 16 for s in splits):
+        assert len(groups) == tasks
+
+
 def _raw_entries(path: pathlib.Path) -> list[bytes]:
     data = path.read_bytes()
     if path.suffix == ".jsonl":
@@ -841,7 +861,14 @@ def test_cli(spark, generated, tmp_path, capsys, restore_logging):
     path = str(generated[".bson"])
     args = ["spark-replay", "--oplog", path, "--out", str(out), "--format", "jsonl",
             "--ns", "shop.items", "--split-size", "100000", "--master", "local[2]"]
+    capsys.readouterr()
     assert main(args) == 0
+    # Where the time went: each Spark job's wait for its first task, its tasks, the results.
+    phases = re.search(r"phases: scan [\d.]+s \(first task after [\d.]+s, tasks [\d.]+s, "
+                       r"results after [\d.]+s\), plan [\d.]+s, replay [\d.]+s \(first task "
+                       r"after [\d.]+s, tasks [\d.]+s, results after [\d.]+s\), commit",
+                       capsys.readouterr().err)
+    assert phases is not None
     assert spark.sparkContext._jsc is not None  # the shared session is left running
     ref = tmp_path / "ref.jsonl"
     assert main(["replay", "--oplog", path, "--ns", "shop.items", "--out", str(ref)]) == 0

@@ -402,6 +402,7 @@ def run_args(args: argparse.Namespace, spark: Any = None) -> int:
                 pass
     log.info("%s", summary.line())
     log.info("%s", summary.cpu_line())
+    log.info("%s", summary.phase_line())
     return 0
 
 

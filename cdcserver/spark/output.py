@@ -60,6 +60,7 @@ class TaskOutput:
     events: int
     cpu: float = 0.0  # the attempt's CPU seconds (its Python's process time)
     error: tuple[int, str] | None = None  # the pipeline's (code, errmsg): it wrote nothing
+    span: tuple[float, float] = (0.0, 0.0)  # when the attempt started and ended (time.time())
 
 
 class Output:

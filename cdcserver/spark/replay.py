@@ -92,6 +92,7 @@ PUSH_BYTES = 8 * 1024 * 1024  # ... or fewer when they are large
 ARROW_BATCH = 2048  # events per write (an Arrow record batch for Parquet)
 ARROW_BYTES = 4 * 1024 * 1024  # ... or fewer when they are large
 SEGMENTS_PER_SPLIT = 8  # index points per range: where time ranges of several shards start
+SCAN_TASKS_PER_CORE = 4  # scan tasks: at most this many per core of the cluster
 _END = 1 << 64  # after every ts key
 
 
@@ -179,7 +180,7 @@ class ScanContext:
 
 def scan_split(split: sp.Split, ctx: ScanContext, counter: Any = None) -> dict[str, Any]:
     """Pass 1 over one range: its extent, index, cross-segment chain links, first invalidation."""
-    cpu = time.process_time()
+    cpu, began = time.process_time(), time.time()
     meta: dict[str, Any] = {
         "key": split.key, "first": None, "stop": None, "n": 0, "lines": 0,
         "first_ts": None, "last_ts": None, "first_line": 0, "index": [],
@@ -208,6 +209,7 @@ def scan_split(split: sp.Split, ctx: ScanContext, counter: Any = None) -> dict[s
             first = sp.find_bson_start(src, split.start, split.end)
         meta["first"] = first
         if first is None:
+            meta["span"] = (began, time.time())
             return meta
         n = 0
         try:
@@ -242,6 +244,7 @@ def scan_split(split: sp.Split, ctx: ScanContext, counter: Any = None) -> dict[s
         if counter is not None:
             counter.add(n)
     meta["cpu"] = time.process_time() - cpu
+    meta["span"] = (began, time.time())
     meta["stop"] = stats.get("stop", first)
     meta["lines"] = stats.get("lines", 0)
     meta["links"] = [(k, o, prev, end) for k, (o, _seg, prev, end) in pending.items()]
@@ -315,6 +318,21 @@ def read_entry_at(split: sp.Split, offset: int) -> Entry | None:
         for _offset, _line, _raw, entry in sp.iter_split(src, split, offset):
             return entry
     return None
+
+
+def scan_groups(splits: list[sp.Split], tasks: int) -> list[list[sp.Split]]:
+    """The ranges cut into at most `tasks` runs of consecutive ranges, about equal in bytes
+    (a run may span files; a scan's results are per range, whatever the grouping)."""
+    tasks = max(1, min(tasks, len(splits)))
+    total = sum(s.end - s.start for s in splits) or 1
+    groups: list[list[sp.Split]] = [[] for _ in range(tasks)]
+    done = 0
+    for split in splits:
+        # The group whose share of the bytes the range's middle falls in.
+        middle = done + (split.end - split.start) / 2
+        groups[min(tasks - 1, int(middle * tasks / total))].append(split)
+        done += split.end - split.start
+    return [g for g in groups if g]
 
 
 # -- pass 2: replay -----------------------------------------------------------------------------
@@ -494,7 +512,7 @@ def write_task(
     accs: Any = None,
 ) -> TaskOutput:
     """Replay one time range into its own file in the staging directory (`output.py`)."""
-    cpu = time.process_time()
+    cpu, began = time.process_time(), time.time()
     counts = [0]
     events = 0
     writer = PartWriter(out, job, task.index, attempt, fmt)
@@ -511,14 +529,17 @@ def write_task(
         # fails (as `cdcserver replay` meets it), whatever order the tasks ran in.
         writer.discard()
         return TaskOutput(task.index, None, counts[0], events, time.process_time() - cpu,
-                          (exc.code, exc.errmsg))
+                          (exc.code, exc.errmsg), (began, time.time()))
     except BaseException:
         writer.discard()
         raise
     if accs is not None:
         accs[0].add(counts[0])
         accs[1].add(events)
-    return TaskOutput(task.index, name, counts[0], events, time.process_time() - cpu)
+    return TaskOutput(
+        task.index, name, counts[0], events, time.process_time() - cpu, None,
+        (began, time.time()),
+    )
 
 
 def dry_task(task: ReplayTask, ctx: ReplayContext) -> tuple[int, Any]:
@@ -546,6 +567,9 @@ class ReplaySummary:
     # The CPU seconds of each task's Python (its process time), by phase, in task order:
     # what the job would take on idle cores, apart from Spark's own work.
     task_cpu: dict[str, list[float]] = field(default_factory=dict)
+    # Wall-clock marks of each Spark job (time.time()): submitted, its first task started,
+    # its last task ended, results back on the driver; and the driver's own steps after it.
+    spans: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
 
     def line(self) -> str:
         return (
@@ -559,6 +583,22 @@ class ReplaySummary:
             f"{phase} {len(cpu)} tasks {sum(cpu):.2f}s (longest {max(cpu):.2f}s)"
             for phase, cpu in self.task_cpu.items() if cpu
         )
+
+    def phase_line(self) -> str:
+        """Where the job's seconds went: per Spark job, the wait for its first task, the
+        tasks, and the wait for the results; the driver's own steps (`plan`, `commit`)."""
+        parts = []
+        for phase, value in self.timings.items():
+            span = self.spans.get(phase)
+            if span is None:
+                parts.append(f"{phase} {value:.2f}s")
+                continue
+            submitted, first, last, back = span
+            parts.append(
+                f"{phase} {value:.2f}s (first task after {first - submitted:.2f}s, tasks "
+                f"{last - first:.2f}s, results after {back - last:.2f}s)"
+            )
+        return "spark-replay: phases: " + ", ".join(parts)
 
 
 @dataclass
@@ -704,6 +744,8 @@ class SparkReplay:
 
     def run(self, spark: Any) -> ReplaySummary:
         started = time.monotonic()
+        self._spans: list[tuple[float, list[tuple[float, float]], float]] = []
+        self._mark = started
         summary = ReplaySummary()
         sc = spark.sparkContext
         try:
@@ -756,6 +798,10 @@ class SparkReplay:
                 raise ReplayError(error)
             summary.scanned += sum(m["n"] for m in shard.metas.values())
         summary.timings["scan"] = time.monotonic() - started
+        summary.spans["scan"] = _span(
+            self._spans[0][0], [t for _, spans, _ in self._spans for t in spans],
+            self._spans[-1][2],
+        ) if self._spans else (0.0, 0.0, 0.0, 0.0)
 
         # 2. start points, history, resume point, invalidation
         for shard in shards:
@@ -797,11 +843,9 @@ class SparkReplay:
 
         # 3. replay and write
         summary.timings["plan"] = time.monotonic() - started - summary.timings["scan"]
+        self._mark = time.monotonic()
         self._write(spark, tasks, ctx, summary, output)
         summary.seconds = time.monotonic() - started
-        summary.timings["replay"] = summary.seconds - summary.timings["scan"] - summary.timings[
-            "plan"
-        ]
 
     # -- steps ----------------------------------------------------------------------------------
 
@@ -813,11 +857,17 @@ class SparkReplay:
         counter = sc.accumulator(0)
         self._phase = ("scan", len(splits), counter, time.monotonic())
         sc.setJobGroup("cdcserver-scan", "spark-replay: scan")
+        submitted = time.time()
+        # Consecutive ranges of a file share a task, a few tasks per core: a scan task is
+        # short (its CPU is mostly decoding the entries' top level), so Spark's cost per task
+        # (~50 ms: scheduling, the JVM/Python hand-off) weighed as much as the scan itself.
+        groups = scan_groups(splits, SCAN_TASKS_PER_CORE * max(1, sc.defaultParallelism))
         results = (
-            sc.parallelize(splits, len(splits))
-            .map(lambda s: scan_split(s, ctx, counter))
+            sc.parallelize(groups, len(groups))
+            .flatMap(lambda group: [scan_split(s, ctx, counter) for s in group])
             .collect()
         )
+        self._spans.append((submitted, [m["span"] for m in results], time.time()))
         return {m["key"]: m for m in results}
 
     def _rescan_whole(
@@ -1038,19 +1088,32 @@ class SparkReplay:
         # time range, whatever the order they run in): the last ones to start are short, so
         # the cores finish together rather than one finishing a long task alone.
         order = sorted(tasks, key=lambda t: (-t.size, t.index))
+        submitted = time.time()
         try:
             results = (
                 sc.parallelize(order, len(order)).mapPartitions(run).collect() if order else []
             )
         finally:
             shared.destroy()
+        if results:
+            summary.spans["replay"] = _span(submitted, [r.span for r in results], time.time())
+        summary.timings["replay"] = time.monotonic() - self._mark
+        self._mark = time.monotonic()
         failed = sorted((r.partition, r.error) for r in results if r.error is not None)
         if failed:
             raise ReplayError(_mongo_message(MongoError(*failed[0][1])))
         output.commit(results)
+        summary.timings["commit"] = time.monotonic() - self._mark
         summary.task_cpu["replay"] = [r.cpu for r in sorted(results, key=lambda r: r.partition)]
         summary.entries = sum(r.entries for r in results)
         summary.events = sum(r.events for r in results)
+
+
+def _span(
+    submitted: float, spans: list[tuple[float, float]], back: float
+) -> tuple[float, float, float, float]:
+    """(submitted, first task started, last task ended, results back) of a Spark job."""
+    return submitted, min(b for b, _ in spans), max(e for _, e in spans), back
 
 
 class _Watcher:
