@@ -28,6 +28,7 @@ from pipeline_stages.check_invalidate import CheckInvalidate
 from pipeline_stages.check_resumability import CheckResumability, check_history
 from pipeline_stages.ensure_resume_token_present import EnsureResumeTokenPresent
 from pipeline_stages.errors import MongoError
+from pipeline_stages.fast_path import encode_crud, fast_eligible
 from pipeline_stages.image_source import ImageSource
 from pipeline_stages.lookups import (
     ExternalImages,
@@ -190,6 +191,9 @@ class ChangeStreamPipeline:
         # taken up when the same batch is pushed again (its events are not made twice).
         self._suspended: tuple[tuple[Any, ...], list[dict[str, Any]], Timestamp | None] | None
         self._suspended = None
+        # Every CRUD event goes out as the transform made it: written straight to bytes
+        # (fast_path.py) once past the resume point.
+        self._fast = fast_eligible(self)
 
     @property
     def pending_count(self) -> int:
@@ -268,6 +272,19 @@ class ChangeStreamPipeline:
         """
         if self.invalidated:
             return None
+        if (
+            self._fast
+            and self._suspended is None
+            and self.sink is None
+            and self.check_resumability.passed
+            and (self.ensure_token is None or self.ensure_token.done)
+            and type(entries) is list
+        ):
+            items = encode_crud(self, entries, self.start)
+            if items is not None:  # every entry the filter keeps was plain CRUD
+                self._advance_scanned(scanned_to, entries[-1]["ts"] if entries else None)
+                self._pending.extend(items)
+                return None
         suspended, self._suspended = self._suspended, None
         if suspended is not None and _same_batch(suspended[0], entries):
             # The batch the last push said needs lookups: its events are still good (nothing
@@ -286,13 +303,16 @@ class ChangeStreamPipeline:
             if needs:
                 self._suspended = (_batch_key(entries), events, last_ts)
                 return needs
+        self._advance_scanned(scanned_to, last_ts)
+        if events:
+            self._run_stages(events, answers)
+        return None
+
+    def _advance_scanned(self, scanned_to: Timestamp | None, last_ts: Timestamp | None) -> None:
         if scanned_to is None or (last_ts is not None and last_ts > scanned_to):
             scanned_to = last_ts
         if scanned_to is not None and (self._scanned_ts is None or scanned_to > self._scanned_ts):
             self._scanned_ts = scanned_to
-        if events:
-            self._run_stages(events, answers)
-        return None
 
     def _transform(
         self, entries: Iterable[Entry], history: TransactionHistory | None
