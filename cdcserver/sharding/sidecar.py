@@ -9,18 +9,20 @@ and its reply returned unchanged.
 
 Idle shards: a shard whose tail has delivered everything promises only its last entry (it
 cannot know that nothing will be written before the other shards' times), so when events of a
-busy shard wait for an idle one, the sidecar asks the idle shard for `appendOplogNote` with
-`maxClusterTime` at the latest time seen on any shard: the shard writes one no-op after it
-(at once, instead of its periodic no-op up to 10 s later) and the events leave as soon as that
-no-op is majority-committed. (A shard's no-op gets a time after the others' only if its
-clock has heard of them: mongos gossips cluster times to every shard; the embedded cluster's
-shards share one clock.) The nudges of all the shards a merge waits for go at once, while the
-entry that made them wait is still waiting for its own commit point; a shard has one nudge in
+busy shard wait for an idle one, the sidecar reads the idle shard's oplog after its last
+delivered entry with `readConcern: {level: "majority", afterClusterTime: T}`, T the latest
+time seen on any shard, and `$clusterTime` gossip of it (that time must not be past the
+shard's clock). A shard mongod whose oplog is behind T then writes a no-op
+(`makeNoopWriteIfNeeded`: "noop write for afterClusterTime read concern"), waits until its
+commit point passes T and reads at that snapshot: the reply is every entry up to T at least,
+its `operationTime` (a majority read's) the commit point, so the shard has promised T in one
+request, instead of at its periodic no-op up to 10 s later. The shard tails leave those no-ops
+out of their queries (an idle shard's tail is not woken for each). The reads of all the shards
+a merge waits for go at once, while the entry that made them wait is still waiting for its own
+commit point, never to a shard that has promised that time already; a shard has one read in
 flight, and a later target asked meanwhile follows its reply at once (one per tailing round,
-not one per event). The nudge is `w: majority`: its reply's `operationTime` is the shard's
-commit point past the no-op, so the tail that read the no-op waits for that reply instead of
-asking `hello`. Per event of a busy shard the upstream is asked: the busy shard's `hello`, one
-`appendOplogNote` per idle shard, at most one `listShards` (and the tails' getMores).
+not one per event). Per event of a busy shard the upstream is asked: the busy shard's getMore
+and `hello`, one `find` per idle shard, at most one `listShards`.
 
 Added and removed shards: the sidecar asks the mongos `listShards` every
 `TOPOLOGY_POLL_S` and whenever events wait for the shard list (mongos reads the config server's
@@ -30,8 +32,8 @@ at its `topologyTime` joins every stream at that time, before any later event of
 (Not the reply's `$clusterTime`: mongos's clock can be ahead of the config server's snapshot
 the list was read at, which `operationTime` is; one request in flight, the next asked for the
 latest entry read, so one answer covers every event read while it was asked.) A
-shard gone from the list is still tailed: streams read it up to the time it was seen gone (an
-`appendOplogNote` makes it write past that), then its part of them ends.
+shard gone from the list is still tailed: streams read it up to the time it was seen gone (read
+at `afterClusterTime` past that), then its part of them ends.
 """
 
 from __future__ import annotations

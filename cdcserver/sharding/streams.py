@@ -200,7 +200,7 @@ class MergedChangeStream:
 
     def _nudge_blocker(self) -> None:
         """Events wait for shards that have promised nothing later yet: a cluster that can
-        (a sidecar: `appendOplogNote` on those shards) makes them write past them."""
+        (a sidecar: a read of their oplogs at `afterClusterTime`) makes them promise past them."""
         nudge = getattr(self.cluster, "nudge", None)
         if nudge is None:
             return
