@@ -150,6 +150,7 @@ def encode_crud(
     key_end = _KEY_END
     last_wall: Any = None
     last_wall_bytes = b""
+    id_heads: dict[int, bytes] = {}  # the `_id` element up to the hex, by the hex's length
     out: list[Item] = []
     append = out.append
     for entry in entries:
@@ -175,10 +176,10 @@ def encode_crud(
             return None  # view DDL
         ts = entry["ts"]
         ui = entry.get("ui")
-        o = entry.get("o")
+        o = entry["o"]
         if (
             type(ui) is not Binary
-            or ui.subtype != 4
+            or ui._Binary__subtype != 4  # type: ignore[attr-defined]  # `subtype`, uncalled
             or len(ui) != 16
             or type(ts) is not Timestamp
             or type(o) is not entry_document
@@ -201,7 +202,7 @@ def encode_crud(
         if op == "d":
             key = o_raw
             head, pieces, operation_type = _DELETE, _DELETE_TOKEN, "delete"
-            body: tuple[bytes, ...] = (ns_bytes, _DOCUMENT_KEY, key)
+            body: tuple[bytes, ...] = (ns_bytes, _DOCUMENT_KEY, key, b"\x00")
         else:
             o2 = entry.get("o2")
             if type(o2) is not entry_document:
@@ -212,22 +213,22 @@ def encode_crud(
             key = key_raw
             if op == "i":
                 head, pieces, operation_type = _INSERT, _INSERT_TOKEN, "insert"
-                body = (_FULL_DOCUMENT, o_raw, ns_bytes, _DOCUMENT_KEY, key)
+                body = (_FULL_DOCUMENT, o_raw, ns_bytes, _DOCUMENT_KEY, key, b"\x00")
             else:
                 version, is_replacement = _update_shape(o)
                 if is_replacement:
                     head, pieces, operation_type = _REPLACE, _REPLACE_TOKEN, "replace"
-                    body = (_FULL_DOCUMENT, o_raw, ns_bytes, _DOCUMENT_KEY, key)
+                    body = (_FULL_DOCUMENT, o_raw, ns_bytes, _DOCUMENT_KEY, key, b"\x00")
                 elif version == 2:
                     head, pieces, operation_type = _UPDATE, _UPDATE_TOKEN, "update"
                     description = update_description(o["diff"], False)
                     body = (
                         ns_bytes, _DOCUMENT_KEY, key,
-                        bson.encode({"updateDescription": description})[4:-1],
+                        bson.encode({"updateDescription": description})[4:-1], b"\x00",
                     )
                 else:
                     return None  # legacy updates and errors: the general path
-        time, inc = ts.time, ts.inc
+        time, inc = ts._Timestamp__time, ts._Timestamp__inc  # type: ignore[attr-defined]
         key_keystring = simple_key(key) if pieces is not None else None
         if key_keystring is not None:
             assert pieces is not None
@@ -241,16 +242,20 @@ def encode_crud(
             data = token["_data"]
         if len(token) == 1:
             n = len(data)
-            id_bytes = b"".join((
-                _ID, pack_i32(n + 17), _DATA, pack_i32(n + 1), data.encode(), b"\x00\x00",
+            id_head = id_heads.get(n)
+            if id_head is None:
+                id_head = id_heads[n] = _ID + pack_i32(n + 17) + _DATA + pack_i32(n + 1)
+            event = b"".join((
+                id_head, data.encode(), b"\x00\x00", head, _CLUSTER_TIME, pack_ts(inc, time),
+                wall_bytes, *body,
             ))
         else:
-            id_bytes = bson.encode({"_id": token})[4:-1]
-        size = 5 + len(id_bytes) + len(head) + 21 + len(wall_bytes) + sum(map(len, body))
+            event = b"".join((
+                bson.encode({"_id": token})[4:-1], head, _CLUSTER_TIME, pack_ts(inc, time),
+                wall_bytes, *body,
+            ))
+        size = len(event) + 4
         if size > BSON_OBJ_MAX_INTERNAL_SIZE:
             return None  # the general path words the 10334 error
-        append((entry_document(b"".join((
-            pack_i32(size), id_bytes, head, _CLUSTER_TIME, pack_ts(inc, time), wall_bytes,
-            *body, b"\x00",
-        ))), token, ts))
+        append((entry_document(pack_i32(size) + event), token, ts))
     return out

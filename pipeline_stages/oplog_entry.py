@@ -49,6 +49,10 @@ try:  # pymongo's own top-level inflation of a RawBSONDocument (one C call)
     from bson.raw_bson import _inflate_bson as _inflate
 except ImportError:  # pragma: no cover - a pymongo without it: fall back to the lazy Mapping
     _inflate = None  # type: ignore[assignment]
+try:  # the C function behind it, called without its two Python-level wrappers (~0.3 us)
+    from bson._cbson import _raw_to_dict as _c_raw_to_dict  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - pymongo without its C extension
+    _c_raw_to_dict = None
 
 
 def decode_entry(raw: bytes) -> Entry:
@@ -59,6 +63,9 @@ def decode_entry(raw: bytes) -> Entry:
     reading a field is then a dict lookup; a lazy RawBSONDocument pays a Python-level
     `Mapping.get` on every access, which made the whole pipeline ~15% slower.
     """
+    if _c_raw_to_dict is not None:
+        entry: Entry = _c_raw_to_dict(raw, 4, len(raw) - 1, _ENTRY_CODEC_OPTIONS, {}, False)
+        return entry
     if _inflate is not None:
         return _inflate(raw, _ENTRY_CODEC_OPTIONS)
     return RawBSONDocument(raw, OPLOG_CODEC_OPTIONS)
