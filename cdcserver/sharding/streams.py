@@ -77,10 +77,11 @@ class MergedChangeStream:
         self.last_used = time.monotonic()
         self.start = start
         self.subs: dict[str, ChangeStreamCursor] = {}
-        # A shard read to its end, as it was then (its last entry, its promise, its removal):
-        # while that stays, reading it again gives nothing new (a wake-up for another shard's
-        # delivery or promise reads only that one).
-        self._read_at: dict[str, tuple[Any, Any, Any]] = {}
+        # A shard read to its end, as it was then (its last entry, its removal): while that
+        # stays, reading it again gives no event, only its promise (a wake-up for another
+        # shard's delivery reads only that one).
+        self._read_at: dict[str, tuple[Any, Any]] = {}
+        self._promised: dict[str, Timestamp] = {}  # the idle promise last pushed per shard
         self.merge: ShardMerge[RawBSONDocument] = ShardMerge()
         try:
             # The shards of the cluster at `start`: today's, and those removed since.
@@ -164,10 +165,12 @@ class MergedChangeStream:
             if merge.buffered(name) >= SHARD_BATCH:
                 continue
             shard = self.cluster.shard(name)
-            state = (shard.log.latest_ts(), self.cluster.idle_promise(shard),
-                     self.cluster.removed_at(name))
-            if self._read_at.get(name) == state and sub.pipeline.pending_count == 0:
-                continue  # unchanged since it was read to its end: its promise is pushed
+            seen = (shard.log.latest_ts(), self.cluster.removed_at(name))
+            if self._read_at.get(name) == seen and sub.pipeline.pending_count == 0:
+                # Read to its end and nothing delivered since: no new events, only (maybe) a
+                # later promise.
+                self._promise(name, sub, shard, [], None, seen[1])
+                continue
             self._read_at.pop(name, None)
             batch = await sub.get_more(SHARD_BATCH, 0)
             token = batch.post_batch_resume_token
@@ -184,19 +187,31 @@ class MergedChangeStream:
             )
             removed = self.cluster.removed_at(name)
             if caught_up:
-                ts = self.cluster.idle_promise(shard)
-                if removed is not None and ts > removed:
-                    # A removed shard read to its end: its stream ends cleanly.
-                    merge.push(name, events, token)
-                    merge.close(name)
-                    sub.close()
-                    continue
-                version = resume_token.version_for_event(ts, self.spec.resume_token)
-                promise = ResumeTokenData.high_water_mark(ts, version).to_document()
-                if resume_token.sort_key(promise) > resume_token.sort_key(token):
-                    token = promise
-                self._read_at[name] = (latest, ts, removed)
+                self._read_at[name] = (latest, removed)
+                self._promise(name, sub, shard, events, token, removed)
+            else:
+                merge.push(name, events, token)
+
+    def _promise(self, name: str, sub: ChangeStreamCursor, shard: Any, events: list[Any],
+                 token: Any, removed: Timestamp | None) -> None:
+        """A shard read to its end: its events and its promise (the cluster's idle promise,
+        when later than its batch's token); a removed shard read past its removal ends."""
+        merge = self.merge
+        ts = self.cluster.idle_promise(shard)
+        if removed is not None and ts > removed:
+            # A removed shard read to its end: its stream ends cleanly.
             merge.push(name, events, token)
+            merge.close(name)
+            sub.close()
+            return
+        if token is None and ts == self._promised.get(name):
+            return  # nothing new
+        version = resume_token.version_for_event(ts, self.spec.resume_token)
+        promise = ResumeTokenData.high_water_mark(ts, version).to_document()
+        if token is None or resume_token.sort_key(promise) > resume_token.sort_key(token):
+            token = promise
+            self._promised[name] = ts
+        merge.push(name, events, token)
 
     def _nudge_blocker(self) -> None:
         """Events wait for shards that have promised nothing later yet: a cluster that can
