@@ -281,3 +281,33 @@ def test_ddl_with_read_concern_local(client, db):
         db.made.create_index("a", session=s)
         s.commit_transaction()
     assert _index_names(db.made) == ["_id_", "a_1"]
+
+
+def test_a_snapshot_read_does_not_see_a_collection_created_after_its_time(client, db):
+    # mongod reads the catalog at the snapshot's timestamp: the collection did not exist then
+    db.before.insert_one({"_id": 0})
+    with client.start_session(snapshot=True) as s:
+        assert db.before.find_one(session=s) == {"_id": 0}  # the snapshot's time is set
+        db.made.insert_one({"_id": 1})
+        assert list(db.made.find(session=s)) == []
+    assert list(db.made.find()) == [{"_id": 1}]
+
+
+def test_create_indexes_racing_another_transaction_conflicts_at_commit(client, db):
+    # create_indexes_parallel.js: "createIndexes cannot observe the index created in the other
+    # transaction so the command will succeed and we will instead throw WCE when trying to
+    # commit the transaction"; the first transaction's other collection is rolled back too
+    with client.start_session() as s1, client.start_session() as s2:
+        s1.start_transaction()
+        s2.start_transaction()
+        db.distinct.create_index("a", session=s1)
+        db.made.create_index("a", session=s2)
+        db.made.insert_one({"_id": 1}, session=s2)
+        s2.commit_transaction()
+        reply = db.command("createIndexes", "made",
+                           indexes=[{"key": {"a": -1}, "name": "a_1"}], session=s1)
+        assert reply["createdCollectionAutomatically"] is True
+        _commit_conflicts(s1, f"{db.name}.made")
+    assert _index_names(db.made) == ["_id_", "a_1"]
+    assert [i["key"] for i in db.made.list_indexes()] == [{"_id": 1}, {"a": 1}]
+    assert "distinct" not in db.list_collection_names()
