@@ -432,6 +432,70 @@ def test_sidecar_events_are_the_fronts_byte_for_byte(cluster, client, sidecar):
             "listShards")["shards"]
 
 
+def test_sidecar_keeps_cluster_time_order_with_writers_racing_on_every_shard(cluster, client,
+                                                                            sidecar):
+    """Writers on every shard at once, while the sidecar reads the quiet ones' oplogs at
+    afterClusterTime: no event leaves before every shard has promised its time, so the
+    sidecar's stream is the front's, event for event, none lost or repeated."""
+    import threading
+
+    names = [s.name for s in cluster.cluster.shards]
+    for k, name in enumerate(names):
+        client.admin.command("enableSharding", f"w{k}", primaryShard=name)
+    per_writer = 40
+    with pymongo.MongoClient(sidecar.uri) as side, client.watch() as front, \
+            side.watch(max_await_time_ms=200) as through:
+
+        def write(k: int) -> None:
+            with pymongo.MongoClient(cluster.uri) as own:
+                for i in range(per_writer):
+                    own[f"w{k}"].c.insert_one({"_id": i})
+
+        writers = [threading.Thread(target=write, args=(k,)) for k in range(len(names))]
+        for w in writers:
+            w.start()
+        for w in writers:
+            w.join()
+        count = per_writer * len(names)
+        expected = [front.next() for _ in range(count)]
+        got = [through.next() for _ in range(count)]
+        assert through.try_next() is None
+    assert [bson.encode(e) for e in got] == [bson.encode(e) for e in expected]
+    times = [e["clusterTime"] for e in got]
+    assert times == sorted(times)
+    assert sidecar.upstream.nudges >= 1
+
+
+def test_sidecar_never_releases_past_what_a_slow_shard_has_answered(cluster, client,
+                                                                     sidecar):
+    """A shard whose tail is slow (its getMores and hellos held 150 ms): an event of another
+    shard leaves only once the slow shard's read at afterClusterTime has answered for its
+    time, so the slow shard's earlier writes come out first, event for event as the front
+    gives them; a promise read answers only for its time, never for what is written after."""
+    slow, fast = cluster.cluster.shards[-1], cluster.cluster.shards[0]
+    client.admin.command("enableSharding", "slow", primaryShard=slow.name)
+    client.admin.command("enableSharding", "fast", primaryShard=fast.name)
+    with pymongo.MongoClient(cluster.shard_uris[-1]) as direct:
+        direct.admin.command({
+            "configureFailPoint": "failCommand", "mode": "alwaysOn",
+            "data": {"failCommands": ["getMore", "hello"], "blockConnection": True,
+                     "blockTimeMS": 150, "appName": "cdcserver"}})
+        try:
+            with pymongo.MongoClient(sidecar.uri) as side, client.watch() as front, \
+                    side.watch(max_await_time_ms=2000) as through:
+                rounds = 6
+                got = []
+                for i in range(rounds):  # the stream waits while the writes come
+                    client.slow.c.insert_one({"_id": i})  # earlier, on the slow shard
+                    client.fast.c.insert_one({"_id": i})
+                    got += [through.next(), through.next()]
+                expected = [front.next() for _ in range(2 * rounds)]
+        finally:
+            direct.admin.command({"configureFailPoint": "failCommand", "mode": "off"})
+    assert [bson.encode(e) for e in got] == [bson.encode(e) for e in expected]
+    assert [e["ns"]["db"] for e in got] == ["slow", "fast"] * rounds
+
+
 def test_sidecar_nudges_idle_shards_instead_of_waiting(cluster, client, sidecar):
     busy = cluster.cluster.shards[0]
     client.admin.command("enableSharding", "busy", primaryShard=busy.name)
