@@ -36,6 +36,10 @@ class EntryDocument(RawBSONDocument):
 
     __slots__ = ()
 
+    # `raw` read straight from the slot RawBSONDocument's property returns (a C-level read:
+    # every queued event's size is taken from it, and the reply encoder reads it per event).
+    raw = RawBSONDocument.__dict__["_RawBSONDocument__raw"]
+
     def __init__(self, bson_bytes: bytes | memoryview, codec_options: Any = None) -> None:
         self._RawBSONDocument__raw = bson_bytes
         self._RawBSONDocument__inflated_doc = None

@@ -194,6 +194,12 @@ class ChangeStreamPipeline:
         # Every CRUD event goes out as the transform made it: written straight to bytes
         # (fast_path.py) once past the resume point.
         self._fast = fast_eligible(self)
+        # A high-water-mark start (startAtOperationTime, a post-batch token) sorts before every
+        # event at or after its time, and the pipeline reads nothing before `start`: check
+        # resumability passes every event from the first one.
+        self._from_high_water_mark = (
+            client is not None and client.is_high_water_mark and client.cluster_time <= start
+        )
 
     @property
     def pending_count(self) -> int:
@@ -276,7 +282,7 @@ class ChangeStreamPipeline:
             self._fast
             and self._suspended is None
             and self.sink is None
-            and self.check_resumability.passed
+            and (self.check_resumability.passed or self._from_high_water_mark)
             and (self.ensure_token is None or self.ensure_token.done)
             and type(entries) is list
         ):

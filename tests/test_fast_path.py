@@ -157,7 +157,7 @@ STREAMS = [
     st.lists(st.integers(1, 12), min_size=1, max_size=4),
     st.lists(st.one_of(st.none(), st.integers(1, 7)), min_size=1, max_size=4),
     st.integers(0, 39),
-    st.sampled_from(["new", "at", "resume"]),
+    st.sampled_from(["new", "at", "resume", "pbrt"]),
 )
 def test_fast_path_gives_the_general_paths_bytes(
     fields: list[dict[str, Any]], stream: tuple[Any, dict[str, Any]], chunks: list[int],
@@ -175,9 +175,12 @@ def test_fast_path_gives_the_general_paths_bytes(
     start = entries[min(where, len(entries) - 1)]["ts"]
     if how == "at":
         cmd = {**base, "pipeline": [{"$changeStream": {**options, "startAtOperationTime": start}}]}
-    elif how == "resume":
-        # resume from one of the events just produced (a v2 token, on a v1 stream too)
-        tokens = [b[1] for b in fast if isinstance(b, tuple) and b[0] and b[0] != "error"]
+    elif how in ("resume", "pbrt"):
+        # resume from an event's token or any post-batch token (high-water marks among them)
+        tokens = [
+            b[1] for b in fast
+            if isinstance(b, tuple) and b[0] != "error" and (b[0] or how == "pbrt")
+        ]
         if not tokens:
             return
         token = tokens[where % len(tokens)]
