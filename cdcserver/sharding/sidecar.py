@@ -456,6 +456,9 @@ class ShardedUpstream(FrontLog):
             batch = list(cursor["firstBatch"])
             complete = not cursor["id"] and len(batch) < PROMISE_READ_LIMIT
             tail.take_promise(batch, target, reply.get("operationTime"), complete)
+            if cursor["id"]:  # cut at 16 MiB (a tail far behind): the rest comes by the tail
+                await client.local.command({"killCursors": "oplog.rs",
+                                            "cursors": [cursor["id"]]})
         except Exception as exc:  # noqa: BLE001 - unreachable, a failover...: asked again
             log.debug("promise read on %s: %s", shard.name, exc)
         finally:
