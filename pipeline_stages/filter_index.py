@@ -625,6 +625,13 @@ class FilterGroup:
         looked up first (lookups.py: nothing ran; push again with `answers`)."""
         self._reached = {}
         was_invalidated = self.producer.invalidated
+        # No member has a filter or stages: the producer may hand over events it wrote
+        # straight to bytes (fast_path.py), each queued as it is by every member.
+        self.producer.fast_sink = (
+            self._enqueue_all
+            if self._with_stages == 0 and not self.index.needs_plain() and self._as_is
+            else None
+        )
         needs = self.producer.push(entries, scanned_to, answers)
         if needs is not None:
             return needs
@@ -636,6 +643,12 @@ class FilterGroup:
         reached, self._reached = list(self._reached), {}
         return reached
 
+    def _enqueue_all(self, items: list[Any]) -> None:
+        reached = self._reached
+        for everyone in self._as_is:
+            everyone.enqueue(items)
+            reached[everyone] = None
+
     def _fan_out(self, events: list[dict[str, Any]]) -> None:
         if not events:
             return  # (the invalidate, if the entries held one, is `push`'s to hand on)
@@ -645,10 +658,7 @@ class FilterGroup:
         plain_needed = index.needs_plain()
         if not plain_needed and self._with_stages == 0:
             # No member has a filter or stages: every one takes every event as it is.
-            items = encode_events(events, [])
-            for everyone in as_is:
-                everyone.enqueue(items)
-                reached[everyone] = None
+            self._enqueue_all(encode_events(events, []))
             return
         # Per event: the slots that accept it.
         accepted: list[list[Slot]] = []

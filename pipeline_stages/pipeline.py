@@ -185,6 +185,9 @@ class ChangeStreamPipeline:
         # entry that reaches no member costs nothing per member) and may be failed by the group
         # with the error its own $match or stages raised.
         self.sink: Callable[[list[dict[str, Any]]], None] | None = None
+        # A producer whose group's members all take every event as it is: the encoded events
+        # of a fast-path push go here instead of `sink` (every member queues them).
+        self.fast_sink: Callable[[list[Any]], None] | None = None
         self.scan_clock: Any = None  # has `scanned_ts`
         self.error: BaseException | None = None
         # A push that returned a NeedsLookup for images: (its batch, its events, its last ts),
@@ -281,7 +284,8 @@ class ChangeStreamPipeline:
         if (
             self._fast
             and self._suspended is None
-            and self.sink is None
+            and (self.sink is None or self.fast_sink is not None)
+            and self.prefilter is None
             and (self.check_resumability.passed or self._from_high_water_mark)
             and (self.ensure_token is None or self.ensure_token.done)
             and type(entries) is list
@@ -289,7 +293,10 @@ class ChangeStreamPipeline:
             items = encode_crud(self, entries, self.start)
             if items is not None:  # every entry the filter keeps was plain CRUD
                 self._advance_scanned(scanned_to, entries[-1]["ts"] if entries else None)
-                self._pending.extend(items)
+                if self.sink is None:
+                    self._pending.extend(items)
+                elif items and self.fast_sink is not None:
+                    self.fast_sink(items)
                 return None
         suspended, self._suspended = self._suspended, None
         if suspended is not None and _same_batch(suspended[0], entries):

@@ -26,6 +26,7 @@ from oplog_builders import make_lsid, uuid_n
 
 from pipeline_stages import resume_token
 from pipeline_stages.errors import MongoError
+from pipeline_stages.filter_index import FilterGroup
 from pipeline_stages.oplog_entry import decode_entry
 from pipeline_stages.pipeline import ChangeStreamPipeline
 from pipeline_stages.spec import parse_aggregate
@@ -218,3 +219,49 @@ def test_fast_path_is_taken_for_plain_crud() -> None:
     assert [bson.decode(e.raw)["fullDocument"] for e in events] == [
         {"_id": i, "v": i} for i in range(5)
     ]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.booleans().flatmap(lambda plain: st.lists(entry_fields(plain), min_size=1, max_size=40)),
+    st.lists(st.integers(1, 12), min_size=1, max_size=4),
+    st.lists(st.one_of(st.none(), st.integers(1, 7)), min_size=1, max_size=4),
+    st.integers(1, 3),
+)
+def test_filter_group_of_unfiltered_streams_gives_the_general_paths_bytes(
+    fields: list[dict[str, Any]], chunks: list[int], batch_sizes: list[int | None], members: int
+) -> None:
+    """A filter group whose members have no stages queues the producer's fast-path bytes in
+    every member: each member's batches are those of a general-path pipeline of its own."""
+    entries = oplog(fields)
+    spec = parse_aggregate(
+        {"aggregate": "x", "cursor": {}, "pipeline": [{"$changeStream": {}}]}, "a"
+    )
+    start = entries[0]["ts"]
+    group = FilterGroup(spec, start)
+    streams = [ChangeStreamPipeline(spec, start) for _ in range(members)]
+    for stream in streams:
+        group.add(stream)
+    general = ChangeStreamPipeline(spec, start)
+    general._fast = False
+    expected = run(general, entries, chunks, batch_sizes)
+    pos, k = 0, 0
+    seen: list[list[Any]] = [[] for _ in streams]
+    try:
+        while pos < len(entries):
+            chunk = entries[pos : pos + chunks[k % len(chunks)]]
+            pos += len(chunk)
+            group.push(chunk, chunk[-1]["ts"])
+            size = batch_sizes[k % len(batch_sizes)]
+            k += 1
+            for out, stream in zip(seen, streams, strict=True):
+                batch = stream.next_batch(size)
+                out.append(([e.raw for e in batch.events], batch.post_batch_resume_token,
+                            batch.invalidated))
+        for out, stream in zip(seen, streams, strict=True):
+            out.append(stream.next_batch(None).events)
+    except MongoError as exc:
+        for out in seen:
+            out.append(("error", exc.code, str(exc)))
+    for out in seen:
+        assert out == expected
