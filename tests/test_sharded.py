@@ -496,6 +496,29 @@ def test_sidecar_never_releases_past_what_a_slow_shard_has_answered(cluster, cli
     assert [e["ns"]["db"] for e in got] == ["slow", "fast"] * rounds
 
 
+def test_sidecar_asks_list_shards_of_a_mongos_that_refuses_config_shards_at_a_time(cluster,
+                                                                                   client):
+    """A mongos that refuses the read of `config.shards` at afterClusterTime (an error
+    answer): the sidecar asks it `listShards` from then on, and its streams go on."""
+    from cdcserver.sharding.testing import ShardedSidecar
+
+    busy = cluster.cluster.shards[0]
+    client.admin.command("enableSharding", "lr", primaryShard=busy.name)
+    client.admin.command({
+        "configureFailPoint": "failCommand", "mode": "alwaysOn",
+        "data": {"failCommands": ["find"], "errorCode": 72, "appName": "cdcserver"}})
+    try:
+        with ShardedSidecar(cluster.uri, majority_poll_ms=1.0) as side, \
+                pymongo.MongoClient(side.uri) as reader, \
+                reader.lr.c.watch(max_await_time_ms=2000) as stream:
+            for i in range(3):
+                client.lr.c.insert_one({"_id": i})
+                assert stream.next()["documentKey"] == {"_id": i}
+            assert side.upstream._list_shards_refused
+    finally:
+        client.admin.command({"configureFailPoint": "failCommand", "mode": "off"})
+
+
 def test_sidecar_nudges_idle_shards_instead_of_waiting(cluster, client, sidecar):
     busy = cluster.cluster.shards[0]
     client.admin.command("enableSharding", "busy", primaryShard=busy.name)
@@ -1185,9 +1208,10 @@ def test_sidecar_asks_a_bounded_number_of_upstream_requests_per_event(cluster, c
     """Per event of a busy shard while the others idle: the busy shard's tail getMore and its
     `hello` (its commit point), one `find` per idle shard (its oplog read at afterClusterTime,
     majority: the shard writes its no-op and answers it, with its commit point, in that one
-    reply; its tail, which leaves those no-ops out, is not woken) and at most one
-    `listShards` (one answer covers every event read while it was asked): 3 + idle shards,
-    getMores included; a burst of events read at once takes one round of them."""
+    reply; its tail, which leaves those no-ops out, is not woken) and at most one read of
+    `config.shards` through the mongos, at afterClusterTime too (one answer covers every
+    event read while it was asked): 3 + idle shards, getMores included; a burst of events read
+    at once takes one round of them."""
     from cdcserver.sharding import sidecar as sidecar_module
     from cdcserver.sharding.testing import ShardedSidecar
 
@@ -1212,7 +1236,8 @@ def test_sidecar_asks_a_bounded_number_of_upstream_requests_per_event(cluster, c
         slack = 2  # the warm event's last requests, the last event's trailing ones
         assert requests.count("getMore", busy.port) <= events + slack
         assert requests.count("hello", busy.port) <= events + slack
-        assert requests.count("listShards", mongos_port) <= events + slack
+        assert requests.count("find", mongos_port) <= events + slack
+        assert requests.count("listShards", mongos_port) == 0
         assert requests.count("find", busy.port) == 0
         for shard in idle:
             assert 1 <= requests.count("find", shard.port) <= events + slack

@@ -22,13 +22,17 @@ a merge waits for go at once, while the entry that made them wait is still waiti
 commit point, never to a shard that has promised that time already; a shard has one read in
 flight, and a later target asked meanwhile follows its reply at once (one per tailing round,
 not one per event). Per event of a busy shard the upstream is asked: the busy shard's getMore
-and `hello`, one `find` per idle shard, at most one `listShards`.
+and `hello`, one `find` per idle shard, at most one read of the shard list.
 
-Added and removed shards: the sidecar asks the mongos `listShards` every
-`TOPOLOGY_POLL_S` and whenever events wait for the shard list (mongos reads the config server's
-oplog for `kNewShardDetected`; the sidecar knows only the mongos). The list is a participant of
-every merge: no event later than the `operationTime` of the last answer leaves, so a shard added
-at its `topologyTime` joins every stream at that time, before any later event of the others.
+Added and removed shards: the sidecar reads the shard list through the mongos every
+`TOPOLOGY_POLL_S` and whenever events wait for it (mongos reads the config server's oplog for
+`kNewShardDetected`; the sidecar knows only the mongos). The list is a participant of every
+merge: no event later than the `operationTime` of the last answer leaves, so a shard added at
+its `topologyTime` joins every stream at that time, before any later event of the others. While
+streams wait, the list is `config.shards` read at `readConcern: {level: "majority",
+afterClusterTime: T}`, T the latest entry read: the config server writes a no-op past T if it
+is behind (an idle config server's last write can be 10 s old, and `listShards` answers for
+that), so one answer covers T; otherwise, or from a mongos that refuses that read, `listShards`.
 (Not the reply's `$clusterTime`: mongos's clock can be ahead of the config server's snapshot
 the list was read at, which `operationTime` is; one request in flight, the next asked for the
 latest entry read, so one answer covers every event read while it was asked.) A
@@ -225,6 +229,7 @@ class ShardedUpstream(FrontLog):
         # A later target asked while a shard's nudge is in flight: sent as soon as it answers.
         self._nudge_wanted: dict[str, Timestamp] = {}
         self._topology_wanted: Timestamp | None = None  # likewise for listShards
+        self._list_shards_refused = False  # the mongos refused config.shards at a time
         self._streams_waited = -1e9  # when a merged stream last waited for idle shards
         self.nudges = 0  # promise reads sent (for tests and status)
         self.gossiped: Timestamp | None = None  # the latest $clusterTime clients sent
@@ -256,12 +261,21 @@ class ShardedUpstream(FrontLog):
     def removed_at(self, name: str) -> Timestamp | None:
         return self._removed.get(name)
 
-    def refresh_topology(self, until: Timestamp | None = None) -> None:
+    def refresh_topology(self, until: Timestamp | None = None, *, periodic: bool = False
+                         ) -> None:
         """Ask the mongos for its shards now, to know the list past `until` (one request at
         a time: one asked while another is in flight follows its reply at once, unless that
-        reply is for a time past `until`; so one answer covers every event read meanwhile)."""
+        reply is for a time past `until`; so one answer covers every event read meanwhile).
+        `periodic`: the poll's, which reads at a time only while streams wait (else no
+        no-op is written for it)."""
+        if not periodic and until is None:
+            self._streams_waited = time.monotonic()  # a merged stream waits for the list
         if self._topology_task is None or self._topology_task.done():
-            task = asyncio.get_running_loop().create_task(self._read_topology())
+            if periodic and time.monotonic() - self._streams_waited > NUDGE_AHEAD_S:
+                coro = self._read_topology(None, at_time=False)
+            else:
+                coro = self._read_topology(until)
+            task = asyncio.get_running_loop().create_task(coro)
             task.add_done_callback(self._topology_answered)
             self._topology_task = task
             return
@@ -277,20 +291,24 @@ class ShardedUpstream(FrontLog):
             return  # a mongos that does not answer is asked again by the poll
         known = self.topology_ts
         if known is None or known < wanted:
-            self.refresh_topology()
+            self.refresh_topology(wanted)
 
     async def _topology_loop(self) -> None:
         while True:
-            self.refresh_topology()
+            self.refresh_topology(periodic=True)
             task = self._topology_task
             if task is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(task)
             await asyncio.sleep(self.topology_poll_s)
 
-    async def _read_topology(self) -> None:
+    async def _read_topology(self, until: Timestamp | None = None, *, at_time: bool = True
+                             ) -> None:
+        target = self.latest_ts() if at_time else None
+        if until is not None and (target is None or until > target):
+            target = until
         try:
-            reply = await self.mongos.async_client().admin.command("listShards")
+            reply = await self._list_shards(target)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the mongos is away: the list stays as known
@@ -310,6 +328,41 @@ class ShardedUpstream(FrontLog):
                                              or known > self.topology_ts):
             self.topology_ts = known
             self.notify()
+
+    async def _list_shards(self, target: Timestamp | None) -> Mapping[str, Any]:
+        """The shard list, read for a time at or after `target`: `config.shards` through the
+        mongos at `readConcern: {level: "majority", afterClusterTime: target}` (the config
+        server writes a no-op past it if its oplog is behind it, as a shard does, so the
+        answer's `operationTime` is not the last time the config server happened to write,
+        up to its periodic no-op 10 s ago); a mongos that refuses that read is asked
+        `listShards`. Both answer `{shards: [...]}` and the `operationTime` of the read."""
+        import pymongo
+
+        client = self.mongos.async_client()
+        if target is not None and not self._list_shards_refused:
+            session = client.start_session(causal_consistency=False)
+            try:
+                gossip = self._gossip()
+                if gossip is not None:
+                    session.advance_cluster_time(gossip)
+                reply = await client.config.command(
+                    {"find": "shards", "batchSize": 100_000,
+                     "readConcern": {"level": "majority", "afterClusterTime": target}},
+                    session=session,
+                )
+                cursor = reply["cursor"]
+                if not cursor["id"]:
+                    return {"shards": cursor["firstBatch"],
+                            "operationTime": reply.get("operationTime")}
+                await client.config.command({"killCursors": "shards",
+                                             "cursors": [cursor["id"]]})
+            except pymongo.errors.OperationFailure as exc:  # the mongos answered: no
+                log.info("find on config.shards at afterClusterTime refused (%s): asking "
+                         "listShards from now on", exc)
+                self._list_shards_refused = True
+            finally:
+                await session.end_session()
+        return await client.admin.command("listShards")
 
     async def _apply_shards(self, entries: list[Mapping[str, Any]], known: Timestamp) -> None:
         names = {str(e["_id"]) for e in entries}
