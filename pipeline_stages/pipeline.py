@@ -288,8 +288,9 @@ class ChangeStreamPipeline:
             and self.prefilter is None
             and (self.check_resumability.passed or self._from_high_water_mark)
             and (self.ensure_token is None or self.ensure_token.done)
-            and type(entries) is list
         ):
+            if type(entries) is not list:
+                entries = list(entries)  # read twice if the fast path hands them back
             items = encode_crud(self, entries, self.start)
             if items is not None:  # every entry the filter keeps was plain CRUD
                 self._advance_scanned(scanned_to, entries[-1]["ts"] if entries else None)
