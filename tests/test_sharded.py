@@ -519,6 +519,33 @@ def test_sidecar_asks_list_shards_of_a_mongos_that_refuses_config_shards_at_a_ti
         client.admin.command({"configureFailPoint": "failCommand", "mode": "off"})
 
 
+def test_sidecar_asks_append_oplog_note_of_a_shard_that_refuses_promise_reads(cluster, client,
+                                                                             sidecar):
+    """An idle shard that refuses the read of its oplog at afterClusterTime (an error answer,
+    not a failover's): it is asked `appendOplogNote` past the time instead, its tail reads
+    that no-op, and the busy shard's events still leave at once, in order."""
+    from cdcserver.sharding.sidecar import NUDGE_NOTE
+
+    busy, idle = cluster.cluster.shards[0], cluster.cluster.shards[1]
+    client.admin.command("enableSharding", "rf", primaryShard=busy.name)
+    with pymongo.MongoClient(cluster.shard_uris[1]) as direct, \
+            pymongo.MongoClient(sidecar.uri) as side, \
+            side.rf.c.watch(max_await_time_ms=2000) as stream:
+        direct.admin.command({
+            "configureFailPoint": "failCommand", "mode": "alwaysOn",
+            "data": {"failCommands": ["find"], "errorCode": 72, "appName": "cdcserver"}})
+        try:
+            for i in range(3):
+                client.rf.c.insert_one({"_id": i})
+                assert stream.next()["documentKey"] == {"_id": i}
+        finally:
+            direct.admin.command({"configureFailPoint": "failCommand", "mode": "off"})
+        assert sidecar.upstream.shard(idle.name).log.promise_read_refused
+        notes = [e for e in direct.local["oplog.rs"].find({"op": "n"})
+                 if e["o"] == NUDGE_NOTE]
+        assert notes
+
+
 def test_sidecar_nudges_idle_shards_instead_of_waiting(cluster, client, sidecar):
     busy = cluster.cluster.shards[0]
     client.admin.command("enableSharding", "busy", primaryShard=busy.name)

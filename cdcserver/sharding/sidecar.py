@@ -77,6 +77,11 @@ TOPOLOGY_POLL_S = 1.0  # how often listShards is asked when nothing else asks it
 NUDGE_REPLY_WAIT_S = 1.0
 # Entries a promise read returns at most (more: it promises only what it returned).
 PROMISE_READ_LIMIT = 1000
+# A shard's answers to a promise read that mean it will not serve one (not a failover's):
+# InvalidOptions, Unauthorized, BadValue, FailedToParse, IllegalOperation, CommandNotSupported,
+# ReadConcernMajorityNotEnabled, NotImplemented. It is then asked appendOplogNote instead.
+PROMISE_READ_REFUSALS = frozenset({72, 13, 2, 9, 20, 115, 148, 238})
+NUDGE_NOTE = {"msg": "cdcserver: merged change streams wait for this shard"}
 
 
 def next_ts(ts: Timestamp) -> Timestamp:
@@ -127,6 +132,7 @@ class ShardTail(UpstreamOplog):
         # Everything the shard has up to this time is delivered (a promise read said so),
         # though its oplog may have no entry there.
         self.promised: Timestamp | None = None
+        self.promise_read_refused = False  # the shard refused a promise read (see _nudge)
 
     def _tail_filter(self, start: Timestamp) -> dict[str, Any]:
         """The no-ops a promise read makes the shard write come in its reply: the tail leaves
@@ -477,7 +483,27 @@ class ShardedUpstream(FrontLog):
                 best = heard
         return best
 
+    async def _append_note(self, tail: ShardTail, client: Any, target: Timestamp) -> None:
+        """A shard that will not read its oplog at afterClusterTime: `appendOplogNote` past
+        `target` instead (`w: majority`: its reply's operationTime is the commit point past
+        the no-op), which its tail reads; one more request, the tail's getMore of it."""
+        session = client.start_session(causal_consistency=False)
+        try:
+            gossip = self._gossip()  # the no-op's time is after `target` once its clock is
+            if gossip is not None:
+                session.advance_cluster_time(gossip)
+            reply = await client.admin.command(
+                {"appendOplogNote": 1, "data": NUDGE_NOTE, "maxClusterTime": target,
+                 "writeConcern": {"w": "majority"}}, session=session)
+        finally:
+            await session.end_session()
+        op_time = reply.get("operationTime")
+        if isinstance(op_time, Timestamp):
+            tail.note_majority(op_time)
+
     async def _nudge(self, shard: SidecarShard, target: Timestamp) -> None:
+        import pymongo
+
         tail = shard.log
         answered = False
         try:
@@ -486,6 +512,10 @@ class ShardedUpstream(FrontLog):
                 return  # its tail has not started: the stream asks again later
             client = tail.async_client()
             self.nudges += 1
+            if tail.promise_read_refused:
+                await self._append_note(tail, client, target)
+                answered = True
+                return
             session = client.start_session(causal_consistency=False)
             try:
                 gossip = self._gossip()
@@ -496,12 +526,22 @@ class ShardedUpstream(FrontLog):
                 # passes it, and reads at that snapshot: the reply is every entry after
                 # `since` up to a time at or after `target`, and its operationTime (a
                 # majority read's) the commit point, so no `hello` and no tail round.
-                reply = await client.local.command(
-                    {"find": "oplog.rs", "filter": {"ts": {"$gt": since}},
-                     "limit": PROMISE_READ_LIMIT, "batchSize": PROMISE_READ_LIMIT,
-                     "readConcern": {"level": "majority", "afterClusterTime": target}},
-                    codec_options=RAW, session=session,
-                )
+                try:
+                    reply = await client.local.command(
+                        {"find": "oplog.rs", "filter": {"ts": {"$gt": since}},
+                         "limit": PROMISE_READ_LIMIT, "batchSize": PROMISE_READ_LIMIT,
+                         "readConcern": {"level": "majority", "afterClusterTime": target}},
+                        codec_options=RAW, session=session,
+                    )
+                except pymongo.errors.OperationFailure as exc:
+                    if exc.code not in PROMISE_READ_REFUSALS:
+                        raise
+                    log.info("shard %s refuses reads of its oplog at afterClusterTime (%s): "
+                             "asking it appendOplogNote from now on", shard.name, exc)
+                    tail.promise_read_refused = True
+                    await self._append_note(tail, client, target)
+                    answered = True
+                    return
             finally:
                 await session.end_session()
             answered = True
