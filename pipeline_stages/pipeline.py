@@ -12,10 +12,12 @@ pipeline encoded once, as `RawBSONDocument`s, ready to be copied into a reply.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from itertools import islice
+from itertools import accumulate, islice
+from operator import attrgetter, itemgetter
 from typing import Any, cast
 
 from bson.raw_bson import RawBSONDocument
@@ -54,6 +56,9 @@ from pipeline_stages.user_stages import UserStages, match_prefilter
 
 # A reply's cursor batch may hold up to 16 MiB of documents (BSONObjMaxUserSize).
 MAX_BATCH_BYTES = 16 * 1024 * 1024
+
+_EVENT = itemgetter(0)  # of a queued (event, token, clusterTime)
+_RAW = attrgetter("raw")  # an encoded event's bytes (a TooLargeEvent's are empty)
 
 
 
@@ -217,17 +222,15 @@ class ChangeStreamPipeline:
         pending = self._pending
         if counted > len(pending):  # a batch was taken meanwhile
             counted, size = 0, 0
-        for event, _token, _ts in islice(pending, counted, None):
-            if isinstance(event, TooLargeEvent):
-                return True
-            n = len(event.raw)
-            if size + n > budget:
-                self._sized = (counted, size)
-                return True
-            size += n
-            counted += 1
-        self._sized = (counted, size)
-        return False
+        # (Whole-queue operations in C rather than a Python loop per event.)
+        new = list(map(_EVENT, islice(pending, counted, None)))
+        # sums[i]: the bytes of the first i new events on top of those counted before
+        sums = list(accumulate(map(len, map(_RAW, new)), initial=size))
+        fit = bisect_right(sums, budget) - 1  # how many new events fit
+        if TooLargeEvent in map(type, new[: fit + 1]):
+            return True  # reached before the budget ran out: the batch ends there (with 10334)
+        self._sized = (counted + fit, sums[fit])
+        return fit < len(new)
 
     @property
     def post_batch_resume_token(self) -> dict[str, Any]:
@@ -444,24 +447,31 @@ class ChangeStreamPipeline:
             raise self.error  # what the stream's own push would have raised
         pending = self._pending
         self._sized = (0, 0)  # the queue's head moves
-        out: list[RawBSONDocument] = []
-        size = 0
         limit = len(pending) if batch_size is None else min(batch_size, len(pending))
-        while len(out) < limit:
-            event, token, ts = pending[0]
-            if isinstance(event, TooLargeEvent):
+        head = list(islice(pending, limit))
+        out: list[RawBSONDocument] = list(map(_EVENT, head))
+        if out:
+            # The first event is taken whatever its size; each next one while the batch stays
+            # within the budget (the rest stay queued for the next getMore, the token does not
+            # move past them). (Whole-batch operations in C rather than a loop per event.)
+            taken = bisect_right(list(accumulate(map(len, map(_RAW, out)))), MAX_BATCH_BYTES) or 1
+            if TooLargeEvent in map(type, out[:taken]):
                 # The batch that reaches an event too large to return fails (the events before
                 # it in this batch with it), as mongod's does when it builds that batch.
+                event = out[list(map(type, out)).index(TooLargeEvent)]
+                assert isinstance(event, TooLargeEvent)
                 pending.clear()
                 self.error = event.error
                 raise event.error
-            n = len(event.raw)
-            if out and size + n > MAX_BATCH_BYTES:
-                break  # stays queued for the next getMore; the token does not move past it
-            size += n
-            pending.popleft()
-            out.append(event)
-            self._pbrt, self._pbrt_ts = token, ts
+            if taken == len(pending):
+                pending.clear()
+            else:
+                popleft = pending.popleft
+                for _ in range(taken):
+                    popleft()
+            if taken < len(out):
+                del out[taken:]
+            _event, self._pbrt, self._pbrt_ts = head[taken - 1]
         # mongod stops asking for events once the batch is full, so only a batch that ran out of
         # events (EOF for now) may report a high-water mark or the end of an invalidated stream;
         # a batch filled exactly by the last queued event reports that event's token, and the

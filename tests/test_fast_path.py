@@ -24,11 +24,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from oplog_builders import make_lsid, uuid_n
 
+from pipeline_stages import pipeline as pipeline_module
 from pipeline_stages import resume_token
 from pipeline_stages.errors import MongoError
 from pipeline_stages.filter_index import FilterGroup
-from pipeline_stages.oplog_entry import decode_entry
-from pipeline_stages.pipeline import ChangeStreamPipeline
+from pipeline_stages.oplog_entry import EntryDocument, decode_entry
+from pipeline_stages.pipeline import ChangeStreamPipeline, TooLargeEvent
 from pipeline_stages.spec import parse_aggregate
 
 WALL = datetime.datetime(2026, 11, 24, 12, 0, 0, 123000)
@@ -265,3 +266,75 @@ def test_filter_group_of_unfiltered_streams_gives_the_general_paths_bytes(
             out.append(("error", exc.code, str(exc)))
     for out in seen:
         assert out == expected
+
+
+def _reference_next_batch(items: list[Any], batch_size: int | None, budget: int) -> Any:
+    """The per-event loop next_batch ran before (what it must still do): the events taken, and
+    the error of a too-large event the batch reached."""
+    out, size = [], 0
+    limit = len(items) if batch_size is None else min(batch_size, len(items))
+    while len(out) < limit:
+        event = items[len(out)][0]
+        if isinstance(event, TooLargeEvent):
+            return ("error", event.error.code)
+        n = len(event.raw)
+        if out and size + n > budget:
+            break
+        size += n
+        out.append(event)
+    return out
+
+
+def _reference_fills(items: list[Any], budget: int) -> bool:
+    size = 0
+    for event, _token, _ts in items:
+        if isinstance(event, TooLargeEvent):
+            return True
+        if size + len(event.raw) > budget:
+            return True
+        size += len(event.raw)
+    return False
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.one_of(st.integers(5, 60), st.just(-1)), max_size=12),
+    st.one_of(st.none(), st.integers(0, 8)),
+    st.integers(0, 12),
+)
+def test_batch_budget_and_too_large_events(sizes: list[int], batch_size: int | None,
+                                           split: int) -> None:
+    """next_batch and pending_fills (whole-queue operations) take what the per-event loop
+    took: the first event whatever its size, then events while the reply stays within its
+    budget; a too-large event (-1) the batch reaches fails it."""
+    budget = 100
+    items = []
+    for i, n in enumerate(sizes):
+        ts = Timestamp(1_800_000_000, i + 1)
+        event: Any = (
+            TooLargeEvent(MongoError(10334, "too large")) if n < 0
+            else EntryDocument(bson.encode({"p": "x" * max(n - 13, 0)}))
+        )
+        items.append((event, {"_data": str(i)}, ts))
+    spec = parse_aggregate({"aggregate": "x", "cursor": {}, "pipeline": [{"$changeStream": {}}]},
+                           "a")
+    pipeline = ChangeStreamPipeline(spec, Timestamp(1_800_000_000, 1))
+    # counted in two steps, as pushes add to the queue between getMores
+    pipeline.enqueue(items[:split])
+    pipeline.pending_fills(budget)
+    pipeline.enqueue(items[split:])
+    assert pipeline.pending_fills(budget) == _reference_fills(items, budget)
+    expected = _reference_next_batch(items, batch_size, budget)
+    original = pipeline_module.MAX_BATCH_BYTES
+    pipeline_module.MAX_BATCH_BYTES = budget
+    try:
+        batch = pipeline.next_batch(batch_size)
+    except MongoError as exc:
+        assert expected == ("error", exc.code)
+        return
+    finally:
+        pipeline_module.MAX_BATCH_BYTES = original
+    assert batch.events == expected
+    assert pipeline.pending_count == len(items) - len(expected)
+    if expected:
+        assert batch.post_batch_resume_token == {"_data": str(len(expected) - 1)}
