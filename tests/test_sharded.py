@@ -531,6 +531,11 @@ def test_sidecar_asks_append_oplog_note_of_a_shard_that_refuses_promise_reads(cl
     with pymongo.MongoClient(cluster.shard_uris[1]) as direct, \
             pymongo.MongoClient(sidecar.uri) as side, \
             side.rf.c.watch(max_await_time_ms=2000) as stream:
+        tail = sidecar.upstream.shard(idle.name).log
+        deadline = time.monotonic() + 30  # a guard against a hang, not a measurement
+        while not tail.connected:  # its tailable cursor is open: the fail point spares it
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         direct.admin.command({
             "configureFailPoint": "failCommand", "mode": "alwaysOn",
             "data": {"failCommands": ["find"], "errorCode": 72, "appName": "cdcserver"}})
@@ -540,7 +545,7 @@ def test_sidecar_asks_append_oplog_note_of_a_shard_that_refuses_promise_reads(cl
                 assert stream.next()["documentKey"] == {"_id": i}
         finally:
             direct.admin.command({"configureFailPoint": "failCommand", "mode": "off"})
-        assert sidecar.upstream.shard(idle.name).log.promise_read_refused
+        assert tail.promise_read_refused
         notes = [e for e in direct.local["oplog.rs"].find({"op": "n"})
                  if e["o"] == NUDGE_NOTE]
         assert notes
