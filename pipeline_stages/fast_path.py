@@ -95,7 +95,7 @@ def fast_eligible(pipeline: ChangeStreamPipeline) -> bool:
 def _ns_parts(pipeline: ChangeStreamPipeline, ns: str) -> bytes | None:
     """The encoded `ns` element of a CRUD entry on `ns` without `fromMigrate`, or None when
     the stream's oplog filter drops such an entry or it is view DDL (cached per stream)."""
-    cache: dict[str, bytes | None] = pipeline.__dict__.setdefault("_fast_ns", {})
+    cache = pipeline._fast_ns
     if ns in cache:
         return cache[ns]
     element = None
@@ -140,7 +140,7 @@ def encode_crud(
         return None
     version_of = transform._version
     matches = pipeline.filter.matches
-    ns_cache: dict[str, bytes | None] = pipeline.__dict__.get("_fast_ns") or {}
+    ns_cache = pipeline._fast_ns
     event_token = resume_token.event_token
     simple_key = resume_token._simple_key_keystring
     pack_i32, pack_ts, pack_i64, pack_ts_key = _I32.pack, _TS.pack, _I64.pack, _TS_KEYSTRING.pack
@@ -169,7 +169,6 @@ def encode_crud(
         ns_bytes = ns_cache.get(ns, b"")
         if ns_bytes == b"":
             ns_bytes = _ns_parts(pipeline, ns)
-            ns_cache = pipeline.__dict__["_fast_ns"]
         if ns_bytes is None:
             if not matches(entry):
                 continue  # another collection's write
