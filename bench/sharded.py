@@ -18,10 +18,10 @@ The sidecars are measured against upstreams in a process of their own (`cdcserve
 --in-memory [--shards N]`), as a sidecar runs beside mongod: in one process the upstream's
 work and the sidecar's share one interpreter lock. The sidecar of a cluster does more
 requests per event (its tail's getMore and `hello` of the busy shard, a `find` on each idle
-shard's oplog, a `listShards`: five with two idle shards) than a sidecar of a replica set (its
-tail's getMore and a `hello`), each a few tenths of a millisecond of CPU on both sides, which
-is what the sidecars' ratio measures. The requests each sidecar sent per event are printed (a
-command monitor on its clients).
+shard's oplog, one of `config.shards`: five with two idle shards) than a sidecar of a replica
+set (its tail's getMore and a `hello`), each a few tenths of a millisecond of CPU on both
+sides, which is what the sidecars' ratio measures. The requests each sidecar sent per event
+are printed (a command monitor on its clients).
 
 Measured here: see the README (Sharded clusters); the load of the machine is printed first.
 
