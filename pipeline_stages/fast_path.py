@@ -173,9 +173,9 @@ def encode_crud(
             if not matches(entry):
                 continue  # another collection's write
             return None  # view DDL
-        ts = entry["ts"]
+        ts = entry.get("ts")
         ui = entry.get("ui")
-        o = entry["o"]
+        o = entry.get("o")  # (one missing: the general path raises what it raises)
         if (
             type(ui) is not Binary
             or ui._Binary__subtype != 4  # type: ignore[attr-defined]  # `subtype`, uncalled
