@@ -57,6 +57,8 @@ from pipeline_stages.user_stages import UserStages, match_prefilter
 # A reply's cursor batch may hold up to 16 MiB of documents (BSONObjMaxUserSize).
 MAX_BATCH_BYTES = 16 * 1024 * 1024
 
+# Queued events looked at per step when a batch is taken or its size summed.
+SCAN_CHUNK = 4096
 _EVENT = itemgetter(0)  # of a queued (event, token, clusterTime)
 _RAW = attrgetter("raw")  # an encoded event's bytes (a TooLargeEvent's are empty)
 
@@ -223,15 +225,21 @@ class ChangeStreamPipeline:
         pending = self._pending
         if counted > len(pending):  # a batch was taken meanwhile
             counted, size = 0, 0
-        # (Whole-queue operations in C rather than a Python loop per event.)
-        new = list(map(_EVENT, islice(pending, counted, None)))
-        # sums[i]: the bytes of the first i new events on top of those counted before
-        sums = list(accumulate(map(len, map(_RAW, new)), initial=size))
-        fit = bisect_right(sums, budget) - 1  # how many new events fit
-        if TooLargeEvent in map(type, new[: fit + 1]):
-            return True  # reached before the budget ran out: the batch ends there (with 10334)
-        self._sized = (counted + fit, sums[fit])
-        return fit < len(new)
+        # Whole-chunk operations in C rather than a Python loop per event.
+        while True:
+            new = list(map(_EVENT, islice(pending, counted, counted + SCAN_CHUNK)))
+            if not new:
+                self._sized = (counted, size)
+                return False
+            # sums[i]: the bytes with the chunk's first i events on top of those counted before
+            sums = list(accumulate(map(len, map(_RAW, new)), initial=size))
+            fit = bisect_right(sums, budget) - 1  # how many of them fit
+            if TooLargeEvent in map(type, new[: fit + 1]):
+                return True  # reached before the budget ran out: the batch ends there (10334)
+            counted, size = counted + fit, sums[fit]
+            if fit < len(new):
+                self._sized = (counted, size)
+                return True
 
     @property
     def post_batch_resume_token(self) -> dict[str, Any]:
@@ -449,30 +457,41 @@ class ChangeStreamPipeline:
         pending = self._pending
         self._sized = (0, 0)  # the queue's head moves
         limit = len(pending) if batch_size is None else min(batch_size, len(pending))
-        head = list(islice(pending, limit))
-        out: list[RawBSONDocument] = list(map(_EVENT, head))
-        if out:
-            # The first event is taken whatever its size; each next one while the batch stays
-            # within the budget (the rest stay queued for the next getMore, the token does not
-            # move past them). (Whole-batch operations in C rather than a loop per event.)
-            taken = bisect_right(list(accumulate(map(len, map(_RAW, out)))), MAX_BATCH_BYTES) or 1
-            if TooLargeEvent in map(type, out[:taken]):
+        # The first event is taken whatever its size; each next one while the batch stays
+        # within the budget (the rest stay queued for the next getMore, the token does not move
+        # past them). Whole-chunk operations in C rather than a loop per event; a chunk at a
+        # time, so a long queue of large events is not all looked at for one batch.
+        head: list[tuple[RawBSONDocument, dict[str, Any], Timestamp]] = []
+        out: list[RawBSONDocument] = []
+        size = 0
+        while len(out) < limit and size <= MAX_BATCH_BYTES:
+            chunk = list(islice(pending, len(out), min(limit, len(out) + SCAN_CHUNK)))
+            events = list(map(_EVENT, chunk))
+            # sums[i]: the batch's bytes with the chunk's first i events
+            sums = list(accumulate(map(len, map(_RAW, events)), initial=size))
+            fit = max(bisect_right(sums, MAX_BATCH_BYTES) - 1, 0 if out else 1)
+            if TooLargeEvent in map(type, events[:fit]):
                 # The batch that reaches an event too large to return fails (the events before
                 # it in this batch with it), as mongod's does when it builds that batch.
-                event = out[list(map(type, out)).index(TooLargeEvent)]
+                event = events[list(map(type, events)).index(TooLargeEvent)]
                 assert isinstance(event, TooLargeEvent)
                 pending.clear()
                 self.error = event.error
                 raise event.error
+            head += chunk[:fit]
+            out += events[:fit]
+            size = sums[fit]
+            if fit < len(chunk):
+                break
+        if out:
+            taken = len(out)
             if taken == len(pending):
                 pending.clear()
             else:
                 popleft = pending.popleft
                 for _ in range(taken):
                     popleft()
-            if taken < len(out):
-                del out[taken:]
-            _event, self._pbrt, self._pbrt_ts = head[taken - 1]
+            _event, self._pbrt, self._pbrt_ts = head[-1]
         # mongod stops asking for events once the batch is full, so only a batch that ran out of
         # events (EOF for now) may report a high-water mark or the end of an invalidated stream;
         # a batch filled exactly by the last queued event reports that event's token, and the

@@ -301,9 +301,10 @@ def _reference_fills(items: list[Any], budget: int) -> bool:
     st.lists(st.one_of(st.integers(5, 60), st.just(-1)), max_size=12),
     st.one_of(st.none(), st.integers(0, 8)),
     st.integers(0, 12),
+    st.sampled_from([1, 2, 3, 4096]),
 )
 def test_batch_budget_and_too_large_events(sizes: list[int], batch_size: int | None,
-                                           split: int) -> None:
+                                           split: int, scan_chunk: int) -> None:
     """next_batch and pending_fills (whole-queue operations) take what the per-event loop
     took: the first event whatever its size, then events while the reply stays within its
     budget; a too-large event (-1) the batch reaches fails it."""
@@ -319,22 +320,35 @@ def test_batch_budget_and_too_large_events(sizes: list[int], batch_size: int | N
     spec = parse_aggregate({"aggregate": "x", "cursor": {}, "pipeline": [{"$changeStream": {}}]},
                            "a")
     pipeline = ChangeStreamPipeline(spec, Timestamp(1_800_000_000, 1))
-    # counted in two steps, as pushes add to the queue between getMores
-    pipeline.enqueue(items[:split])
-    pipeline.pending_fills(budget)
-    pipeline.enqueue(items[split:])
-    assert pipeline.pending_fills(budget) == _reference_fills(items, budget)
+    original = pipeline_module.MAX_BATCH_BYTES, pipeline_module.SCAN_CHUNK
+    pipeline_module.MAX_BATCH_BYTES, pipeline_module.SCAN_CHUNK = budget, scan_chunk
     expected = _reference_next_batch(items, batch_size, budget)
-    original = pipeline_module.MAX_BATCH_BYTES
-    pipeline_module.MAX_BATCH_BYTES = budget
     try:
+        # counted in two steps, as pushes add to the queue between getMores
+        pipeline.enqueue(items[:split])
+        pipeline.pending_fills(budget)
+        pipeline.enqueue(items[split:])
+        assert pipeline.pending_fills(budget) == _reference_fills(items, budget)
         batch = pipeline.next_batch(batch_size)
     except MongoError as exc:
         assert expected == ("error", exc.code)
         return
     finally:
-        pipeline_module.MAX_BATCH_BYTES = original
+        pipeline_module.MAX_BATCH_BYTES, pipeline_module.SCAN_CHUNK = original
     assert batch.events == expected
     assert pipeline.pending_count == len(items) - len(expected)
     if expected:
         assert batch.post_batch_resume_token == {"_data": str(len(expected) - 1)}
+    # the next batch starts where this one stopped
+    rest = items[len(expected):]
+    expected = _reference_next_batch(rest, batch_size, budget)
+    pipeline_module.MAX_BATCH_BYTES, pipeline_module.SCAN_CHUNK = budget, scan_chunk
+    try:
+        assert pipeline.pending_fills(budget) == _reference_fills(rest, budget)
+        batch = pipeline.next_batch(batch_size)
+    except MongoError as exc:
+        assert expected == ("error", exc.code)
+        return
+    finally:
+        pipeline_module.MAX_BATCH_BYTES, pipeline_module.SCAN_CHUNK = original
+    assert batch.events == expected
