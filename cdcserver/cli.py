@@ -55,6 +55,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "upstream.uri": args.upstream or None,
         "metrics.port": args.metrics_port,
         "server.shards": args.shards,
+        "server.unix_socket": False if args.nounixsocket else None,
+        "server.unix_socket_prefix": args.unix_socket_prefix,
+        "server.unix_socket_permissions": args.file_permissions,
     }
     try:
         config = load_config(
@@ -481,6 +484,19 @@ def main(argv: list[str] | None = None) -> int:
         "--shards", type=int, metavar="N",
         help="an embedded sharded cluster: N shards (each on its own port) behind a mongos "
         "front on --port (with --in-memory or --data-dir)",
+    )
+    # mongod's spellings of its net.unixDomainSocket options (and ours).
+    serve.add_argument(
+        "--nounixsocket", "--no-unix-socket", action="store_true",
+        help="do not listen on the Unix domain socket <prefix>/mongodb-<port>.sock",
+    )
+    serve.add_argument(
+        "--unixSocketPrefix", "--unix-socket-prefix", dest="unix_socket_prefix",
+        metavar="DIR", help="directory of the Unix domain socket (default /tmp)",
+    )
+    serve.add_argument(
+        "--filePermissions", "--unix-socket-permissions", dest="file_permissions",
+        metavar="OCTAL", help="permissions of the Unix domain socket file (default 0700)",
     )
     serve.set_defaults(func=cmd_serve)
 

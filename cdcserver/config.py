@@ -43,6 +43,12 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # The embedded store as a sharded cluster: this many shards behind a mongos front
     # (`--shards N`; 0: one replica set).
     shards: int = 0
+    # mongod's net.unixDomainSocket: also listen on <unix_socket_prefix>/mongodb-<port>.sock
+    # with these permissions (octal), as mongod does by default (`--nounixsocket`,
+    # `--unixSocketPrefix`, `--filePermissions`).
+    unix_socket: bool = True
+    unix_socket_prefix: str = "/tmp"
+    unix_socket_permissions: str = "0700"
 
 
 class SourceConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -393,6 +399,13 @@ def semantic_errors(config: Config) -> list[tuple[str, str]]:
             errors.append(("server.advertised_host", "must be host:port"))
     if not sv.set_name:
         errors.append(("server.set_name", "must not be empty"))
+    if sv.unix_socket and not sv.unix_socket_prefix:
+        errors.append(("server.unix_socket_prefix", "must not be empty (or set "
+                                                    "server.unix_socket = false)"))
+    if unix_socket_mode(sv.unix_socket_permissions) is None:
+        errors.append(("server.unix_socket_permissions",
+                       f"must be an octal file mode such as 0700, got "
+                       f"{sv.unix_socket_permissions!r}"))
     if st.synchronous not in SYNCHRONOUS:
         errors.append(("store.synchronous",
                        f"must be one of {' | '.join(SYNCHRONOUS)}, got {st.synchronous!r}"))
@@ -455,6 +468,16 @@ def semantic_errors(config: Config) -> list[tuple[str, str]]:
         errors.append(("metrics.port", f"its default {METRICS_PORT} is server.port: "
                                        "set another metrics.port"))
     return errors
+
+
+def unix_socket_mode(text: str) -> int | None:
+    """server.unix_socket_permissions as a mode (mongod reads --filePermissions 0700 as
+    octal); None when it is not one."""
+    digits = text[2:] if text[:2].lower() == "0o" else text
+    if not digits or any(c not in "01234567" for c in digits):
+        return None
+    mode = int(digits, 8)
+    return mode if mode <= 0o7777 else None
 
 
 # [metrics] port when none is set (Prometheus exporters' registry lists 9216 for MongoDB).

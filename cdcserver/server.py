@@ -26,7 +26,7 @@ from cdcserver.auth import ServerAuth
 from cdcserver.commands import failpoints
 from cdcserver.commands.registry import run_command
 from cdcserver.commands.tables import CommandTable
-from cdcserver.config import Config
+from cdcserver.config import Config, unix_socket_mode
 from cdcserver.context import ConnectionState, ServerState
 from cdcserver.logs import log_slow_command, serving_summary, slow_log
 from cdcserver.sources.base import OplogLog
@@ -53,6 +53,8 @@ class Server:
         ssl_context: ssl.SSLContext | None = None,
         idle_timeout_s: float = 0.0,
         commands: dict[str, Any] | None = None,
+        unix_socket_prefix: str | None = None,
+        unix_socket_permissions: int = 0o700,
     ) -> None:
         self.state = state
         if commands is not None:  # a mode's own table (a sharded front's, a shard's)
@@ -61,6 +63,13 @@ class Server:
         self.ssl_context = ssl_context  # TLS on the listener ([tls])
         self.idle_timeout_s = idle_timeout_s  # close a connection silent this long (0: never)
         self._server: asyncio.AbstractServer | None = None
+        # mongod's net.unixDomainSocket: <prefix>/mongodb-<port>.sock beside the TCP listener
+        # (None: none, as --nounixsocket).
+        self.unix_socket_prefix = unix_socket_prefix
+        self.unix_socket_permissions = unix_socket_permissions
+        self.unix_socket_path: str | None = None
+        self._unix_server: asyncio.AbstractServer | None = None
+        self._unix_inode: tuple[int, int] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._background: list[asyncio.Task[Any]] = []
         self._connections: dict[int, ConnectionState] = {}
@@ -73,6 +82,12 @@ class Server:
         sock = self._server.sockets[0]
         bound = sock.getsockname()[1]
         self.state.host, self.state.port = host, bound
+        if self.unix_socket_prefix is not None:
+            try:
+                await self._listen_unix(unix_socket_path(self.unix_socket_prefix, bound))
+            except BaseException:
+                self._server.close()
+                raise
         self._background.append(asyncio.create_task(self.state.cursors.reap_forever()))
         follow = getattr(self.state.log, "follow", None)
         if self.state.follow and follow is not None:
@@ -83,6 +98,53 @@ class Server:
         log.info("listening on %s:%d", host, bound)
         return bound
 
+    async def _listen_unix(self, path: str) -> None:
+        """Listen on the Unix domain socket `path` as mongod does (transport layer setup): a
+        file left there (a stale socket of a server that did not stop cleanly) is removed
+        first, and the socket gets the configured permissions. Any failure fails startup
+        (StartupError), as mongod's does."""
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StartupError(
+                f"server.unix_socket: cannot remove the old socket file {path}: "
+                f"{exc.strerror or exc}"
+            ) from None
+        try:
+            self._unix_server = await asyncio.start_unix_server(
+                self._on_connection, path, ssl=self.ssl_context
+            )
+            os.chmod(path, self.unix_socket_permissions)
+            st = os.stat(path)
+        except OSError as exc:
+            await self._close_unix()
+            raise StartupError(
+                f"server.unix_socket: cannot listen on {path}: {exc.strerror or exc} "
+                "(server.unix_socket = false, or --nounixsocket, runs without it)"
+            ) from None
+        self.unix_socket_path = path
+        self._unix_inode = (st.st_dev, st.st_ino)
+        log.info("unix domain socket %s", path, extra={"path": path})
+
+    async def _close_unix(self) -> None:
+        """Stop accepting on the Unix domain socket and remove its file (mongod removes it at
+        shutdown) unless another server has since put its own socket at that path."""
+        server, self._unix_server = self._unix_server, None
+        if server is not None:
+            server.close()
+        path, inode = self.unix_socket_path, self._unix_inode
+        self._unix_inode = None
+        if path is not None and inode is not None:
+            with contextlib.suppress(OSError):
+                st = os.stat(path)
+                if (st.st_dev, st.st_ino) == inode:
+                    os.unlink(path)
+        if server is not None:
+            with contextlib.suppress(Exception):
+                await server.wait_closed()
+
     async def shutdown(self, grace_s: float) -> None:
         """Graceful: stop accepting connections, have awaitData getMores answer with what they
         have now, let requests in flight finish (up to `grace_s`), then close every connection.
@@ -92,6 +154,8 @@ class Server:
         state.quiescing.set()
         if self._server is not None:
             self._server.close()  # the listening socket only; connections stay open
+        if self._unix_server is not None:
+            self._unix_server.close()  # likewise (its file goes in close())
         for cursor in state.cursors.cursors.values():
             cursor.draining = True
         state.log.notify()  # wakes every getMore waiting for events
@@ -119,6 +183,7 @@ class Server:
         for task in [*self._tasks, *self._background]:
             with contextlib.suppress(BaseException):
                 await task
+        await self._close_unix()
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
@@ -131,7 +196,10 @@ class Server:
         self._tasks.add(task)
         state = self.state
         peer = writer.get_extra_info("peername")
-        peer_str = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        if isinstance(peer, tuple):
+            peer_str = f"{peer[0]}:{peer[1]}"
+        else:  # the Unix domain socket: mongod's remote is "anonymous unix socket:<port>"
+            peer_str = f"{peer or 'anonymous unix socket'}:{state.port}"
         if state.connections >= self.max_connections:
             log.warning("connection from %s refused: %d open", peer_str, state.connections)
             writer.close()
@@ -342,6 +410,12 @@ def _command_of(request: wire.Request) -> dict[str, Any]:
     return request.body
 
 
+def unix_socket_path(prefix: str, port: int) -> str:
+    """mongod's makeUnixSockPath: <prefix>/mongodb-<port>.sock (the bound port: with port 0,
+    the one the system picked, so servers side by side never share a file)."""
+    return os.path.join(prefix, f"mongodb-{port}.sock")
+
+
 def server_for_config(state: ServerState, config: Config) -> Server:
     """A Server with [auth], [tls] and the connection limits of `config` (raises ValueError
     on a bad user, role or certificate)."""
@@ -362,6 +436,10 @@ def server_for_config(state: ServerState, config: Config) -> Server:
         config.server.max_connections,
         ssl_context=ssl_context,
         idle_timeout_s=config.server.idle_connection_timeout_s,
+        unix_socket_prefix=(
+            config.server.unix_socket_prefix if config.server.unix_socket else None
+        ),
+        unix_socket_permissions=unix_socket_mode(config.server.unix_socket_permissions) or 0,
     )
 
 
@@ -409,6 +487,10 @@ async def serve_forever(config: Config, oplog: OplogLog) -> None:
     gc.set_threshold(10_000, 10, 10)
     try:
         await server.start(sc.host, sc.port)
+    except StartupError:  # the Unix domain socket's
+        if endpoint is not None:
+            await endpoint.close()
+        raise
     except OSError as exc:
         if endpoint is not None:
             await endpoint.close()

@@ -30,6 +30,7 @@ from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 from cdcserver.commands import oplog_find, profiler
+from cdcserver.config import unix_socket_mode
 from cdcserver.context import ConnectionState, ServerState
 from cdcserver.embedded import engine
 from pipeline_stages.errors import MongoError
@@ -269,6 +270,18 @@ def parsed_options(server: ServerState) -> dict[str, Any]:
                 tls["allowConnectionsWithoutCertificates"] = True
         tls["mode"] = "requireTLS"
         net["tls"] = tls
+    if config is not None:
+        # Like mongod's, only what differs from the default (mongod lists the options given).
+        sv = config.server
+        unix: dict[str, Any] = {}
+        if not sv.unix_socket:
+            unix["enabled"] = False
+        if sv.unix_socket_permissions != "0700":
+            unix["filePermissions"] = unix_socket_mode(sv.unix_socket_permissions)
+        if sv.unix_socket_prefix != "/tmp":
+            unix["pathPrefix"] = sv.unix_socket_prefix
+        if unix:
+            net["unixDomainSocket"] = unix
     parsed["net"] = net
     parsed["replication"] = {"replSetName": server.set_name}
     auth_on = server.auth is not None and server.auth.enabled
