@@ -338,8 +338,26 @@ def _distinct_values(docs: list[Any], key: str) -> list[Any]:
     return list(seen.values())
 
 
+# find's fields of IDL type object_owned_nonempty_serialize (find_command.idl): mongod 8.0
+# parses them with parseOwnedBSON, whose TypeMismatch text has no space before "to"
+# (query_request_helper.cpp), null refused alike; boolNoOpSerializer's parseBoolean (oplogReplay)
+# says the same "object". Checked in the command's field order, as the IDL parser meets them.
+_FIND_OBJECT_FIELDS = frozenset({
+    "filter", "projection", "sort", "collation", "min", "max", "$queryOptions", "$_resumeAfter",
+})
+
+
+def find_field_types(cmd: Mapping[str, Any]) -> None:
+    for key, value in cmd.items():
+        if key in _FIND_OBJECT_FIELDS and not isinstance(value, Mapping):
+            raise MongoError(14, f"Expected field {key}to be of type object")
+        if key == "oplogReplay" and not isinstance(value, bool):
+            raise MongoError(14, "Expected field oplogReplayto be of type object")
+
+
 @command("find")
 async def find(server, conn, cmd, db):
+    find_field_types(cmd)
     cmd = engine.bind_let(cmd)
     if oplog_find.is_oplog(db, cmd.get("find")):
         return await find_oplog(server, cmd)
