@@ -42,3 +42,11 @@ def wait_until_blocked(server: EmbeddedServer, n: int = 1, guard_s: float = 60.0
         if time.monotonic() > deadline:
             raise AssertionError(f"no {n} command(s) waiting for a transaction")
         event.wait(0.005)
+
+
+def database_for_test(client: Any, request: Any) -> Any:
+    """A database of its own for one test (named after it, dropped first), so tests that share
+    a module's server cannot see each other's collections."""
+    name = request.node.name.replace("[", "_").replace("]", "").replace("-", "_")[:50]
+    client.drop_database(name)
+    return client[name]

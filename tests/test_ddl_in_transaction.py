@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from embedded_support import EmbeddedServer
+from embedded_support import EmbeddedServer, database_for_test
 from pymongo import errors
 from pymongo.read_concern import ReadConcern
 
@@ -36,9 +36,7 @@ def other(server):
 
 @pytest.fixture
 def db(client, request):
-    name = request.node.name.replace("[", "_").replace("]", "").replace("-", "_")[:50]
-    client.drop_database(name)
-    return client[name]
+    return database_for_test(client, request)
 
 
 def _index_names(coll: Any) -> list[str]:

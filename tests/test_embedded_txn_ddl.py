@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from bson.son import SON
-from embedded_support import EmbeddedServer, Outside, wait_until_blocked
+from embedded_support import EmbeddedServer, Outside, database_for_test, wait_until_blocked
 from pymongo import errors
 
 
@@ -23,9 +23,7 @@ def server():
 
 @pytest.fixture
 def db(client, request):
-    name = request.node.name.replace("[", "_").replace("]", "").replace("-", "_")[:50]
-    client.drop_database(name)
-    return client[name]
+    return database_for_test(client, request)
 
 
 def _refused(db) -> list[tuple[Any, Any, str]]:
