@@ -509,7 +509,10 @@ async def distinct(server, conn, cmd, db):
         )
     predicate = _doc_arg(cmd, "query", "distinct")
     max_time_ms_arg(cmd, None)
-    if store.get(db, coll) is None:
+    with snapshot_reads(store, cmd):  # in a snapshot: the catalog as it was then
+        c = store.get(db, coll)
+        default_collation = c.options.get("collation") if c is not None else None
+    if c is None:
         resolved = store.resolve_view(db, coll)
         if resolved is None:
             return {"values": []}
@@ -520,10 +523,7 @@ async def distinct(server, conn, cmd, db):
     docs = await find_documents(store, cmd, db, coll, predicate, None, None, 0, 0,
                                 deadline=deadline)
     values: list[Any] = []
-    c = store.get(db, coll)
-    collation = query.collation_of(cmd.get("collation"),
-                                   c.options.get("collation") if c is not None else None,
-                                   "distinct")
+    collation = query.collation_of(cmd.get("collation"), default_collation, "distinct")
     with engine_errors():
         await query.run_async(
             query.distinct(docs, key, values, collation), deadline)
@@ -594,7 +594,8 @@ async def aggregate(server, conn, cmd, db):
                                 copy=True, deadline=deadline)
     results: list[Any] = []
     database = store.query_database(db)
-    c = store.get(db, target)
+    with snapshot_reads(store, cmd):  # its default collation as its snapshot's catalog has it
+        c = store.get(db, target)
     collation = query.collation_of(cmd.get("collation"),
                                    c.options.get("collation") if c is not None else None,
                                    "aggregate")

@@ -8,6 +8,7 @@ reach the store's other parts (oplog writer, indexes, transactions) through `sel
 
 from __future__ import annotations
 
+import dataclasses
 import uuid as uuid_module
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -94,6 +95,9 @@ class Collection:
     # snapshot read) whose snapshot is older does not see it, as mongod reads the catalog at
     # the snapshot's timestamp
     created_seq: int = 0
+    # the store's commit sequence number when it took its name (a rename): older snapshots
+    # see it under its old name (CatalogMixin._retire), not this one
+    named_seq: int = 0
     # Its documents (the working set: committed ones only), document key -> document in
     # natural order; plain dicts the store owns, read by the query engine.
     records: OrderedDict[bytes, dict[str, Any]] = field(
@@ -150,6 +154,11 @@ class Collection:
         return next((i for i in self.indexes if i["name"] == name), None)
 
 
+def _since(c: Collection) -> int:
+    """The commit number since which the catalog has `c` under its current name."""
+    return max(c.created_seq, c.named_seq)
+
+
 def validate_collection_name(db: str, coll: str) -> None:
     if not db or any(ch in db for ch in '/\\. "$\0'):
         raise MongoError(73, f"Invalid database name: '{db}'")
@@ -189,7 +198,7 @@ class CatalogMixin(StoreState):
     def get(self, db: str, coll: str) -> Collection | None:
         """The collection `db.coll` as the running command sees it: outside transactions the
         committed catalog; in a transaction (or snapshot read) the collections it created
-        itself, else the committed ones its snapshot has."""
+        itself, else the committed ones its snapshot has (under the names they had then)."""
         txn = self._txn()
         if txn is None:
             return self.catalog.get((db, coll))
@@ -197,16 +206,37 @@ class CatalogMixin(StoreState):
         if own is not None:
             return own
         c = self.catalog.get((db, coll))
-        return c if c is not None and c.created_seq <= txn.snapshot else None
+        if c is not None and _since(c) <= txn.snapshot:
+            return c
+        for since, until, key, old in self._retired:  # dropped or renamed since the snapshot
+            if key == (db, coll) and since <= txn.snapshot < until:
+                return old
+        return None
 
     def _visible(self) -> dict[tuple[str, str], Collection]:
         """Every collection the running command sees (see `get`)."""
         txn = self._txn()
         if txn is None:
             return self.catalog
-        seen = {k: c for k, c in self.catalog.items() if c.created_seq <= txn.snapshot}
+        snapshot = txn.snapshot
+        seen = {k: c for k, c in self.catalog.items() if _since(c) <= snapshot}
+        for since, until, key, old in self._retired:
+            if since <= snapshot < until:
+                seen[key] = old
         seen.update(txn.created)
         return seen
+
+    def _retire(self, c: Collection) -> None:
+        """`c` leaves the catalog under its name (a drop, a rename, a rename's dropped target)
+        at the commit number `self._seq` (the DDL's). mongod reads the catalog at a snapshot's
+        timestamp: a transaction or snapshot read older than that still reads `c` under that
+        name, as its documents were then (`Store._view`), and a write to it there is a
+        WriteConflict (`_check_write_conflict`). So, while such a snapshot is open, a copy
+        under that name is kept, holding the documents (the same records while `c` lives on
+        under another name; those of the moment of the drop, which a drop takes away)."""
+        if self._live:
+            old = dataclasses.replace(c, created_by=None)
+            self._retired.append((_since(c), self._seq, (c.db, c.name), old))
 
     def databases(self) -> list[str]:
         return sorted({db for db, _ in self._visible()})
@@ -382,6 +412,8 @@ class CatalogMixin(StoreState):
         if c is None:
             return None
         n = len(self.documents(c))
+        self._seq += 1  # older snapshots still see it
+        self._retire(c)
         c.records = OrderedDict()
         if self.persist is not None:
             self.persist.delete_collection(db, coll, c.uuid)
@@ -411,17 +443,21 @@ class CatalogMixin(StoreState):
         o: dict[str, Any] = {
             "renameCollection": src.ns, "to": f"{to_db}.{to_coll}", "stayTemp": stay_temp,
         }
+        self._seq += 1  # older snapshots see the names as they were
         if target is not None:
             o["dropTarget"] = target.ui
             self.catalog.pop((to_db, to_coll))
+            self._retire(target)
             target.records = OrderedDict()
             if self.persist is not None:
                 self.persist.delete_collection(to_db, to_coll, target.uuid)
         self.log("c", f"{src.db}.$cmd", o, ui=src.ui)
         del self.catalog[(src.db, src.name)]
+        self._retire(src)
         if self.persist is not None:
             self.persist.rename_collection(src.db, src.name, to_db, to_coll)
         src.name = to_coll
+        src.named_seq = self._seq
         self.catalog[(to_db, to_coll)] = src
         if "temp" in src.options and not stay_temp:
             del src.options["temp"]

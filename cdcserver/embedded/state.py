@@ -57,6 +57,7 @@ class StoreState(EntryList):
     _live: dict[int, Txn]
     _seq: int
     _history: list[_Version]
+    _retired: list[tuple[int, int, tuple[str, str], Collection]]
     _last_write: dict[tuple[bytes, bytes], int]
     _views: dict[bytes, Any]
     transaction_lifetime_limit_seconds: float

@@ -150,8 +150,12 @@ class Store(
         # that added or removed it
         self._index_owners: dict[tuple[bytes, str, bytes], Txn] = {}
         self._live: dict[int, Txn] = {}  # id -> each transaction in progress
-        self._seq = 0  # commit sequence number: +1 per committed write (a transaction: +1)
+        # commit sequence number: +1 per committed write (a transaction, a drop, a rename: +1)
+        self._seq = 0
         self._history: list[_Version] = []  # kept while an older snapshot is open
+        # (since, until, (db, name), collection) of each name the catalog no longer has (a
+        # drop, a rename) while an older snapshot is open: see CatalogMixin._retire
+        self._retired: list[tuple[int, int, tuple[str, str], Collection]] = []
         self._last_write: dict[tuple[bytes, bytes], int] = {}  # seq of each in _history
         # collection uuid -> the running transaction's view of its documents, which stands in
         # for its working set (until its command's batch ends)

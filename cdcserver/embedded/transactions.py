@@ -124,12 +124,15 @@ class TransactionMixin(StoreState):
         txn = self.txn
         return txn if txn is not None and txn.lsid else None
 
-    def _write_conflict(self, txn: Txn) -> NoReturn:
+    def _write_conflict(
+        self, txn: Txn,
+        context: str = "Write conflict during plan execution and yielding is disabled.",
+    ) -> NoReturn:
         self.abort_transaction(txn)
         # mongod 8.0's throwWriteConflictException(context): "Caused by :: <context> :: ..."
         raise MongoError(
-            112, "Caused by :: Write conflict during plan execution and yielding is disabled. "
-            ":: Please retry your operation or multi-document transaction.",
+            112, f"Caused by :: {context} :: Please retry your operation or multi-document "
+            "transaction.",
             labels=["TransientTransactionError"],
         )
 
@@ -139,8 +142,13 @@ class TransactionMixin(StoreState):
         112 WriteConflict with TransientTransactionError and is aborted; a write outside
         transactions waits for the other transaction to end (TxnBlocked)."""
         txn = self._txn()
-        owner = self._owners.get((c.uuid, key))
         creator = c.created_by
+        if txn is not None and creator is None and self.catalog.get((c.db, c.name)) is not c:
+            # its snapshot's collection, dropped or renamed since (CatalogMixin._retire):
+            # mongod's acquisition for a write in a transaction checks the latest catalog first
+            self._write_conflict(txn, f"Unable to write to collection '{c.ns}' due to catalog "
+                                      "changes; please retry the operation")
+        owner = self._owners.get((c.uuid, key))
         if creator is not None and creator is not txn and creator.state == "in progress":
             owner = creator  # a collection another transaction is creating
         if owner is not None and owner is not txn and owner.state == "in progress":
@@ -194,7 +202,8 @@ class TransactionMixin(StoreState):
         self.txn = txn
         uuids = set(txn.overlay) | {v.uuid for v in self._history if v.seq > txn.snapshot}
         if uuids:
-            for c in [*self.catalog.values(), *txn.created.values()]:
+            retired = [old for _, _, _, old in self._retired]
+            for c in [*self.catalog.values(), *txn.created.values(), *retired]:
                 if c.uuid in uuids:
                     self._swap_view(c, txn)
 
@@ -290,8 +299,11 @@ class TransactionMixin(StoreState):
         if not self._live:
             self._history.clear()
             self._last_write.clear()
+            self._retired.clear()
             return
         oldest = min(t.snapshot for t in self._live.values())
+        if self._retired and self._retired[0][1] <= oldest:  # no snapshot that old is open
+            self._retired = [r for r in self._retired if r[1] > oldest]
         if self._history and self._history[0].seq <= oldest:
             self._history = [v for v in self._history if v.seq > oldest]
             self._last_write = {(v.uuid, v.key): v.seq for v in self._history}
