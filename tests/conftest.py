@@ -3,6 +3,7 @@ import pathlib
 import shutil
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -67,6 +68,25 @@ def default_metrics_port_held() -> Iterator[int]:
     finally:
         if held is not None:
             held.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stale_unix_sockets() -> Iterator[None]:
+    """A server stopped cleanly removes its Unix domain socket, /tmp/mongodb-<port>.sock; one
+    a test kills (SIGKILL, a crash) cannot, and the next server on that port would replace it
+    only then. After the run, those this run left (nobody listening on them) are removed."""
+    started = time.time()
+    yield
+    for path in pathlib.Path("/tmp").glob("mongodb-*.sock"):
+        try:
+            if path.stat().st_mtime < started - 1:
+                continue  # older than this run: not ours
+            with socket.socket(socket.AF_UNIX) as probe:
+                probe.connect(str(path))
+        except ConnectionRefusedError:
+            path.unlink(missing_ok=True)  # stale: its server is gone
+        except OSError:
+            pass  # live, or gone meanwhile
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
