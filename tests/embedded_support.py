@@ -14,7 +14,9 @@ from typing import Any
 
 from cdcserver.testing import EmbeddedServer
 
-__all__ = ["EmbeddedServer", "Outside", "wait_until_blocked"]
+__all__ = [
+    "EmbeddedServer", "Outside", "database_for_test", "wait_until_blocked",
+]
 
 
 class Outside(threading.Thread):
@@ -50,3 +52,4 @@ def database_for_test(client: Any, request: Any) -> Any:
     name = request.node.name.replace("[", "_").replace("]", "").replace("-", "_")[:50]
     client.drop_database(name)
     return client[name]
+

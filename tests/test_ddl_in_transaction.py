@@ -19,13 +19,6 @@ from pymongo import errors
 from pymongo.read_concern import ReadConcern
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = EmbeddedServer(transaction_lifetime_limit_seconds=60)
-    yield s
-    s.stop()
-
-
 @pytest.fixture
 def other(server):
     """A second client: another session's view of the server."""

@@ -9,13 +9,6 @@ from embedded_support import EmbeddedServer, Outside, wait_until_blocked
 from pymongo import errors
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = EmbeddedServer(transaction_lifetime_limit_seconds=60)
-    yield s
-    s.stop()
-
-
 @pytest.fixture
 def coll(client, request):
     c = client.iso[request.node.name]

@@ -10,15 +10,12 @@ from typing import Any
 
 import pytest
 from bson.son import SON
-from embedded_support import EmbeddedServer, Outside, database_for_test, wait_until_blocked
+from embedded_support import (
+    Outside,
+    database_for_test,
+    wait_until_blocked,
+)
 from pymongo import errors
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = EmbeddedServer(transaction_lifetime_limit_seconds=60)
-    yield s
-    s.stop()
 
 
 @pytest.fixture

@@ -17,13 +17,6 @@ from embedded_support import EmbeddedServer
 from pymongo import errors
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = EmbeddedServer(transaction_lifetime_limit_seconds=60)
-    yield s
-    s.stop()
-
-
 @pytest.fixture
 def db(client, request):
     name = request.node.name.replace("[", "_").replace("]", "")[:50]
