@@ -141,6 +141,53 @@ async def _run_writes(store: Store, cmd: Mapping[str, Any], run: Callable[[], An
 # Replies
 
 
+def _statement_loop(
+    store: Store, cmd: Mapping[str, Any], progress: _Progress, count: int,
+    errors: list[dict[str, Any]], ordered: bool, execute: Callable[[int, Retry], Any],
+    accept: Callable[[int, Any], None], command: str = "insert",
+) -> Callable[[], None]:
+    """An update's or a delete's statements, from where a paused run stopped: each one
+    answered from the session's history if this txnNumber already ran it (a retry), else
+    executed and recorded; a WriteConflict (112) leaves its statement to be run again."""
+
+    def run() -> None:
+        retry = progress.retry_state(store, cmd)
+        try:
+            for i in range(progress.next, count):
+                progress.next = i
+                done = retry.result(i, command)
+                try:
+                    if done is NOT_DONE:
+                        done = execute(i, retry)
+                        retry.record(i, done)
+                except MongoError as err:
+                    if err.code != 112:
+                        progress.statement_done(i)
+                    if _statement_failed(store, errors, i, err, ordered):
+                        break
+                    continue
+                progress.statement_done(i)
+                accept(i, done)
+        finally:
+            retry.finish()
+
+    return run
+
+
+async def _run_matched_writes(
+    store: Store, db: str, coll: str, cmd: Mapping[str, Any],
+    statements: list[tuple[Any, bool, Any]], run: Callable[[], None],
+) -> None:
+    """Run the statements' loop with their documents matched first (`_prematch`: a long scan
+    yields to the event loop), forgetting those matches after."""
+    prematched = await _prematch(store, db, coll, statements, query.Deadline.of(cmd))
+    try:
+        await _run_writes(store, cmd, run)
+    finally:
+        if prematched is not None:
+            query.forget_prematched(prematched)
+
+
 def _write_error(index: int, err: MongoError) -> dict[str, Any]:
     doc: dict[str, Any] = {"index": index, "code": err.code, "errmsg": err.errmsg}
     if isinstance(err, (DuplicateKeyError, DocumentValidationError)):
@@ -548,44 +595,25 @@ async def update(server, conn, cmd, db):
     errors: list[dict[str, Any]] = []
     progress = _Progress()
 
-    def run() -> None:
+    def execute(i: int, retry: Retry) -> Any:
+        return run_update_statement(
+            store, db, coll, updates[i], retry, i,
+            validate=not request.bypass_validation, progress=progress,
+        )
+
+    def count(i: int, done: Any) -> None:
         nonlocal n, modified
-        retry = progress.retry_state(store, cmd)
-        try:
-            for i in range(progress.next, len(updates)):
-                progress.next = i
-                done = retry.result(i, "update")
-                try:
-                    if done is NOT_DONE:
-                        done = run_update_statement(
-                            store, db, coll, updates[i], retry, i,
-                            validate=not request.bypass_validation,
-                            progress=progress,
-                        )
-                        retry.record(i, done)
-                except MongoError as err:
-                    if err.code != 112:
-                        progress.statement_done(i)
-                    if _statement_failed(store, errors, i, err, ordered):
-                        break
-                    continue
-                progress.statement_done(i)
-                sn, sm, up = done
-                n += sn
-                modified += sm
-                if up is not None:
-                    upserted.append({"index": i, "_id": up[0]})
-        finally:
-            retry.finish()
+        sn, sm, up = done
+        n += sn
+        modified += sm
+        if up is not None:
+            upserted.append({"index": i, "_id": up[0]})
 
     statements = [(u.get("q"), u.get("multi") is True, u.get("collation")) for u in updates
                   if isinstance(u, Mapping)]
-    prematched = await _prematch(store, db, coll, statements, query.Deadline.of(cmd))
-    try:
-        await _run_writes(store, cmd, run)
-    finally:
-        if prematched is not None:
-            query.forget_prematched(prematched)
+    run = _statement_loop(store, cmd, progress, len(updates), errors, ordered, execute, count,
+                          "update")
+    await _run_matched_writes(store, db, coll, cmd, statements, run)
     reply = _write_reply(store, n, errors)
     if upserted:
         reply["upserted"] = upserted
@@ -609,37 +637,17 @@ async def delete(server, conn, cmd, db):
     n, errors = 0, []
     progress = _Progress()
 
-    def run() -> None:
+    def execute(i: int, retry: Retry) -> Any:
+        return run_delete_statement(store, db, coll, deletes[i], retry, i, progress)
+
+    def count(i: int, done: Any) -> None:
         nonlocal n
-        retry = progress.retry_state(store, cmd)
-        try:
-            for i in range(progress.next, len(deletes)):
-                progress.next = i
-                spec = deletes[i]
-                done = retry.result(i)
-                try:
-                    if done is NOT_DONE:
-                        done = run_delete_statement(store, db, coll, spec, retry, i, progress)
-                        retry.record(i, done)
-                except MongoError as err:
-                    if err.code != 112:
-                        progress.statement_done(i)
-                    if _statement_failed(store, errors, i, err, ordered):
-                        break
-                    continue
-                progress.statement_done(i)
-                n += done
-        finally:
-            retry.finish()
+        n += done
 
     statements = [(d.get("q"), _is_multi_delete(d), d.get("collation")) for d in deletes
                   if isinstance(d, Mapping)]
-    prematched = await _prematch(store, db, coll, statements, query.Deadline.of(cmd))
-    try:
-        await _run_writes(store, cmd, run)
-    finally:
-        if prematched is not None:
-            query.forget_prematched(prematched)
+    run = _statement_loop(store, cmd, progress, len(deletes), errors, ordered, execute, count)
+    await _run_matched_writes(store, db, coll, cmd, statements, run)
     return write_concern.add_to_reply(_write_reply(store, n, errors), wc)
 
 
