@@ -70,8 +70,11 @@ def test_dropped_collection_is_read_as_it_was_and_a_write_conflicts(server, clie
     assert _retired(server) == 0  # nothing kept once no older snapshot is open
 
 
-@pytest.mark.parametrize("write", ["insert", "update", "delete"])
+@pytest.mark.parametrize("write", ["insert", "update", "delete", "update-none", "delete-none",
+                                   "find-and-modify-none"])
 def test_each_kind_of_write_to_a_dropped_collection_conflicts(client, db, write):
+    """Also a statement that matches nothing: the collection's acquisition for the write
+    conflicts, not the write of a document."""
     db.a.insert_one({"_id": 0})
     db.b.insert_one({"_id": 1, "x": 1})
     with client.start_session() as s:
@@ -82,6 +85,9 @@ def test_each_kind_of_write_to_a_dropped_collection_conflicts(client, db, write)
             "insert": lambda: db.b.insert_one({"_id": 2}, session=s),
             "update": lambda: db.b.update_one({"_id": 1}, {"$inc": {"x": 1}}, session=s),
             "delete": lambda: db.b.delete_one({"_id": 1}, session=s),
+            "update-none": lambda: db.b.update_one({"_id": 9}, {"$inc": {"x": 1}}, session=s),
+            "delete-none": lambda: db.b.delete_many({"_id": 9}, session=s),
+            "find-and-modify-none": lambda: db.b.find_one_and_delete({"_id": 9}, session=s),
         }[write]
         _catalog_conflict(run, f"{db.name}.b")
         _no_such_transaction(s)

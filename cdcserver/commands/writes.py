@@ -477,6 +477,7 @@ def run_update_statement(
     if multi and kind == "replacement":
         raise MongoError(9, "multi update is not supported for replacement-style update")
     c = store.get(db, coll)
+    store.check_catalog_for_write(c)  # dropped or renamed since a transaction's snapshot: 112
     if c is None:
         store.check_not_view(db, coll)  # 166, as mongod refuses writes to a view
     else:  # 2 BadValue for a hint no index answers
@@ -660,6 +661,7 @@ def run_delete_statement(
     limit = 0 if write_parsing.delete_limit(spec["limit"]) else 1
     q = engine.normalize(_doc_arg(spec, "q", "delete.deletes") or {})
     c = store.get(db, coll)
+    store.check_catalog_for_write(c)  # dropped or renamed since a transaction's snapshot: 112
     if c is None:
         store.check_not_view(db, coll)
     else:  # 2 BadValue for a hint no index answers
@@ -772,6 +774,7 @@ def _find_and_modify_once(
     else:  # 2 BadValue for a hint no index answers
         target = store.get(db, coll)
         assert target is not None
+        store.check_catalog_for_write(target)  # as update's and delete's statements
         engine.hinted_index(target.indexes, cmd.get("hint"), target.ns)
     pre = _sorted_find(store, db, coll, q, sort, cmd.get("collation"))
     c = store.get(db, coll)

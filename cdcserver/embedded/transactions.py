@@ -136,6 +136,18 @@ class TransactionMixin(StoreState):
             labels=["TransientTransactionError"],
         )
 
+    def check_catalog_for_write(self, c: Collection | None) -> None:
+        """A statement's collection as a write acquires it: in a transaction, its snapshot's
+        collection dropped or renamed since (CatalogMixin._retire) is 112 WriteConflict and
+        aborts, whether or not the statement then writes anything (mongod's acquisition for a
+        write in a transaction checks the latest catalog first)."""
+        if c is None or c.created_by is not None:
+            return
+        txn = self._txn()
+        if txn is not None and self.catalog.get((c.db, c.name)) is not c:
+            self._write_conflict(txn, f"Unable to write to collection '{c.ns}' due to catalog "
+                                      "changes; please retry the operation")
+
     def _check_write_conflict(self, c: Collection, key: bytes) -> None:
         """As on mongod: a transaction writing a document that another transaction in progress
         has written (the first writer wins), or that was committed after its snapshot, gets
@@ -143,11 +155,7 @@ class TransactionMixin(StoreState):
         transactions waits for the other transaction to end (TxnBlocked)."""
         txn = self._txn()
         creator = c.created_by
-        if txn is not None and creator is None and self.catalog.get((c.db, c.name)) is not c:
-            # its snapshot's collection, dropped or renamed since (CatalogMixin._retire):
-            # mongod's acquisition for a write in a transaction checks the latest catalog first
-            self._write_conflict(txn, f"Unable to write to collection '{c.ns}' due to catalog "
-                                      "changes; please retry the operation")
+        self.check_catalog_for_write(c)
         owner = self._owners.get((c.uuid, key))
         if creator is not None and creator is not txn and creator.state == "in progress":
             owner = creator  # a collection another transaction is creating
