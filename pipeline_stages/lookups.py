@@ -121,6 +121,26 @@ class _Unanswered(Exception):  # noqa: N818
     """A stage asked for something its answers do not hold (a bug: the push checks first)."""
 
 
+def _answered(
+    table: Mapping[Any, Document | None | BaseException],
+    items: Sequence[Any],
+    key_of: Callable[[Any], Any],
+    what: str,
+) -> list[Document | None]:
+    """Each item's answer in `table` (a document or None); an answer that is an error is
+    raised, an item never looked up is _Unanswered."""
+    out: list[Document | None] = []
+    for item in items:
+        key = key_of(item)
+        if key not in table:
+            raise _Unanswered(f"{what} {document_string(item)} was not looked up")
+        answer = table[key]
+        if isinstance(answer, BaseException):
+            raise answer
+        out.append(answer)
+    return out
+
+
 class LookupAnswers(ImageSource):
     """What was looked up for one push: an `ImageSource` for the image stages and the first
     place the unwinder looks for transaction entries (`history`)."""
@@ -195,17 +215,7 @@ class LookupAnswers(ImageSource):
     # -- ImageSource ----------------------------------------------------------------------------
 
     def pre_images(self, ids: Sequence[Document]) -> list[Document | None]:
-        out: list[Document | None] = []
-        table = self._pre_images
-        for id_doc in ids:
-            key = _pre_key(id_doc)
-            if key not in table:
-                raise _Unanswered(f"pre-image {document_string(id_doc)} was not looked up")
-            answer = table[key]
-            if isinstance(answer, BaseException):
-                raise answer
-            out.append(answer)
-        return out
+        return _answered(self._pre_images, ids, _pre_key, "pre-image")
 
     def current_documents(
         self, db: str, coll: str, uuid: bytes | None, keys: Sequence[Document]
@@ -216,17 +226,7 @@ class LookupAnswers(ImageSource):
             raise error
         if ns in self._gone:
             return [None] * len(keys)
-        held = self._documents.get(ns, {})
-        out: list[Document | None] = []
-        for key in keys:
-            k = equality_key(key)
-            if k not in held:
-                raise _Unanswered(f"document {document_string(key)} was not looked up")
-            answer = held[k]
-            if isinstance(answer, BaseException):
-                raise answer
-            out.append(answer)
-        return out
+        return _answered(self._documents.get(ns, {}), keys, equality_key, "document")
 
     # -- history --------------------------------------------------------------------------------
 
