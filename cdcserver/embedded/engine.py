@@ -742,14 +742,7 @@ def let_variables(let: Any, command: str) -> dict[str, Any]:
                 "documents.",
             )
         bound = normalize(bind_expression(_fold_rand(expr), variables))
-        try:
-            variables[name] = query_engine.evaluate(bound, {}, None)
-        except KeyError:
-            continue  # evaluates to missing: the variable is unset
-        except MongoError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            raise engine_error(exc) from None
+        _bind_variable(variables, name, bound, {})
     return variables
 
 
@@ -761,15 +754,23 @@ def merge_variables(let: Mapping[str, Any] | None, doc: dict[str, Any]) -> dict[
     variables: dict[str, Any] = {}
     for name, expr in let.items():
         _check_let_name(name)
-        try:
-            variables[name] = query_engine.evaluate(normalize(expr), doc, None)
-        except KeyError:
-            continue  # evaluates to missing: the variable is unset
-        except MongoError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            raise engine_error(exc) from None
+        _bind_variable(variables, name, normalize(expr), doc)
     return variables
+
+
+def _bind_variable(
+    variables: dict[str, Any], name: str, expr: Any, doc: Mapping[str, Any]
+) -> None:
+    """`variables[name]` is `expr` evaluated on `doc`; an expression that evaluates to missing
+    leaves the variable unset."""
+    try:
+        variables[name] = query_engine.evaluate(expr, doc, None)
+    except KeyError:
+        return
+    except MongoError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise engine_error(exc) from None
 
 
 def _variable_value(reference: str, variables: Mapping[str, Any]) -> tuple[bool, Any]:
