@@ -14,9 +14,8 @@ from collections.abc import Iterator
 
 import pymongo
 import pytest
-from pymongo.errors import PyMongoError
-from test_spec_unified import FILES, PYMONGO_LIMITS, SPECS, _key, _spec
-from unified_runner import Deployment, Runner, SkipTest, load_file
+from test_spec_unified import FILES, PYMONGO_LIMITS, SPECS, _key, _spec, run_attempts
+from unified_runner import Deployment, SkipTest, load_file
 
 from cdcserver.sharding.testing import ShardedServer
 
@@ -69,14 +68,7 @@ def test_spec_sharded(path, index, sharded_deployment, sharded_client):
     limit = PYMONGO_LIMITS.get((_key(path), test["description"]))
     if limit:
         pytest.skip(limit)
-    attempts = 3 if _key(path).startswith("client-side-operations-timeout/") else 1
     try:
-        for attempt in range(attempts):
-            try:
-                Runner(sharded_deployment, sharded_client).run(spec, test)
-                break
-            except (AssertionError, PyMongoError):
-                if attempt == attempts - 1:
-                    raise
+        run_attempts(path, spec, test, sharded_deployment, sharded_client)
     except SkipTest as exc:
         pytest.skip(str(exc))

@@ -17,8 +17,9 @@ from __future__ import annotations
 import pathlib
 
 import pytest
+from pymongo import MongoClient
 from pymongo.errors import PyMongoError
-from unified_runner import Runner, SkipTest, load_file
+from unified_runner import Deployment, Runner, SkipTest, load_file
 
 SPECS = pathlib.Path(__file__).resolve().parents[3] / "shared" / "corpus" / "specifications"
 
@@ -89,9 +90,6 @@ def test_spec(path, index, deployment, spec_internal_client):
     limit = PYMONGO_LIMITS.get((_key(path), test["description"])) or PYMONGO_LIMITS.get(
         (_key(path), "*")
     )
-    # CSOT tests measure time against blocked commands with margins of 20-50 ms; like pymongo's
-    # own runner, give them three attempts (a loaded machine can miss a margin once).
-    attempts = 3 if _key(path).startswith("client-side-operations-timeout/") else 1
     try:
         if limit:
             # Only a test that applies to cdcserver can be excused by a pymongo limitation.
@@ -99,12 +97,22 @@ def test_spec(path, index, deployment, spec_internal_client):
                 test.get("runOnRequirements")
             )
             raise SkipTest(reason or limit)
-        for attempt in range(attempts):
-            try:
-                Runner(deployment, spec_internal_client).run(spec, test)
-                break
-            except (AssertionError, PyMongoError):
-                if attempt == attempts - 1:
-                    raise
+        run_attempts(path, spec, test, deployment, spec_internal_client)
     except SkipTest as exc:
         pytest.skip(str(exc))
+
+
+def run_attempts(
+    path: pathlib.Path, spec: dict, test: dict, deployment: Deployment, client: MongoClient
+) -> None:
+    """Runs `test`; CSOT tests measure time against blocked commands with margins of 20-50 ms,
+    so like pymongo's own runner, they get three attempts (a loaded machine can miss a margin
+    once)."""
+    attempts = 3 if _key(path).startswith("client-side-operations-timeout/") else 1
+    for attempt in range(attempts):
+        try:
+            Runner(deployment, client).run(spec, test)
+            return
+        except (AssertionError, PyMongoError):
+            if attempt == attempts - 1:
+                raise
