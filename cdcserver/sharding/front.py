@@ -33,7 +33,13 @@ from cdcserver.commands.registry import int_arg, run_command
 from cdcserver.commands.tables import EMBEDDED
 from cdcserver.cursors import FORWARDED, QUERY_RESULT, cursor_reply, kind_of
 from cdcserver.embedded.store import id_key as _id_key
-from cdcserver.sharding.catalog import _MISSING, _key_bytes, hashed_value, path_value
+from cdcserver.sharding.catalog import (
+    _MISSING,
+    ShardingCatalog,
+    _key_bytes,
+    hashed_value,
+    path_value,
+)
 from cdcserver.sharding.shard_commands import SHARD_COMMANDS
 from cdcserver.sharding.streams import MergedChangeStream
 from pipeline_stages.errors import MongoError
@@ -624,6 +630,14 @@ async def move_primary(server, conn, cmd, db):
     return {}
 
 
+def _current_key_pattern(catalog: ShardingCatalog, ns: str, command: str) -> dict[str, Any]:
+    """The shard key `ns` has now, which `command` changes; 118 NamespaceNotSharded if none."""
+    old = catalog.key_pattern(ns)
+    if old is None:
+        raise MongoError(118, f"{command} namespace {ns} is not sharded")
+    return old
+
+
 @front("reshardCollection")
 async def reshard_collection(server, conn, cmd, db):
     """The collection under a new shard key: its documents are copied to their new owners
@@ -635,9 +649,7 @@ async def reshard_collection(server, conn, cmd, db):
     cluster = cluster_of(server)
     ns, dbname, coll = _namespace_arg(cmd, "reshardCollection")
     catalog = cluster.catalog
-    old = catalog.key_pattern(ns)
-    if old is None:
-        raise MongoError(118, f"reshardCollection namespace {ns} is not sharded")
+    old = _current_key_pattern(catalog, ns, "reshardCollection")
     key = _check_key_pattern(cmd.get("key"))
     unique = cmd.get("unique") is True
     primary = cluster.shard(catalog.primary(dbname) or cluster.shards[0].name)
@@ -695,9 +707,7 @@ async def refine_collection_shard_key(server, conn, cmd, db):
     cluster = cluster_of(server)
     ns, dbname, coll = _namespace_arg(cmd, "refineCollectionShardKey")
     catalog = cluster.catalog
-    old = catalog.key_pattern(ns)
-    if old is None:
-        raise MongoError(118, f"refineCollectionShardKey namespace {ns} is not sharded")
+    old = _current_key_pattern(catalog, ns, "refineCollectionShardKey")
     key = _check_key_pattern(cmd.get("key"))
     if list(key)[: len(old)] != list(old) or any(key[f] != old[f] for f in old):
         raise MongoError(
