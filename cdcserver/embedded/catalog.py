@@ -57,7 +57,23 @@ def ordered_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-class DocumentValidationError(MongoError):
+class ErrorWithFields(MongoError):
+    """A write error that carries fields of its own (`extra`), which mongod puts after
+    `codeName` and before `errorLabels` in the reply."""
+
+    def extra(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def to_reply(self) -> dict[str, object]:
+        reply = super().to_reply()
+        labels = reply.pop("errorLabels", None)
+        reply.update(self.extra())
+        if labels:
+            reply["errorLabels"] = labels
+        return reply
+
+
+class DocumentValidationError(ErrorWithFields):
     """121 DocumentValidationFailure, with the `errInfo` mongod adds."""
 
     def __init__(self, doc_id: Any, details: dict[str, Any] | None = None) -> None:
@@ -68,14 +84,6 @@ class DocumentValidationError(MongoError):
 
     def extra(self) -> dict[str, Any]:
         return {"errInfo": self.err_info}
-
-    def to_reply(self) -> dict[str, object]:
-        reply = super().to_reply()
-        labels = reply.pop("errorLabels", None)
-        reply.update(self.extra())
-        if labels:
-            reply["errorLabels"] = labels
-        return reply
 
 
 @dataclass

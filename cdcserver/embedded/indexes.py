@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from bson.binary import Binary
 
 from cdcserver.embedded import engine
-from cdcserver.embedded.catalog import bson_string
+from cdcserver.embedded.catalog import ErrorWithFields, bson_string
 from cdcserver.embedded.sessions import TxnBlocked
 from pipeline_stages import keystring
 from pipeline_stages.errors import MongoError
@@ -30,7 +30,7 @@ else:
     StoreState = object  # a base for the type checker only (state.py)
 
 
-class DuplicateKeyError(MongoError):
+class DuplicateKeyError(ErrorWithFields):
     """11000, with the `keyPattern` / `keyValue` fields mongod adds to the error."""
 
     def __init__(
@@ -46,14 +46,6 @@ class DuplicateKeyError(MongoError):
 
     def extra(self) -> dict[str, Any]:
         return {"keyPattern": self.key_pattern, "keyValue": self.key_value}
-
-    def to_reply(self) -> dict[str, object]:
-        reply = super().to_reply()
-        labels = reply.pop("errorLabels", None)
-        reply.update(self.extra())
-        if labels:
-            reply["errorLabels"] = labels
-        return reply
 
 
 def _path_values(value: Any, parts: Sequence[str]) -> list[Any]:
