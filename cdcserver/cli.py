@@ -219,11 +219,8 @@ def _shard_batches(paths: list[str], cmd: dict[str, Any], db: str):
 
     oplog = OplogStream(paths)  # read once, in bounded memory
     spec = parse_aggregate(cmd, db)
-    if spec.resume_token is not None:
-        start = spec.resume_token.cluster_time
-    elif spec.start_at_operation_time is not None:
-        start = spec.start_at_operation_time
-    else:
+    start = spec.requested_start()
+    if start is None:
         oldest = oplog.oldest_entry()
         start = oldest["ts"] if oldest is not None else oplog.start_for_new_stream()
     # What the pipeline says it needs is answered here, synchronously, from the recorded data:

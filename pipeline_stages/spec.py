@@ -51,6 +51,13 @@ class ChangeStreamSpec:
     # 1 when the aggregate asks `$_generateV2ResumeTokens: false` (tests, 6.0 mongos).
     token_version: int = DEFAULT_TOKEN_VERSION
 
+    def requested_start(self) -> Timestamp | None:
+        """Where the aggregate asks the stream to start: its token's clusterTime, else
+        `startAtOperationTime`; None when it asks neither (the source picks a new stream's)."""
+        if self.resume_token is not None:
+            return self.resume_token.cluster_time
+        return self.start_at_operation_time
+
 
 # ---------------------------------------------------------------------------------------------
 # Parsing the aggregate command

@@ -1436,11 +1436,8 @@ async def open_change_stream(server: Any, cluster: Any, cmd: Mapping[str, Any], 
         raise MongoError(51024, "BSON field 'batchSize' value must be >= 0, actual value "
                          f"'{batch_size}'")
     spec = parse_aggregate(cmd, db)
-    if spec.resume_token is not None:
-        start = spec.resume_token.cluster_time
-    elif spec.start_at_operation_time is not None:
-        start = spec.start_at_operation_time
-    else:
+    start = spec.requested_start()
+    if start is None:
         start = cluster.start_for_new_stream()
     ns = f"{db}.{spec.coll}" if spec.scope == "collection" else f"{db}.$cmd.aggregate"
     stream = MergedChangeStream(server.cursors.new_id(), ns, cluster, spec, start)
