@@ -616,6 +616,18 @@ async def aggregate(server, conn, cmd, db):
                               max_time_ms=cmd.get("maxTimeMS"))
 
 
+def _cursor_batch_size(cmd: Mapping[str, Any]) -> int | None:
+    """The `cursor.batchSize` of an aggregate that must have a `cursor` (9 without one)."""
+    cursor_doc = cmd.get("cursor")
+    if not isinstance(cursor_doc, Mapping):
+        raise MongoError(
+            9, "The 'cursor' option is required, except for aggregate with the explain argument"
+        )
+    if cursor_doc.get("batchSize") is None:
+        return None
+    return _int(cursor_doc, "batchSize", "aggregate.cursor")
+
+
 def _documents_source(
     server: Any, cmd: Mapping[str, Any], db: str
 ) -> tuple[str, list[Any], int | None] | None:
@@ -626,14 +638,7 @@ def _documents_source(
         isinstance(pipeline[0], Mapping) and next(iter(pipeline[0]), "") == "$documents"
     ):
         return None
-    cursor_doc = cmd.get("cursor")
-    if not isinstance(cursor_doc, Mapping):
-        raise MongoError(
-            9, "The 'cursor' option is required, except for aggregate with the explain argument"
-        )
-    batch_size = None
-    if cursor_doc.get("batchSize") is not None:
-        batch_size = _int(cursor_doc, "batchSize", "aggregate.cursor")
+    batch_size = _cursor_batch_size(cmd)
     values = pipeline[0]["$documents"]
     if not isinstance(values, list):  # an expression (evaluated once, on no document)
         values = engine.run_pipeline([{}], None, [{"$project": {"_id": 0, "d": values}}])
@@ -677,14 +682,7 @@ async def _aggregate_oplog(server: Any, cmd: Mapping[str, Any]) -> dict[str, Any
     if not isinstance(pipeline, list):
         raise MongoError(14, f"BSON field 'aggregate.pipeline' is the wrong type "
                          f"'{type_name(pipeline)}', expected type 'array'")
-    cursor_doc = cmd.get("cursor")
-    if not isinstance(cursor_doc, Mapping):
-        raise MongoError(
-            9, "The 'cursor' option is required, except for aggregate with the explain argument"
-        )
-    batch_size = None
-    if cursor_doc.get("batchSize") is not None:
-        batch_size = _int(cursor_doc, "batchSize", "aggregate.cursor")
+    batch_size = _cursor_batch_size(cmd)
     stages = list(pipeline)
     filter_doc: Mapping[str, Any] = {}
     if stages and isinstance(stages[0], Mapping) and list(stages[0]) == ["$match"]:
