@@ -171,37 +171,29 @@ class ShardedCluster:
     async def apply_update(self, doc: Any, stmt: Any) -> Any:
         """The document an update statement makes of `doc` (run by the front's merger store),
         or None when the update fails there (the shard then reports its error)."""
-        from cdcserver.commands.registry import run_command
-
-        state, conn = self._merger_state()
-        self._merges += 1
-        db = f"__merge{self._merges}"
         one = {k: v for k, v in stmt.items() if k in ("u", "arrayFilters", "collation", "c")}
-        try:
-            await run_command(state, conn, {"insert": "docs", "documents": [doc], "$db": db})
-            reply = await run_command(state, conn, {
-                "update": "docs", "updates": [{"q": {"_id": doc["_id"]}, **one}], "$db": db})
-            if reply.get("ok") != 1 or reply.get("writeErrors"):
-                return None
-            found = await run_command(state, conn, {"find": "docs", "$db": db})
-            batch = found["cursor"]["firstBatch"]
-            return batch[0] if batch else None
-        finally:
-            await run_command(state, conn, {"dropDatabase": 1, "$db": db})
+        return await self._merged_document([doc], {"q": {"_id": doc["_id"]}, **one})
 
     async def upsert_document(self, stmt: Any) -> Any:
         """The document an upsert statement inserts when nothing matches (run by the front's
         merger store on an empty collection), or None when it fails there."""
+        one = {k: v for k, v in stmt.items()
+               if k in ("q", "u", "arrayFilters", "collation", "c")}
+        return await self._merged_document([], {**one, "upsert": True})
+
+    async def _merged_document(self, docs: list[Any], update: dict[str, Any]) -> Any:
+        """The merger store runs the update statement `update` on a scratch collection holding
+        `docs`: the first document left there, or None when the update fails."""
         from cdcserver.commands.registry import run_command
 
         state, conn = self._merger_state()
         self._merges += 1
         db = f"__merge{self._merges}"
-        one = {k: v for k, v in stmt.items()
-               if k in ("q", "u", "arrayFilters", "collation", "c")}
         try:
+            if docs:
+                await run_command(state, conn, {"insert": "docs", "documents": docs, "$db": db})
             reply = await run_command(state, conn, {
-                "update": "docs", "updates": [{**one, "upsert": True}], "$db": db})
+                "update": "docs", "updates": [update], "$db": db})
             if reply.get("ok") != 1 or reply.get("writeErrors"):
                 return None
             found = await run_command(state, conn, {"find": "docs", "$db": db})
