@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 from bson import json_util
 
 from cdcserver.config import Config, ConfigError, load_config
-from cdcserver.replay_command import spec_command
+from cdcserver.replay_command import add_stream_arguments, spec_command
 from cdcserver.sources.file import FileOplog, OplogFileError, OplogStream
 from pipeline_stages.errors import MongoError
 
@@ -502,12 +502,7 @@ def main(argv: list[str] | None = None) -> int:
         "--oplog", nargs="+", action="append", required=True, metavar="PATH",
         help="one oplog's files, in order; repeat --oplog for each shard of a cluster",
     )
-    scope = replay.add_mutually_exclusive_group(required=True)
-    scope.add_argument("--ns", help="DB.COLL: a collection stream")
-    scope.add_argument("--db", help="DB: a database stream")
-    scope.add_argument("--cluster", action="store_true", help="a whole-cluster stream")
-    replay.add_argument("--pipeline", help="stages after $changeStream, as a JSON array")
-    replay.add_argument("--options", help="$changeStream options, as a JSON object")
+    add_stream_arguments(replay)
     replay.add_argument("--out", help="output file (default: stdout)")
     replay.set_defaults(func=cmd_replay)
 

@@ -9,6 +9,16 @@ from typing import Any
 from bson import json_util
 
 
+def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags `spec_command` reads: the stream's scope, --pipeline and --options."""
+    scope = parser.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--ns", help="DB.COLL: a collection stream")
+    scope.add_argument("--db", help="DB: a database stream")
+    scope.add_argument("--cluster", action="store_true", help="a whole-cluster stream")
+    parser.add_argument("--pipeline", help="stages after $changeStream, as a JSON array")
+    parser.add_argument("--options", help="$changeStream options, as a JSON object")
+
+
 def spec_command(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """(aggregate command, db); ValueError with the one-line message for bad flags."""
     try:

@@ -70,12 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="when --out exists: fail before starting (default) or replace it",
     )
     parser.add_argument("--overwrite", action="store_true", help=argparse.SUPPRESS)
-    scope = parser.add_mutually_exclusive_group(required=True)
-    scope.add_argument("--ns", help="DB.COLL: a collection stream")
-    scope.add_argument("--db", help="DB: a database stream")
-    scope.add_argument("--cluster", action="store_true", help="a whole-cluster stream")
-    parser.add_argument("--pipeline", help="stages after $changeStream, as a JSON array")
-    parser.add_argument("--options", help="$changeStream options, as a JSON object")
+    replay_command.add_stream_arguments(parser)
     parser.add_argument("--master", help="Spark master URL (default: spark-submit's, or local[*])")
     parser.add_argument(
         "--driver-memory", metavar="SIZE",
