@@ -55,11 +55,8 @@ async def aggregate(server, conn, cmd, db):
                          f"'{batch_size}'")
     spec = parse_aggregate(cmd, db)
     log = server.log
-    if spec.resume_token is not None:
-        start = spec.resume_token.cluster_time
-    elif spec.start_at_operation_time is not None:
-        start = spec.start_at_operation_time
-    else:
+    start = spec.requested_start()
+    if start is None:
         start = log.start_for_new_stream()
     group, pipeline = server.cursors.hub.group_for(
         spec,
