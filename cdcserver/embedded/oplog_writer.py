@@ -23,21 +23,13 @@ from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
 from cdcserver.embedded.sessions import OpSession, session_key
+from cdcserver.embedded.update_diff import modifier_update_diff, pipeline_update_diff
 from pipeline_stages.oplog_entry import decode_entry
 
 if TYPE_CHECKING:
     from cdcserver.embedded.state import StoreState
 else:
     StoreState = object  # a base for the type checker only (state.py)
-
-try:  # mongod's $v:2 diff, written by update_diff.py
-    from cdcserver.embedded.update_diff import (
-        modifier_update_diff,
-        pipeline_update_diff,
-    )
-except ImportError:  # pragma: no cover - until update_diff.py lands
-    modifier_update_diff = None  # type: ignore[assignment]
-    pipeline_update_diff = None  # type: ignore[assignment]
 
 TXN_OPLOG_ENTRY_OPS = 2**31 - 1  # maxNumberOfTransactionOperationsInSingleOplogEntry
 _BSON_ARRAY_ELEMENT_OVERHEAD = 8  # TransactionOperations::ApplyOpsInfo
@@ -218,9 +210,9 @@ class OplogWriterMixin(StoreState):
             return post
         diff = None
         try:
-            if kind == "modifier" and modifier_update_diff is not None:
+            if kind == "modifier":
                 diff = modifier_update_diff(pre, post, update, array_filters=array_filters)
-            elif kind == "pipeline" and pipeline_update_diff is not None:
+            elif kind == "pipeline":
                 diff = pipeline_update_diff(pre, post)
                 if diff is None:
                     return post
@@ -264,7 +256,8 @@ def pack_transaction(
 
 
 def simple_diff(pre: Mapping[str, Any], post: Mapping[str, Any]) -> dict[str, Any]:
-    """A `$v:2` document diff of `pre` -> `post` (fallback when update_diff.py is absent):
+    """A `$v:2` document diff of `pre` -> `post` (fallback for a shape update_diff.py's
+    builders do not know, or an update kind they do not cover):
     removed fields in `d`, changed ones in `u`, new ones in `i`, sub-documents recursed."""
     d: dict[str, Any] = {}
     u: dict[str, Any] = {}

@@ -27,7 +27,6 @@ from bson.min_key import MinKey
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
-from cdcserver import server as _server  # noqa: F401  (every shard command is registered)
 from cdcserver.commands import failpoints, handshake
 from cdcserver.commands.registry import int_arg, run_command
 from cdcserver.commands.tables import EMBEDDED
