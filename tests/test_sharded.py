@@ -1132,12 +1132,12 @@ def test_sidecar_fails_streams_resumably_while_the_mongos_is_unreachable(cluster
         assert [bson.encode(e) for e in got] == [bson.encode(e) for e in expected]
 
 
-def _serve_cluster(data_dir: pathlib.Path, port: int, **env: str) -> subprocess.Popen:
+def _serve_cluster(data_dir: pathlib.Path, port: int) -> subprocess.Popen:
     proc = subprocess.Popen(
         [str(pathlib.Path(sys.executable).parent / "cdcserver"), "serve", "--data-dir",
          str(data_dir), "--shards", "2", "--port", str(port), "--metrics-port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     for line in proc.stdout:  # type: ignore[union-attr]
         if "serving" in line:
@@ -1149,13 +1149,15 @@ def test_a_cross_shard_commit_cut_by_a_crash_is_finished_at_restart(tmp_path):
     """The coordinator's decision is durable before the participants commit: a process that
     dies after the first participant committed finishes the second at its next start, at the
     same commit time (mongod's coordinator recovery)."""
-    from cdcserver.sharding.front import CRASH_SWITCH
+    from cdcserver.commands.failpoints import CRASH_AFTER_FIRST_PARTICIPANT_COMMIT
 
     port = _free_port()
     uri = f"mongodb://127.0.0.1:{port}/"
-    proc = _serve_cluster(tmp_path, port, **{CRASH_SWITCH: "after-first-participant"})
+    proc = _serve_cluster(tmp_path, port)
     try:
         with pymongo.MongoClient(uri, serverSelectionTimeoutMS=2000) as c:
+            c.admin.command("configureFailPoint", CRASH_AFTER_FIRST_PARTICIPANT_COMMIT,
+                            mode="alwaysOn")
             c.admin.command("shardCollection", "t.c", key={"x": 1})
             c.admin.command("split", "t.c", middle={"x": 100})
             c.admin.command("moveChunk", "t.c", find={"x": 100}, to="shard1")

@@ -1,6 +1,8 @@
 """Fail points, as mongod offers them with test commands enabled: `configureFailPoint` (admin)
 for `failCommand`, `failGetMoreAfterCursorCheckout`, `onPrimaryTransactionalWrite` and
-`maxTimeAlwaysTimeOut` (their semantics: at each one's evaluation below).
+`maxTimeAlwaysTimeOut` (their semantics: at each one's evaluation below), and cdcserver's own
+`crashAfterFirstParticipantCommit` (evaluated by the sharded front's cross-shard commit,
+`sharding/front.py`: it ends the process between the participants' commits).
 
 Users test their consumers' resume logic with them: a network error (`closeConnection`), a
 `ResumableChangeStreamError` (`failGetMoreAfterCursorCheckout`), `CursorNotFound`, a slow server
@@ -69,8 +71,12 @@ FAIL_COMMAND = "failCommand"
 FAIL_GET_MORE = "failGetMoreAfterCursorCheckout"
 ON_PRIMARY_TRANSACTIONAL_WRITE = "onPrimaryTransactionalWrite"
 MAX_TIME_ALWAYS_TIME_OUT = "maxTimeAlwaysTimeOut"
+# cdcserver's own (tests of the sharded cluster's coordinator recovery): the front's two-phase
+# commit ends the process (exit status 9) after the first participant committed.
+CRASH_AFTER_FIRST_PARTICIPANT_COMMIT = "crashAfterFirstParticipantCommit"
 FAIL_POINT_NAMES = (
-    FAIL_COMMAND, FAIL_GET_MORE, ON_PRIMARY_TRANSACTIONAL_WRITE, MAX_TIME_ALWAYS_TIME_OUT
+    FAIL_COMMAND, FAIL_GET_MORE, ON_PRIMARY_TRANSACTIONAL_WRITE, MAX_TIME_ALWAYS_TIME_OUT,
+    CRASH_AFTER_FIRST_PARTICIPANT_COMMIT,
 )
 FAIL_COMMAND_MESSAGE = "Failing command via 'failCommand' failpoint"
 FAIL_GET_MORE_MESSAGE = "Hit the 'failGetMoreAfterCursorCheckout' failpoint"

@@ -52,8 +52,6 @@ FRONT_COMMANDS: dict[str, Any] = {}
 
 _REPLY_TIME_FIELDS = ("ok", "$clusterTime", "operationTime")
 ShardNotFound = 70  # error code
-# Tests only: "after-first-participant" ends the process in the middle of a two-phase commit.
-CRASH_SWITCH = "CDCSERVER_TEST_CRASH_IN_TWO_PHASE_COMMIT"
 
 
 class ShardError(failpoints.FailPointError):
@@ -1329,7 +1327,7 @@ async def end_transaction(server, conn, cmd, db):
         if db != "admin":
             raise MongoError(13, "commitTransaction may only be run against the admin "
                              "database.")
-        _commit_across_shards(cluster, [cluster.shard(n) for n in shards], cmd)
+        _commit_across_shards(server, cluster, [cluster.shard(n) for n in shards], cmd)
     elif next(iter(cmd)) == "abortTransaction":
         # Every participant aborts, even when one already had (a failed statement aborts its
         # shard's part): the first error only if none could.
@@ -1350,7 +1348,7 @@ async def end_transaction(server, conn, cmd, db):
     return reply
 
 
-def _commit_across_shards(cluster: ShardedCluster, shards: list[Shard],
+def _commit_across_shards(server: Any, cluster: ShardedCluster, shards: list[Shard],
                           cmd: Mapping[str, Any]) -> None:
     """A transaction that wrote on several shards commits on all of them at one commit time
     (the coordinator's commitTimestamp), without yielding to the loop in between: no stream
@@ -1382,10 +1380,10 @@ def _commit_across_shards(cluster: ShardedCluster, shards: list[Shard],
         [(shard.name, prepare_ts, txn) for (shard, txn), prepare_ts in zip(
             txns, prepares, strict=True)],
     )
-    crash = os.environ.get(CRASH_SWITCH) == "after-first-participant"
+    crash = failpoints.fail_points(server).points[failpoints.CRASH_AFTER_FIRST_PARTICIPANT_COMMIT]
     for k, ((shard, txn), prepare_ts) in enumerate(zip(txns, prepares, strict=True)):
-        if crash and k == 1:
-            os._exit(9)  # a test's crash between the participants' commits
+        if k == 1 and crash.fire():
+            os._exit(9)  # a test's crash between the participants' commits (its fail point)
         store = shard.store
         entries = pack_transaction(txn.ops, store.txn_oplog_entry_ops,
                                    store.txn_oplog_entry_bytes) if txn.ops else []
