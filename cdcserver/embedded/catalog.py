@@ -289,9 +289,9 @@ class CatalogMixin(StoreState):
             c.created_seq = self._seq
             self.catalog[(db, coll)] = c
         self._save_meta(c)
-        self.log("c", f"{db}.$cmd",
-                 {"create": coll, **options, **({"idIndex": id_spec} if id_spec else {})},
-                 ui=c.ui)
+        self.append_oplog("c", f"{db}.$cmd",
+                          {"create": coll, **options, **({"idIndex": id_spec} if id_spec else {})},
+                          ui=c.ui)
         return c
 
     def cap_collection(self, c: Collection, inserted: bytes) -> None:
@@ -425,7 +425,7 @@ class CatalogMixin(StoreState):
         c.records = OrderedDict()
         if self.persist is not None:
             self.persist.delete_collection(db, coll, c.uuid)
-        self.log("c", f"{db}.$cmd", {"drop": coll}, ui=c.ui, o2={"numRecords": n})
+        self.append_oplog("c", f"{db}.$cmd", {"drop": coll}, ui=c.ui, o2={"numRecords": n})
         if not self.collections_of(db):
             self.emptied_dbs.add(db)
         return c
@@ -437,7 +437,7 @@ class CatalogMixin(StoreState):
         for c in colls:
             self.drop_collection(db, c.name)
         self.emptied_dbs.discard(db)
-        self.log("c", f"{db}.$cmd", {"dropDatabase": 1})
+        self.append_oplog("c", f"{db}.$cmd", {"dropDatabase": 1})
         return True
 
     def rename_collection(
@@ -459,7 +459,7 @@ class CatalogMixin(StoreState):
             target.records = OrderedDict()
             if self.persist is not None:
                 self.persist.delete_collection(to_db, to_coll, target.uuid)
-        self.log("c", f"{src.db}.$cmd", o, ui=src.ui)
+        self.append_oplog("c", f"{src.db}.$cmd", o, ui=src.ui)
         del self.catalog[(src.db, src.name)]
         self._retire(src)
         if self.persist is not None:
@@ -511,4 +511,4 @@ class CatalogMixin(StoreState):
                     spec[k] = v
         c.options = ordered_options({**c.options, **new_options})
         self._save_meta(c)
-        self.log("c", f"{c.db}.$cmd", o, ui=c.ui, o2=o2)
+        self.append_oplog("c", f"{c.db}.$cmd", o, ui=c.ui, o2=o2)

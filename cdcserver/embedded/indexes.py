@@ -125,7 +125,7 @@ class IndexMixin(StoreState):
         c.indexes.append(spec)
         self._save_meta(c)
         if empty:
-            self.log("c", f"{c.db}.$cmd", {"createIndexes": c.name, **spec}, ui=c.ui)
+            self.append_oplog("c", f"{c.db}.$cmd", {"createIndexes": c.name, **spec}, ui=c.ui)
 
     def create_indexes(self, c: Collection, specs: list[dict[str, Any]]) -> None:
         """Add new (already validated) index specs: one `createIndexes` entry each on an empty
@@ -148,12 +148,14 @@ class IndexMixin(StoreState):
                         f"( {uuid_module.UUID(bytes=c.uuid)} ) :: caused by :: {exc.errmsg}",
                     ) from None
         build = Binary(uuid_module.uuid4().bytes, 4)
-        self.log("c", f"{c.db}.$cmd",
-                 {"startIndexBuild": c.name, "indexBuildUUID": build, "indexes": specs}, ui=c.ui)
+        self.append_oplog("c", f"{c.db}.$cmd",
+                          {"startIndexBuild": c.name, "indexBuildUUID": build, "indexes": specs},
+                          ui=c.ui)
         c.indexes.extend(specs)
         self._save_meta(c)
-        self.log("c", f"{c.db}.$cmd",
-                 {"commitIndexBuild": c.name, "indexBuildUUID": build, "indexes": specs}, ui=c.ui)
+        self.append_oplog("c", f"{c.db}.$cmd",
+                          {"commitIndexBuild": c.name, "indexBuildUUID": build, "indexes": specs},
+                          ui=c.ui)
 
     def drop_index(self, c: Collection, name: str) -> None:
         spec = c.index(name)
@@ -161,7 +163,8 @@ class IndexMixin(StoreState):
         c.indexes.remove(spec)
         c.unique.pop(name, None)
         self._save_meta(c)
-        self.log("c", f"{c.db}.$cmd", {"dropIndexes": c.name, "index": name}, ui=c.ui, o2=spec)
+        self.append_oplog("c", f"{c.db}.$cmd", {"dropIndexes": c.name, "index": name}, ui=c.ui,
+                          o2=spec)
 
     # -- unique checks ----------------------------------------------------------------------------
 

@@ -121,7 +121,7 @@ class OplogWriterMixin(StoreState):
         self._last_ts = ts
         return ts
 
-    def log(
+    def append_oplog(
         self,
         op: str,
         ns: str,
@@ -190,7 +190,7 @@ class OplogWriterMixin(StoreState):
 
     def noop(self, msg: str = "periodic noop") -> None:
         with self.batch():
-            self.log("n", "", {"msg": msg})
+            self.append_oplog("n", "", {"msg": msg})
 
     def entry_at(self, ts: Timestamp) -> Mapping[str, Any] | None:
         """The oplog entry with this `ts`, decoded, if still in the oplog."""

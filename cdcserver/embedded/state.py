@@ -202,7 +202,7 @@ class StoreState(EntryList):
         raise NotImplementedError
 
     # oplog_writer.py
-    def log(
+    def append_oplog(
         self,
         op: str,
         ns: str,

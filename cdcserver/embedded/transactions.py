@@ -339,7 +339,7 @@ class TransactionMixin(StoreState):
                 o["partialTxn"] = True
             elif k > 0:
                 o["count"] = Int64(len(txn.ops))
-            ts, _ = self.log("c", "admin.$cmd", o, session=session, wall=wall)
+            ts, _ = self.append_oplog("c", "admin.$cmd", o, session=session, wall=wall)
             where.extend((ts, i) for i in range(len(ops)))
         # the outcome, in config.transactions with the commit's entries: a retried
         # commitTransaction answers ok after a restart, other statements 256

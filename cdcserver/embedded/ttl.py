@@ -91,7 +91,7 @@ class TTLMixin(StoreState):
                 self.delete_document(c, doc)
         finally:
             self.txn = None
-        self.log("c", "admin.$cmd", {"applyOps": batch.ops})
+        self.append_oplog("c", "admin.$cmd", {"applyOps": batch.ops})
         if self.persist is not None:
             for uuid, key, _ in batch.persist:
                 self.persist.delete_document(uuid, key)

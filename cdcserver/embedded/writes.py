@@ -49,8 +49,8 @@ class WritesMixin(StoreState):
                              f"max size: {MAX_BSON}")
         if c.options.get("capped") and len(raw) > int(c.options.get("size") or 0):
             raise MongoError(2, "object to insert exceeds cappedMaxSize")  # WiredTiger's
-        self.log("i", c.ns, doc, ui=c.ui, o2={"_id": doc["_id"]}, session=session,
-                 stmt_id=stmt_id)
+        self.append_oplog("i", c.ns, doc, ui=c.ui, o2={"_id": doc["_id"]}, session=session,
+                          stmt_id=stmt_id)
         self._put(c, key, None, doc, raw, edits)
         if c.options.get("capped"):
             self.cap_collection(c, key)
@@ -94,8 +94,8 @@ class WritesMixin(StoreState):
         edits = self._check_unique(c, key, pre, post)
         o = self._update_o(pre, post, kind, update, array_filters)
         image = self._retry_image_kind(session, retry_image)
-        ts, wall = self.log("u", c.ns, o, ui=c.ui, o2={"_id": post["_id"]}, session=session,
-                            stmt_id=stmt_id, needs_retry_image=image)
+        ts, wall = self.append_oplog("u", c.ns, o, ui=c.ui, o2={"_id": post["_id"]},
+                                     session=session, stmt_id=stmt_id, needs_retry_image=image)
         if c.pre_images:
             self._save_pre_image(c, ts, wall, pre)
         if image is not None and session is not None:
@@ -110,8 +110,8 @@ class WritesMixin(StoreState):
         key = id_key(pre["_id"])
         self._check_write_conflict(c, key)
         image = self._retry_image_kind(session, retry_image)
-        ts, wall = self.log("d", c.ns, {"_id": pre["_id"]}, ui=c.ui, session=session,
-                            stmt_id=stmt_id, needs_retry_image=image)
+        ts, wall = self.append_oplog("d", c.ns, {"_id": pre["_id"]}, ui=c.ui, session=session,
+                                     stmt_id=stmt_id, needs_retry_image=image)
         if c.pre_images:
             self._save_pre_image(c, ts, wall, pre)
         if image is not None and session is not None:

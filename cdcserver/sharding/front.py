@@ -316,7 +316,7 @@ async def shard_collection(server, conn, cmd, db):
     # The primary shard's no-op at the commit (notifyChangeStreamsOnShardCollection): the
     # `shardCollection` event of streams with showExpandedEvents.
     with store.batch():
-        store.log("n", ns, {"msg": {"shardCollection": ns}}, ui=c.ui, o2={
+        store.append_oplog("n", ns, {"msg": {"shardCollection": ns}}, ui=c.ui, o2={
             "shardCollection": ns, "shardKey": key, "unique": unique,
             "presplitHashedZones": False,
         })
@@ -691,7 +691,7 @@ async def reshard_collection(server, conn, cmd, db):
     from bson.binary import Binary
 
     with primary.store.batch():
-        primary.store.log("n", ns, {"msg": {"reshardCollection": ns}}, ui=old_uuid, o2={
+        primary.store.append_oplog("n", ns, {"msg": {"reshardCollection": ns}}, ui=old_uuid, o2={
             "reshardCollection": ns, "reshardUUID": Binary(new_uuid, 4), "shardKey": key,
             "oldShardKey": old, "unique": unique,
         })
@@ -723,10 +723,11 @@ async def refine_collection_shard_key(server, conn, cmd, db):
     store = primary.store
     c = store.get(dbname, coll)
     with store.batch():  # notifyChangeStreamsOnRefineCollectionShardKeyComplete
-        store.log("n", ns, {"msg": f"Refine shard key for collection {ns} with "
-                                   f"{document_string(key)}"},
-                  ui=c.ui if c is not None else None,
-                  o2={"refineCollectionShardKey": ns, "shardKey": key, "oldShardKey": old})
+        store.append_oplog("n", ns, {"msg": f"Refine shard key for collection {ns} with "
+                                            f"{document_string(key)}"},
+                           ui=c.ui if c is not None else None,
+                           o2={"refineCollectionShardKey": ns, "shardKey": key,
+                               "oldShardKey": old})
     return {}
 
 

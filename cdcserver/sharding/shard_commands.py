@@ -50,7 +50,7 @@ async def append_oplog_note(server, conn, cmd, db):
                 f"{last.inc}) }}",
             )
     with store.batch():
-        store.log("n", "", data)
+        store.append_oplog("n", "", data)
     return {}
 
 
@@ -93,7 +93,7 @@ def make_noop_write_if_needed(server: Any, cmd: Mapping[str, Any]) -> None:
     last = store.latest_ts() or Timestamp(0, 0)
     if after > last:
         with store.batch():
-            store.log("n", "", dict(AFTER_CLUSTER_TIME_NOOP))
+            store.append_oplog("n", "", dict(AFTER_CLUSTER_TIME_NOOP))
 
 
 def _waiting_for_read_concern(handler: Any) -> Any:

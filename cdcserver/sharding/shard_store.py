@@ -130,7 +130,7 @@ class ShardStore(Store):
         finally:
             self._key_doc = None
 
-    def log(self, op: str, ns: str, o: Mapping[str, Any], **kwargs: Any
+    def append_oplog(self, op: str, ns: str, o: Mapping[str, Any], **kwargs: Any
             ) -> tuple[Timestamp, Any]:
         if op in ("i", "u", "d") and self.sharding.is_sharded(ns):
             if op == "i":
@@ -145,14 +145,15 @@ class ShardStore(Store):
             self._prepare = None
             prepare_ts, commit_ts = prepare
             self._pinned = prepare_ts
-            ts, wall = super().log(op, ns, {**o, "prepare": True}, **kwargs)
+            ts, wall = super().append_oplog(op, ns, {**o, "prepare": True}, **kwargs)
             self._pinned = commit_ts
-            super().log("c", "admin.$cmd", {"commitTransaction": 1, "commitTimestamp": commit_ts},
-                        session=kwargs.get("session"), wall=wall)
+            super().append_oplog("c", "admin.$cmd",
+                                 {"commitTransaction": 1, "commitTimestamp": commit_ts},
+                                 session=kwargs.get("session"), wall=wall)
             return ts, wall  # the applyOps entry's: pre-images are keyed by it
         if self.from_migrate and self.txn is None:
             return self._log_from_migrate(op, ns, o, kwargs.get("ui"), kwargs.get("o2"))
-        return super().log(op, ns, o, **kwargs)
+        return super().append_oplog(op, ns, o, **kwargs)
 
     def _log_from_migrate(
         self, op: str, ns: str, o: Mapping[str, Any], ui: Any, o2: Mapping[str, Any] | None
