@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime
 import struct
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import bson
 from bson.binary import Binary
@@ -28,11 +28,9 @@ from bson.timestamp import Timestamp
 from pipeline_stages import keystring, resume_token
 from pipeline_stages.oplog_entry import Entry, EntryDocument
 from pipeline_stages.split_large_event import BSON_OBJ_MAX_INTERNAL_SIZE
+from pipeline_stages.stage_chain import StageChain
 from pipeline_stages.transform import _update_shape
 from pipeline_stages.update_description import update_description
-
-if TYPE_CHECKING:
-    from pipeline_stages.pipeline import ChangeStreamPipeline
 
 Item = tuple[RawBSONDocument, dict[str, Any], Timestamp]
 
@@ -76,7 +74,7 @@ def _ns_element(ns: str) -> bytes | None:
     return element
 
 
-def fast_eligible(pipeline: ChangeStreamPipeline) -> bool:
+def fast_eligible(pipeline: StageChain) -> bool:
     """Whether the stages after the transform pass every CRUD event of `pipeline` unchanged
     (the parts that do not change while the stream runs)."""
     spec = pipeline.spec
@@ -92,10 +90,10 @@ def fast_eligible(pipeline: ChangeStreamPipeline) -> bool:
     )
 
 
-def _ns_parts(pipeline: ChangeStreamPipeline, ns: str) -> bytes | None:
+def _ns_parts(pipeline: StageChain, ns: str) -> bytes | None:
     """The encoded `ns` element of a CRUD entry on `ns` without `fromMigrate`, or None when
     the stream's oplog filter drops such an entry or it is view DDL (cached per stream)."""
-    cache = pipeline._fast_ns
+    cache = pipeline.fast_ns
     if ns in cache:
         return cache[ns]
     element = None
@@ -122,7 +120,7 @@ _KEY_END = bytes((0, 0, keystring.END))
 
 
 def encode_crud(
-    pipeline: ChangeStreamPipeline, entries: list[Entry], start: Timestamp
+    pipeline: StageChain, entries: list[Entry], start: Timestamp
 ) -> list[Item] | None:
     """The queued items (event bytes, token, clusterTime) of `entries` (ascending `ts`), or
     None when one of the entries the filter keeps is not a plain CRUD entry this path
@@ -140,7 +138,7 @@ def encode_crud(
         return None
     version_of = transform._version
     matches = pipeline.filter.matches
-    ns_cache = pipeline._fast_ns
+    ns_cache = pipeline.fast_ns
     event_token = resume_token.event_token
     simple_key = resume_token._simple_key_keystring
     pack_i32, pack_ts, pack_i64, pack_ts_key = _I32.pack, _TS.pack, _I64.pack, _TS_KEYSTRING.pack

@@ -24,9 +24,9 @@ stream meets exactly the error a lookup made in the stage would have raised.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from bson.timestamp import Timestamp
 
@@ -40,12 +40,10 @@ from pipeline_stages.image_source import (
     pre_image_equality_key,
 )
 from pipeline_stages.oplog_entry import Entry
+from pipeline_stages.stage_chain import StageChain
 from pipeline_stages.transform import PRE_IMAGE_ID
 from pipeline_stages.unwind_transaction import TransactionHistory
 from pipeline_stages.value_string import document_string
-
-if TYPE_CHECKING:
-    from pipeline_stages.pipeline import ChangeStreamPipeline
 
 # (db, coll, collection UUID or None: no UUID check)
 Namespace = tuple[str, str, bytes | None]
@@ -272,7 +270,7 @@ def one_match(key: Document, candidates: Sequence[Document]) -> Document | None:
 # What a batch of events needs (the pipeline asks before its stages run)
 
 
-def looks_up_images(pipeline: ChangeStreamPipeline) -> bool:
+def looks_up_images(pipeline: StageChain) -> bool:
     """Whether the pipeline's image stages read from elsewhere (pushes may need lookups)."""
     return isinstance(pipeline.images, ExternalImages) and (
         pipeline.add_pre_image is not None or pipeline.add_post_image is not None
@@ -288,7 +286,7 @@ def _event_uuid(event: Mapping[str, Any]) -> bytes | None:
 
 
 def images_needed(
-    pipeline: ChangeStreamPipeline, events: Sequence[Mapping[str, Any]]
+    pipeline: StageChain, events: Sequence[Mapping[str, Any]]
 ) -> NeedsLookup:
     """The lookups the image stages will make for `events` (transformed, before the stages
     that may drop some: so perhaps a few more than they make, never fewer)."""
@@ -328,6 +326,17 @@ def images_needed(
 Answerer = Callable[[NeedsLookup, LookupAnswers], None]
 
 
+class Pushes(Protocol):
+    """What `push_answering` calls: `ChangeStreamPipeline.push` (pipeline.py)."""
+
+    def push(
+        self,
+        entries: Iterable[Entry],
+        scanned_to: Timestamp | None,
+        answers: LookupAnswers | None,
+    ) -> NeedsLookup | None: ...
+
+
 def answer_from(
     history: TransactionHistory | None, images: ImageSource | None
 ) -> Answerer:
@@ -356,7 +365,7 @@ def answer_from(
 
 
 def push_answering(
-    pipeline: ChangeStreamPipeline,
+    pipeline: Pushes,
     entries: Sequence[Entry],
     scanned_to: Timestamp | None,
     answer: Answerer,

@@ -204,7 +204,7 @@ class ChangeStreamPipeline:
         # Every CRUD event goes out as the transform made it: written straight to bytes
         # (fast_path.py) once past the resume point.
         self._fast = fast_eligible(self)
-        self._fast_ns: dict[str, bytes | None] = {}  # its `ns` elements (fast_path._ns_parts)
+        self.fast_ns: dict[str, bytes | None] = {}  # its `ns` elements (fast_path._ns_parts)
         # A high-water-mark start (startAtOperationTime, a post-batch token) sorts before every
         # event at or after its time, and the pipeline reads nothing before `start`: check
         # resumability passes every event from the first one.
