@@ -49,6 +49,7 @@ from pymongo.errors import OperationFailure
 
 from pipeline_stages import query_engine
 from pipeline_stages.collation import Collation, parse_collation
+from pipeline_stages.dotted_path import set_document_value
 from pipeline_stages.errors import MongoError
 from pipeline_stages.oplog_entry import encode_in_order
 
@@ -558,16 +559,6 @@ def _evaluate(
         return MISSING
 
 
-def _set_path(doc: dict[str, Any], path: str, value: Any) -> None:
-    parts = path.split(".")
-    for part in parts[:-1]:
-        sub = doc.get(part)
-        if not isinstance(sub, dict):
-            sub = doc[part] = OrderedDict()
-        doc = sub
-    doc[parts[-1]] = value
-
-
 class _Project(_Stage):
     def __init__(self, spec: Any, name: str = "$project") -> None:
         self.name = name
@@ -618,7 +609,7 @@ class _Project(_Stage):
                 for path, expression in self.nested_computed.items():
                     value = self._eval(expression, src)
                     if value is not MISSING:
-                        _set_path(out, path, value)
+                        set_document_value(out, path, value)
         it = iter(projected)
         return [None if d is None else next(it) for d in docs]
 

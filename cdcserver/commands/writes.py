@@ -53,6 +53,7 @@ from cdcserver.embedded.store import (
     id_key,
     validate_collection_name,
 )
+from pipeline_stages.dotted_path import document_value
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
 
@@ -930,7 +931,7 @@ def _merge_key(doc: Mapping[str, Any], fields: list[str]) -> tuple[bytes, ...]:
     """The `on` fields' values of `doc` (each present, not null/undefined, not an array)."""
     key = []
     for path in fields:
-        value = _path_value(doc, path)
+        value = document_value(doc, path, None)
         if isinstance(value, list):
             raise MongoError(51185, f"$merge write error: 'on' field '{path}' is an array")
         if value is None:  # missing, null (BSON undefined decodes to None)
@@ -979,7 +980,7 @@ def _write_merge(store: Store, db: str, arg: Any, results: list[Any]) -> None:
                 # to the `on` fields (MergeProcessor's upsert), not the result document
                 seed: dict[str, Any] = {}
                 for path in fields:
-                    modifiers.set_path(seed, path, _path_value(doc, path))
+                    modifiers.set_path(seed, path, document_value(doc, path, None))
                 update = engine.bind_pipeline(matched, engine.merge_variables(let, doc))
                 new = engine.apply_pipeline_update(seed, update)
                 new = _id_first({"_id": seed["_id"], **new} if "_id" in seed else new)
@@ -1014,8 +1015,3 @@ def _write_merge(store: Store, db: str, arg: Any, results: list[Any]) -> None:
         by_key[key] = post
 
 
-def _path_value(doc: Mapping[str, Any], path: str) -> Any:
-    value: Any = doc
-    for part in path.split("."):
-        value = value.get(part) if isinstance(value, Mapping) else None
-    return value

@@ -24,6 +24,7 @@ from bson.objectid import ObjectId
 
 from cdcserver.embedded import json_schema, modifiers, oplog_update, regex
 from pipeline_stages import keystring, query_engine
+from pipeline_stages.dotted_path import document_value, has_path_with_positions
 from pipeline_stages.errors import MongoError
 from pipeline_stages.expressions import DOLLAR_FIELD_MESSAGE
 from pipeline_stages.query_engine import Database
@@ -552,7 +553,7 @@ def apply_modifiers(
                 continue
             if op in _ARRAY_OPS and "$" not in path.split("."):
                 modifiers.check_array_target(new, op, path)
-            if op == "$pop" and not _path_exists(new, path):
+            if op == "$pop" and not has_path_with_positions(new, path):
                 continue  # mongod: $pop on a missing field is a no-op (mongomock raises)
             if op in _CREATING and "$" not in path.split("."):
                 modifiers.check_creatable(new, path)
@@ -591,17 +592,6 @@ def _resolve_positional(doc: dict[str, Any], query: Mapping[str, Any], path: str
             if matches(relevant, probe):
                 return ".".join([*parts[:at], str(index), *parts[at + 1:]])
     raise MongoError(2, "The positional operator did not find the match needed from the query.")
-
-
-def _path_exists(doc: Any, path: str) -> bool:
-    for part in path.split("."):
-        if isinstance(doc, Mapping) and part in doc:
-            doc = doc[part]
-        elif isinstance(doc, list) and part.isdigit() and int(part) < len(doc):
-            doc = doc[int(part)]
-        else:
-            return False
-    return True
 
 
 def validate_pipeline_update(pipeline: list[Any]) -> None:
@@ -779,12 +769,8 @@ def _variable_value(reference: str, variables: Mapping[str, Any]) -> tuple[bool,
     if name not in variables:
         return False, None
     value = variables[name]
-    for part in path.split(".") if path else []:
-        if isinstance(value, Mapping) and part in value:
-            value = value[part]
-        else:
-            return True, None  # a missing path: null, as a comparison reads it
-    return True, value
+    # a missing path: null, as a comparison reads it
+    return True, document_value(value, path, None) if path else value
 
 
 def bind_expression(expr: Any, variables: Mapping[str, Any]) -> Any:

@@ -20,6 +20,7 @@ from cdcserver.embedded import engine
 from cdcserver.embedded.catalog import ErrorWithFields, bson_string
 from cdcserver.embedded.sessions import TxnBlocked
 from pipeline_stages import keystring
+from pipeline_stages.dotted_path import has_document_path
 from pipeline_stages.errors import MongoError
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ def index_entries(
     """(key bytes, {field: value}) of each index key `doc` produces in the index `spec`."""
     fields = list(spec["key"])
     if spec.get("sparse") and all(
-        _path_values(doc, f.split(".")) == [None] and not _has_path(doc, f) for f in fields
+        _path_values(doc, f.split(".")) == [None] and not has_document_path(doc, f) for f in fields
     ):
         return []
     pfe = spec.get("partialFilterExpression")
@@ -90,15 +91,6 @@ def index_entries(
             seen.add(key)
             out.append((key, dict(zip(fields, combo))))
     return out
-
-
-def _has_path(doc: Any, path: str) -> bool:
-    for part in path.split("."):
-        if isinstance(doc, Mapping) and part in doc:
-            doc = doc[part]
-        else:
-            return False
-    return True
 
 
 class IndexMixin(StoreState):

@@ -27,19 +27,10 @@ from bson.min_key import MinKey
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
+from pipeline_stages.dotted_path import document_value
 from pipeline_stages.keystring import encode_values
 
 _MISSING = object()
-
-
-def path_value(doc: Mapping[str, Any], path: str) -> Any:
-    """The value at a dotted path (`_MISSING` when a part is absent or not a document)."""
-    value: Any = doc
-    for part in path.split("."):
-        if not isinstance(value, Mapping) or part not in value:
-            return _MISSING
-        value = value[part]
-    return value
 
 
 # BSONElement::canonicalType: numbers share one, as do strings and symbols.
@@ -333,7 +324,7 @@ class ShardingCatalog:
         pattern = self.key_pattern(ns) or {}
         out = []
         for field, kind in pattern.items():
-            value = path_value(doc, field)
+            value = document_value(doc, field, _MISSING)
             if value is _MISSING:
                 value = None
             out.append(hashed_value(value) if kind == "hashed" else value)
@@ -400,7 +391,7 @@ class ShardingCatalog:
             return None
         out: dict[str, Any] = {}
         for field in pattern:
-            value = path_value(doc, field)
+            value = document_value(doc, field, _MISSING)
             if value is not _MISSING:
                 out[field] = value
         if "_id" not in out and "_id" in doc:

@@ -37,10 +37,10 @@ from cdcserver.sharding.catalog import (
     ShardingCatalog,
     _key_bytes,
     hashed_value,
-    path_value,
 )
 from cdcserver.sharding.shard_commands import SHARD_COMMANDS
 from cdcserver.sharding.streams import MergedChangeStream
+from pipeline_stages.dotted_path import document_value
 from pipeline_stages.errors import MongoError
 from pipeline_stages.spec import is_change_stream_aggregate, parse_aggregate
 from pipeline_stages.value_string import document_string
@@ -750,7 +750,7 @@ def _target(cluster: ShardedCluster, ns: str, query: Any) -> Shard | None:
     for field, kind in pattern.items():
         value = query.get(field, _MISSING)
         if value is _MISSING:
-            value = path_value(query, field)
+            value = document_value(query, field, _MISSING)
         if value is _MISSING:
             return None
         if isinstance(value, Mapping) and any(str(k).startswith("$") for k in value):
@@ -1050,7 +1050,7 @@ async def _find_and_modify_changing_shard_key(
 def _sort_key(sort: Mapping[str, Any]) -> Any:
     def compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
         for field, direction in sort.items():
-            va, vb = path_value(a, field), path_value(b, field)
+            va, vb = document_value(a, field, _MISSING), document_value(b, field, _MISSING)
             ka = _key_bytes([None if va is _MISSING else va])
             kb = _key_bytes([None if vb is _MISSING else vb])
             if ka != kb:

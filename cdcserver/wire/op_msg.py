@@ -15,6 +15,8 @@ from typing import Any
 
 from bson.codec_options import CodecOptions
 
+from pipeline_stages.dotted_path import has_document_path
+
 from ._bson import (
     DEFAULT_CODEC_OPTIONS,
     Document,
@@ -92,17 +94,6 @@ class OpMsg:
 
 def _err(errmsg: str, code: int, code_name: str, fatal: bool, rid: int) -> ProtocolError:
     return ProtocolError(errmsg, code=code, code_name=code_name, fatal=fatal, request_id=rid)
-
-
-def _path_present(body: Mapping[str, Any], path: str) -> bool:
-    # mongod rejects a sequence whose identifier also names a field (dotted paths included).
-    node: Any = body
-    for part in path.split("."):
-        if isinstance(node, Mapping) and part in node:
-            node = node[part]
-        else:
-            return False
-    return True
 
 
 def parse_op_msg(
@@ -253,7 +244,8 @@ def _parse_sections(
     if body is None:
         raise _err("OP_MSG messages must have a body", 40587, "Location40587", False, rid)
     for name, docs in sequences.items():
-        if _path_present(body, name):
+        # mongod rejects a sequence whose identifier also names a field (dotted paths included).
+        if has_document_path(body, name):
             raise _err(
                 f"Duplicate field between body and document sequence {name}",
                 40433,
