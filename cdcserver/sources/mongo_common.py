@@ -4,6 +4,8 @@ The upstream source (a live replica set's `local.oplog.rs`) is split along what 
 mongod: `mongo_tail.py` tails the oplog and follows the majority commit point,
 `mongo_history.py` reads history behind the live window and transaction entries,
 `mongo_images.py` fetches pre-images and updateLookup documents; `mongo.py` is the facade.
+The tail makes the other two and hands itself to them as an `UpstreamLink` (below), so they
+never import mongo_tail.py.
 """
 
 from __future__ import annotations
@@ -12,17 +14,22 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
+from cdcserver.sources.retained import RetainedLog
 from pipeline_stages.check_resumability import HISTORY_LOST_MESSAGE
 from pipeline_stages.error_codes import CATEGORIES
 from pipeline_stages.error_labels import NOT_PRIMARY_ERROR, SHUTDOWN_ERROR
 from pipeline_stages.errors import MongoError
+from pipeline_stages.oplog_entry import Entry
 
+# pymongo types a RawBSONDocument's `raw` as `bytes | memoryview`; the documents of a cursor
+# read with RAW are made by bson's C decoder, which always gives them `bytes` (even from a
+# memoryview), so the modules here cast `doc.raw` to bytes where they keep or decode it.
 RAW = CodecOptions(document_class=RawBSONDocument)
 MAX_TS = Timestamp(0xFFFFFFFF, 0xFFFFFFFF)
 # Codes of the upstream's errors that say "this oplog position is gone".
@@ -84,6 +91,62 @@ class UpstreamError(MongoError):
     @property
     def code_name(self) -> str:
         return self._code_name or super().code_name
+
+
+class UpstreamLink(Protocol):
+    """What the history readers (mongo_history.py) and the image fetcher (mongo_images.py) use
+    of the tail that owns them (mongo_tail.UpstreamOplog): its options and clients, its state
+    (the durable log, the DDL generation, the majority commit point) and its lookup policy."""
+
+    @property
+    def options(self) -> UpstreamOptions: ...
+
+    @property
+    def retained(self) -> RetainedLog | None:
+        """The durable log of what was tailed (None: there is none)."""
+        ...
+
+    @property
+    def ddl_generation(self) -> int:
+        """Bumped by every command entry the tail delivers (cached collection UUIDs expire)."""
+        ...
+
+    @property
+    def majority_commit_point(self) -> Timestamp | None:
+        """The upstream's majority commit point, as last read (None: not yet known)."""
+        ...
+
+    async def until_ready(self) -> None:
+        """Return once the majority commit point is known."""
+        ...
+
+    def async_client(self) -> Any:
+        """The AsyncMongoClient to the upstream (made on first use, on the running loop)."""
+        ...
+
+    def oplog_collection(self, client: Any) -> Any:
+        """`local.oplog.rs` of `client`, read as raw BSON."""
+        ...
+
+    def notify(self) -> None:
+        """Entries became readable: wake every waiting getMore."""
+        ...
+
+    async def close_own_cursor(self, cursor: Any) -> None:
+        """Close a cursor of a task of the tail's (within the close budget when closing)."""
+        ...
+
+    async def refresh_oldest(self, client: Any) -> Entry | None:
+        """Read the upstream's oldest entry again."""
+        ...
+
+    def lookup_allowed(self, what: str) -> None:
+        """Raise the resumable error a lookup fails fast with while the upstream is silent."""
+        ...
+
+    def lookup_error(self, what: str, exc: BaseException) -> UpstreamError:
+        """The error a failed lookup raises."""
+        ...
 
 
 def upstream_unavailable(what: str, exc: BaseException) -> UpstreamError:

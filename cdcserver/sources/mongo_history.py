@@ -18,7 +18,7 @@ import logging
 import random
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import cast
 
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
@@ -26,6 +26,7 @@ from bson.timestamp import Timestamp
 from cdcserver.sources.base import DECODED_WINDOW, EntryList, begins_the_set
 from cdcserver.sources.mongo_common import (
     CAPPED_POSITION_LOST,
+    UpstreamLink,
     close_cursor,
     history_lost,
     next_batch,
@@ -34,9 +35,6 @@ from cdcserver.sources.mongo_common import (
 from pipeline_stages.errors import MongoError
 from pipeline_stages.lookups import LookupAnswers, LookupNeeded, NeedsLookup
 from pipeline_stages.oplog_entry import Entry, decode_entry
-
-if TYPE_CHECKING:
-    from cdcserver.sources.mongo_tail import UpstreamOplog
 
 log = logging.getLogger("cdcserver")
 
@@ -83,7 +81,7 @@ class UpstreamHistory:
     """The history readers (segments) of one upstream source, and its transaction-entry
     lookups."""
 
-    def __init__(self, source: UpstreamOplog) -> None:
+    def __init__(self, source: UpstreamLink) -> None:
         self.source = source
         self.segments: list[Segment] = []
         self.entries_fetched = 0  # transaction entries read for pushes (tests check the path)
@@ -168,7 +166,7 @@ class UpstreamHistory:
         try:
             while True:
                 await seg.want.wait()
-                await source._ready.wait()
+                await source.until_ready()
                 try:
                     if cursor is None:
                         frm = seg.start if seg.covered_to is None else seg.covered_to
@@ -183,7 +181,8 @@ class UpstreamHistory:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # noqa: BLE001
-                    cursor = await close_cursor(cursor)
+                    await close_cursor(cursor)
+                    cursor = None
                     if getattr(exc, "code", None) == CAPPED_POSITION_LOST:
                         seg.error = history_lost()
                     elif isinstance(exc, MongoError):
@@ -195,21 +194,23 @@ class UpstreamHistory:
                     await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
                     backoff = min(backoff * 2, options.backoff_max_ms / 1000)
                     continue
-                limit = source._majority or Timestamp(0, 0)
+                limit = source.majority_commit_point or Timestamp(0, 0)
                 items = []
                 at_head = not cursor.alive
                 for doc in batch:
-                    entry = decode_entry(doc.raw)
+                    raw = cast(bytes, doc.raw)  # pymongo: bytes | memoryview (mongo_common.RAW)
+                    entry = decode_entry(raw)
                     ts = entry["ts"]
                     if ts > limit:
                         at_head = True  # not majority-committed yet: the window brings it
                         break
                     if seg.covered_to is not None and ts <= seg.covered_to:
                         continue
-                    items.append((ts, doc.raw, entry))
+                    items.append((ts, raw, entry))
                 seg.append(items, options.history_keep)
                 if at_head:
-                    cursor = await close_cursor(cursor)
+                    await close_cursor(cursor)
+                    cursor = None
                 seg.want.clear()
                 source.notify()
                 if at_head and not items:

@@ -21,19 +21,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bson.binary import Binary
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from cdcserver.sources.mongo_common import RAW
+from cdcserver.sources.mongo_common import RAW, UpstreamLink
 from cdcserver.sources.retained import pre_image_key
 from pipeline_stages.image_source import Document, equality_key
 from pipeline_stages.lookups import ExternalImages, LookupAnswers, Namespace, NeedsLookup
-
-if TYPE_CHECKING:
-    from cdcserver.sources.mongo_tail import UpstreamOplog
 
 
 def pre_image_tuple(id_doc: Mapping[str, Any]) -> tuple[bytes, Timestamp, int]:
@@ -65,7 +62,7 @@ class UpstreamImages(ExternalImages):
     """The image source of pipelines reading a live upstream: it answers nothing synchronously;
     `fetch` reads what a push said it needs into its `LookupAnswers`."""
 
-    def __init__(self, source: UpstreamOplog) -> None:
+    def __init__(self, source: UpstreamLink) -> None:
         self.source = source
         # (db, coll) -> (uuid bytes or None, read at (monotonic), DDL generation)
         self._uuids: dict[tuple[str, str], tuple[bytes | None, float, int]] = {}

@@ -39,7 +39,7 @@ import logging
 import random
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
@@ -79,9 +79,8 @@ def _majority_ts(hello: Mapping[str, Any]) -> Timestamp | None:
     if not isinstance(last_write, Mapping):
         return None
     op_time = last_write.get("majorityOpTime")
-    if isinstance(op_time, Mapping) and isinstance(op_time.get("ts"), Timestamp):
-        return op_time["ts"]
-    return None
+    ts = op_time.get("ts") if isinstance(op_time, Mapping) else None
+    return ts if isinstance(ts, Timestamp) else None
 
 
 class UpstreamOplog(EntryList, OplogLog):
@@ -326,6 +325,15 @@ class UpstreamOplog(EntryList, OplogLog):
         }
 
     # -- the tail -------------------------------------------------------------------------------
+
+    @property
+    def majority_commit_point(self) -> Timestamp | None:
+        """The upstream's majority commit point, as last read (None: not yet known)."""
+        return self._majority
+
+    async def until_ready(self) -> None:
+        """Return once the majority commit point is known (history readers wait for it)."""
+        await self._ready.wait()
 
     async def wait_ready(self, timeout: float) -> bool:
         """Wait until the tail has delivered its first entry (for tests and the CLI)."""
@@ -672,7 +680,7 @@ class UpstreamOplog(EntryList, OplogLog):
         pending = self._pending
         last = pending[-1][0] if pending else (self._ts[-1] if self._ts else None)
         for doc in batch:
-            raw = doc.raw
+            raw = cast(bytes, doc.raw)  # pymongo: bytes | memoryview (mongo_common.RAW)
             entry = decode_entry(raw)
             ts = entry["ts"]
             if last is not None and ts <= last:

@@ -234,7 +234,7 @@ class RetainedLog:
 
     # -- writes ---------------------------------------------------------------------------------
 
-    def _write(self, what: str, fn: Callable[[], None]) -> None:
+    def _write(self, what: str, fn: Callable[[], object]) -> None:
         try:
             self.db.execute("BEGIN IMMEDIATE")
             try:
