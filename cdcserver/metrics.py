@@ -46,7 +46,7 @@ from cdcserver.sources.base import EntryList
 if TYPE_CHECKING:
     from cdcserver.context import ServerState
 
-log = logging.getLogger("cdcserver")
+log = logging.getLogger(__name__)
 
 GETMORE_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,

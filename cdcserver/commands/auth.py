@@ -24,7 +24,7 @@ from pipeline_stages.value_string import type_name
 TABLE: dict[str, Handler] = {}
 command = family(TABLE)
 
-log = logging.getLogger("cdcserver")
+log = logging.getLogger(__name__)
 
 
 def _missing(cmd_name: str, field: str) -> MongoError:

@@ -65,7 +65,7 @@ from pipeline_stages.error_labels import (  # noqa: F401 (the label policy, re-e
 )
 from pipeline_stages.errors import MongoError, code_name
 
-log = logging.getLogger("cdcserver")
+log = logging.getLogger(__name__)
 
 FAIL_COMMAND = "failCommand"
 FAIL_GET_MORE = "failGetMoreAfterCursorCheckout"

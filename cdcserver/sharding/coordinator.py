@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from cdcserver.embedded.sessions import Txn
     from cdcserver.sharding.shard_store import ShardStore
 
-log = logging.getLogger("cdcserver")
+log = logging.getLogger(__name__)
 
 FILE_NAME = "coordinator.bson"
 

@@ -26,7 +26,7 @@ from typing import Any
 from cdcserver import replay_command
 from cdcserver.spark import splits as sp
 
-log = logging.getLogger("cdcserver")
+log = logging.getLogger(__name__)
 
 PROG = "cdcserver spark-replay"
 _MEMORY = re.compile(r"^\d+([kmgt]b?)?$", re.I)

@@ -85,7 +85,7 @@ from pipeline_stages.oplog_entry import Entry, decode_entry
 from pipeline_stages.pipeline import ChangeStreamPipeline
 from pipeline_stages.spec import ChangeStreamSpec, parse_aggregate
 
-log = logging.getLogger("cdcserver")
+log = logging.getLogger(__name__)
 
 PUSH_BATCH = 1000  # entries per push, as `cdcserver replay` reads them
 PUSH_BYTES = 8 * 1024 * 1024  # ... or fewer when they are large
