@@ -17,14 +17,17 @@ import signal
 import sys
 import time
 from importlib import resources
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from bson import json_util
 
 from cdcserver.config import Config, ConfigError, load_config
 from cdcserver.replay_command import add_stream_arguments, spec_command
-from cdcserver.sources.file import FileOplog, OplogFileError, OplogStream
+from cdcserver.sources.file import OplogFileError, OplogStream
 from pipeline_stages.errors import MongoError
+
+if TYPE_CHECKING:
+    from cdcserver.deployment import Deployment
 
 log = logging.getLogger("cdcserver")
 
@@ -71,45 +74,47 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"cdcserver serve: {conflict}", file=sys.stderr)
         return 2
     _setup_logging(config.log.level, config.log.format)
-    if config.upstream.uri:
-        from cdcserver.embedded.persist import DataDirError
-
-        try:
-            oplog = open_upstream(config)
-        except DataDirError as exc:  # upstream.retain_dir: unwritable, in use, corrupt
-            print(f"cdcserver: {exc}", file=sys.stderr)
-            return 2
-    elif args.oplog and len(args.oplog) > 1:
-        from cdcserver.sharding.recorded import RecordedShards
-
-        try:
-            oplog = RecordedShards(args.oplog)
-        except OplogFileError as exc:
-            print(f"cdcserver: {exc}", file=sys.stderr)
-            return 2
-    elif config.source.oplog or args.sample:
-        paths = config.source.oplog or [sample_oplog_path()]
-        try:
-            oplog = FileOplog(paths)
-        except OplogFileError as exc:
-            print(f"cdcserver: {exc}", file=sys.stderr)
-            return 2
-    else:
-        from cdcserver.embedded.persist import DataDirError
-
-        try:
-            if config.server.shards:  # a sharded cluster: N embedded shards, a front
-                from cdcserver.sharding.cluster import open_cluster
-
-                oplog = open_cluster(config, config.server.shards)
-            else:
-                oplog = open_embedded(config)
-        except (OSError, ValueError, DataDirError) as exc:  # DataDirError: in use, corrupt
-            print(f"cdcserver: {exc}", file=sys.stderr)
-            return 2
+    deployment = _open_deployment(args, config)
+    if deployment is None:
+        return 2
     from cdcserver.server import run_server
 
-    return run_server(config, oplog)
+    return run_server(config, deployment)
+
+
+def _open_deployment(args: argparse.Namespace, config: Config) -> Deployment | None:
+    """The serving mode the flags and config name (None: it cannot open, said on stderr)."""
+    from cdcserver.embedded.persist import DataDirError
+
+    try:
+        if config.upstream.uri:  # a mongos: its sidecar; a replica set: its tail
+            from cdcserver.deployments.sidecar import open_sidecar
+            from cdcserver.deployments.upstream import open_upstream
+
+            return open_sidecar(config) or open_upstream(config)
+        if args.oplog and len(args.oplog) > 1:  # one recording per shard
+            from cdcserver.deployments.recorded_shards import open_recorded_shards
+
+            return open_recorded_shards(args.oplog)
+        if config.source.oplog or args.sample:
+            from cdcserver.deployments.recorded import open_recorded
+
+            paths = config.source.oplog or [sample_oplog_path()]
+            return open_recorded(paths, follow=config.source.follow)
+    except (OplogFileError, DataDirError) as exc:  # DataDirError: upstream.retain_dir
+        print(f"cdcserver: {exc}", file=sys.stderr)
+        return None
+    try:
+        if config.server.shards:  # a sharded cluster: N embedded shards, a front
+            from cdcserver.deployments.cluster import open_cluster
+
+            return open_cluster(config, config.server.shards)
+        from cdcserver.deployments.embedded import open_embedded
+
+        return open_embedded(config)
+    except (OSError, ValueError, DataDirError) as exc:  # DataDirError: in use, corrupt
+        print(f"cdcserver: {exc}", file=sys.stderr)
+        return None
 
 
 def _source_conflict(args: argparse.Namespace, config: Config) -> str | None:
@@ -121,47 +126,6 @@ def _source_conflict(args: argparse.Namespace, config: Config) -> str | None:
     if args.follow and not config.source.oplog:
         return "--follow needs an oplog file to follow (--oplog, or source.oplog)"
     return None
-
-
-def open_upstream(config: Config):
-    """A live replica set's oplog (`--upstream URI`); other commands are forwarded to it."""
-    import dataclasses
-
-    from cdcserver.commands import proxy  # noqa: F401  (registers the forwarding)
-    from cdcserver.sharding.sidecar import open_sharded_upstream
-    from cdcserver.sources.mongo import UpstreamOplog, UpstreamOptions
-
-    sharded = open_sharded_upstream(config)  # a mongos: every shard tailed, streams merged
-    if sharded is not None:
-        return sharded
-
-    fields = {f.name for f in dataclasses.fields(UpstreamOptions)}
-    values = {k: getattr(config.upstream, k) for k in fields if hasattr(config.upstream, k)}
-    config.source.follow = True  # runs the tail
-    log.info("connecting to upstream %s", config.upstream.uri.split("@")[-1])  # no credentials
-    source = UpstreamOplog(UpstreamOptions(**values))
-    source.prime()  # the first streams can start at once
-    return source
-
-
-def open_embedded(config: Config):
-    """The embedded store's oplog source (durable in `store.data_dir`, or in memory)."""
-    from cdcserver.embedded.store import Store
-    from cdcserver.sources.embedded import EmbeddedOplog
-
-    sc = config.store
-    store = Store(
-        None if sc.in_memory else sc.data_dir,
-        synchronous=sc.synchronous,
-        oplog_size_bytes=sc.oplog_size_mb * 1024 * 1024,
-        txn_oplog_entry_bytes=sc.txn_oplog_entry_bytes,
-        txn_oplog_entry_ops=sc.txn_oplog_entry_ops,
-        ttl_monitor_sleep_secs=sc.ttl_monitor_sleep_secs,
-        transaction_lifetime_limit_seconds=sc.transaction_lifetime_limit_seconds,
-        oplog_min_retention_hours=sc.oplog_min_retention_hours,
-    )
-    config.source.follow = sc.noop_interval_s > 0  # runs the periodic no-op writer
-    return EmbeddedOplog(store, noop_interval_s=sc.noop_interval_s)
 
 
 def replay_events(paths: list[str], cmd: dict[str, Any], db: str):

@@ -1,24 +1,92 @@
-"""State shared by the command handlers: the server (one per process) and each connection."""
+"""State shared by the command handlers: the server (one per process) and each connection;
+what a handler is, and a serving mode's table of them.
+
+The three belong together: a handler takes the server's state, and the state holds its mode's
+table of handlers (`CommandTable`). Which mode a server is in, and so which table, store and
+images it has, is its `cdcserver.deployment.Deployment`'s to say (`deployment.server_state`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import datetime
 import os
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from bson.objectid import ObjectId
 
+from cdcserver.auth import ConnectionAuth, ServerAuth
+from cdcserver.config import Config
 from cdcserver.cursors import CursorManager
+from cdcserver.embedded.store import Store
 from cdcserver.sources.base import OplogLog
 from pipeline_stages.image_source import ImageSource
+from pipeline_stages.lookups import ExternalImages
+
+# `async def h(server, conn, cmd, db) -> dict`: the reply's own fields (registry.run_command
+# adds ok, $clusterTime and operationTime).
+Handler = Callable[
+    ["ServerState", "ConnectionState", dict[str, Any], str], Awaitable[dict[str, Any]]
+]
+Choose = Callable[["ServerState", Mapping[str, Any]], Handler]
+
+
+class Route:
+    """A table entry that picks its handler per request (the upstream mode's aggregate: a
+    change stream is answered here, any other aggregate forwarded)."""
+
+    def __init__(self, choose: Choose) -> None:
+        self.choose = choose
+
+    def __repr__(self) -> str:
+        return f"Route({qualified_name(self.choose)})"
+
+
+class CommandTable(dict[str, "Handler | Route"]):
+    """Command name -> handler (or `Route`) of one server mode.
+
+    `default` answers every other (non-empty) name; `forwarding` are the handlers that hand
+    the command on as it is (to an upstream), for which cdcserver makes none of its own
+    argument checks; `known` the names counted by name in serverStatus (others: <UNKNOWN>).
+    """
+
+    def __init__(
+        self, mode: str, handlers: Mapping[str, Handler | Route], *,
+        default: Handler | None = None, forwarding: Iterable[Handler] = (),
+        known: Iterable[str] | None = None,
+    ) -> None:
+        super().__init__(handlers)
+        self.mode = mode
+        self.default = default
+        self.forwarding = frozenset(forwarding)
+        self.known = frozenset(self if known is None else known)
+
+    def handler(self, server: ServerState, name: str, cmd: Mapping[str, Any]) -> Handler | None:
+        """Who answers `cmd` (None: no such command); registry.run_command inlines it."""
+        if not name:
+            return None
+        entry = self.get(name, self.default)
+        if isinstance(entry, Route):
+            return entry.choose(server, cmd)
+        return entry
+
+
+def qualified_name(handler: Any) -> str:
+    """module.qualname of a handler (through a wrapper's `__wrapped__`: a front's
+    clock-gossip wrapper, a shard's read-concern wait)."""
+    handler = getattr(handler, "__wrapped__", handler)
+    return f"{handler.__module__}.{handler.__qualname__}"
 
 
 @dataclass
 class ServerState:
     log: OplogLog
-    images: ImageSource | None = None  # pre-images and current documents, when there are any
+    commands: CommandTable  # the mode's table (its Deployment's)
+    store: Store | None = None  # the embedded store, when the mode has one
+    # Pre-images and current documents, when there are any (a live upstream's: looked up there).
+    images: ImageSource | ExternalImages | None = None
     host: str = "127.0.0.1"
     port: int = 27017
     set_name: str = "cdcserver"
@@ -35,12 +103,9 @@ class ServerState:
     slow_s: float = 0.1  # "Slow query" log threshold ([log] slow_ms)
     total_connections: int = 0
     events_delivered: int = 0
-    # The embedded store (`cdcserver.embedded.store.Store`) when the source is its own oplog.
-    store: Any = None
-    # The mode's command table (commands/tables.py `CommandTable`): set by whoever starts the
-    # server, else chosen from the source on the first command (registry.run_command).
-    commands: Any = None
-    auth: Any = None  # cdcserver.auth.ServerAuth when [auth] has users or is enabled
+    # The source's tail loop, run by the listener while `follow` (None: nothing to tail).
+    tailer: Callable[[], Awaitable[None]] | None = None
+    auth: ServerAuth | None = None  # when [auth] has users or is enabled
     max_message_bytes: int = 48_000_000  # hello's maxMessageSizeBytes; larger frames close
     metrics: Any = None  # `cdcserver.metrics.Metrics` when the metrics endpoint is on
     shutting_down: bool = False  # SIGTERM: new commands get 91 ShutdownInProgress
@@ -48,16 +113,8 @@ class ServerState:
     # quiesce mode (a driver's monitor marks the server Unknown at once).
     quiescing: asyncio.Event = field(default_factory=asyncio.Event)
     # What the server was started with (getCmdLineOpts): the Config and the command line.
-    config: Any = None
+    config: Config | None = None
     argv: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if self.store is None:
-            self.store = getattr(self.log, "store", None)
-        if self.images is None and self.store is not None:
-            self.images = self.store.images
-        if self.images is None:  # a live upstream looks images up there
-            self.images = getattr(self.log, "images", None)
 
     @property
     def me(self) -> str:
@@ -73,7 +130,7 @@ class ConnectionState:
     id: int
     peer: str
     compressor: str | None = None  # negotiated by hello.compression
-    client_metadata: dict | None = None
-    auth: Any = None  # cdcserver.auth.ConnectionAuth once it authenticates
+    client_metadata: dict[str, Any] | None = None
+    auth: ConnectionAuth | None = None  # once it authenticates
     command: str | None = None  # the command being run (graceful shutdown waits for it)
     awaited_s: float = 0.0  # time the command spent waiting for events (not its own work)

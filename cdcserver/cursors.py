@@ -248,9 +248,9 @@ def kind_of(cursor: Any) -> str:
     return getattr(cursor, "kind", CHANGE_STREAM)  # a front's merged stream has none
 
 
-def cursor_reply(cursor_id: int, ns: str, batch: Batch, first: bool) -> dict:
+def cursor_reply(cursor_id: int, ns: str, batch: Batch, first: bool) -> dict[str, Any]:
     """The `cursor` document of an aggregate/getMore reply, in mongod's field order."""
-    doc: dict = {
+    doc: dict[str, Any] = {
         "firstBatch" if first else "nextBatch": batch.events,
         "postBatchResumeToken": batch.post_batch_resume_token,
     }

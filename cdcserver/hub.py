@@ -23,7 +23,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bson.timestamp import Timestamp
 
@@ -35,9 +35,18 @@ from pipeline_stages.pipeline import ChangeStreamPipeline
 from pipeline_stages.spec import ChangeStreamSpec
 
 if TYPE_CHECKING:
-    from cdcserver.cursors import ChangeStreamCursor
     from cdcserver.sources.base import OplogLog
     from pipeline_stages.oplog_entry import Entry
+
+
+class GroupMember(Protocol):
+    """What the hub needs of a cursor it reads for (`cursors.ChangeStreamCursor` is one): its
+    pipeline and its group, which the hub replaces when it detaches or rejoins the member."""
+
+    pipeline: ChangeStreamPipeline
+    group: StreamGroup
+    closed: bool
+    draining: bool  # the server shuts down: its waiting getMore answers now
 
 # Events a member may have queued and not yet returned before it is detached.
 MAX_MEMBER_LAG = 10_000
@@ -83,15 +92,15 @@ class _Members:
 
     def __init__(self, group: StreamGroup) -> None:
         self._group = group
-        self.by_pipeline: dict[ChangeStreamPipeline, ChangeStreamCursor] = {}
+        self.by_pipeline: dict[ChangeStreamPipeline, GroupMember] = {}
 
-    def append(self, cursor: ChangeStreamCursor) -> None:
+    def append(self, cursor: GroupMember) -> None:
         self.by_pipeline[cursor.pipeline] = cursor
         fanout = self._group.fanout
         if fanout is not None:
             fanout.add(cursor.pipeline)
 
-    def remove(self, cursor: ChangeStreamCursor) -> None:
+    def remove(self, cursor: GroupMember) -> None:
         pipeline = cursor.pipeline
         if self.by_pipeline.get(pipeline) is cursor:
             del self.by_pipeline[pipeline]
@@ -131,7 +140,7 @@ class StreamGroup:
         self.hub: Hub | None = None
         # awaitData getMores waiting for this group's members, and the one task that waits on
         # the source for them (filter groups only).
-        self._waiters: dict[ChangeStreamCursor, asyncio.Future[None]] = {}
+        self._waiters: dict[GroupMember, asyncio.Future[None]] = {}
         self._reader: asyncio.Task[None] | None = None
         self._expiries: AwaitExpiries | None = None  # their maxTimeMS, one timer for all
         self.log = log
@@ -148,7 +157,7 @@ class StreamGroup:
             raise CappedPositionLost(self.last_seen)
         return self.log.read_from(self.next_ts, chunk)
 
-    def pull(self, want: int | None, member: ChangeStreamCursor) -> NeedsLookup | None:
+    def pull(self, want: int | None, member: GroupMember) -> NeedsLookup | None:
         """Read the oplog until `member` has `want` events queued (None: a reply's 16 MiB of
         them) or the oplog is exhausted; every member gets what the producer made. Stops at a
         chunk that needs lookups and returns what they are (nothing of that chunk ran:
@@ -166,14 +175,14 @@ class StreamGroup:
                 break
         return None
 
-    def caught_up(self, member: ChangeStreamCursor) -> None:
+    def caught_up(self, member: GroupMember) -> None:
         """`member` read all there is: reading by itself, it may share a group from here on."""
         if self.fanout is None and self.hub is not None:
             self.hub.rejoin(member)
 
     def step(
         self,
-        member: ChangeStreamCursor,
+        member: GroupMember,
         chunk: int,
         entries: list[Entry] | None = None,
         answers: LookupAnswers | None = None,
@@ -209,7 +218,7 @@ class StreamGroup:
         return True
 
     def _reached(
-        self, pipelines: list[ChangeStreamPipeline], reader: ChangeStreamCursor | None
+        self, pipelines: list[ChangeStreamPipeline], reader: GroupMember | None
     ) -> None:
         """Wake the getMores of members that got something; detach those too far behind."""
         by_pipeline = self.members.by_pipeline
@@ -224,14 +233,14 @@ class StreamGroup:
             if future is not None and not future.done():
                 future.set_result(None)
 
-    def remove(self, member: ChangeStreamCursor) -> None:
+    def remove(self, member: GroupMember) -> None:
         if member in self.members:
             self.members.remove(member)
         future = self._waiters.pop(member, None)
         if future is not None and not future.done():
             future.set_result(None)
 
-    async def wait(self, cursor: ChangeStreamCursor, timeout: float) -> None:
+    async def wait(self, cursor: GroupMember, timeout: float) -> None:
         """Return once the group has read something for `cursor` (an event, the invalidate, an
         error), the server drains, or after `timeout` seconds. In a filter group one task
         waits on the source for all members and wakes only those an entry reached, so a write
@@ -298,7 +307,7 @@ class StreamGroup:
 
 async def step_answering(
     group: StreamGroup,
-    member: ChangeStreamCursor | None,
+    member: GroupMember | None,
     chunk: int,
     stop: Callable[[], bool] | None = None,
 ) -> bool:
@@ -416,7 +425,7 @@ class AwaitExpiries:
             self._resolving = False
 
 
-def detach(member: ChangeStreamCursor) -> None:
+def detach(member: GroupMember) -> None:
     """Give `member` its own pipeline, resumed after the last event it returned."""
     group = member.group
     group.remove(member)
@@ -522,7 +531,7 @@ class Hub:
         self.groups.setdefault(key, []).append(group)
         return group
 
-    def rejoin(self, cursor: ChangeStreamCursor) -> None:
+    def rejoin(self, cursor: GroupMember) -> None:
         """A stream reading by itself (resumed, or detached) that has caught up with the source
         and read past its resume point joins a filter group at its position (a new one if
         none is there): from then on its events cost nothing when a write does not reach it."""

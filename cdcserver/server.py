@@ -25,11 +25,10 @@ from cdcserver import wire
 from cdcserver.auth import ServerAuth
 from cdcserver.commands import failpoints
 from cdcserver.commands.registry import run_command
-from cdcserver.commands.tables import CommandTable
 from cdcserver.config import Config, unix_socket_mode
 from cdcserver.context import ConnectionState, ServerState
+from cdcserver.deployment import Deployment, server_state
 from cdcserver.logs import log_slow_command, serving_summary, slow_log
-from cdcserver.sources.base import OplogLog
 
 log = logging.getLogger("cdcserver")
 
@@ -52,13 +51,10 @@ class Server:
         *,
         ssl_context: ssl.SSLContext | None = None,
         idle_timeout_s: float = 0.0,
-        commands: dict[str, Any] | None = None,
         unix_socket_prefix: str | None = None,
         unix_socket_permissions: int = 0o700,
     ) -> None:
         self.state = state
-        if commands is not None:  # a mode's own table (a sharded front's, a shard's)
-            state.commands = CommandTable.of(commands)
         self.max_connections = max_connections
         self.ssl_context = ssl_context  # TLS on the listener ([tls])
         self.idle_timeout_s = idle_timeout_s  # close a connection silent this long (0: never)
@@ -89,12 +85,11 @@ class Server:
                 self._server.close()
                 raise
         self._background.append(asyncio.create_task(self.state.cursors.reap_forever()))
-        follow = getattr(self.state.log, "follow", None)
-        if self.state.follow and follow is not None:
-            self._background.append(asyncio.create_task(follow()))
-        ttl_monitor = getattr(self.state.store, "ttl_monitor", None)
-        if ttl_monitor is not None:
-            self._background.append(asyncio.create_task(ttl_monitor()))
+        tailer = self.state.tailer
+        if self.state.follow and tailer is not None:
+            self._background.append(asyncio.create_task(tailer()))
+        if self.state.store is not None:
+            self._background.append(asyncio.create_task(self.state.store.ttl_monitor()))
         log.info("listening on %s:%d", host, bound)
         return bound
 
@@ -443,24 +438,17 @@ def server_for_config(state: ServerState, config: Config) -> Server:
     )
 
 
-async def serve_forever(config: Config, oplog: OplogLog) -> None:
-    state = ServerState(
-        log=oplog,
+async def serve_forever(config: Config, deployment: Deployment) -> None:
+    state = server_state(
+        deployment,
         set_name=config.server.set_name,
         advertised_host=config.server.advertised_host or None,
     )
     state.cursors.idle_timeout_s = config.server.idle_cursor_timeout_s
-    state.follow = config.source.follow
     state.argv = list(sys.argv)  # getCmdLineOpts's argv
     failpoints.set_enabled(state, config.server.enable_fail_points)
     server = server_for_config(state, config)
-    # `serve --shards N` (cdcserver/sharding): the front's table; its shards listen first.
-    front_table = getattr(oplog, "command_table", None)
-    if front_table is not None:
-        state.commands = CommandTable.of(front_table)
-    start_cluster = getattr(oplog, "start_cluster", None)
-    if start_cluster is not None:
-        await start_cluster(config.server.host)
+    await deployment.start(config.server.host)  # a cluster's shards listen first
     endpoint = None
     mc = config.metrics
     if mc.enabled:  # before the wire listener: "listening on" means everything is up
@@ -497,7 +485,7 @@ async def serve_forever(config: Config, oplog: OplogLog) -> None:
         raise StartupError(
             f"server.port: cannot listen on {sc.host}:{sc.port}: {exc.strerror or exc}"
         ) from None
-    log.info("%s", serving_summary(config, oplog, state.port,
+    log.info("%s", serving_summary(config, deployment.oplog, state.port,
                                    endpoint.port if endpoint is not None else None))
     stop = asyncio.Event()
     signals: list[int] = []
@@ -521,9 +509,7 @@ async def serve_forever(config: Config, oplog: OplogLog) -> None:
             loop.add_signal_handler(sig, on_signal, sig)
     await stop.wait()
     await server.shutdown(sc.shutdown_grace_s)
-    stop_cluster = getattr(oplog, "stop_cluster", None)
-    if stop_cluster is not None:
-        await stop_cluster()
+    await deployment.stop()
     if endpoint is not None:
         await endpoint.close()
     log.info("shutdown complete")
@@ -539,17 +525,12 @@ def run_loop(main: Any) -> Any:
     return uvloop.run(main)
 
 
-def run_server(config: Config, oplog: OplogLog) -> int:
+def run_server(config: Config, deployment: Deployment) -> int:
     try:
-        run_loop(serve_forever(config, oplog))
+        run_loop(serve_forever(config, deployment))
     except StartupError as exc:
         log.error("cannot start: %s", exc)
         return 48  # mongod's exit code when it cannot listen (ExitCode::netError)
     finally:
-        store = getattr(oplog, "store", None)
-        if store is not None:
-            store.close()  # commits what is pending and closes the SQLite file
-        close_stores = getattr(oplog, "close_stores", None)
-        if close_stores is not None:
-            close_stores()  # a sharded cluster's shards
+        deployment.close()  # commits what its stores have pending and closes their files
     return 0

@@ -52,13 +52,16 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import bson
 from bson import json_util
 from bson.raw_bson import RawBSONDocument
 
 from cdcserver.sources.base import OplogLog
+
+if TYPE_CHECKING:
+    from cdcserver.deployment import Deployment
 
 T = TypeVar("T")
 
@@ -179,7 +182,9 @@ class ThreadServer(RunningServer):
     daemon thread.
 
     Pass the oplog as file paths, or as an :class:`OplogLog` made by ``make_log`` (called on
-    the server's loop thread, e.g. an embedded store's log).
+    the server's loop thread, e.g. an embedded store's log), or a whole serving mode as a
+    :class:`~cdcserver.deployment.Deployment` made by ``make_deployment`` (started before the
+    listener, stopped after it).
     """
 
     def __init__(
@@ -188,16 +193,19 @@ class ThreadServer(RunningServer):
         *,
         follow: bool = True,
         make_log: Callable[[], OplogLog] | None = None,
+        make_deployment: Callable[[], Deployment] | None = None,
         max_connections: int = 10_000,
         config: Any = None,
         **state_options: Any,
     ) -> None:
         self.config = config  # a cdcserver.config.Config: its [auth], [tls] and limits apply
         self.oplog_paths = [pathlib.Path(p) for p in oplog_paths]
-        if not self.oplog_paths and make_log is None:
-            raise ValueError("give oplog paths or make_log")
+        if not self.oplog_paths and make_log is None and make_deployment is None:
+            raise ValueError("give oplog paths, make_log or make_deployment")
         self._follow = follow
         self._make_log = make_log
+        self._make_deployment = make_deployment
+        self._deployment: Deployment | None = None  # once started
         self._max_connections = max_connections
         self._state_options = state_options
         self._stopped = False
@@ -218,14 +226,24 @@ class ThreadServer(RunningServer):
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
-    async def _start(self) -> Any:
-        from cdcserver.context import ServerState
-        from cdcserver.server import Server
+    def deployment(self) -> Deployment:
+        """What this server serves (called on the server's loop thread)."""
+        from cdcserver.deployments import for_oplog
         from cdcserver.sources.file import FileOplog
 
+        if self._make_deployment is not None:
+            return self._make_deployment()
         log = self._make_log() if self._make_log else FileOplog([str(p) for p in self.oplog_paths])
-        state = ServerState(log=log, **self._state_options)
-        state.follow = self._follow
+        return for_oplog(log, follow=self._follow)
+
+    async def _start(self) -> Any:
+        from cdcserver.deployment import server_state
+        from cdcserver.server import Server
+
+        deployment = self.deployment()
+        await deployment.start(HOST)
+        self._deployment = deployment
+        state = server_state(deployment, **self._state_options)
         if self.config is not None:
             from cdcserver.server import server_for_config
 
@@ -275,6 +293,8 @@ class ThreadServer(RunningServer):
         self._stopped = True
         try:
             self.run(self.server.close())
+            if self._deployment is not None:
+                self.run(self._deployment.stop())
         finally:
             self._stop_loop()
 
@@ -303,6 +323,7 @@ class EmbeddedServer(ThreadServer):
         config: Any = None,
         **store_options: Any,
     ) -> None:
+        from cdcserver.deployments.embedded import EmbeddedDeployment
         from cdcserver.embedded.store import Store
         from cdcserver.sources.embedded import EmbeddedOplog
 
@@ -311,8 +332,8 @@ class EmbeddedServer(ThreadServer):
         try:
             self.oplog = EmbeddedOplog(self.store, noop_interval_s=noop_interval_s)
             super().__init__(
-                make_log=lambda: self.oplog,
-                follow=noop_interval_s > 0,
+                make_deployment=lambda: EmbeddedDeployment(
+                    self.store, self.oplog, follow=noop_interval_s > 0),
                 max_connections=max_connections,
                 config=config,
             )

@@ -1,26 +1,25 @@
 """What every command family shares: the handler type, a family's own table, `int_arg`.
 
-A family (handshake, cursors, writes, queries, ddl, ...) lists its commands in its own `TABLE`; the
-server modes' tables are assembled from those in one place, `commands/tables.py`. A family
-never reads another family's table: it calls the other's functions.
+A family (handshake, cursors, writes, queries, ddl, ...) lists its commands in its own `TABLE`;
+each serving mode's table is assembled from those next to its mode, in `cdcserver/deployments/`.
+A family never reads another family's table: it calls the other's functions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from cdcserver.commands import arguments
-from cdcserver.context import ConnectionState, ServerState
+from cdcserver.context import Handler
 
-# `async def h(server, conn, cmd, db) -> dict`: the reply's own fields (registry.run_command
-# adds ok, $clusterTime and operationTime).
-Handler = Callable[[ServerState, ConnectionState, dict[str, Any], str], Awaitable[dict[str, Any]]]
+__all__ = ["Handler", "family", "int_arg"]
 
 
 def family(table: dict[str, Handler]) -> Callable[..., Callable[[Handler], Handler]]:
     """A decorator listing a handler in its family's `table` under one or more names (the
-    family's own table only: which modes serve it is decided in commands/tables.py)."""
+    family's own table only: which modes serve it is decided
+    in cdcserver/deployments/)."""
 
     def command(*names: str) -> Callable[[Handler], Handler]:
         def register(handler: Handler) -> Handler:

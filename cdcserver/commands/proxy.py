@@ -57,7 +57,7 @@ from cdcserver.sources.mongo import (
 )
 from pipeline_stages.spec import is_change_stream_aggregate
 
-# Answered by cdcserver itself (the upstream mode's table: commands/tables.py).
+# Answered by cdcserver itself (the upstream mode's table: deployments/upstream.py).
 LOCAL_COMMANDS = frozenset(
     {
         "hello", "isMaster", "ismaster", "ping", "buildInfo", "buildinfo", "connectionStatus",
@@ -267,7 +267,7 @@ def route_kill_cursors(server: Any, cmd: Mapping[str, Any]) -> Handler:
 # Handlers that hand the command to the upstream as it is: cdcserver's own argument checks
 # (API parameters, transaction rules) are the upstream's to make.
 FORWARDING: frozenset[Handler] = frozenset({forward_command, kill_cursors})
-# The upstream mode's per-request entries (commands/tables.py puts them in its table).
+# The upstream mode's per-request entries (deployments/upstream.py puts them in its table).
 ROUTES = {
     "aggregate": route_aggregate,
     "getMore": route_get_more,

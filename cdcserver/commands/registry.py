@@ -5,9 +5,9 @@ A handler is `async def h(server, conn, cmd, db) -> dict` returning the reply's 
 `run_command` adds `ok`, `$clusterTime` and `operationTime`, and turns a MongoError into
 mongod's error reply with the error labels mongod would attach.
 
-Which handler answers which command, in each server mode, is `commands/tables.py`: a
-`CommandTable` per mode, kept on the server state (`ServerState.commands`). No handler is
-registered at import and no handler calls another through a table.
+Which handler answers which command, in each server mode, is that mode's `CommandTable`
+(built next to the mode, in `cdcserver/deployments/`), kept on the server state
+(`ServerState.commands`). No handler calls another through a table.
 """
 
 from __future__ import annotations
@@ -24,14 +24,11 @@ from cdcserver.commands import (
     admin,
     arguments,
     failpoints,
-    tables,
     transactions,
     txn_rules,
     write_concern,
 )
-from cdcserver.commands.base import Handler
-from cdcserver.commands.tables import CommandTable, Route
-from cdcserver.context import ConnectionState, ServerState
+from cdcserver.context import CommandTable, ConnectionState, Handler, Route, ServerState
 from pipeline_stages.errors import MongoError
 
 log = logging.getLogger("cdcserver")
@@ -109,17 +106,6 @@ def live_cursor_ids(server: ServerState) -> set[int]:
     return set(server.cursors.open)
 
 
-def table_of(server: ServerState, table: Mapping[str, Any] | None) -> CommandTable:
-    """The table a command runs with: `table` when the caller names one (a shard's, run by a
-    front), else the server's own (its mode's, chosen once)."""
-    if table is not None:
-        return CommandTable.of(table)
-    commands = server.commands
-    if commands is None:
-        commands = server.commands = tables.for_state(server)
-    return commands
-
-
 # The commands that serve readConcern level "snapshot" outside a transaction (snapshot reads,
 # 5.0+): the others refuse it before running (ServiceEntryPointCommon, supportsReadConcern).
 _SNAPSHOT_READ_COMMANDS = frozenset({"find", "aggregate", "distinct"})
@@ -155,7 +141,7 @@ def _open_snapshot_read(server: ServerState, name: str, cmd: dict[str, Any]) -> 
     """A snapshot read outside transactions on the embedded store: the time it reads at
     (transactions.open_snapshot_read), else None."""
     rc = cmd.get("readConcern")
-    store = getattr(server, "store", None)
+    store = server.store
     if (store is None or name not in _SNAPSHOT_READ_COMMANDS or not isinstance(rc, Mapping)
             or rc.get("level") != "snapshot" or txn_rules.in_transaction(cmd)):
         return None
@@ -175,15 +161,12 @@ def _answer_snapshot_time(reply: Any, at: Any) -> None:
 
 
 async def run_command(
-    server: ServerState, conn: ConnectionState, cmd: dict[str, Any],
-    table: Mapping[str, Any] | None = None,
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any]
 ) -> dict[str, Any]:
-    """Run `cmd` with the handler the server's table (or `table`) gives its name. The
-    upstream's forwarding is the upstream table's default entry, and its `forwarding`
-    handlers skip our own checks."""
-    commands = server.commands if table is None else CommandTable.of(table)
-    if commands is None:
-        commands = table_of(server, None)
+    """Run `cmd` with the handler the server's table gives its name. The upstream's
+    forwarding is the upstream table's default entry, and its `forwarding` handlers skip our
+    own checks."""
+    commands: CommandTable = server.commands
     name = next(iter(cmd), "")
     db = cmd.get("$db", "admin")
     # CommandTable.handler, inlined: this runs for every command.

@@ -17,9 +17,13 @@ from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
 from cdcserver.context import ConnectionState, ServerState
+from cdcserver.deployment import server_state
+from cdcserver.deployments.embedded import EmbeddedDeployment
+from cdcserver.deployments.shard import ShardDeployment
 from cdcserver.sharding.catalog import ShardingCatalog
 from cdcserver.sharding.coordinator import CoordinatorLog
 from cdcserver.sharding.front_log import FrontLog
+from cdcserver.sharding.shard_error import ShardError
 from cdcserver.sharding.shard_store import ClusterClock, ShardStore
 from cdcserver.sources.embedded import EmbeddedOplog
 
@@ -56,23 +60,6 @@ class ClusterLog(FrontLog):
 
     def changed_event(self) -> asyncio.Event:
         return self._changed
-
-    # serve_forever's hooks (cdcserver/server.py): the front's command table, the shards'
-    # listeners started before the front's and closed after it.
-    @property
-    def command_table(self) -> dict[str, Any]:
-        from cdcserver.sharding.front import FRONT_COMMANDS
-
-        return FRONT_COMMANDS
-
-    async def start_cluster(self, host: str) -> None:
-        await self.cluster.start_shards(host)
-
-    async def stop_cluster(self) -> None:
-        await self.cluster.stop_shards()
-
-    def close_stores(self) -> None:
-        self.cluster.close_stores()
 
 
 class ShardedCluster:
@@ -132,7 +119,7 @@ class ShardedCluster:
                            **self._store_options)
         log = EmbeddedOplog(store, noop_interval_s=self._noop_interval_s)
         store.listeners.append(self.front_log.notify)
-        state = ServerState(log=log, set_name=name)
+        state = server_state(ShardDeployment(store, log), set_name=name)
         shard = Shard(name, store, log, state,
                       ConnectionState(-1 - len(self._by_name), "mongos"))
         self._by_name[name] = shard
@@ -204,11 +191,10 @@ class ShardedCluster:
 
     def _merger_state(self) -> tuple[ServerState, ConnectionState]:
         from cdcserver.embedded.store import Store
-        from cdcserver.sources.embedded import EmbeddedOplog
 
         if self._merger is None:
             store = Store(None, oplog_size_bytes=1024 * 1024)
-            self._merger = (ServerState(log=EmbeddedOplog(store, noop_interval_s=0)),
+            self._merger = (server_state(EmbeddedDeployment(store)),
                             ConnectionState(-1000, "mongos merger"))
         return self._merger
 
@@ -233,8 +219,6 @@ class ShardedCluster:
                 "aggregate": "docs", "pipeline": stages, "cursor": {}, **options, "$db": db,
             })
             if reply.get("ok") != 1:
-                from cdcserver.sharding.front import ShardError
-
                 raise ShardError(reply)
             out = list(reply["cursor"]["firstBatch"])
             cursor_id = int(reply["cursor"]["id"])
@@ -242,8 +226,6 @@ class ShardedCluster:
                 more = await run_command(state, conn, {
                     "getMore": Int64(cursor_id), "collection": "docs", "$db": db})
                 if more.get("ok") != 1:
-                    from cdcserver.sharding.front import ShardError
-
                     raise ShardError(more)
                 out.extend(more["cursor"]["nextBatch"])
                 cursor_id = int(more["cursor"]["id"])
@@ -269,9 +251,8 @@ class ShardedCluster:
 
     async def _listen(self, shard: Shard, host: str) -> None:
         from cdcserver.server import Server
-        from cdcserver.sharding.shard_commands import SHARD_COMMANDS
 
-        server = Server(shard.state, commands=SHARD_COMMANDS)
+        server = Server(shard.state)
         shard.port = await server.start(host, 0)
         shard.host = host
         shard.server = server
@@ -292,22 +273,3 @@ class ShardedCluster:
         for shard in self.shards + self.retired:
             shard.store.close()
 
-
-def open_cluster(config: Any, shards: int) -> ClusterLog:
-    """`serve --shards N`: the cluster of `config.store` (in memory or in store.data_dir)."""
-    sc = config.store
-    options = {
-        "synchronous": sc.synchronous,
-        "oplog_size_bytes": sc.oplog_size_mb * 1024 * 1024,
-        "txn_oplog_entry_bytes": sc.txn_oplog_entry_bytes,
-        "txn_oplog_entry_ops": sc.txn_oplog_entry_ops,
-        "ttl_monitor_sleep_secs": sc.ttl_monitor_sleep_secs,
-        "transaction_lifetime_limit_seconds": sc.transaction_lifetime_limit_seconds,
-        "oplog_min_retention_hours": sc.oplog_min_retention_hours,
-    }
-    cluster = ShardedCluster(
-        shards, None if sc.in_memory else sc.data_dir, noop_interval_s=0.0,
-        store_options=options,
-    )
-    config.source.follow = False
-    return cluster.front_log

@@ -1,10 +1,11 @@
-"""The mongos front of the embedded cluster: its command table and the routing.
+"""The mongos front of the embedded cluster: its commands and the routing.
 
-`FRONT_COMMANDS` is the front's whole table, built here in one place: the commands mongos
-answers itself (hello with `msg: "isdbgrid"`, the sharding commands, `config.*` reads, fail
-points), the routed ones (CRUD by shard key, DDL on the database's primary shard or on every
-shard of a sharded collection, change streams merged from every shard), and, for every other
-command a shard knows, forwarding to the database's primary shard (shard0 for admin).
+`TABLE` is the front's own family: the commands mongos answers itself (hello with
+`msg: "isdbgrid"`, the sharding commands, `config.*` reads), and the routed ones (CRUD by shard
+key, DDL on the database's primary shard or on every shard of a sharded collection, change
+streams merged from every shard). The mode's whole table (`deployments/cluster.py` `CLUSTER`)
+adds fail points and, for every other command a shard knows, `forward_default`: forwarding to
+the database's primary shard (shard0 for admin).
 
 A forwarded command runs through the shard's own `run_command` in-process; a shard's error
 comes back to the client as the shard gave it (code, codeName, message, labels).
@@ -29,7 +30,6 @@ from bson.timestamp import Timestamp
 
 from cdcserver.commands import failpoints, handshake
 from cdcserver.commands.registry import int_arg, run_command
-from cdcserver.commands.tables import EMBEDDED
 from cdcserver.cursors import FORWARDED, QUERY_RESULT, cursor_reply, kind_of
 from cdcserver.embedded.store import id_key as _id_key
 from cdcserver.sharding.catalog import (
@@ -38,7 +38,7 @@ from cdcserver.sharding.catalog import (
     _key_bytes,
     hashed_value,
 )
-from cdcserver.sharding.shard_commands import SHARD_COMMANDS
+from cdcserver.sharding.shard_error import ShardError
 from cdcserver.sharding.streams import MergedChangeStream
 from pipeline_stages.dotted_path import document_value
 from pipeline_stages.errors import MongoError
@@ -48,29 +48,16 @@ from pipeline_stages.value_string import document_string
 if TYPE_CHECKING:
     from cdcserver.sharding.cluster import Shard, ShardedCluster
 
-FRONT_COMMANDS: dict[str, Any] = {}
+TABLE: dict[str, Any] = {}  # the front's own commands (its mode's table: deployments/cluster.py)
 
 _REPLY_TIME_FIELDS = ("ok", "$clusterTime", "operationTime")
 ShardNotFound = 70  # error code
 
 
-class ShardError(failpoints.FailPointError):
-    """A shard's error reply, passed on as it is (its labels are final)."""
-
-    def __init__(self, reply: Mapping[str, Any]) -> None:
-        extra = {
-            k: v for k, v in reply.items()
-            if k not in ("ok", "errmsg", "code", "codeName", "errorLabels", "$clusterTime",
-                         "operationTime")
-        }
-        super().__init__(int(reply.get("code", 1)), str(reply.get("errmsg", "")),
-                         list(reply.get("errorLabels", [])), extra)
-
-
 def front(*names: str) -> Any:
     def register(handler: Any) -> Any:
         for name in names:
-            FRONT_COMMANDS[name] = handler
+            TABLE[name] = handler
         return handler
 
     return register
@@ -86,7 +73,7 @@ async def forward(cluster: ShardedCluster, shard: Shard, cmd: Mapping[str, Any],
     body = {k: v for k, v in cmd.items() if k != "$clusterTime"}
     body["$db"] = db
     _join_transaction(cluster, shard, body)
-    reply = await run_command(shard.state, shard.conn, body, SHARD_COMMANDS)
+    reply = await run_command(shard.state, shard.conn, body)
     if reply.get("ok") != 1:
         raise ShardError(reply)
     out = {k: v for k, v in reply.items() if k not in _REPLY_TIME_FIELDS}
@@ -204,9 +191,6 @@ async def server_status(server, conn, cmd, db):
     if "process" in reply:
         reply["process"] = "mongos"
     return reply
-
-
-FRONT_COMMANDS["configureFailPoint"] = failpoints.configure_fail_point
 
 
 # -- sharding commands ----------------------------------------------------------------------------
@@ -1564,7 +1548,7 @@ async def kill_cursors(server, conn, cmd, db):
             "cursorsUnknown": []}
 
 
-def _gossiping(handler: Any) -> Any:
+def gossiping(handler: Any) -> Any:
     """mongos advances its logical clock to the `$clusterTime` a client gossips (no key
     checks: the cluster signs nothing, as a cluster without auth)."""
 
@@ -1580,15 +1564,3 @@ def _gossiping(handler: Any) -> Any:
     run.__wrapped__ = handler  # type: ignore[attr-defined]  (tables.describe names it)
     return run
 
-
-def _build_table() -> None:
-    """Every other command a shard knows: forwarded to the primary shard of its database."""
-    for name in EMBEDDED:
-        if name.startswith("$"):
-            continue
-        FRONT_COMMANDS.setdefault(name, forward_default)
-    for name, handler in list(FRONT_COMMANDS.items()):
-        FRONT_COMMANDS[name] = _gossiping(handler)
-
-
-_build_table()

@@ -15,7 +15,11 @@ from typing import Any
 
 from bson.timestamp import Timestamp
 
+from cdcserver.commands import cursors, queries
 from cdcserver.context import ServerState
+from cdcserver.deployment import server_state
+from cdcserver.deployments.recorded import RecordedDeployment
+from cdcserver.sharding.front import _front_hello, open_change_stream, stream_get_more
 from cdcserver.sharding.front_log import FrontLog
 from cdcserver.sources.file import FileOplog
 from pipeline_stages.oplog_entry import Entry
@@ -41,7 +45,8 @@ class RecordedShards(FrontLog):
         self.shards: list[RecordedShard] = []
         for k, paths in enumerate(shards):
             log = FileOplog(list(paths))
-            self.shards.append(RecordedShard(f"shard{k}", log, ServerState(log=log)))
+            self.shards.append(
+                RecordedShard(f"shard{k}", log, server_state(RecordedDeployment(log))))
         self._by_name = {s.name: s for s in self.shards}
         self.retired: list[RecordedShard] = []  # a recording's shard list is fixed
 
@@ -81,51 +86,25 @@ class RecordedShards(FrontLog):
         firsts = [e for e in (s.log.oldest_entry() for s in self.shards) if e is not None]
         return min(firsts, key=lambda e: e["ts"]) if firsts else None
 
-    @property
-    def command_table(self) -> dict[str, Any]:
-        return RECORDED_COMMANDS
-
 
 async def _hello(server, conn, cmd, db):
-    from cdcserver.sharding.front import _front_hello
-
     return await _front_hello(server, conn, cmd, db, legacy=False)
 
 
 async def _is_master(server, conn, cmd, db):
-    from cdcserver.sharding.front import _front_hello
-
     return await _front_hello(server, conn, cmd, db, legacy=True)
 
 
 async def _aggregate(server, conn, cmd, db):
-    from cdcserver.commands.tables import RECORDED
-    from cdcserver.sharding.front import open_change_stream
-
     if not is_change_stream_aggregate(cmd):
-        return await RECORDED["aggregate"](server, conn, cmd, db)
+        return await queries.aggregate(server, conn, cmd, db)
     return await open_change_stream(server, server.log, cmd, db)
 
 
 async def _get_more(server, conn, cmd, db):
-    from cdcserver.commands.tables import RECORDED
-    from cdcserver.sharding.front import stream_get_more
-
     cursor_id = cmd.get("getMore")
     stream = server.cursors.cursors.get(cursor_id) if isinstance(cursor_id, int) else None
     if stream is None:
-        return await RECORDED["getMore"](server, conn, cmd, db)
+        return await cursors.get_more(server, conn, cmd, db)
     return await stream_get_more(server, conn, cmd, db, stream)
 
-
-def _table() -> dict[str, Any]:
-    from cdcserver import server as _server  # noqa: F401  (every command is registered)
-    from cdcserver.commands.tables import RECORDED
-
-    table = {k: v for k, v in RECORDED.items() if not k.startswith("$")}
-    table.update({"hello": _hello, "isMaster": _is_master, "ismaster": _is_master,
-                  "aggregate": _aggregate, "getMore": _get_more})
-    return table
-
-
-RECORDED_COMMANDS: dict[str, Any] = _table()

@@ -1,10 +1,11 @@
-"""The command table of a shard of the embedded cluster (a `--shardsvr` mongod): every command
-of the embedded replica set, plus `appendOplogNote`, and reads with `readConcern:
-{afterClusterTime: T}` as a shard server answers them (`waitForReadConcern`): T later than the
-node's cluster time is 72 InvalidOptions; T later than the last entry of its oplog makes it
-write a no-op first (`makeNoopWriteIfNeeded`, which a plain replica set skips), so the read
-sees everything up to T. A sidecar of the cluster reads an idle shard's oplog that way to
-learn at once that it has nothing before T (instead of waiting for its periodic no-op)."""
+"""The commands of a shard of the embedded cluster (a `--shardsvr` mongod) beyond the
+embedded replica set's (the mode's table: `deployments/shard.py` `SHARD`): `appendOplogNote`,
+and reads with `readConcern: {afterClusterTime: T}` as a shard server answers them
+(`waitForReadConcern`): T later than the node's cluster time is 72 InvalidOptions; T later
+than the last entry of its oplog makes it write a no-op first (`makeNoopWriteIfNeeded`, which
+a plain replica set skips), so the read sees everything up to T. A sidecar of the cluster
+reads an idle shard's oplog that way to learn at once that it has nothing before T (instead of
+waiting for its periodic no-op)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ from typing import Any
 
 from bson.timestamp import Timestamp
 
-from cdcserver import server as _server  # noqa: F401  (every replica-set command is registered)
-from cdcserver.commands.tables import EMBEDDED
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
 
@@ -57,7 +56,7 @@ async def append_oplog_note(server, conn, cmd, db):
 # The no-op mongod's makeNoopWriteIfNeeded asks the primary for (appendOplogNote's data).
 AFTER_CLUSTER_TIME_NOOP = {"noop write for afterClusterTime read concern": 1}
 # The reads that wait for their read concern on a shard (the others take none).
-_READS = ("find", "aggregate", "count", "distinct")
+READS = ("find", "aggregate", "count", "distinct")
 
 
 def _logical_time(ts: Timestamp) -> str:
@@ -96,7 +95,7 @@ def make_noop_write_if_needed(server: Any, cmd: Mapping[str, Any]) -> None:
             store.append_oplog("n", "", dict(AFTER_CLUSTER_TIME_NOOP))
 
 
-def _waiting_for_read_concern(handler: Any) -> Any:
+def waiting_for_read_concern(handler: Any) -> Any:
     async def read(server, conn, cmd, db):
         make_noop_write_if_needed(server, cmd)
         return await handler(server, conn, cmd, db)
@@ -105,9 +104,3 @@ def _waiting_for_read_concern(handler: Any) -> Any:
     read.__name__ = getattr(handler, "__name__", "read")
     return read
 
-
-SHARD_COMMANDS: dict[str, Any] = {
-    **EMBEDDED,
-    **{name: _waiting_for_read_concern(EMBEDDED[name]) for name in _READS if name in EMBEDDED},
-    "appendOplogNote": append_oplog_note,
-}

@@ -47,15 +47,15 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from bson.timestamp import Timestamp
 
-from cdcserver.commands import failpoints
-from cdcserver.commands.tables import CommandTable
 from cdcserver.context import ServerState
+from cdcserver.deployment import server_state
+from cdcserver.deployments.upstream import UpstreamDeployment
 from cdcserver.sharding.front_log import FrontLog
 from cdcserver.sharding.shard_commands import AFTER_CLUSTER_TIME_NOOP
 from cdcserver.sources.mongo import UpstreamOplog, UpstreamOptions
@@ -212,7 +212,7 @@ class ShardedUpstream(FrontLog):
     """The sidecar's front: its time, its shards, its command table (duck-types the embedded
     cluster's for `streams.py`)."""
 
-    def __init__(self, options: UpstreamOptions, shards: list[Mapping[str, Any]]) -> None:
+    def __init__(self, options: UpstreamOptions, shards: Sequence[Mapping[str, Any]]) -> None:
         super().__init__()
         self.cluster = self
         self.store = None
@@ -249,7 +249,7 @@ class ShardedUpstream(FrontLog):
             retain_dir=f"{options.retain_dir}/{name}" if options.retain_dir else None,
         )
         tail = ShardTail(values, self.notify, lambda ts: self._received(name, ts))
-        shard = SidecarShard(name, tail, ServerState(log=tail))
+        shard = SidecarShard(name, tail, server_state(UpstreamDeployment(tail, follow=False)))
         joined = entry.get("topologyTime")
         if isinstance(joined, Timestamp):
             self._joined[name] = joined
@@ -604,11 +604,7 @@ class ShardedUpstream(FrontLog):
             times.append(self.gossiped)
         return max(times, default=Timestamp(0, 0))
 
-    # -- serve_forever's hooks -------------------------------------------------------------------
-
-    @property
-    def command_table(self) -> CommandTable:
-        return SIDECAR_COMMANDS
+    # -- started and stopped by its deployment (deployments/sidecar.py) ---------------------------
 
     def prime(self) -> None:
         for shard in self.shards:
@@ -637,9 +633,6 @@ class ShardedUpstream(FrontLog):
                 await shard.log.aclose()
         with contextlib.suppress(Exception):
             await self.mongos.aclose()
-
-    def close_stores(self) -> None:
-        pass
 
 
 # -- the sidecar's commands ---------------------------------------------------------------------
@@ -712,45 +705,3 @@ async def _kill_cursors(server, conn, cmd, db):
         for key in reply:
             reply[key] = [*reply[key], *(Int64(i) for i in remote.get(key, []))]
     return reply
-
-
-# Everything not answered here goes to the mongos: the table's default entry.
-SIDECAR_COMMANDS = CommandTable(
-    "sharded sidecar",
-    {
-        "hello": _hello,
-        "isMaster": _is_master,
-        "ismaster": _is_master,
-        "ping": _ping,
-        "configureFailPoint": failpoints.configure_fail_point,
-        "aggregate": _aggregate,
-        "getMore": _get_more,
-        "killCursors": _kill_cursors,
-    },
-    default=_forward,
-    forwarding=(_forward,),
-)
-
-
-def open_sharded_upstream(config: Any) -> ShardedUpstream | None:
-    """`serve --upstream URI`: a sidecar of the sharded cluster when URI is a mongos (None
-    for a replica set, or when the upstream cannot be asked now: the replica-set path then
-    reports it)."""
-    import pymongo
-
-    from cdcserver.sources.mongo import UpstreamOptions as Options
-
-    try:
-        shards = mongos_shards(config.upstream.uri, timeout_s=2.0)
-    except pymongo.errors.PyMongoError:
-        return None
-    if shards is None:
-        return None
-    fields = {f.name for f in dataclasses.fields(Options)}
-    values = {k: getattr(config.upstream, k) for k in fields if hasattr(config.upstream, k)}
-    config.source.follow = False  # the shards' tails are started by start_cluster
-    upstream = ShardedUpstream(Options(**values), shards)
-    upstream.prime()
-    log.info("upstream is a mongos: tailing %d shards (%s)", len(shards),
-             ", ".join(s.name for s in upstream.shards))
-    return upstream

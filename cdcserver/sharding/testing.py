@@ -9,33 +9,23 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-from cdcserver.testing import HOST, ThreadServer
+from cdcserver.testing import ThreadServer
 
 
 class ShardedServer(ThreadServer):
     def __init__(self, shards: int = 2, data_dir: str | pathlib.Path | None = None,
                  **state_options: Any) -> None:
+        from cdcserver.deployments.cluster import ClusterDeployment
         from cdcserver.sharding.cluster import ShardedCluster
 
         self.cluster = ShardedCluster(shards, None if data_dir is None else str(data_dir))
-        super().__init__(make_log=lambda: self.cluster.front_log, follow=False, **state_options)
-
-    async def _start(self) -> Any:
-        from cdcserver.context import ServerState
-        from cdcserver.server import Server
-
-        log = self.cluster.front_log
-        await log.start_cluster(HOST)
-        state = ServerState(log=log, **self._state_options)
-        server = Server(state, self._max_connections, commands=log.command_table)
-        await server.start(HOST, 0)
-        return server
+        self.cluster_deployment = ClusterDeployment(self.cluster)
+        super().__init__(make_deployment=lambda: self.cluster_deployment, **state_options)
 
     def restart_shard(self, index: int, while_down: Any = None) -> None:
         """Close shard `index`'s listener (every connection to it drops), run `while_down()`,
         then listen again on the same port (its store, like a durable one, keeps its data)."""
         from cdcserver.server import Server
-        from cdcserver.sharding.shard_commands import SHARD_COMMANDS
 
         shard = self.cluster.shards[index]
         self.run(shard.server.close())
@@ -43,7 +33,7 @@ class ShardedServer(ThreadServer):
             while_down()
 
         async def start() -> None:
-            server = Server(shard.state, commands=SHARD_COMMANDS)
+            server = Server(shard.state)
             await server.start(shard.host, shard.port)
             shard.server = server
 
@@ -58,12 +48,9 @@ class ShardedServer(ThreadServer):
         if self._stopped:
             return
         try:
-            self.run(self.cluster.front_log.stop_cluster())
+            super().stop()  # the front, then the shards' listeners
         finally:
-            try:
-                super().stop()
-            finally:
-                self.cluster.close_stores()
+            self.cluster_deployment.close()
 
 
 class ShardedSidecar(ThreadServer):
@@ -71,6 +58,7 @@ class ShardedSidecar(ThreadServer):
     `ShardedServer`), itself a mongos to its clients."""
 
     def __init__(self, mongos_uri: str, **options: Any) -> None:
+        from cdcserver.deployments.sidecar import SidecarDeployment
         from cdcserver.sharding.sidecar import ShardedUpstream, mongos_shards
         from cdcserver.sources.mongo import UpstreamOptions
 
@@ -79,24 +67,10 @@ class ShardedSidecar(ThreadServer):
             raise ValueError(f"{mongos_uri} is not a mongos")
         self.upstream = ShardedUpstream(UpstreamOptions(uri=mongos_uri, **options), shards)
         self.upstream.prime()
-        super().__init__(make_log=lambda: self.upstream, follow=False)
+        self.sidecar_deployment = SidecarDeployment(self.upstream)
+        super().__init__(make_deployment=lambda: self.sidecar_deployment)
 
     async def _start(self) -> Any:
-        from cdcserver.context import ServerState
-        from cdcserver.server import Server
-
-        log = self.upstream
-        await log.start_cluster(HOST)
-        await log.wait_ready(10.0)
-        state = ServerState(log=log)
-        server = Server(state, self._max_connections, commands=log.command_table)
-        await server.start(HOST, 0)
+        server = await super()._start()
+        await self.upstream.wait_ready(10.0)
         return server
-
-    def stop(self) -> None:
-        if self._stopped:
-            return
-        try:
-            self.run(self.upstream.stop_cluster())
-        finally:
-            super().stop()

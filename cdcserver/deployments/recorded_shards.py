@@ -1,0 +1,49 @@
+"""Recorded oplogs of a sharded cluster (`serve --oplog A... --oplog B...`): a mongos to its
+clients, its change streams each shard's recording merged as mongos merges them
+(`sharding/recorded.py`); every other command as a recorded oplog answers it."""
+
+from __future__ import annotations
+
+from cdcserver.context import CommandTable, Handler, Route
+from cdcserver.deployments.recorded import RECORDED
+from cdcserver.embedded.store import Store
+from cdcserver.sharding import recorded
+from cdcserver.sharding.recorded import RecordedShards
+from pipeline_stages.image_source import ImageSource
+
+_OWN: dict[str, Handler] = {
+    "hello": recorded._hello,
+    "isMaster": recorded._is_master,
+    "ismaster": recorded._is_master,
+    "aggregate": recorded._aggregate,  # a change stream merged from every shard's recording
+    "getMore": recorded._get_more,
+}
+_RECORDED: dict[str, Handler | Route] = {
+    k: v for k, v in RECORDED.items() if not k.startswith("$")
+}
+RECORDED_SHARDS = CommandTable("recorded sharded front", {**_RECORDED, **_OWN})
+
+
+class RecordedShardsDeployment:
+    commands: CommandTable = RECORDED_SHARDS
+    store: Store | None = None
+    images: ImageSource | None = None  # a recording has no images
+    tailer = None
+    follow = False
+
+    def __init__(self, shards: RecordedShards) -> None:
+        self.oplog = shards
+
+    async def start(self, host: str) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def open_recorded_shards(shards: list[list[str]]) -> RecordedShardsDeployment:
+    """One recording per shard, each its files in order (raises OplogFileError)."""
+    return RecordedShardsDeployment(RecordedShards(shards))

@@ -1,0 +1,75 @@
+"""A sidecar of a real sharded cluster (`serve --upstream <mongos>`): every shard's oplog
+tailed (`sharding/sidecar.py`), change streams merged as mongos merges them, every other
+command forwarded to the mongos (the table's default entry)."""
+
+from __future__ import annotations
+
+import logging
+
+import pymongo
+
+from cdcserver.commands import failpoints
+from cdcserver.config import Config
+from cdcserver.context import CommandTable
+from cdcserver.deployments.upstream import upstream_options
+from cdcserver.embedded.store import Store
+from cdcserver.sharding import sidecar
+from cdcserver.sharding.sidecar import ShardedUpstream, mongos_shards
+from pipeline_stages.image_source import ImageSource
+
+log = logging.getLogger(__name__)
+
+SIDECAR = CommandTable(
+    "sharded sidecar",
+    {
+        "hello": sidecar._hello,
+        "isMaster": sidecar._is_master,
+        "ismaster": sidecar._is_master,
+        "ping": sidecar._ping,
+        "configureFailPoint": failpoints.configure_fail_point,
+        "aggregate": sidecar._aggregate,
+        "getMore": sidecar._get_more,
+        "killCursors": sidecar._kill_cursors,
+    },
+    default=sidecar._forward,
+    forwarding=(sidecar._forward,),
+)
+
+
+class SidecarDeployment:
+    """The shards' tails start before the listener and stop after it."""
+
+    commands: CommandTable = SIDECAR
+    store: Store | None = None
+    images: ImageSource | None = None  # its streams look images up on each shard
+    tailer = None  # each shard's tail runs from start()
+    follow = False
+
+    def __init__(self, upstream: ShardedUpstream) -> None:
+        self.oplog = upstream
+
+    async def start(self, host: str) -> None:
+        await self.oplog.start_cluster(host)
+
+    async def stop(self) -> None:
+        await self.oplog.stop_cluster()
+
+    def close(self) -> None:
+        pass
+
+
+def open_sidecar(config: Config) -> SidecarDeployment | None:
+    """`serve --upstream URI`: a sidecar of the sharded cluster when URI is a mongos (None
+    for a replica set, or when the upstream cannot be asked now: the replica-set path then
+    reports it)."""
+    try:
+        shards = mongos_shards(config.upstream.uri, timeout_s=2.0)
+    except pymongo.errors.PyMongoError:
+        return None
+    if shards is None:
+        return None
+    upstream = ShardedUpstream(upstream_options(config), shards)
+    upstream.prime()
+    log.info("upstream is a mongos: tailing %d shards (%s)", len(shards),
+             ", ".join(s.name for s in upstream.shards))
+    return SidecarDeployment(upstream)

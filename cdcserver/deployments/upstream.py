@@ -1,0 +1,74 @@
+"""A live replica set (`serve --upstream URI`, a sidecar): its oplog tailed into a retained
+log, change streams answered here, every other command forwarded to the upstream. A mongos as
+URI is the sharded sidecar instead (`deployments/sidecar.py`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+
+from cdcserver.commands import proxy
+from cdcserver.config import Config
+from cdcserver.context import CommandTable, Route
+from cdcserver.deployments.embedded import EMBEDDED
+from cdcserver.embedded.store import Store
+from cdcserver.sources.mongo import UpstreamOplog, UpstreamOptions
+from pipeline_stages.lookups import ExternalImages
+
+log = logging.getLogger(__name__)
+
+UPSTREAM = CommandTable(
+    "upstream",
+    {
+        **{name: EMBEDDED[name] for name in sorted(proxy.LOCAL_COMMANDS)},
+        **{name: Route(choose) for name, choose in proxy.ROUTES.items()},
+    },
+    default=proxy.forward_command,  # everything else runs on the upstream
+    forwarding=proxy.FORWARDING,
+    known=EMBEDDED,
+)
+
+
+class UpstreamDeployment:
+    """The upstream's tail; images are looked up on the upstream."""
+
+    commands: CommandTable = UPSTREAM
+    store: Store | None = None
+
+    def __init__(self, oplog: UpstreamOplog, *, follow: bool = True) -> None:
+        self.oplog = oplog
+        self.follow = follow
+
+    @property
+    def images(self) -> ExternalImages:
+        return self.oplog.images
+
+    @property
+    def tailer(self) -> Callable[[], Awaitable[None]]:
+        return self.oplog.follow
+
+    async def start(self, host: str) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def upstream_options(config: Config) -> UpstreamOptions:
+    """`[upstream]` as the tail's options."""
+    fields = {f.name for f in dataclasses.fields(UpstreamOptions)}
+    values = {k: getattr(config.upstream, k) for k in fields if hasattr(config.upstream, k)}
+    return UpstreamOptions(**values)
+
+
+def open_upstream(config: Config) -> UpstreamDeployment:
+    """`serve --upstream URI` of a replica set: its tail, primed so that the first streams can
+    start at once (raises DataDirError for an unusable `upstream.retain_dir`)."""
+    log.info("connecting to upstream %s", config.upstream.uri.split("@")[-1])  # no credentials
+    source = UpstreamOplog(upstream_options(config))
+    source.prime()
+    return UpstreamDeployment(source)
