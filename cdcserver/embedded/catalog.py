@@ -12,25 +12,25 @@ import dataclasses
 import uuid as uuid_module
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import bson
-from bson.binary import Binary
 
 from cdcserver.embedded import engine
-from pipeline_stages import keystring
+from cdcserver.embedded.store_types import ID_INDEX as ID_INDEX
+from cdcserver.embedded.store_types import Collection as Collection
+from cdcserver.embedded.store_types import DocumentValidationError as DocumentValidationError
+from cdcserver.embedded.store_types import ErrorWithFields as ErrorWithFields
+from cdcserver.embedded.store_types import id_key as id_key
 from pipeline_stages.errors import MongoError
 from pipeline_stages.query_engine import Database
 from pipeline_stages.value_string import bson_obj_string
 
 if TYPE_CHECKING:
-    from cdcserver.embedded.sessions import Txn
     from cdcserver.embedded.state import StoreState
 else:
     StoreState = object  # a base for the type checker only (state.py)
 
-ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
 SYSTEM_VIEWS = "system.views"
 VIEW_MAX_DEPTH = 20  # ViewGraph::kMaxViewDepth
 # CollectionOptions::toBSON's order (mongod 8.0), used for create entries and listCollections.
@@ -45,121 +45,11 @@ OPTION_ORDER = (
 bson_string = bson_obj_string
 
 
-def id_key(value: Any) -> bytes:
-    """Bytes equal exactly when two `_id` values are equal (their KeyString)."""
-    return keystring.encode_values((value,))[0]
-
-
 def ordered_options(options: Mapping[str, Any]) -> dict[str, Any]:
     out = {k: options[k] for k in OPTION_ORDER if k in options}
     if out.get("changeStreamPreAndPostImages", {}).get("enabled") is False:
         del out["changeStreamPreAndPostImages"]  # toBSON leaves out a disabled option
     return out
-
-
-class ErrorWithFields(MongoError):
-    """A write error that carries fields of its own (`extra`), which mongod puts after
-    `codeName` and before `errorLabels` in the reply."""
-
-    def extra(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def to_reply(self) -> dict[str, object]:
-        reply = super().to_reply()
-        labels = reply.pop("errorLabels", None)
-        reply.update(self.extra())
-        if labels:
-            reply["errorLabels"] = labels
-        return reply
-
-
-class DocumentValidationError(ErrorWithFields):
-    """121 DocumentValidationFailure, with the `errInfo` mongod adds."""
-
-    def __init__(self, doc_id: Any, details: dict[str, Any] | None = None) -> None:
-        super().__init__(121, "Document failed validation")
-        self.err_info: dict[str, Any] = {"failingDocumentId": doc_id}
-        if details is not None:
-            self.err_info["details"] = details
-
-    def extra(self) -> dict[str, Any]:
-        return {"errInfo": self.err_info}
-
-
-@dataclass
-class Collection:
-    db: str
-    name: str
-    uuid: bytes
-    options: dict[str, Any] = field(default_factory=dict)
-    indexes: list[dict[str, Any]] = field(default_factory=lambda: [dict(ID_INDEX)])
-    # unique index name -> index key bytes -> document key
-    unique: dict[str, dict[bytes, bytes]] = field(default_factory=dict)
-    # the transaction in progress that created it (mongod's UncommittedCatalogUpdates): until
-    # that transaction commits it is in its `Txn.created`, not in the catalog, so nobody else
-    # sees it, and it is not durable
-    created_by: Txn | None = None
-    # the store's commit sequence number when it was created (Store._seq): a transaction (or
-    # snapshot read) whose snapshot is older does not see it, as mongod reads the catalog at
-    # the snapshot's timestamp
-    created_seq: int = 0
-    # the store's commit sequence number when it took its name (a rename): older snapshots
-    # see it under its old name (CatalogMixin._retire), not this one
-    named_seq: int = 0
-    # Its documents (the working set: committed ones only), document key -> document in
-    # natural order; plain dicts the store owns, read by the query engine.
-    records: OrderedDict[bytes, dict[str, Any]] = field(
-        default_factory=OrderedDict, compare=False, repr=False
-    )
-    # a capped collection's documents' BSON sizes (its `size` limit), see cap_collection
-    capped_sizes: dict[bytes, tuple[dict[str, Any], int]] = field(
-        default_factory=dict, compare=False, repr=False
-    )
-    # a capped collection's RecordIds (document key -> id) and the last one given, see record_ids
-    capped_ids: dict[bytes, int] = field(default_factory=dict, compare=False, repr=False)
-    last_record_id: int = field(default=0, compare=False, repr=False)
-
-    @property
-    def ns(self) -> str:
-        return f"{self.db}.{self.name}"
-
-    @property
-    def ui(self) -> Binary:
-        return Binary(self.uuid, 4)
-
-    @property
-    def pre_images(self) -> bool:
-        opt = self.options.get("changeStreamPreAndPostImages")
-        return isinstance(opt, Mapping) and opt.get("enabled") is True
-
-    def check_valid(self, doc: Mapping[str, Any], pre: Mapping[str, Any] | None = None) -> None:
-        """The collection's validator, as mongod applies it (`validationLevel` strict or
-        moderate, `validationAction` error or warn), `$jsonSchema` included."""
-        validator = self.options.get("validator")
-        if not validator:
-            return
-        level = self.options.get("validationLevel", "strict")
-        if level == "off" or self.options.get("validationAction", "error") != "error":
-            return
-        try:
-            failed, details = engine.validator_failure(validator, doc)
-            if not failed:
-                return
-            if level == "moderate" and pre is not None and engine.validator_failure(
-                validator, pre
-            )[0]:
-                return  # moderate: documents already invalid may stay invalid
-        except MongoError as exc:
-            if "not supported" in exc.errmsg or "not implemented" in exc.errmsg:
-                return
-            raise
-        raise DocumentValidationError(doc.get("_id"), details)
-
-    def meta_bytes(self) -> bytes:
-        return bson.encode({"options": self.options, "indexes": self.indexes})
-
-    def index(self, name: str) -> dict[str, Any] | None:
-        return next((i for i in self.indexes if i["name"] == name), None)
 
 
 def _since(c: Collection) -> int:

@@ -16,48 +16,17 @@ import bson
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
-from cdcserver.embedded.catalog import id_key
 from cdcserver.embedded.sessions import OpSession, session_key
 from pipeline_stages.image_source import (
-    Document,
-    MemoryImageSource,
     _pre_image_key,
-    matches_document_key,
     pre_image_id,
 )
 
 if TYPE_CHECKING:
-    from cdcserver.embedded.catalog import Collection
     from cdcserver.embedded.state import StoreState
-    from cdcserver.embedded.store import Store
+    from cdcserver.embedded.store_types import Collection
 else:
     StoreState = object  # a base for the type checker only (state.py)
-
-
-class StoreImages(MemoryImageSource):
-    """Pre-images kept by the store; `updateLookup` reads the store's current documents."""
-
-    def __init__(self, store: Store) -> None:
-        super().__init__()
-        self.store = store
-
-    def current_documents(
-        self, db: str, coll: str, uuid: bytes | None, keys: Sequence[Document]
-    ) -> list[Document | None]:
-        meta = self.store.catalog.get((db, coll))
-        if meta is None or (uuid is not None and bytes(uuid) != meta.uuid):
-            return [None] * len(keys)
-        docs = self.store.documents(meta)
-        out: list[Document | None] = []
-        for key in keys:
-            if "_id" in key:
-                doc = docs.get(id_key(key["_id"]))
-                out.append(doc if doc is not None and matches_document_key(doc, key) else None)
-            else:
-                out.append(
-                    next((d for d in docs.values() if matches_document_key(d, key)), None)
-                )
-        return out
 
 
 class ImagesMixin(StoreState):

@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING, Any
 from bson.binary import Binary
 
 from cdcserver.embedded import engine
-from cdcserver.embedded.catalog import ErrorWithFields, bson_string
+from cdcserver.embedded.catalog import bson_string
 from cdcserver.embedded.sessions import TxnBlocked
+from cdcserver.embedded.store_types import ErrorWithFields
 from pipeline_stages import keystring
 from pipeline_stages.dotted_path import has_document_path
 from pipeline_stages.errors import MongoError
 
 if TYPE_CHECKING:
-    from cdcserver.embedded.catalog import Collection
-    from cdcserver.embedded.sessions import Txn
     from cdcserver.embedded.state import StoreState
+    from cdcserver.embedded.store_types import Collection, Txn
 else:
     StoreState = object  # a base for the type checker only (state.py)
 

@@ -1,21 +1,20 @@
 """Logical sessions, retryable writes and transactions: the state the store keeps of them.
 
 mongod's session catalog and `config.transactions`: each session's active txnNumber, the
-statements a retryable write executed, and a multi-document transaction's writes (`Txn`). The
-code that runs transactions is in `transactions.py`.
+statements a retryable write executed, and a multi-document transaction's writes (`Txn`,
+defined in store_types.py with the collections it refers to, re-exported here). The code that
+runs transactions is in `transactions.py`.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bson.timestamp import Timestamp
 
-if TYPE_CHECKING:
-    from cdcserver.embedded.catalog import Collection
+from cdcserver.embedded.store_types import Txn as Txn
 
 
 @dataclass
@@ -37,51 +36,6 @@ class LoggedWrite:
     doc_id: Any
     ts: Timestamp | None = None  # the entry's
     needs_retry_image: str | None = None  # the entry's `needsRetryImage` (findAndModify)
-
-
-@dataclass(eq=False)
-class Txn:
-    """A multi-document transaction in progress, isolated as mongod's are (read concern
-    "snapshot"): it sees what was committed when it started plus its own writes; nobody else
-    sees its writes before it commits.
-
-    Its writes go to its own overlay (its latest version of each document it wrote, None once
-    deleted), never to the working set, which holds committed documents only. We chose this
-    over keeping committed pre-versions next to uncommitted documents in the working set: every
-    read outside transactions (the common case, and change streams' `updateLookup`) stays on
-    the working set untouched, and an abort only drops the overlay. The transaction's own
-    commands read a view built for it (`Store._view`): the working set, minus what was
-    committed since its snapshot (`Store._history`), plus its overlay. At commit the overlay is
-    applied to the working set and logged as one `applyOps` entry (or a `partialTxn` chain of
-    them when large, as mongod does); its documents reach SQLite then.
-
-    An instance without `lsid` collects the deletes of one batched (TTL) delete, which are
-    applied at once."""
-
-    lsid: dict[str, Any]
-    txn_number: int
-    ops: list[dict[str, Any]] = field(default_factory=list)
-    persist: list[tuple[bytes, bytes, bytes | None]] = field(default_factory=list)
-    pre_images: list[tuple[Collection, int, dict[str, Any]]] = field(default_factory=list)
-    state: str = "in progress"  # | committed | aborted
-    snapshot: int = 0  # the store's commit sequence number when it started
-    # collection uuid -> document key -> (its version here or None once deleted, whether it is
-    # a record the transaction inserted: last in natural order)
-    overlay: dict[bytes, dict[bytes, tuple[dict[str, Any] | None, bool]]] = field(
-        default_factory=dict
-    )
-    colls: dict[bytes, Collection] = field(default_factory=dict)
-    # (db, name) -> each collection it created (explicitly, implicitly or by createIndexes):
-    # mongod's UncommittedCatalogUpdates, seen by this transaction only until it commits
-    created: dict[tuple[str, str], Collection] = field(default_factory=dict)
-    # (collection uuid, document key) of each document it wrote: its write locks
-    keys: set[tuple[bytes, bytes]] = field(default_factory=set)
-    # (collection uuid, unique index name, index key) its writes added or removed: locked too
-    index_keys: set[tuple[bytes, str, bytes]] = field(default_factory=set)
-    ended: asyncio.Event = field(default_factory=asyncio.Event)  # set at commit or abort
-    # the readConcern its first command gave (startTransaction), kept for its other commands
-    read_concern: dict[str, Any] | None = None
-    expiry: asyncio.TimerHandle | None = None  # transactionLifetimeLimitSeconds
 
 
 def session_key(lsid: Mapping[str, Any]) -> bytes:

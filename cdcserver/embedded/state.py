@@ -23,10 +23,9 @@ from bson.timestamp import Timestamp
 from cdcserver.sources.base import EntryList
 
 if TYPE_CHECKING:
-    from cdcserver.embedded.catalog import Collection
-    from cdcserver.embedded.images import StoreImages
     from cdcserver.embedded.persist import Persistence
-    from cdcserver.embedded.sessions import OpSession, Session, Txn, _Version
+    from cdcserver.embedded.sessions import OpSession, Session, _Version
+    from cdcserver.embedded.store_types import Collection, StoreImages, Txn
 
 
 class StoreState(EntryList):

@@ -40,19 +40,15 @@ import bson.errors
 from bson.timestamp import Timestamp
 
 from cdcserver.embedded.catalog import (
-    ID_INDEX,
     OPTION_ORDER,
     SYSTEM_VIEWS,
     VIEW_MAX_DEPTH,
     CatalogMixin,
-    Collection,
-    DocumentValidationError,
     bson_string,
-    id_key,
     ordered_options,
     validate_collection_name,
 )
-from cdcserver.embedded.images import ImagesMixin, StoreImages
+from cdcserver.embedded.images import ImagesMixin
 from cdcserver.embedded.indexes import DuplicateKeyError, IndexMixin, index_entries
 from cdcserver.embedded.oplog_writer import (
     MAX_BSON,
@@ -69,10 +65,17 @@ from cdcserver.embedded.sessions import (
     LoggedWrite,
     OpSession,
     Session,
-    Txn,
     TxnBlocked,
     _Version,
     session_key,
+)
+from cdcserver.embedded.store_types import (
+    ID_INDEX,
+    Collection,
+    DocumentValidationError,
+    StoreImages,
+    Txn,
+    id_key,
 )
 from cdcserver.embedded.transactions import TransactionMixin
 from cdcserver.embedded.ttl import BATCHED_DELETES_TARGET_DOCS, TTLMixin

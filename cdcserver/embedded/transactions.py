@@ -19,7 +19,6 @@ import bson
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
-from cdcserver.embedded.catalog import id_key
 from cdcserver.embedded.indexes import index_entries
 from cdcserver.embedded.oplog_writer import NULL_OP_TIME, _now_ms, pack_transaction
 from cdcserver.embedded.persist import _DECODE
@@ -27,17 +26,17 @@ from cdcserver.embedded.sessions import (
     LoggedWrite,
     OpSession,
     Session,
-    Txn,
     TxnBlocked,
     _Version,
     session_key,
 )
+from cdcserver.embedded.store_types import Txn, id_key
 from pipeline_stages.errors import MongoError
 from pipeline_stages.oplog_entry import decode_entry
 
 if TYPE_CHECKING:
-    from cdcserver.embedded.catalog import Collection
     from cdcserver.embedded.state import StoreState
+    from cdcserver.embedded.store_types import Collection
 else:
     StoreState = object  # a base for the type checker only (state.py)
 

@@ -11,11 +11,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from cdcserver.embedded.indexes import _path_values
-from cdcserver.embedded.sessions import Txn
+from cdcserver.embedded.store_types import Txn
 
 if TYPE_CHECKING:
-    from cdcserver.embedded.catalog import Collection
     from cdcserver.embedded.state import StoreState
+    from cdcserver.embedded.store_types import Collection
 else:
     StoreState = object  # a base for the type checker only (state.py)
 

@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any
 import bson
 
 from cdcserver.embedded.bson_depth import check_insert_depth, check_update_depth
-from cdcserver.embedded.catalog import id_key
 from cdcserver.embedded.indexes import DuplicateKeyError
 from cdcserver.embedded.oplog_writer import MAX_BSON
+from cdcserver.embedded.store_types import id_key
 from pipeline_stages.errors import MongoError
 
 if TYPE_CHECKING:
-    from cdcserver.embedded.catalog import Collection
     from cdcserver.embedded.sessions import OpSession
     from cdcserver.embedded.state import StoreState
+    from cdcserver.embedded.store_types import Collection
 else:
     StoreState = object  # a base for the type checker only (state.py)
 
