@@ -1,11 +1,12 @@
-"""No import circles among cdcserver/ and pipeline_stages/ modules.
+"""No import circles among cdcserver/ and pipeline_stages/ modules, counting every import.
 
-Read from the source with `ast`, not by importing: an edge is an import that runs when the
-module is imported (its body, including `if`/`try`/`with`/class bodies), to a module of the two
-packages. Imports under `if TYPE_CHECKING:` never run and are left out; so is a module's
-implicit dependence on its own parent packages (a package's __init__ re-exporting its
-submodules is no circle). Imports inside functions are the way to defer a dependency; they
-may close a circle only where listed below.
+Read from the source with `ast`, not by importing. An edge is any import statement of a module
+of the two packages, wherever it is: at module level (including `if`/`try`/`with`/class
+bodies), inside a function (a deferred import), or under `if TYPE_CHECKING:` (a type-only
+import). Deferring an import or making it type-only hides a circle from the interpreter, not
+from the design: two modules that need each other's types want the type in a third module (or
+a Protocol). A module's implicit dependence on its own parent packages is left out (a
+package's __init__ re-exporting its submodules is no circle).
 """
 
 from __future__ import annotations
@@ -16,13 +17,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("cdcserver", "pipeline_stages")
-
-# Circles closed only by an import inside a function (the module-level graph has none).
-KNOWN_DEFERRED_CIRCLES: set[frozenset[str]] = {
-    # cli.py's `spark-replay` runs replay.py, whose `__main__` entry calls back cli.main
-    # (being untangled by the helper that owns spark/).
-    frozenset({"cdcserver.spark.cli", "cdcserver.spark.replay"}),
-}
 
 
 def _modules() -> dict[str, Path]:
@@ -42,32 +36,32 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _imports(tree: ast.Module, *, deferred: bool) -> Iterator[ast.Import | ast.ImportFrom]:
-    """The imports that run at import time; with `deferred`, those inside functions too."""
-
-    def visit(body: list[ast.stmt], in_function: bool) -> Iterator[ast.Import | ast.ImportFrom]:
-        for stmt in body:
-            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-                if deferred or not in_function:
-                    yield stmt
-            elif isinstance(stmt, ast.If):
-                if not _is_type_checking(stmt.test):
-                    yield from visit(stmt.body, in_function)
-                yield from visit(stmt.orelse, in_function)
-            elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                yield from visit(stmt.body, True)
-            else:
-                for field in ("body", "orelse", "finalbody"):
-                    yield from visit(getattr(stmt, field, []), in_function)
-                for handler in getattr(stmt, "handlers", []):
-                    yield from visit(handler.body, in_function)
-                for case in getattr(stmt, "cases", []):
-                    yield from visit(case.body, in_function)
-
-    yield from visit(tree.body, False)
+Import = ast.Import | ast.ImportFrom
 
 
-def _targets(module: str, is_package: bool, node: ast.Import | ast.ImportFrom) -> list[str]:
+def _imports(tree: ast.Module) -> Iterator[tuple[Import, str]]:
+    """Every import statement of the module, with where it is: "module level", "deferred"
+    (inside a function) or "type-only" (under `if TYPE_CHECKING:`)."""
+
+    def visit(node: ast.AST, where: str) -> Iterator[tuple[Import, str]]:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node, where
+            return
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            where = "deferred" if where == "module level" else where
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for stmt in node.body:
+                yield from visit(stmt, "type-only")
+            for stmt in node.orelse:
+                yield from visit(stmt, where)
+            return
+        for child in ast.iter_child_nodes(node):
+            yield from visit(child, where)
+
+    yield from visit(tree, "module level")
+
+
+def _targets(module: str, is_package: bool, node: Import) -> list[str]:
     if isinstance(node, ast.Import):
         return [alias.name for alias in node.names]
     if node.level:
@@ -80,22 +74,46 @@ def _targets(module: str, is_package: bool, node: ast.Import | ast.ImportFrom) -
     return [prefix] + [f"{prefix}.{alias.name}" for alias in node.names]
 
 
-def import_graph(*, deferred: bool) -> dict[str, set[str]]:
+# (module, imported module) -> where each import making that edge is ("line 12, type-only")
+Edges = dict[tuple[str, str], list[str]]
+
+
+def module_edges(
+    module: str, is_package: bool, source: str, modules: set[str]
+) -> dict[str, list[str]]:
+    """The modules of `modules` that `module` imports, each with where it does."""
+    own_packages = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)}
+    edges: dict[str, list[str]] = {}
+    for node, where in _imports(ast.parse(source)):
+        for target in _targets(module, is_package, node):
+            parts = target.split(".")
+            # the module and every package on its way (importing a.b.c runs a and a.b)
+            for i in range(1, len(parts) + 1):
+                name = ".".join(parts[:i])
+                if name in modules and name not in own_packages and name != module:
+                    places = edges.setdefault(name, [])
+                    place = f"line {node.lineno}, {where}"
+                    if place not in places:
+                        places.append(place)
+    return edges
+
+
+def import_edges() -> Edges:
     modules = _modules()
-    graph: dict[str, set[str]] = {}
+    out: Edges = {}
     for module, path in modules.items():
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        own_packages = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)}
-        edges: set[str] = set()
-        for node in _imports(tree, deferred=deferred):
-            for target in _targets(module, path.name == "__init__.py", node):
-                parts = target.split(".")
-                # the module and every package on its way (importing a.b.c runs a and a.b)
-                for i in range(1, len(parts) + 1):
-                    name = ".".join(parts[:i])
-                    if name in modules:
-                        edges.add(name)
-        graph[module] = edges - own_packages - {module}
+        found = module_edges(
+            module, path.name == "__init__.py", path.read_text(encoding="utf-8"), set(modules)
+        )
+        for target, places in found.items():
+            out[(module, target)] = places
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {module: set() for module in _modules()}
+    for module, target in import_edges():
+        graph[module].add(target)
     return graph
 
 
@@ -142,16 +160,23 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def _describe(component: list[str], graph: dict[str, set[str]]) -> str:
+def _describe(component: list[str], edges: Edges) -> str:
+    """A circle and the imports inside it, one per line (where each is)."""
     inside = set(component)
-    return "; ".join(f"{m} -> {', '.join(sorted(graph[m] & inside))}" for m in component)
+    lines = [f"circle of {len(component)}: {', '.join(component)}"]
+    for (module, target), places in sorted(edges.items()):
+        if module in inside and target in inside:
+            lines.append(f"    {module} -> {target}  ({'; '.join(places)})")
+    return "\n".join(lines)
+
+
+def _report(found: list[list[str]], edges: Edges) -> str:
+    return "all import circles:\n" + "\n".join(_describe(c, edges) for c in found)
 
 
 def test_the_graph_sees_the_projects_imports() -> None:
-    graph = import_graph(deferred=False)
-    assert "pipeline_stages.errors" in graph["pipeline_stages.pipeline"] or any(
-        "pipeline_stages.errors" in graph[m] for m in graph if m.startswith("pipeline_stages.")
-    )
+    graph = import_graph()
+    assert "pipeline_stages.errors" in graph["pipeline_stages.pipeline"]
     assert "cdcserver.roles" in graph["cdcserver.config"]
     assert "pipeline_stages.error_codes" in graph["pipeline_stages.errors"]
     # a circle is found when there is one
@@ -159,16 +184,44 @@ def test_the_graph_sees_the_projects_imports() -> None:
     assert circles({"a": {"b"}, "b": set()}) == []
 
 
-def test_no_import_circles_at_module_level() -> None:
-    graph = import_graph(deferred=False)
-    found = circles(graph)
-    assert not found, "\n".join(_describe(c, graph) for c in found)
+def test_every_kind_of_import_is_an_edge() -> None:
+    source = "\n".join([
+        "from __future__ import annotations",
+        "import typing",
+        "from typing import TYPE_CHECKING",
+        "from p import a",
+        "if TYPE_CHECKING:",
+        "    from p.b import B",
+        "if typing.TYPE_CHECKING:",
+        "    import p.c",
+        "else:",
+        "    from . import d",
+        "class K:",
+        "    def f(self) -> None:",
+        "        from .e import E",
+        "    g = lambda: __import__('x')",
+        "try:",
+        "    from p import f",
+        "except ImportError:",
+        "    pass",
+    ])
+    modules = {"p", "p.a", "p.b", "p.c", "p.d", "p.e", "p.f", "p.m"}
+    edges = module_edges("p.m", False, source, modules)
+    assert edges == {
+        "p.a": ["line 4, module level"],
+        "p.b": ["line 6, type-only"],
+        "p.c": ["line 8, type-only"],
+        "p.d": ["line 10, module level"],
+        "p.e": ["line 13, deferred"],
+        "p.f": ["line 16, module level"],
+    }
 
 
-def test_imports_inside_functions_close_only_the_known_circles() -> None:
-    graph = import_graph(deferred=True)
-    found = [c for c in circles(graph) if frozenset(c) not in KNOWN_DEFERRED_CIRCLES]
-    assert not found, "\n".join(_describe(c, graph) for c in found)
+def test_no_import_circles() -> None:
+    """None at all: there is no allow-list (a circle found is printed with every import in it,
+    and where each is)."""
+    found = circles(import_graph())
+    assert not found, _report(found, import_edges())
 
 
 # pipeline_stages/ modules that reach into cdcserver/ (the pipeline is meant to stand alone,
@@ -177,7 +230,7 @@ KNOWN_LAYER_LEAKS: dict[str, set[str]] = {}
 
 
 def test_pipeline_stages_imports_nothing_else_from_cdcserver() -> None:
-    graph = import_graph(deferred=True)
+    graph = import_graph()
     leaks = {
         m: {d for d in deps if d.startswith("cdcserver.") and not _is_package(d)}
         for m, deps in graph.items() if m.startswith("pipeline_stages")
@@ -202,9 +255,9 @@ def _dynamic_imports(tree: ast.Module) -> Iterator[str]:
 
 def test_pipeline_stages_never_imports_cdcserver() -> None:
     """pipeline_stages/ is pure and synchronous (no asyncio, sockets, subprocesses): no module
-    of it imports cdcserver or any module of it, at module level or inside functions, with no
-    exception."""
-    graph = import_graph(deferred=True)
+    of it imports cdcserver or any module of it, at module level, inside functions or for
+    types only, with no exception."""
+    graph = import_graph()
     found = {
         m: sorted(d for d in deps if d == "cdcserver" or d.startswith("cdcserver."))
         for m, deps in graph.items() if m.split(".")[0] == "pipeline_stages"
