@@ -33,11 +33,10 @@ from bson.raw_bson import RawBSONDocument
 from pymongo import AsyncMongoClient, MongoClient, message
 from workload import document, p50_p99  # bench/ is the script's directory
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-
-from oplog_builders import Oplog  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # for tests.support
 
 from cdcserver.testing import SubprocessServer, write_oplog  # noqa: E402
+from tests.support.oplog_builders import Oplog  # noqa: E402
 
 NS = "bench.items"
 

@@ -41,10 +41,11 @@ import threading
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the generated workload of the tests
+sys.path.insert(0, str(ROOT))  # the generated workload of the tests (tests/spark/)
 
 from bson.timestamp import Timestamp  # noqa: E402
-from test_spark_replay import BigWorkload, Workload  # noqa: E402
+
+from tests.spark.test_spark_replay import BigWorkload, Workload  # noqa: E402
 
 _SUMMARY = re.compile(rb"events written in ([0-9.]+)s")
 # spark-replay's last line: each phase's task CPU, in all and the longest task's.

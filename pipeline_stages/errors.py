@@ -17,7 +17,8 @@ CODE_NAMES: dict[int, str] = {
     code: name
     for code, name in ERROR_CODES.items()
     # The IDL parse codes (40413-40415, 4662500) were named after 8.0: mongod 8.0 reports an
-    # unknown field as Location40415 (tests/test_spec.py, tests/test_write_command_parsing.py).
+    # unknown field as Location40415 (tests/pipeline_stages/test_spec.py,
+    # tests/server/test_write_command_parsing.py).
     if code not in CATEGORIES["IDLParseError"]
 }
 

@@ -11,7 +11,7 @@ namespace: no event dict, no encoder call per event.
 It covers only what it can write exactly as the general path (transform + `encode_events`)
 does; for anything else (commands, transactions, views, entries of unusual shape, events over
 the size limit) it answers None and the caller runs the general path over the whole batch.
-tests/test_fast_path.py checks the two give identical bytes and tokens.
+tests/pipeline_stages/test_fast_path.py checks the two give identical bytes and tokens.
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ async def create(server, conn, cmd, db):
 
 
 def _exists_with_other_options(existing: Collection) -> MongoError:
-    # Kept as this store has answered so far (tests/test_embedded.py); mongod 8.0's
+    # Kept as this store has answered so far (tests/embedded/test_embedded.py); mongod 8.0's
     # checkCollectionOptions says "namespace D.C already exists, but with different options:".
     return MongoError(48, f"Collection {existing.ns} already exists.")
 

@@ -1,5 +1,5 @@
 // Authenticate to a cdcserver with the Node.js driver, then watch and write (run by
-// tests/test_auth_node.py). Prints one canonical Extended JSON document per line.
+// tests/server/test_auth_node.py). Prints one canonical Extended JSON document per line.
 //
 //   node auth.mjs '<canonical EJSON config>'
 //

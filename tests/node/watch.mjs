@@ -1,5 +1,5 @@
 // Watch a cdcserver with the Node.js driver and print what it sees, one canonical Extended
-// JSON document per line (run by tests/test_server_node.py).
+// JSON document per line (run by tests/server/test_server_node.py).
 //
 //   node watch.mjs '<canonical EJSON config>'
 //

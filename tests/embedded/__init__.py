@@ -1,0 +1,1 @@
+"""Tests of cdcserver/embedded/: the embedded store through pymongo and its parts."""

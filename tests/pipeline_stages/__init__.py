@@ -1,0 +1,1 @@
+"""Tests of pipeline_stages/: the $changeStream pipeline, resume tokens, the stages."""

@@ -1,0 +1,1 @@
+"""Tests of cdcserver/sharding/: the embedded sharded cluster."""

@@ -1,0 +1,1 @@
+"""Tests of cdcserver/spark/: spark-replay and the streaming source (marker `spark`)."""
