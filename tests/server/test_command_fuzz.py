@@ -46,7 +46,7 @@ from pymongo.errors import OperationFailure
 
 import cdcserver.server  # noqa: F401  (registers every command)
 from cdcserver.commands import failpoints
-from cdcserver.commands.tables import EMBEDDED
+from cdcserver.deployments.embedded import EMBEDDED
 from cdcserver.testing import HOST, EmbeddedServer
 
 RAW = CodecOptions(document_class=RawBSONDocument)

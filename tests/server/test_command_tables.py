@@ -16,7 +16,6 @@ import json
 import pathlib
 import sys
 import time
-from typing import Any
 
 import pytest
 from bson.int64 import Int64
@@ -28,8 +27,8 @@ if str(ROOT) not in sys.path:  # run as a script (regenerate)
     sys.path.insert(0, str(ROOT))
 
 from cdcserver.commands import tables  # noqa: E402
-from cdcserver.commands.tables import CommandTable, describe  # noqa: E402
-from cdcserver.context import ServerState  # noqa: E402
+from cdcserver.commands.tables import describe  # noqa: E402
+from cdcserver.context import CommandTable, Route  # noqa: E402
 from cdcserver.cursors import (  # noqa: E402
     CHANGE_STREAM,
     FORWARDED,
@@ -37,28 +36,27 @@ from cdcserver.cursors import (  # noqa: E402
     QUERY_RESULT,
     kind_of,
 )
-from cdcserver.server import Server  # noqa: E402
+from cdcserver.deployment import server_state  # noqa: E402
+from cdcserver.deployments import for_oplog  # noqa: E402
+from cdcserver.deployments.cluster import CLUSTER  # noqa: E402
+from cdcserver.deployments.embedded import EMBEDDED  # noqa: E402
+from cdcserver.deployments.recorded import RECORDED  # noqa: E402
+from cdcserver.deployments.recorded_shards import RECORDED_SHARDS  # noqa: E402
+from cdcserver.deployments.shard import SHARD  # noqa: E402
+from cdcserver.deployments.sidecar import SIDECAR  # noqa: E402
+from cdcserver.deployments.upstream import UPSTREAM, UpstreamDeployment  # noqa: E402
+from cdcserver.sources.base import OplogLog  # noqa: E402
 from cdcserver.sources.mongo import UpstreamOplog, UpstreamOptions  # noqa: E402
-from cdcserver.testing import HOST, EmbeddedServer, ThreadServer  # noqa: E402
+from cdcserver.testing import EmbeddedServer, ThreadServer  # noqa: E402
 
 LISTING = pathlib.Path(__file__).parent.parent / "data" / "command_tables.json"
 GUARD_S = 20.0  # bounds a wait for the upstream; never a performance expectation
 
 
 def mode_tables() -> dict[str, CommandTable]:
-    """Every mode's table: the three of commands/tables.py and the sharded cluster's."""
-    from cdcserver.sharding.front import FRONT_COMMANDS
-    from cdcserver.sharding.recorded import RECORDED_COMMANDS
-    from cdcserver.sharding.shard_commands import SHARD_COMMANDS
-    from cdcserver.sharding.sidecar import SIDECAR_COMMANDS
-
-    return {
-        **tables.MODES,
-        "shard": CommandTable.of(SHARD_COMMANDS),
-        "sharded front": CommandTable.of(FRONT_COMMANDS),
-        "recorded sharded front": CommandTable.of(RECORDED_COMMANDS),
-        "sharded sidecar": CommandTable.of(SIDECAR_COMMANDS),
-    }
+    """Every mode's table, each from its module of cdcserver/deployments/."""
+    every = (RECORDED, EMBEDDED, UPSTREAM, SHARD, CLUSTER, RECORDED_SHARDS, SIDECAR)
+    return {table.mode: table for table in every}
 
 
 def listing() -> dict[str, dict[str, str]]:
@@ -88,25 +86,25 @@ def test_every_mode_table_is_the_checked_in_listing():
 def test_no_pseudo_commands_and_every_name_answered():
     for mode, table in mode_tables().items():
         assert not [n for n in table if n.startswith("$")], mode
-        state = ServerState(log=None)  # type: ignore[arg-type]  (no command runs)
+        state = server_state(for_oplog(OplogLog()))  # no command runs
         for name, entry in table.items():
-            if not isinstance(entry, tables.Route):
+            if not isinstance(entry, Route):
                 assert table.handler(state, name, {name: 1}) is entry, (mode, name)
         assert table.handler(state, "", {}) is None  # an empty command: no handler at all
 
 
-def test_modes_differ_only_where_tables_py_says():
+def test_modes_differ_only_where_their_tables_say():
     """The recorded and embedded tables serve the same names; they differ in the three names
     two families answer and in the commands that need the store (115 with a recorded oplog)."""
     from cdcserver.commands.transactions import needs_store
 
-    recorded, embedded = tables.RECORDED, tables.EMBEDDED
+    recorded, embedded = RECORDED, EMBEDDED
     assert set(recorded) == set(embedded)
     differ = sorted(n for n in recorded if recorded[n] is not embedded[n])
     store_only = sorted(n for n in recorded if recorded[n] is needs_store)
     assert differ == sorted(["aggregate", "listCollections", "listDatabases", *store_only])
-    assert store_only == sorted(tables._STORE_ONLY)
-    upstream = tables.UPSTREAM
+    assert store_only == sorted(tables.STORE_ONLY)
+    upstream = UPSTREAM
     assert upstream.default is not None and upstream.default in upstream.forwarding
     assert set(upstream) == {*upstream_local_names(), "aggregate", "getMore", "killCursors"}
 
@@ -233,15 +231,8 @@ class UpstreamServer(ThreadServer):
 
     def __init__(self, uri: str) -> None:
         self._options = UpstreamOptions(uri=uri)
-        super().__init__(make_log=lambda: None)
-
-    async def _start(self) -> Any:
-        source = UpstreamOplog(self._options)
-        state = ServerState(log=source, images=source.images)
-        state.follow = True
-        server = Server(state)
-        await server.start(HOST, 0)
-        return server
+        super().__init__(
+            make_deployment=lambda: UpstreamDeployment(UpstreamOplog(self._options)))
 
 
 def test_forwarded_cursors_are_in_the_registry_reaped_and_killed():

@@ -17,6 +17,8 @@ from bson.int64 import Int64
 from cdcserver.commands import cursors as _cursors  # noqa: F401  (registers the commands)
 from cdcserver.commands.registry import run_command
 from cdcserver.context import ConnectionState, ServerState
+from cdcserver.deployment import server_state
+from cdcserver.deployments import for_oplog
 from cdcserver.hub import EXPIRY_SLICE, AwaitExpiries
 from pipeline_stages import resume_token
 from tests.server.test_fanout_server import MemoryLog
@@ -48,7 +50,7 @@ def _token_ts(token: dict[str, Any]) -> Any:
 async def test_idle_getmores_answer_after_max_time_with_the_scanned_token() -> None:
     log = MemoryLog()
     log.insert({"_id": 0})
-    state, conn = ServerState(log=log), ConnectionState(1, "test")
+    state, conn = server_state(for_oplog(log)), ConnectionState(1, "test")
     ids = await _open(state, conn, K)
     log.insert({"_id": 1, "u": -1})  # reaches no stream: every token moves past it anyway
     scanned = log.latest_ts()
@@ -69,7 +71,7 @@ async def test_idle_getmores_answer_after_max_time_with_the_scanned_token() -> N
 async def test_a_stream_reached_after_a_long_idle_gets_the_event_once() -> None:
     log = MemoryLog()
     log.insert({"_id": 0})
-    state, conn = ServerState(log=log), ConnectionState(1, "test")
+    state, conn = server_state(for_oplog(log)), ConnectionState(1, "test")
     ids = await _open(state, conn, K)
     target = 7
     for round_ in range(3):  # idle rounds: each getMore ends on its tick with nothing

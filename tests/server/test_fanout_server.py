@@ -22,7 +22,9 @@ from bson.timestamp import Timestamp
 
 from cdcserver.commands import cursors as _cursors  # noqa: F401  (registers the commands)
 from cdcserver.commands.registry import run_command
-from cdcserver.context import ConnectionState, ServerState
+from cdcserver.context import ConnectionState
+from cdcserver.deployment import server_state
+from cdcserver.deployments import for_oplog
 from cdcserver.sources.base import EntryList, OplogLog
 from cdcserver.testing import EmbeddedServer
 from pipeline_stages import resume_token
@@ -191,7 +193,7 @@ async def test_a_write_wakes_only_the_getmores_it_reaches() -> None:
     others wait on: their maxTimeMS is far away), and it carries the event."""
     log = MemoryLog()
     log.insert({"_id": 0})
-    state, conn = ServerState(log=log), ConnectionState(1, "test")
+    state, conn = server_state(for_oplog(log)), ConnectionState(1, "test")
     ids = []
     for i in range(50):
         reply = await run_command(state, conn, {
@@ -234,7 +236,7 @@ async def test_a_resumed_stream_joins_the_group_and_all_see_the_invalidate() -> 
     token, getting the same events as a stream opened before; a drop invalidates both."""
     log = MemoryLog()
     log.insert({"_id": 0})
-    state, conn = ServerState(log=log), ConnectionState(1, "test")
+    state, conn = server_state(for_oplog(log)), ConnectionState(1, "test")
 
     async def command(cmd: dict[str, Any]) -> Any:
         reply = await run_command(state, conn, {**cmd, "$db": "db"})

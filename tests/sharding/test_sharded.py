@@ -1112,7 +1112,7 @@ def test_sidecar_fails_streams_resumably_while_the_mongos_is_unreachable(cluster
         assert errors[0].has_error_label("ResumableChangeStreamError")
 
         async def listen_again() -> None:
-            server = Server(front.state, commands=cluster.log.command_table)
+            server = Server(front.state)
             await server.start("127.0.0.1", cluster.port)
             cluster.server = server
 
