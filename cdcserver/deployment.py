@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from cdcserver.context import CommandTable, ServerState
+from cdcserver.cursors import Cursor, CursorManager
 from cdcserver.embedded.store import Store
 from cdcserver.sources.base import OplogLog
 from pipeline_stages.image_source import ImageSource
@@ -81,11 +82,16 @@ class Deployment(Protocol):
         """Once the event loop is gone: commit and close the mode's files (its stores)."""
         ...
 
+    def cursor_elsewhere(self, registry: CursorManager) -> Callable[[int, str], Cursor] | None:
+        """For a mode whose cursors may be held elsewhere (a live upstream's): the cursor
+        standing for an id `registry` does not hold (getMore and killCursors go there)."""
+        ...
+
 
 def server_state(deployment: Deployment, **options: Any) -> ServerState:
     """A server's state for `deployment` (`options`: ServerState's other fields)."""
     options.setdefault("follow", deployment.follow)
-    return ServerState(
+    state = ServerState(
         log=deployment.oplog,
         commands=deployment.commands,
         store=deployment.store,
@@ -93,3 +99,5 @@ def server_state(deployment: Deployment, **options: Any) -> ServerState:
         tailer=deployment.tailer,
         **options,
     )
+    state.cursors.elsewhere = deployment.cursor_elsewhere(state.cursors)
+    return state

@@ -3,8 +3,8 @@ the ones drivers' and tools' test harnesses and mongosh call (getCmdLineOpts, ge
 replSetGetStatus, serverStatus, hostInfo, listCommands, explain, validate, profile, dbStats,
 collStats, usersInfo, currentOp) and the `$currentOp` / `$collStats` aggregation sources.
 
-This module has its own table, `TABLE`, taken into the modes' tables in one place
-(commands/tables.py). It imports no other command module; the commands it runs on behalf of
+This module has its own table, `TABLE`, taken into the modes' tables (commands/tables.py
+`OWN`, in each mode's table in cdcserver/deployments/). It imports no other command module; the commands it runs on behalf of
 another (explain) are looked up in the server's table (`server.commands`).
 """
 
@@ -710,7 +710,7 @@ def check_api_parameters(name: str, cmd: Mapping[str, Any]) -> None:
 
 @_command("listCommands")
 async def list_commands(server, conn, cmd, db):
-    names = sorted(server.commands)  # the server's mode's table (commands/tables.py)
+    names = sorted(server.commands)  # the server's mode's table (cdcserver/deployments/)
     commands = {}
     for name in names:
         commands[name] = {

@@ -20,7 +20,7 @@ from cdcserver.context import ConnectionState, ServerState
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
 
-# The authentication commands' own table (which modes serve them: commands/tables.py).
+# The authentication commands' own table (which modes serve them: cdcserver/deployments/).
 TABLE: dict[str, Handler] = {}
 command = family(TABLE)
 

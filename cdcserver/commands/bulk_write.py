@@ -436,5 +436,5 @@ def _reply(server: Any, store: Any, request: Request, replies: _Replies,
     return reply
 
 
-# This family's commands (a family table, as commands/tables.py assembles them).
+# This family's commands (a family table, as cdcserver/deployments/ assemble them).
 TABLE: dict[str, Any] = {"bulkWrite": bulk_write}

@@ -18,7 +18,7 @@ import bson
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
-from cdcserver.cursors import QUERY_RESULT
+from cdcserver.cursors import QUERY_RESULT, GetMore, HeldHere
 from cdcserver.embedded import engine
 from pipeline_stages.errors import MongoError
 
@@ -35,7 +35,7 @@ def non_capped_error(db: str, coll: str) -> MongoError:
 
 
 @dataclass(eq=False)
-class CappedCursor:
+class CappedCursor(HeldHere):
     id: int
     ns: str
     store: Any
@@ -108,7 +108,8 @@ class CappedCursor:
     def _live(ids: dict[bytes, int]) -> set[int]:
         return set(ids.values())
 
-    async def get_more_reply(self, batch_size: int | None, max_time_ms: int | None) -> dict:
+    async def get_more_reply(self, more: GetMore) -> dict[str, Any]:
+        batch_size, max_time_ms = more.batch_size, more.max_time_ms
         self.awaited_s = 0.0
         batch = self.fill(batch_size or None)
         if not batch and self.await_data and not self.done:

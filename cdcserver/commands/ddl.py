@@ -33,7 +33,7 @@ from pipeline_stages.spec import is_change_stream_aggregate
 from pipeline_stages.value_string import type_name
 
 # The catalog commands (collections, views, indexes) of the embedded store: their table (which
-# modes serve them: commands/tables.py).
+# modes serve them: cdcserver/deployments/).
 TABLE: dict[str, Handler] = {}
 command = family(TABLE)
 

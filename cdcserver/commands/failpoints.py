@@ -293,7 +293,7 @@ async def test_version_2(server, conn, cmd, db):
     return {}
 
 
-# The test commands this family answers (commands/tables.py).
+# The test commands this family answers (cdcserver/deployments/ serve them).
 TABLE: dict[str, Any] = {
     "configureFailPoint": configure_fail_point,
     "testVersion2": test_version_2,

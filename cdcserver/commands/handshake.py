@@ -15,7 +15,7 @@ from cdcserver.commands.base import Handler, family
 from cdcserver.context import ConnectionState, ServerState
 from pipeline_stages.errors import MongoError
 
-# The handshake commands' own table (which modes serve them: commands/tables.py).
+# The handshake commands' own table (which modes serve them: cdcserver/deployments/).
 TABLE: dict[str, Handler] = {}
 command = family(TABLE)
 

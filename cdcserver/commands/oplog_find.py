@@ -32,7 +32,7 @@ from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from cdcserver.cursors import OPLOG_FIND
+from cdcserver.cursors import OPLOG_FIND, GetMore, HeldHere
 from cdcserver.sources.base import CappedPositionLost
 from pipeline_stages.errors import MongoError
 from pipeline_stages.oplog_entry import encode_in_order
@@ -208,7 +208,7 @@ def _project(raw: bytes, projection: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @dataclass(eq=False)
-class OplogCursor:
+class OplogCursor(HeldHere):
     id: int
     log: Any
     bounds: Bounds
@@ -226,7 +226,7 @@ class OplogCursor:
     busy: bool = False
     last_used: float = field(default_factory=time.monotonic)
     awaited_s: float = 0.0  # the last getMore's wait for entries
-    kind = OPLOG_FIND  # a cursor of the registry (cdcserver/cursors.py)
+    kind = OPLOG_FIND  # a cursor of the registry (cdcserver/cursors/)
     owner = None
 
     def __post_init__(self) -> None:
@@ -326,9 +326,10 @@ class OplogCursor:
             if batch or self.done:
                 return batch
 
-    async def get_more_reply(self, batch_size: int | None, max_time_ms: int | None) -> dict:
+    async def get_more_reply(self, more: GetMore) -> dict[str, Any]:
         """getMore's reply (commands/cursors.py checks the cursor out and closes it)."""
-        return reply(self, await self.get_more(batch_size or None, max_time_ms), first=False)
+        batch = await self.get_more(more.batch_size or None, more.max_time_ms)
+        return reply(self, batch, first=False)
 
     def close(self) -> None:
         self.exhausted = True

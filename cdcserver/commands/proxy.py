@@ -6,8 +6,9 @@ unchanged (the upstream's `ok`, errors, `$clusterTime`, `operationTime`, cursors
 
 Answered by cdcserver itself (never forwarded):
 
-* change streams: `aggregate` whose first stage is `$changeStream`, and `getMore` /
-  `killCursors` on cdcserver's own change-stream cursors;
+* change streams: `aggregate` whose first stage is `$changeStream`;
+* `getMore` / `killCursors`: cdcserver's one handler of each checks the cursor out of its
+  registry; a forwarded cursor's (`ForwardedCursor`) then goes to the member that opened it;
 * `hello` / `isMaster` (cdcserver describes itself: drivers see one replica-set primary, the
   sidecar), `ping`, `buildInfo`, `connectionStatus`, `whatsmyuri`, `serverStatus`;
 * authentication (`saslStart`, `saslContinue`, `authenticate`, `logout`, `getnonce`):
@@ -15,11 +16,10 @@ Answered by cdcserver itself (never forwarded):
   every forwarded command runs as that user;
 * `configureFailPoint` (cdcserver's own fail points, when enabled).
 
-Everything else is forwarded: CRUD, `find` / `aggregate` / their `getMore` and
-`killCursors`, DDL, transactions (`lsid`, `txnNumber`, `autocommit`, `startTransaction`
-pass through untouched), `listDatabases`, `listCollections`, sessions commands... A command
-runs on the upstream's primary, or on the member its `$readPreference` selects; the
-`getMore` / `killCursors` of a forwarded cursor go to the member that opened it. The client's
+Everything else is forwarded: CRUD, `find` / `aggregate`, DDL, transactions (`lsid`,
+`txnNumber`, `autocommit`, `startTransaction` pass through untouched), `listDatabases`,
+`listCollections`, sessions commands... A command
+runs on the upstream's primary, or on the member its `$readPreference` selects. The client's
 `$clusterTime` is not forwarded (its signature is cdcserver's; the upstream's own gossip
 applies). Exhaust cursors (`moreToCome`) are not supported.
 
@@ -28,11 +28,11 @@ NetworkTimeout (89), labelled as mongos labels a network error reaching a shard:
 `RetryableWriteError` for a retryable write and a transaction's commit or abort,
 `TransientTransactionError` for the other statements of a transaction, so drivers retry.
 
-The upstream mode's table (commands/tables.py) lists what cdcserver answers; its default
-entry, `forward_command`, forwards every other command, and `route_aggregate`,
-`route_get_more` and `route_kill_cursors` pick per request between cdcserver's own change-stream
-handler and forwarding. A forwarded cursor is a `ForwardedCursor` of the server's cursor
-registry (cdcserver/cursors.py): its owner is the member that holds it, reaped when idle.
+The upstream mode's table (deployments/upstream.py) lists what cdcserver answers; its default
+entry, `forward_command`, forwards every other command, and `route_aggregate` picks per
+request between cdcserver's own change-stream handler and forwarding. A forwarded cursor is a
+`ForwardedCursor` of the server's cursor registry (cdcserver/cursors/): its owner is the
+member that holds it, reaped when idle.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from bson.raw_bson import RawBSONDocument
 
 from cdcserver.commands import cursors as change_streams
 from cdcserver.commands.base import Handler
-from cdcserver.cursors import FORWARDED, CursorManager
+from cdcserver.cursors import FORWARDED, CursorManager, GetMore
 from cdcserver.sources.mongo import (
     NOT_PRIMARY_CODES,
     RAW,
@@ -74,12 +74,6 @@ def upstream_of(server: Any) -> UpstreamOplog | None:
     return log if isinstance(log, UpstreamOplog) else None
 
 
-def _own_cursor(server: Any, cursor_id: Any) -> bool:
-    """A cursor cdcserver holds itself (a change stream), not one of the upstream's."""
-    cursor = server.cursors.find(cursor_id)
-    return cursor is not None and cursor.kind != FORWARDED
-
-
 @dataclass(eq=False)
 class ForwardedCursor:
     """A cursor the upstream holds (a forwarded find / aggregate...): its getMore and
@@ -88,10 +82,29 @@ class ForwardedCursor:
     id: int
     ns: str
     owner: Any  # the upstream member's address
+    source: UpstreamOplog  # whose client reaches it
+    registry: CursorManager  # the server's (forward notes the cursors a reply opens)
     last_used: float = field(default_factory=time.monotonic)
     busy: bool = False
     awaited_s: float = 0.0
+    finished: bool = False  # the member said it is exhausted (or failed its getMore)
     kind = FORWARDED
+
+    @property
+    def done(self) -> bool:
+        return self.finished
+
+    async def get_more_reply(self, more: GetMore) -> RawBSONDocument:
+        """The member's reply as it came (its ok, its times)."""
+        reply = await forward(self.source, more.cmd, more.db, self.registry, self.owner)
+        cursor = reply.get("cursor") if reply.get("ok") == 1 else None
+        self.finished = not isinstance(cursor, Mapping) or not cursor.get("id")
+        return reply
+
+    async def kill(self, cmd: Mapping[str, Any], db: str) -> bool:
+        reply = await forward(self.source, {**cmd, "cursors": [Int64(self.id)]}, db,
+                              self.registry, self.owner)
+        return reply.get("ok") == 1 and self.id in (reply.get("cursorsKilled") or [])
 
     def close(self) -> None:
         pass  # the upstream reaps its own cursor; this is only where it lives
@@ -101,8 +114,9 @@ class _RegistryAddresses:
     """Which upstream member holds each forwarded cursor (its getMore must go there): the
     server's registry's forwarded cursors."""
 
-    def __init__(self, cursors: CursorManager) -> None:
+    def __init__(self, cursors: CursorManager, source: UpstreamOplog) -> None:
         self.cursors = cursors
+        self.source = source
 
     def note(self, reply: RawBSONDocument, address: Any) -> None:
         cursor = reply.get("cursor") if "cursor" in reply else None
@@ -112,7 +126,7 @@ class _RegistryAddresses:
         if isinstance(cid, int) and cid:
             ns = cursor.get("ns")
             self.cursors.add(ForwardedCursor(int(cid), ns if isinstance(ns, str) else "",
-                                             address))
+                                             address, self.source, self.cursors))
 
     def get(self, cursor_id: Any) -> Any:
         cursor = self.cursors.find(cursor_id)
@@ -160,18 +174,18 @@ def _error_labels(cmd: Mapping[str, Any]) -> list[str]:
 
 async def forward(
     source: UpstreamOplog, cmd: Mapping[str, Any], db: str,
-    cursors: CursorManager,
+    cursors: CursorManager, address: Any = None,
 ) -> RawBSONDocument:
-    """Run `cmd` on the upstream; its reply as the upstream's bytes. A cursor it opens is
-    noted in `cursors` (the server's registry) as a forwarded cursor."""
+    """Run `cmd` on the upstream (on the member at `address`, when given: a forwarded
+    cursor's); its reply as the upstream's bytes. A cursor it opens is noted in `cursors`
+    (the server's registry) as a forwarded cursor."""
     from pymongo.errors import NotPrimaryError, PyMongoError
 
     name = next(iter(cmd))
     spec = {k: v for k, v in cmd.items() if k not in _DROPPED_FIELDS}
     client = source.async_client()
-    addresses = _RegistryAddresses(cursors)
-    address = None
-    if name in ("getMore", "killCursors"):
+    addresses = _RegistryAddresses(cursors, source)
+    if address is None and name in ("getMore", "killCursors"):
         target = cmd.get(name) if name == "getMore" else next(iter(cmd.get("cursors") or []), None)
         address = addresses.get(target)
     try:
@@ -211,34 +225,11 @@ async def forward_command(server, conn, cmd, db):
     return await forward(_upstream(server), cmd, db, server.cursors)
 
 
-async def kill_cursors(server, conn, cmd, db):
-    """killCursors naming forwarded cursors (and maybe cdcserver's own change streams too)."""
-    source = _upstream(server)
-    ids = cmd.get("cursors")
-    if isinstance(ids, list) and any(_own_cursor(server, i) for i in ids):
-        return await _kill_mixed(server, conn, cmd, db, source, ids)
-    return await forward(source, cmd, db, server.cursors)
-
-
 def _upstream(server: Any) -> UpstreamOplog:
     source = upstream_of(server)
     if source is None:  # a table mix-up, never a client's doing
         raise UpstreamError(59, "this cdcserver has no upstream to forward to")
     return source
-
-
-async def _kill_mixed(server, conn, cmd, db, source, ids):
-    """killCursors naming both cdcserver's change-stream cursors and forwarded ones."""
-    own = [i for i in ids if _own_cursor(server, i)]
-    other = [i for i in ids if not _own_cursor(server, i)]
-    local = await change_streams.kill_cursors(server, conn, {**cmd, "cursors": own}, db)
-    remote = await forward(source, {**cmd, "cursors": other}, db, server.cursors)
-    if remote.get("ok") != 1:
-        return remote
-    merged = dict(local)
-    for key in ("cursorsKilled", "cursorsNotFound", "cursorsAlive", "cursorsUnknown"):
-        merged[key] = [*local.get(key, []), *(Int64(i) for i in remote.get(key, []))]
-    return merged
 
 
 # -- routes: which handler answers, per request -----------------------------------------------
@@ -249,36 +240,10 @@ def route_aggregate(server: Any, cmd: Mapping[str, Any]) -> Handler:
     return change_streams.aggregate if is_change_stream_aggregate(cmd) else forward_command
 
 
-def route_get_more(server: Any, cmd: Mapping[str, Any]) -> Handler:
-    """getMore on cdcserver's own change stream here; on any other id at the upstream."""
-    if _own_cursor(server, cmd.get("getMore")):
-        return change_streams.get_more
-    return forward_command
-
-
-def route_kill_cursors(server: Any, cmd: Mapping[str, Any]) -> Handler:
-    """Only cdcserver's own cursors: here; else forwarded (with ours killed here)."""
-    ids = cmd.get("cursors")
-    if isinstance(ids, list) and ids and all(_own_cursor(server, i) for i in ids):
-        return change_streams.kill_cursors
-    return kill_cursors
-
-
 # Handlers that hand the command to the upstream as it is: cdcserver's own argument checks
 # (API parameters, transaction rules) are the upstream's to make.
-FORWARDING: frozenset[Handler] = frozenset({forward_command, kill_cursors})
+FORWARDING: frozenset[Handler] = frozenset({forward_command})
 # The upstream mode's per-request entries (deployments/upstream.py puts them in its table).
 ROUTES = {
     "aggregate": route_aggregate,
-    "getMore": route_get_more,
-    "killCursors": route_kill_cursors,
 }
-
-
-def forwards(server: Any, name: str, cmd: Mapping[str, Any]) -> bool:
-    """Whether `cmd` goes to the upstream (only when the source is a live upstream): what the
-    upstream mode's table decides."""
-    if upstream_of(server) is None or not name or name in LOCAL_COMMANDS:
-        return False
-    route = ROUTES.get(name)
-    return route is None or route(server, cmd) in FORWARDING

@@ -33,7 +33,7 @@ from cdcserver.commands.crud_common import (
 )
 from cdcserver.commands.transactions import get_store, snapshot_reads
 from cdcserver.commands.writes import _write_out
-from cdcserver.cursors import QUERY_RESULT
+from cdcserver.cursors import QUERY_RESULT, GetMore, HeldHere
 from cdcserver.embedded import engine, query, text_search
 from cdcserver.embedded.store import Store
 from pipeline_stages.errors import MongoError
@@ -44,7 +44,7 @@ DEFAULT_BATCH = 101
 MAX_REPLY_BYTES = 16 * 1024 * 1024
 
 # The reads of the embedded store (and find / aggregate on the oplog of any source); the modes
-# that serve them: commands/tables.py.
+# that serve them: cdcserver/deployments/.
 TABLE: dict[str, Handler] = {}
 command = family(TABLE)
 
@@ -54,8 +54,8 @@ command = family(TABLE)
 
 
 @dataclass(eq=False)
-class ResultCursor:
-    """A query's results kept for getMore (a cursor of the registry, cdcserver/cursors.py)."""
+class ResultCursor(HeldHere):
+    """A query's results kept for getMore (a cursor of the registry, cdcserver/cursors/)."""
 
     id: int
     ns: str
@@ -80,9 +80,9 @@ class ResultCursor:
             return False
         return not self.open_until_seen_end or self.end_seen
 
-    async def get_more_reply(self, batch_size: int | None, max_time_ms: int | None) -> dict:
+    async def get_more_reply(self, more: GetMore) -> dict[str, Any]:
         batch: list[Any] = []  # up to 16 MiB, gathered in steps
-        await query.run_async(_taking(self, batch_size or None, batch))
+        await query.run_async(_taking(self, more.batch_size or None, batch))
         return {"cursor": {"nextBatch": batch, "id": Int64(0 if self.done else self.id),
                            "ns": self.ns}}
 

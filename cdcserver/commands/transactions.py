@@ -28,7 +28,7 @@ from cdcserver.embedded.store import LoggedWrite, OpSession, Session, Store, Txn
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
 
-# The transaction and session commands' table (which modes serve them: commands/tables.py).
+# The transaction and session commands' table (which modes serve them: cdcserver/deployments/).
 TABLE: dict[str, Handler] = {}
 command = family(TABLE)
 
@@ -51,7 +51,7 @@ def _no_store() -> MongoError:
 
 async def needs_store(server, conn, cmd, db):
     """The recorded mode's entry for a command that works only on the embedded store (115,
-    as its handler would answer first thing there: commands/tables.py)."""
+    as its handler would answer first thing there: deployments/recorded.py)."""
     raise _no_store()
 
 

@@ -4,9 +4,10 @@ on its own port (`deployments/shard.py`), behind a mongos front on the server's 
 
 from __future__ import annotations
 
-from cdcserver.commands import failpoints
+from cdcserver.commands import cursors, failpoints
 from cdcserver.config import Config
 from cdcserver.context import CommandTable, Handler
+from cdcserver.cursors import CursorManager
 from cdcserver.deployments.embedded import EMBEDDED, store_options
 from cdcserver.embedded.store import Store
 from cdcserver.sharding import front
@@ -19,7 +20,11 @@ def _front_table() -> dict[str, Handler]:
     knows forwarded to the primary shard of its database; each advances the cluster clock to
     the `$clusterTime` the client gossips."""
     table: dict[str, Handler] = {
-        **front.TABLE, "configureFailPoint": failpoints.configure_fail_point,
+        **front.TABLE,
+        "configureFailPoint": failpoints.configure_fail_point,
+        # Every cursor's, whatever holds it: a merged stream, merged results, a shard's.
+        "getMore": cursors.get_more,
+        "killCursors": cursors.kill_cursors,
     }
     for name in EMBEDDED:
         if not name.startswith("$"):
@@ -55,6 +60,9 @@ class ClusterDeployment:
 
     def close(self) -> None:
         self.cluster.close_stores()
+
+    def cursor_elsewhere(self, registry: CursorManager) -> None:
+        return None  # every cursor of this mode is in its registry
 
 
 def open_cluster(config: Config, shards: int) -> ClusterDeployment:

@@ -10,6 +10,7 @@ from cdcserver.commands import ddl
 from cdcserver.commands.tables import OWN
 from cdcserver.config import Config
 from cdcserver.context import CommandTable
+from cdcserver.cursors import CursorManager
 from cdcserver.embedded.store import Store
 from cdcserver.sources.embedded import EmbeddedOplog
 from pipeline_stages.image_source import ImageSource
@@ -49,6 +50,9 @@ class EmbeddedDeployment:
 
     def close(self) -> None:
         self.store.close()  # commits what is pending and closes the SQLite file
+
+    def cursor_elsewhere(self, registry: CursorManager) -> None:
+        return None  # every cursor of this mode is in its registry
 
 
 def store_options(config: Config) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from cdcserver.commands import handshake, queries, transactions
 from cdcserver.commands.tables import OWN, STORE_ONLY
 from cdcserver.context import CommandTable
+from cdcserver.cursors import CursorManager
 from cdcserver.embedded.store import Store
 from cdcserver.sources.base import OplogLog
 from cdcserver.sources.file import FileOplog
@@ -44,6 +45,9 @@ class RecordedDeployment:
 
     def close(self) -> None:
         pass
+
+    def cursor_elsewhere(self, registry: CursorManager) -> None:
+        return None  # every cursor of this mode is in its registry
 
 
 def open_recorded(paths: list[str], *, follow: bool) -> RecordedDeployment:

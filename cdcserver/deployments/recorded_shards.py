@@ -5,6 +5,7 @@ clients, its change streams each shard's recording merged as mongos merges them
 from __future__ import annotations
 
 from cdcserver.context import CommandTable, Handler, Route
+from cdcserver.cursors import CursorManager
 from cdcserver.deployments.recorded import RECORDED
 from cdcserver.embedded.store import Store
 from cdcserver.sharding import recorded
@@ -16,7 +17,6 @@ _OWN: dict[str, Handler] = {
     "isMaster": recorded._is_master,
     "ismaster": recorded._is_master,
     "aggregate": recorded._aggregate,  # a change stream merged from every shard's recording
-    "getMore": recorded._get_more,
 }
 _RECORDED: dict[str, Handler | Route] = {
     k: v for k, v in RECORDED.items() if not k.startswith("$")
@@ -42,6 +42,9 @@ class RecordedShardsDeployment:
 
     def close(self) -> None:
         pass
+
+    def cursor_elsewhere(self, registry: CursorManager) -> None:
+        return None  # every cursor of this mode is in its registry
 
 
 def open_recorded_shards(shards: list[list[str]]) -> RecordedShardsDeployment:

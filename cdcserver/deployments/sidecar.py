@@ -5,12 +5,15 @@ command forwarded to the mongos (the table's default entry)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import pymongo
 
-from cdcserver.commands import failpoints
+from cdcserver.commands import cursors, failpoints
+from cdcserver.commands.proxy import ForwardedCursor
 from cdcserver.config import Config
 from cdcserver.context import CommandTable
+from cdcserver.cursors import CursorManager
 from cdcserver.deployments.upstream import upstream_options
 from cdcserver.embedded.store import Store
 from cdcserver.sharding import sidecar
@@ -28,8 +31,9 @@ SIDECAR = CommandTable(
         "ping": sidecar._ping,
         "configureFailPoint": failpoints.configure_fail_point,
         "aggregate": sidecar._aggregate,
-        "getMore": sidecar._get_more,
-        "killCursors": sidecar._kill_cursors,
+        # Every cursor's: a merged stream here, the mongos's forwarded to it.
+        "getMore": cursors.get_more,
+        "killCursors": cursors.kill_cursors,
     },
     default=sidecar._forward,
     forwarding=(sidecar._forward,),
@@ -56,6 +60,13 @@ class SidecarDeployment:
 
     def close(self) -> None:
         pass
+
+    def cursor_elsewhere(
+        self, registry: CursorManager
+    ) -> Callable[[int, str], ForwardedCursor]:
+        """A cursor id not held here may be the mongos's (reaped here, not there)."""
+        return lambda cursor_id, ns: ForwardedCursor(
+            cursor_id, ns, None, self.oplog.mongos, registry)
 
 
 def open_sidecar(config: Config) -> SidecarDeployment | None:

@@ -8,9 +8,11 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 
-from cdcserver.commands import proxy
+from cdcserver.commands import cursors, proxy
+from cdcserver.commands.proxy import ForwardedCursor
 from cdcserver.config import Config
 from cdcserver.context import CommandTable, Route
+from cdcserver.cursors import CursorManager
 from cdcserver.deployments.embedded import EMBEDDED
 from cdcserver.embedded.store import Store
 from cdcserver.sources.mongo import UpstreamOplog, UpstreamOptions
@@ -23,6 +25,9 @@ UPSTREAM = CommandTable(
     {
         **{name: EMBEDDED[name] for name in sorted(proxy.LOCAL_COMMANDS)},
         **{name: Route(choose) for name, choose in proxy.ROUTES.items()},
+        # Every cursor's: a change stream here, a forwarded one at the member holding it.
+        "getMore": cursors.get_more,
+        "killCursors": cursors.kill_cursors,
     },
     default=proxy.forward_command,  # everything else runs on the upstream
     forwarding=proxy.FORWARDING,
@@ -56,6 +61,13 @@ class UpstreamDeployment:
 
     def close(self) -> None:
         pass
+
+    def cursor_elsewhere(
+        self, registry: CursorManager
+    ) -> Callable[[int, str], ForwardedCursor]:
+        """A cursor id not held here may still be open on the upstream (reaped here, not
+        there): its getMore and killCursors go to the upstream, which answers for it."""
+        return lambda cursor_id, ns: ForwardedCursor(cursor_id, ns, None, self.oplog, registry)
 
 
 def upstream_options(config: Config) -> UpstreamOptions:

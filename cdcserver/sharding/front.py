@@ -30,7 +30,7 @@ from bson.timestamp import Timestamp
 
 from cdcserver.commands import failpoints, handshake
 from cdcserver.commands.registry import int_arg, run_command
-from cdcserver.cursors import FORWARDED, QUERY_RESULT, cursor_reply, kind_of
+from cdcserver.cursors import FORWARDED, QUERY_RESULT, GetMore, HeldHere, cursor_reply
 from cdcserver.embedded.store import id_key as _id_key
 from cdcserver.sharding.catalog import (
     _MISSING,
@@ -1107,9 +1107,9 @@ def _take(docs: Any, size: int | None) -> list[Any]:
     return out
 
 
-class FrontResults:
+class FrontResults(HeldHere):
     """Results merged on the front, kept for getMore: a query-result cursor of the front's
-    registry (cdcserver/cursors.py), reaped when idle as every cursor is."""
+    registry (cdcserver/cursors/), reaped when idle as every cursor is."""
 
     kind = QUERY_RESULT
     owner = None
@@ -1119,6 +1119,15 @@ class FrontResults:
         self.last_used = time.monotonic()
         self.busy = False
         self.awaited_s = 0.0
+
+    @property
+    def done(self) -> bool:
+        return not self.rest
+
+    async def get_more_reply(self, more: GetMore) -> dict[str, Any]:
+        batch = _take(self.rest, more.batch_size)
+        return {"cursor": {"nextBatch": batch, "id": Int64(self.id if self.rest else 0),
+                           "ns": self.ns}}
 
     def close(self) -> None:
         self.rest.clear()
@@ -1137,6 +1146,23 @@ class ShardCursor:
         self.last_used = time.monotonic()
         self.busy = False
         self.awaited_s = 0.0
+        self.finished = False  # the shard's last batch (a failed getMore closes it too)
+
+    @property
+    def done(self) -> bool:
+        return self.finished
+
+    async def get_more_reply(self, more: GetMore) -> dict[str, Any]:
+        """The shard's reply (its error raised as the shard gave it)."""
+        reply = await forward(self.cluster, self.cluster.shard(self.owner), more.cmd, more.db)
+        self.finished = not reply.get("cursor", {}).get("id")
+        return reply
+
+    async def kill(self, cmd: Mapping[str, Any], db: str) -> bool:
+        self.close()
+        reply = await forward(self.cluster, self.cluster.shard(self.owner),
+                              {**cmd, "cursors": [Int64(self.id)]}, db)
+        return bool(reply.get("cursorsKilled"))
 
     def close(self) -> None:
         self.cluster.cursor_owner.pop(self.id, None)
@@ -1458,94 +1484,6 @@ async def _sharded_aggregate(server: Any, cluster: ShardedCluster, cmd: Mapping[
     size = int_arg(cursor_doc, "batchSize", "aggregate.cursor") if isinstance(
         cursor_doc, Mapping) else None
     return _results_reply(server, cluster, docs, ns, size)
-
-
-@front("getMore")
-async def get_more(server, conn, cmd, db):
-    cluster = cluster_of(server)
-    cursor_id = cmd.get("getMore")
-    stream = server.cursors.cursors.get(cursor_id) if isinstance(cursor_id, int) else None
-    results = server.cursors.find(cursor_id)
-    if results is not None and kind_of(results) == QUERY_RESULT:
-        ns, rest = results.ns, results.rest
-        results.last_used = time.monotonic()
-        coll = cmd.get("collection")
-        if f"{db}.{coll}" != ns:
-            raise MongoError(
-                13, f"Requested getMore on namespace '{db}.{coll}', but cursor belongs to a "
-                f"different namespace {ns}",
-            )
-        batch = _take(rest, int_arg(cmd, "batchSize", "getMore"))
-        if not rest:
-            server.cursors.kill(cursor_id)
-        return {"cursor": {"nextBatch": batch, "id": Int64(cursor_id if rest else 0),
-                           "ns": ns}}
-    if stream is None:
-        owner = cluster.cursor_owner.get(int(cursor_id)) if isinstance(cursor_id, int) else None
-        shard = cluster.shard(owner) if owner is not None else cluster.shards[0]
-        held = server.cursors.find(cursor_id)
-        if held is not None:
-            held.last_used = time.monotonic()  # in use: not reaped
-        reply = await forward(cluster, shard, cmd, db)
-        if not reply.get("cursor", {}).get("id"):
-            cluster.cursor_owner.pop(int(cursor_id), None)
-            if held is not None and kind_of(held) == FORWARDED:
-                server.cursors.kill(int(cursor_id))
-        return reply
-    return await stream_get_more(server, conn, cmd, db, stream)
-
-
-async def stream_get_more(server: Any, conn: Any, cmd: Mapping[str, Any], db: str,
-                          stream: MergedChangeStream) -> dict[str, Any]:
-    """getMore on a merged change stream of a front."""
-    coll = cmd.get("collection")
-    if f"{db}.{coll}" != stream.ns:
-        raise MongoError(
-            13, f"Requested getMore on namespace '{db}.{coll}', but cursor belongs to a "
-            f"different namespace {stream.ns}",
-        )
-    batch_size = int_arg(cmd, "batchSize", "getMore")
-    max_time_ms = int_arg(cmd, "maxTimeMS", "getMore")
-    if stream.busy:
-        raise MongoError(143, f"cursor id {stream.id} is already in use")
-    stream.busy = True
-    try:
-        batch = await stream.get_more(batch_size, max_time_ms)
-    except MongoError:
-        server.cursors.kill(stream.id)
-        raise
-    finally:
-        stream.busy = False
-        stream.touch()
-        conn.awaited_s = stream.awaited_s
-    if batch.invalidated:
-        server.cursors.kill(stream.id)
-    return {"cursor": cursor_reply(stream.id, stream.ns, batch, first=False)}
-
-
-@front("killCursors")
-async def kill_cursors(server, conn, cmd, db):
-    cluster = cluster_of(server)
-    ids = cmd.get("killCursors") and cmd.get("cursors")
-    if not isinstance(ids, list):
-        return await forward_default(server, conn, cmd, db)
-    killed, not_found = [], []
-    for cid in ids:
-        cid = int(cid)
-        held = server.cursors.find(cid)
-        if held is not None and kind_of(held) != FORWARDED and server.cursors.kill(cid):
-            killed.append(Int64(cid))  # the front's own: a merged stream, merged results
-            continue
-        owner = cluster.cursor_owner.pop(cid, None)
-        server.cursors.kill(cid)  # a shard's cursor: the front forgets it
-        if owner is None:
-            not_found.append(Int64(cid))
-            continue
-        reply = await forward(cluster, cluster.shard(owner),
-                              {**cmd, "cursors": [Int64(cid)]}, db)
-        (killed if reply.get("cursorsKilled") else not_found).append(Int64(cid))
-    return {"cursorsKilled": killed, "cursorsNotFound": not_found, "cursorsAlive": [],
-            "cursorsUnknown": []}
 
 
 def gossiping(handler: Any) -> Any:

@@ -15,11 +15,11 @@ from typing import Any
 
 from bson.timestamp import Timestamp
 
-from cdcserver.commands import cursors, queries
+from cdcserver.commands import queries
 from cdcserver.context import ServerState
 from cdcserver.deployment import server_state
 from cdcserver.deployments.recorded import RecordedDeployment
-from cdcserver.sharding.front import _front_hello, open_change_stream, stream_get_more
+from cdcserver.sharding.front import _front_hello, open_change_stream
 from cdcserver.sharding.front_log import FrontLog
 from cdcserver.sources.file import FileOplog
 from pipeline_stages.oplog_entry import Entry
@@ -99,12 +99,4 @@ async def _aggregate(server, conn, cmd, db):
     if not is_change_stream_aggregate(cmd):
         return await queries.aggregate(server, conn, cmd, db)
     return await open_change_stream(server, server.log, cmd, db)
-
-
-async def _get_more(server, conn, cmd, db):
-    cursor_id = cmd.get("getMore")
-    stream = server.cursors.cursors.get(cursor_id) if isinstance(cursor_id, int) else None
-    if stream is None:
-        return await cursors.get_more(server, conn, cmd, db)
-    return await stream_get_more(server, conn, cmd, db, stream)
 

@@ -670,38 +670,3 @@ async def _aggregate(server, conn, cmd, db):
         # A shard whose tail has never read: its stream could not start where it must.
         raise MongoError(6, "a shard of the cluster cannot be reached yet")
     return await open_change_stream(server, server.log, cmd, db)
-
-
-async def _get_more(server, conn, cmd, db):
-    cursor_id = cmd.get("getMore")
-    stream = server.cursors.cursors.get(cursor_id) if isinstance(cursor_id, int) else None
-    if stream is None:
-        return await _forward(server, conn, cmd, db)
-    from cdcserver.sharding.front import stream_get_more
-
-    return await stream_get_more(server, conn, cmd, db, stream)
-
-
-async def _kill_cursors(server, conn, cmd, db):
-    ids = cmd.get("cursors")
-    if not isinstance(ids, list) or not any(
-        isinstance(i, int) and i in server.cursors.cursors for i in ids
-    ):
-        return await _forward(server, conn, cmd, db)
-    from bson.int64 import Int64
-
-    # Our change streams are killed here; any other id is the mongos's (a forwarded cursor).
-    own = [i for i in ids if isinstance(i, int) and i in server.cursors.cursors]
-    other = [i for i in ids if not (isinstance(i, int) and i in server.cursors.cursors)]
-    killed, not_found = [], []
-    for cid in own:
-        (killed if server.cursors.kill(int(cid)) else not_found).append(Int64(int(cid)))
-    reply = {"cursorsKilled": killed, "cursorsNotFound": not_found, "cursorsAlive": [],
-             "cursorsUnknown": []}
-    if other:
-        remote = await _forward(server, conn, {**cmd, "cursors": other}, db)
-        if remote.get("ok") != 1:
-            return remote
-        for key in reply:
-            reply[key] = [*reply[key], *(Int64(i) for i in remote.get(key, []))]
-    return reply

@@ -24,7 +24,15 @@ from typing import TYPE_CHECKING, Any
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from cdcserver.cursors import DEFAULT_AWAIT_MS, DEFAULT_BATCH_SIZE, ChangeStreamCursor
+from cdcserver.cursors import (
+    CHANGE_STREAM,
+    DEFAULT_AWAIT_MS,
+    DEFAULT_BATCH_SIZE,
+    ChangeStreamCursor,
+    GetMore,
+    HeldHere,
+    cursor_reply,
+)
 from pipeline_stages import resume_token
 from pipeline_stages.ensure_resume_token_present import EnsureResumeTokenPresent
 from pipeline_stages.merge import ShardMerge
@@ -58,9 +66,11 @@ def open_shard_cursor(shard: Shard, spec: ChangeStreamSpec, start: Timestamp, ns
     return cursor
 
 
-class MergedChangeStream:
-    """A change-stream cursor of the front (duck-types `ChangeStreamCursor` for the registry:
-    id, ns, busy, closed, last_used, close)."""
+class MergedChangeStream(HeldHere):
+    """A change-stream cursor of the front (a `Cursor` of its registry): every shard's stream,
+    merged."""
+
+    kind = CHANGE_STREAM
 
     def __init__(
         self, cursor_id: int, ns: str, cluster: ShardedCluster, spec: ChangeStreamSpec,
@@ -73,6 +83,7 @@ class MergedChangeStream:
         self.busy = False
         self.closed = False
         self.draining = False
+        self.finished = False  # its last batch was the invalidate: the getMore closes it
         self.awaited_s = 0.0
         self.last_used = time.monotonic()
         self.start = start
@@ -266,9 +277,18 @@ class MergedChangeStream:
             self._drain_merge()
         return self._batch(size)
 
+    @property
+    def done(self) -> bool:
+        return self.finished
+
+    async def get_more_reply(self, more: GetMore) -> dict[str, Any]:
+        batch = await self.get_more(more.batch_size, more.max_time_ms)
+        self.finished = batch.invalidated
+        return {"cursor": cursor_reply(self.id, self.ns, batch, first=False)}
+
     async def get_more(self, batch_size: int | None, max_time_ms: int | None) -> Batch:
         # Without batchSize, mongos returns what is ready up to the 16 MiB reply budget (as a
-        # shard's getMore does: cdcserver/cursors.py); only the aggregate defaults to 101.
+        # shard's getMore does: cursors/change_stream.py); only the aggregate defaults to 101.
         size = (
             None if batch_size is None
             else DEFAULT_BATCH_SIZE if batch_size <= 0 else batch_size

@@ -12,9 +12,11 @@ from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
 from cdcserver import hub
-from cdcserver.commands import cursors as _cursors  # noqa: F401  (registers the commands)
 from cdcserver.commands.registry import run_command
-from cdcserver.context import ConnectionState, ServerState
+from cdcserver.context import ConnectionState
+from cdcserver.cursors import change_stream
+from cdcserver.deployment import server_state
+from cdcserver.deployments import for_oplog
 from cdcserver.sources.base import EntryList, OplogLog
 
 UI = Binary(bytes(range(16)), 4)
@@ -40,7 +42,7 @@ class MemoryLog(EntryList, OplogLog):
 def world():
     log = MemoryLog()
     log.insert("db.c", 0)  # history before the streams open
-    return ServerState(log=log), ConnectionState(1, "test")
+    return server_state(for_oplog(log)), ConnectionState(1, "test")
 
 
 async def open_stream(world, coll: str = "c", **options) -> int:
@@ -125,10 +127,10 @@ async def _replies(prefetch: bool, monkeypatch) -> list[bytes]:
     import asyncio
     import itertools
 
-    monkeypatch.setattr(_cursors, "PREFETCH_STEP", 2)  # several steps per batch
+    monkeypatch.setattr(change_stream, "PREFETCH_STEP", 2)  # several steps per batch
     log = MemoryLog()
     log.insert("db.c", 0)
-    state, conn = ServerState(log=log), ConnectionState(1, "test")
+    state, conn = server_state(for_oplog(log)), ConnectionState(1, "test")
     ids = itertools.count(7)
     state.cursors.new_id = lambda: next(ids)  # type: ignore[method-assign]
     start = log.latest_ts()

@@ -17,15 +17,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 from pymongo import DeleteOne, InsertOne, MongoClient, errors
 
-from cdcserver.commands import proxy
-from cdcserver.context import ServerState
-from cdcserver.server import Server
+from cdcserver.deployments.upstream import UpstreamDeployment
 from cdcserver.sources.mongo import UpstreamOplog, UpstreamOptions
-from cdcserver.testing import HOST, ThreadServer
+from cdcserver.testing import ThreadServer
 from pipeline_stages import resume_token as rt
 from pipeline_stages.image_source import pre_image_id
 from tests.support.embedded_support import EmbeddedServer
@@ -49,15 +48,8 @@ class UpstreamServer(ThreadServer):
 
     def __init__(self, uri: str, **options: Any) -> None:
         self._options = UpstreamOptions(uri=uri, **options)
-        super().__init__(make_log=lambda: None)
-
-    async def _start(self) -> Any:
-        source = UpstreamOplog(self._options)
-        state = ServerState(log=source, images=source.images)
-        state.follow = True
-        server = Server(state)
-        await server.start(HOST, 0)
-        return server
+        super().__init__(
+            make_deployment=lambda: UpstreamDeployment(UpstreamOplog(self._options)))
 
     @property
     def source(self) -> UpstreamOplog:
@@ -544,18 +536,28 @@ def test_proxy_kill_cursors_of_both_kinds(pair):
 
 
 def test_proxy_routing_decisions(pair):
+    """What the upstream table hands on as it is (its forwarding handlers), per request."""
     a, b = pair
     state = b.state
-    forwards = proxy.forwards
+
+    def forwards(server, name, cmd):
+        handler = server.commands.handler(server, name, cmd)
+        return handler is not None and handler in server.commands.forwarding
+
     assert forwards(state, "insert", {"insert": "c"})
     assert forwards(state, "aggregate", {"aggregate": "c", "pipeline": [{"$match": {}}]})
     assert not forwards(
         state, "aggregate", {"aggregate": "c", "pipeline": [{"$changeStream": {}}]}
     )
-    assert forwards(state, "getMore", {"getMore": 12345, "collection": "c"})
+    # getMore is cdcserver's for every cursor: a forwarded one's goes to the member holding it
+    # (test_forwarded_cursors_are_in_the_registry_reaped_and_killed), an unknown id is 43.
+    assert not forwards(state, "getMore", {"getMore": 12345, "collection": "c"})
     for local in ("hello", "isMaster", "ping", "buildInfo", "serverStatus", "saslStart"):
         assert not forwards(state, local, {local: 1})
     assert not forwards(a.state, "insert", {"insert": "c"})  # A is not a sidecar
+    with b.client() as cb, pytest.raises(errors.OperationFailure) as unknown:
+        cb.proxied.command({"getMore": Int64(12345), "collection": "c"})
+    assert unknown.value.code == 43
 
 
 def test_proxy_ddl_and_listings(pair):

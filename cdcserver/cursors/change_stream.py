@@ -1,18 +1,6 @@
-"""The cursor registry (every kind of cursor) and the change-stream cursor.
-
-`CursorManager` is the one registry of a server's cursors, whatever their kind: change streams
-(`ChangeStreamCursor` here, a sharded front's merged streams), query results
-(commands/queries.py `ResultCursor`), oplog finds (commands/oplog_find.py `OplogCursor`) and
-cursors held elsewhere (commands/proxy.py `ForwardedCursor`: an upstream member's or a shard's).
-Each has an `id`, a namespace `ns`, an `owner` (None: this server holds its results), `last_used`,
-`busy` (a getMore has it checked out) and `close()`; one reaper closes those idle too long, and
-getMore / killCursors (commands/cursors.py) find every kind here.
-
-Change-stream cursors: ids, namespaces, getMore with awaitData, idle timeout, kill.
-
-A cursor has its own `ChangeStreamPipeline` queue (batches, post-batch token) and belongs to a
-`StreamGroup` (hub.py) that reads the oplog for it, shared with identical cursors; only what is
-needed to fill the batch asked for is read.
+"""The change-stream cursor: its own `ChangeStreamPipeline` queue (batches, post-batch token)
+in a `StreamGroup` (hub.py) that reads the oplog for it, shared with identical cursors; only
+what is needed to fill the batch asked for is read.
 
 When a chunk's push needs documents the pipeline does not have (a live upstream's images or
 transaction history: pipeline_stages/lookups.py), the push says so and runs nothing; the
@@ -24,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,24 +19,23 @@ from typing import Any
 
 from bson.int64 import Int64
 
-from cdcserver.hub import READ_CHUNK, Hub, StreamGroup, step_answering, wants_more
+from cdcserver.cursors.cursor import (
+    CHANGE_STREAM,
+    DEFAULT_AWAIT_MS,
+    DEFAULT_BATCH_SIZE,
+    GetMore,
+    HeldHere,
+)
+from cdcserver.hub import READ_CHUNK, StreamGroup, step_answering, wants_more
 from cdcserver.sources.base import CappedPositionLost
 from pipeline_stages.check_resumability import HISTORY_LOST_MESSAGE
 from pipeline_stages.errors import MongoError
 from pipeline_stages.lookups import looks_up_images
 from pipeline_stages.pipeline import Batch, ChangeStreamPipeline
 
-DEFAULT_BATCH_SIZE = 101
-DEFAULT_AWAIT_MS = 1000
-# Cursor kinds (`kind` of each cursor class; an object without one is a change stream).
-CHANGE_STREAM = "changeStream"
-QUERY_RESULT = "queryResult"
-OPLOG_FIND = "oplogFind"
-FORWARDED = "forwarded"
-
 
 @dataclass(eq=False)
-class ChangeStreamCursor:
+class ChangeStreamCursor(HeldHere):
     id: int
     ns: str  # db.coll, db.$cmd.aggregate or admin.$cmd.aggregate
     pipeline: ChangeStreamPipeline  # this cursor's batches and post-batch token
@@ -60,6 +46,7 @@ class ChangeStreamCursor:
     draining: bool = False  # the server shuts down: an awaiting getMore answers now
     awaited_s: float = 0.0  # the last getMore's wait for events (not counted as its work)
     _prefetch_task: asyncio.Task[None] | None = field(default=None, repr=False)
+    finished: bool = False  # its last batch was the invalidate: the getMore closes it
     kind = CHANGE_STREAM
     owner = None  # this server reads the oplog for it
 
@@ -108,7 +95,7 @@ class ChangeStreamCursor:
         return await step_answering(self.group, self, chunk, stop)
 
     def start_prefetch(self, size: int, chunk: int, stopped: Callable[[], bool]) -> None:
-        """After a full batch, fill the next one in a task (commands/cursors.py prefetches
+        """After a full batch, fill the next one in a task (`prefetch_after` prefetches
         with loop callbacks, which cannot await lookups)."""
         task = self._prefetch_task
         if task is None or task.done():
@@ -160,6 +147,19 @@ class ChangeStreamCursor:
             await self.group.wait(self, remaining)  # woken only when it got something
             self.awaited_s += time.monotonic() - now
 
+    @property
+    def done(self) -> bool:
+        return self.finished
+
+    async def get_more_reply(self, more: GetMore) -> dict[str, Any]:
+        """A getMore's batch, then (after a full one) the next prepared while the client
+        reads this one."""
+        batch = await self.get_more(more.batch_size, more.max_time_ms)
+        self.finished = batch.invalidated
+        if not batch.invalidated:
+            prefetch_after(self, more.batch_size, len(batch.events), more.stopping)
+        return {"cursor": cursor_reply(self.id, self.ns, batch, first=False)}
+
     def close(self) -> None:
         self.closed = True
         self.group.remove(self)
@@ -169,83 +169,49 @@ class ChangeStreamCursor:
                 task.cancel()
 
 
-class CursorManager:
-    """Every open cursor by id, whatever its kind; reaps cursors idle longer than the timeout
-    (mongod: 10 min). `cursors` indexes the change streams among them (the hub's readers:
-    metrics, shutdown and the change-stream getMore look there)."""
 
-    def __init__(self, idle_timeout_s: float = 600.0) -> None:
-        self.open: dict[int, Any] = {}  # every kind
-        self.cursors: dict[int, ChangeStreamCursor] = {}  # the change streams among them
-        self.hub = Hub()
-        self.idle_timeout_s = idle_timeout_s
-
-    def new_id(self) -> int:
-        while True:
-            cid = secrets.randbits(62) + 1  # positive int64, never 0
-            if cid not in self.open:
-                return cid
-
-    def add(self, cursor: Any) -> None:
-        self.open[cursor.id] = cursor
-        if kind_of(cursor) == CHANGE_STREAM:
-            self.cursors[cursor.id] = cursor
-
-    def find(self, cursor_id: Any) -> Any:
-        """The cursor with this id, of any kind, or None."""
-        if isinstance(cursor_id, bool) or not isinstance(cursor_id, int):
-            return None
-        return self.open.get(cursor_id)
-
-    def get(self, cursor_id: int, ns: str) -> Any:
-        """The cursor a getMore names: 43 when there is none, 13 when it is another
-        namespace's."""
-        cursor = self.open.get(cursor_id)
-        if cursor is None:
-            raise MongoError(43, f"cursor id {cursor_id} not found")
-        if cursor.ns != ns:
-            raise MongoError(
-                13,
-                f"Requested getMore on namespace '{ns}', but cursor belongs to a different "
-                f"namespace {cursor.ns}",
-            )
-        return cursor
-
-    def held(self) -> int:
-        """The cursors whose results this server holds (all but forwarded ones)."""
-        return sum(1 for c in self.open.values() if kind_of(c) != FORWARDED)
-
-    def is_change_stream(self, cursor_id: Any) -> bool:
-        return isinstance(cursor_id, int) and cursor_id in self.cursors
-
-    def kill(self, cursor_id: int) -> bool:
-        cursor = self.open.pop(cursor_id, None)
-        if cursor is None:
-            return False
-        stream = self.cursors.pop(cursor_id, None) is not None
-        cursor.close()
-        if stream:
-            self.hub.forget_empty()
-        return True
-
-    def reap(self) -> int:
-        now = time.monotonic()
-        stale = [
-            c.id for c in self.open.values()
-            if not c.busy and now - c.last_used > self.idle_timeout_s
-        ]
-        for cid in stale:
-            self.kill(cid)
-        return len(stale)
-
-    async def reap_forever(self, interval: float = 60.0) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            self.reap()
+# Oplog entries read per prefetch step: small, so the reply being sent (and every other
+# connection) is served between steps.
+PREFETCH_STEP = 100
 
 
-def kind_of(cursor: Any) -> str:
-    return getattr(cursor, "kind", CHANGE_STREAM)  # a front's merged stream has none
+def prefetch_after(cursor: ChangeStreamCursor, batch_size: int | None, sent: int,
+                   stopping: Callable[[], bool]) -> None:
+    """After a full batch, prepare the next one while the client reads this one.
+
+    The client works through a batch before it sends the next getMore; filling the cursor's
+    queue meanwhile (on the event loop, between I/O) overlaps the two instead of running them
+    one after the other. The getMore then finds its events queued: what it returns is what it
+    would have produced itself, since the queue is filled from the same oplog in the same order.
+    """
+    if batch_size is None:
+        # A getMore without batchSize took what there was up to 16 MiB: it was full when it
+        # left events queued; the next one is prepared as large (bounded by this one's bytes).
+        if not cursor.pipeline.pending_count:
+            return
+        size = max(sent, DEFAULT_BATCH_SIZE)
+    else:
+        size = DEFAULT_BATCH_SIZE if batch_size <= 0 else batch_size
+    if sent < size:
+        return  # the stream caught up with the oplog: nothing to get ahead of
+    if cursor.prepares_images:  # its lookups are awaited: a task, not loop callbacks
+        cursor.start_prefetch(size, PREFETCH_STEP, stopping)
+        return
+    asyncio.get_running_loop().call_soon(_prefetch_step, cursor, size, stopping)
+
+
+def _prefetch_step(cursor: ChangeStreamCursor, size: int, stopping: Callable[[], bool]) -> None:
+    if cursor.closed or cursor.busy or cursor.draining or stopping():
+        return  # a getMore (which reads for itself) or the end of the cursor
+    pipeline = cursor.pipeline
+    if pipeline.pending_count >= size or pipeline.invalidated:
+        return
+    try:
+        if cursor.group.step(cursor, PREFETCH_STEP) is not True:
+            return  # the end of the oplog for now, or lookups to await (the getMore's)
+    except Exception:  # noqa: BLE001 - the getMore reads the same entries and reports it
+        return
+    asyncio.get_running_loop().call_soon(_prefetch_step, cursor, size, stopping)
 
 
 def cursor_reply(cursor_id: int, ns: str, batch: Batch, first: bool) -> dict[str, Any]:
