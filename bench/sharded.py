@@ -158,7 +158,7 @@ def main() -> None:
         options = UpstreamOptions(uri=single_uri, majority_poll_ms=1.0,
                                   client_options={"event_listeners": [rs_requests]})
         with ThreadServer(make_log=lambda: UpstreamOplog(options), follow=True) as rs_side:
-            assert rs_side.run(rs_side.state.log.wait_ready(10.0), timeout=15)
+            assert rs_side.run(rs_side.state.oplog.wait_ready(10.0), timeout=15)
             rs_requests.counts.clear()  # start-up's aside
             rs_through = _sidecar_lags(single_uri, rs_side.uri, args.events)
             rs_per_event = sum(rs_requests.counts.values()) / args.events

@@ -82,7 +82,7 @@ def qualified_name(handler: Any) -> str:
 
 @dataclass
 class ServerState:
-    log: OplogLog
+    oplog: OplogLog  # its time, and the oplog its change streams and oplog finds read
     commands: CommandTable  # the mode's table (its Deployment's)
     store: Store | None = None  # the embedded store, when the mode has one
     # Pre-images and current documents, when there are any (a live upstream's: looked up there).

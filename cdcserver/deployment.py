@@ -92,7 +92,7 @@ def server_state(deployment: Deployment, **options: Any) -> ServerState:
     """A server's state for `deployment` (`options`: ServerState's other fields)."""
     options.setdefault("follow", deployment.follow)
     state = ServerState(
-        log=deployment.oplog,
+        oplog=deployment.oplog,
         commands=deployment.commands,
         store=deployment.store,
         images=deployment.images,

@@ -134,7 +134,7 @@ class StateCollector(Collector):
         yield _gauge("cdcserver_hub_queued_events",
                      "Events made and not yet returned, over all cursors", queued)
 
-        source = state.log
+        source = state.oplog
         store = getattr(source, "store", None)
         entries = source if store is None else store
         latest = source.latest_ts()

@@ -153,7 +153,7 @@ class Server:
             self._unix_server.close()  # likewise (its file goes in close())
         for cursor in state.cursors.cursors.values():
             cursor.draining = True
-        state.log.notify()  # wakes every getMore waiting for events
+        state.oplog.notify()  # wakes every getMore waiting for events
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_s
         while loop.time() < deadline and self.in_flight():

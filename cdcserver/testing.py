@@ -255,7 +255,7 @@ class ThreadServer(RunningServer):
 
     @property
     def log(self) -> OplogLog:
-        return self.state.log
+        return self.state.oplog
 
     def run(self, coro: Any, timeout: float | None = START_TIMEOUT_S) -> Any:
         """Run a coroutine on the server's loop and return its result."""

@@ -4,8 +4,9 @@ replSetGetStatus, serverStatus, hostInfo, listCommands, explain, validate, profi
 collStats, usersInfo, currentOp) and the `$currentOp` / `$collStats` aggregation sources.
 
 This module has its own table, `TABLE`, taken into the modes' tables (commands/tables.py
-`OWN`, in each mode's table in cdcserver/deployments/). It imports no other command module; the commands it runs on behalf of
-another (explain) are looked up in the server's table (`server.commands`).
+`OWN`, in each mode's table in cdcserver/deployments/). It imports no other command module;
+the commands it runs on behalf of another (explain) are looked up in the server's table
+(`server.commands`).
 """
 
 from __future__ import annotations
@@ -377,7 +378,7 @@ async def get_parameter(server, conn, cmd, db):
 
 
 def _op_time(server: ServerState) -> tuple[dict[str, Any], datetime.datetime]:
-    ts = server.log.cluster_time()
+    ts = server.oplog.cluster_time()
     when = datetime.datetime.fromtimestamp(ts.time, datetime.UTC) if ts.time else server.started
     return {"ts": ts, "t": Int64(1)}, when
 
@@ -494,7 +495,7 @@ def _longs(values: Mapping[str, int]) -> dict[str, Int64]:
 async def server_status(server, conn, cmd, db):
     now = _now()
     table = counters(server)
-    latest = server.log.latest_ts()
+    latest = server.oplog.latest_ts()
     lag = max(0.0, now.timestamp() - latest.time) if latest is not None else None
     uptime = (now - server.started).total_seconds()
     op_time, wall = _op_time(server)
@@ -583,8 +584,8 @@ def _pretty_host(server: ServerState) -> str:
 
 
 def _upstream_status(server: ServerState) -> dict[str, Any]:
-    status = getattr(server.log, "status", None)
-    if callable(status) and hasattr(server.log, "reconnects"):  # a live upstream's tail
+    status = getattr(server.oplog, "status", None)
+    if callable(status) and hasattr(server.oplog, "reconnects"):  # a live upstream's tail
         return {"upstream": status()}
     return {}
 
@@ -984,7 +985,7 @@ def _fs(store: Any) -> tuple[int, int]:
 def _oplog_storage_stats(server: ServerState, scale: int) -> dict[str, Any]:
     """`local.oplog.rs` (mongosh's rs.printReplicationInfo reads its size and maxSize): a
     capped collection without indexes, whatever the source (embedded, recorded, upstream)."""
-    log = server.log
+    log = server.oplog
     entries = getattr(log, "store", None) or log
     count = entries.entry_count() if hasattr(entries, "entry_count") else 0
     # The bytes held: the embedded store keeps the running total its capping uses; a recorded
@@ -1119,7 +1120,7 @@ async def validate(server, conn, cmd, db):
         "indexDetails": {ix["name"]: {"valid": True} for ix in c.indexes},
         "valid": True,
         "repaired": False,
-        "readTimestamp": server.log.cluster_time(),
+        "readTimestamp": server.oplog.cluster_time(),
         "warnings": warnings,
         "errors": [],
         "extraIndexEntries": [],

@@ -143,7 +143,7 @@ def open_tailable(
     engine.validate_filter(filter_doc or {})
     matcher = engine.matcher(engine.normalize(dict(filter_doc or {})))
     cursor = CappedCursor(
-        id=server.cursors.new_id(), ns=f"{db}.{coll}", store=store, log=server.log, db=db,
+        id=server.cursors.new_id(), ns=f"{db}.{coll}", store=store, log=server.oplog, db=db,
         coll=coll, uuid=c.uuid, match=matcher, projection=projection or None, skip=skip,
         remaining=limit or None, await_data=await_data,
     )

@@ -48,7 +48,7 @@ async def aggregate(server, conn, cmd, db):
         raise MongoError(51024, "BSON field 'batchSize' value must be >= 0, actual value "
                          f"'{batch_size}'")
     spec = parse_aggregate(cmd, db)
-    log = server.log
+    log = server.oplog
     start = spec.requested_start()
     if start is None:
         start = log.start_for_new_stream()

@@ -849,7 +849,7 @@ async def list_collections(server, conn, cmd, db):
     # mongod lists the collections, then the views (list_collections.cpp)
     infos.extend(view_info(v) for v in sorted(store.views_of(db), key=lambda v: v["_id"]))
     if db == oplog_find.OPLOG_DB:
-        infos.append(oplog_find.collection_info(server.log))
+        infos.append(oplog_find.collection_info(server.oplog))
     for info in infos:
         if filter_doc and not engine.matches(filter_doc, info):
             continue

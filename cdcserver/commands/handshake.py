@@ -28,7 +28,7 @@ def _now() -> datetime.datetime:
 
 
 def hello_reply(server: ServerState, conn: ConnectionState, cmd: dict[str, Any], legacy: bool):
-    ts = server.log.cluster_time()
+    ts = server.oplog.cluster_time()
     op_time = {"ts": ts, "t": Int64(1)}
     write_date = (
         datetime.datetime.fromtimestamp(ts.time, datetime.UTC) if ts.time else server.started
@@ -150,7 +150,7 @@ async def sessions(server, conn, cmd, db):
 
 @command("listDatabases")
 async def list_databases(server, conn, cmd, db):
-    names = sorted({d for d, _ in server.log.namespaces()})
+    names = sorted({d for d, _ in server.oplog.namespaces()})
     dbs = [{"name": name, "sizeOnDisk": Int64(0), "empty": False} for name in names]
     if cmd.get("nameOnly"):
         dbs = [{"name": d["name"]} for d in dbs]
@@ -159,7 +159,7 @@ async def list_databases(server, conn, cmd, db):
 
 @command("listCollections")
 async def list_collections(server, conn, cmd, db):
-    colls = sorted(c for d, c in server.log.namespaces() if d == db and c)
+    colls = sorted(c for d, c in server.oplog.namespaces() if d == db and c)
     batch = [{"name": c, "type": "collection", "options": {}, "info": {"readOnly": False}}
              for c in colls]
     return {"cursor": {"id": Int64(0), "ns": f"{db}.$cmd.listCollections", "firstBatch": batch}}

@@ -47,6 +47,7 @@ from bson.raw_bson import RawBSONDocument
 
 from cdcserver.commands import cursors as change_streams
 from cdcserver.commands.base import Handler
+from cdcserver.context import ServerState
 from cdcserver.cursors import FORWARDED, CursorManager, GetMore
 from cdcserver.sources.mongo import (
     NOT_PRIMARY_CODES,
@@ -69,9 +70,9 @@ LOCAL_COMMANDS = frozenset(
 _DROPPED_FIELDS = frozenset({"$db", "$clusterTime"})
 
 
-def upstream_of(server: Any) -> UpstreamOplog | None:
-    log = getattr(server, "log", None)
-    return log if isinstance(log, UpstreamOplog) else None
+def upstream_of(server: ServerState) -> UpstreamOplog | None:
+    oplog = server.oplog
+    return oplog if isinstance(oplog, UpstreamOplog) else None
 
 
 @dataclass(eq=False)

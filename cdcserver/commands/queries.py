@@ -441,7 +441,7 @@ async def find_oplog(server: Any, cmd: Mapping[str, Any]) -> dict[str, Any]:
     store's, a recorded one), with tailable / awaitData cursors as on mongod."""
     filter_doc, projection, skip, limit, batch_size = find_arguments(cmd)
     cursor = oplog_find.open_cursor(
-        server.log, server.cursors.new_id(), cmd, filter_doc, projection, skip, limit
+        server.oplog, server.cursors.new_id(), cmd, filter_doc, projection, skip, limit
     )
     batch = await cursor.fill(DEFAULT_BATCH if batch_size is None else batch_size)
     if cmd.get("singleBatch") is True:
@@ -463,8 +463,8 @@ async def count(server, conn, cmd, db):
     limit = abs(_int(cmd, "limit", "count"))
     if oplog_find.is_oplog(db, cmd.get("count")):
         if not predicate and not skip and not limit:
-            return {"n": len(server.log)}
-        return {"n": len(await oplog_find.scan(server.log, predicate, max(skip, 0), limit))}
+            return {"n": len(server.oplog)}
+        return {"n": len(await oplog_find.scan(server.oplog, predicate, max(skip, 0), limit))}
     store = get_store(server)
     coll = coll_arg(cmd, "count")
     max_time_ms_arg(cmd, None)
@@ -690,7 +690,7 @@ async def _aggregate_oplog(server: Any, cmd: Mapping[str, Any]) -> dict[str, Any
     for stage in stages:
         if isinstance(stage, Mapping) and ("$out" in stage or "$merge" in stage):
             raise MongoError(2, "cdcserver does not write aggregation results from the oplog")
-    entries = await oplog_find.scan(server.log, filter_doc)
+    entries = await oplog_find.scan(server.oplog, filter_doc)
     if not stages:
         results: list[Any] = list(entries)
     else:

@@ -50,7 +50,7 @@ def int_arg(cmd: Any, name: str, where: str, default: Any = None) -> Any:
 
 
 def cluster_time_fields(server: ServerState) -> dict[str, Any]:
-    ts = server.log.cluster_time()
+    ts = server.oplog.cluster_time()
     return {
         "$clusterTime": {"clusterTime": ts, "signature": _ZERO_SIGNATURE},
         "operationTime": ts,
@@ -145,7 +145,7 @@ def _open_snapshot_read(server: ServerState, name: str, cmd: dict[str, Any]) -> 
     if (store is None or name not in _SNAPSHOT_READ_COMMANDS or not isinstance(rc, Mapping)
             or rc.get("level") != "snapshot" or txn_rules.in_transaction(cmd)):
         return None
-    return transactions.open_snapshot_read(store, cmd, server.log.cluster_time())
+    return transactions.open_snapshot_read(store, cmd, server.oplog.cluster_time())
 
 
 def _answer_snapshot_time(reply: Any, at: Any) -> None:

@@ -57,7 +57,7 @@ from pipeline_stages.dotted_path import document_value
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
 
-# The write commands of the embedded store; the modes that serve them: commands/tables.py.
+# The write commands of the embedded store; the modes that serve them: cdcserver/deployments/.
 TABLE: dict[str, Handler] = {}
 command = family(TABLE)
 

@@ -64,7 +64,7 @@ def front(*names: str) -> Any:
 
 
 def cluster_of(server: Any) -> ShardedCluster:
-    return server.log.cluster
+    return server.oplog.cluster
 
 
 async def forward(cluster: ShardedCluster, shard: Shard, cmd: Mapping[str, Any], db: str

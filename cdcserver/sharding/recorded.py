@@ -98,5 +98,5 @@ async def _is_master(server, conn, cmd, db):
 async def _aggregate(server, conn, cmd, db):
     if not is_change_stream_aggregate(cmd):
         return await queries.aggregate(server, conn, cmd, db)
-    return await open_change_stream(server, server.log, cmd, db)
+    return await open_change_stream(server, server.oplog, cmd, db)
 

@@ -656,7 +656,7 @@ async def _ping(server, conn, cmd, db):
 async def _forward(server, conn, cmd, db):
     from cdcserver.commands.proxy import forward
 
-    return await forward(server.log.mongos, cmd, db, server.cursors)  # cursors: the registry
+    return await forward(server.oplog.mongos, cmd, db, server.cursors)  # cursors: the registry
 
 
 async def _aggregate(server, conn, cmd, db):
@@ -664,9 +664,9 @@ async def _aggregate(server, conn, cmd, db):
         return await _forward(server, conn, cmd, db)
     from cdcserver.sharding.front import open_change_stream
 
-    server.log.hear(cmd)
-    server.log.check_shards()
-    if any(not s.log.connected and s.log.latest_ts() is None for s in server.log.shards):
+    server.oplog.hear(cmd)
+    server.oplog.check_shards()
+    if any(not s.log.connected and s.log.latest_ts() is None for s in server.oplog.shards):
         # A shard whose tail has never read: its stream could not start where it must.
         raise MongoError(6, "a shard of the cluster cannot be reached yet")
-    return await open_change_stream(server, server.log, cmd, db)
+    return await open_change_stream(server, server.oplog, cmd, db)

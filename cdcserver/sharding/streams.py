@@ -54,7 +54,7 @@ def open_shard_cursor(shard: Shard, spec: ChangeStreamSpec, start: Timestamp, ns
     """A shard's part of a merged stream (not registered with the shard's cursors: it belongs
     to the front)."""
     state = shard.state
-    log = state.log
+    log = state.oplog
     group, pipeline = state.cursors.hub.group_for(
         spec, start, log,
         lambda: ChangeStreamPipeline(spec, start, history=log, images=state.images),

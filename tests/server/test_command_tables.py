@@ -242,7 +242,7 @@ def test_forwarded_cursors_are_in_the_registry_reaped_and_killed():
         with MongoClient(upstream.direct_uri, serverSelectionTimeoutMS=5000) as a:
             a.reg.c.insert_many([{"_id": i} for i in range(10)])
         sidecar = UpstreamServer(upstream.direct_uri)
-        assert sidecar.run(sidecar.state.log.wait_ready(GUARD_S), timeout=GUARD_S + 5)
+        assert sidecar.run(sidecar.state.oplog.wait_ready(GUARD_S), timeout=GUARD_S + 5)
         with MongoClient(sidecar.direct_uri, serverSelectionTimeoutMS=5000) as b:
             first = b.reg.command("find", "c", batchSize=2)["cursor"]["id"]
             stream = b.reg.command("aggregate", "c", pipeline=[{"$changeStream": {}}],

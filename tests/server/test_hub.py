@@ -71,8 +71,8 @@ async def test_identical_streams_share_one_producer(world):
     cursors = state.cursors.cursors
     assert cursors[a].group is cursors[b].group
     assert cursors[other].group is not cursors[a].group
-    state.log.insert("db.c", 1)
-    state.log.insert("db.c", 2)
+    state.oplog.insert("db.c", 1)
+    state.oplog.insert("db.c", 2)
     got_a, got_b = await get_more(world, a), await get_more(world, b)
     assert [e["documentKey"]["_id"] for e in got_a] == [1, 2]
     # The same encoded events, not copies made by a second run of the stages.
@@ -83,11 +83,11 @@ async def test_identical_streams_share_one_producer(world):
 async def test_a_stream_opened_later_joins_only_at_its_own_start(world):
     state, _ = world
     first = await open_stream(world)
-    state.log.insert("db.c", 1)
+    state.oplog.insert("db.c", 1)
     assert len(await get_more(world, first)) == 1
     late = await open_stream(world)  # starts after _id 1
     assert state.cursors.cursors[late].group is state.cursors.cursors[first].group
-    state.log.insert("db.c", 2)
+    state.oplog.insert("db.c", 2)
     assert [e["documentKey"]["_id"] for e in await get_more(world, late)] == [2]
     assert [e["documentKey"]["_id"] for e in await get_more(world, first)] == [2]
 
@@ -98,7 +98,7 @@ async def test_a_slow_member_is_detached_and_misses_nothing(world, monkeypatch):
     fast, slow = await open_stream(world), await open_stream(world)
     seen_fast: list[int] = []
     for i in range(1, 21):
-        state.log.insert("db.c", i)
+        state.oplog.insert("db.c", i)
         seen_fast += [e["documentKey"]["_id"] for e in await get_more(world, fast, batch_size=2)]
     seen_fast += [e["documentKey"]["_id"] for e in await get_more(world, fast)]
     cursors = state.cursors.cursors

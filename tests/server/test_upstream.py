@@ -53,7 +53,7 @@ class UpstreamServer(ThreadServer):
 
     @property
     def source(self) -> UpstreamOplog:
-        return self.state.log  # type: ignore[return-value]
+        return self.state.oplog  # type: ignore[return-value]
 
     def wait_ready(self) -> None:
         assert self.run(self.source.wait_ready(GUARD_S), timeout=GUARD_S + 5)
