@@ -13,7 +13,7 @@ import datetime
 import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from bson.objectid import ObjectId
 
@@ -24,6 +24,8 @@ from cdcserver.embedded.store import Store
 from cdcserver.sources.base import OplogLog
 from pipeline_stages.image_source import ImageSource
 from pipeline_stages.lookups import ExternalImages
+
+T = TypeVar("T")
 
 # `async def h(server, conn, cmd, db) -> dict`: the reply's own fields (registry.run_command
 # adds ok, $clusterTime and operationTime).
@@ -115,6 +117,23 @@ class ServerState:
     # What the server was started with (getCmdLineOpts): the Config and the command line.
     config: Config | None = None
     argv: list[str] = field(default_factory=list)
+    # The database profiler's `profile` settings: db -> level, db -> sampleRate.
+    profile_levels: dict[str, int] = field(default_factory=dict)
+    profile_sample_rates: dict[str, float] = field(default_factory=dict)
+    # State a command family keeps per server (its fail points, serverStatus's counters), by
+    # its class: `part(FailPoints)`. The family owns the type; the state need not import it.
+    _parts: dict[type, object] = field(default_factory=dict, repr=False)
+
+    def part(self, kind: type[T]) -> T:
+        """This server's `kind()`, made on first use."""
+        found = self._parts.get(kind)
+        if found is None:
+            found = self._parts[kind] = kind()
+        return cast(T, found)
+
+    def part_if_made(self, kind: type[T]) -> T | None:
+        """This server's `kind()` if something made it (a command's fast path: none yet)."""
+        return cast("T | None", self._parts.get(kind))
 
     @property
     def me(self) -> str:
@@ -134,3 +153,8 @@ class ConnectionState:
     auth: ConnectionAuth | None = None  # once it authenticates
     command: str | None = None  # the command being run (graceful shutdown waits for it)
     awaited_s: float = 0.0  # time the command spent waiting for events (not its own work)
+    # A fail point (`closeConnection` after the command) asked for the connection to end.
+    close_after_command: bool = False
+    # It said hello with `internalClient` (another server of the cluster): some fail points
+    # (failCommand) leave it alone unless told otherwise.
+    internal_client: bool = False

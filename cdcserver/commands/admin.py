@@ -31,9 +31,14 @@ from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 from cdcserver.commands import oplog_find, profiler
+from cdcserver.commands.failpoints import FailPoints
 from cdcserver.config import unix_socket_mode
 from cdcserver.context import ConnectionState, ServerState
+from cdcserver.cursors import ChangeStreamCursor
 from cdcserver.embedded import engine
+from cdcserver.embedded.store import Store
+from cdcserver.sources.base import EntryList
+from cdcserver.sources.mongo import UpstreamOplog
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
 
@@ -66,8 +71,8 @@ def _admin_only(name: str, db: str) -> None:
         raise MongoError(13, f"{name} may only be run against the admin database.")
 
 
-def _store(server: ServerState) -> Any:
-    return getattr(server, "store", None)
+def _store(server: ServerState) -> Store | None:
+    return server.store
 
 
 # -- counters (serverStatus opcounters / metrics) and the operations in progress (currentOp) --
@@ -91,11 +96,8 @@ class Counters:
         self.sessions: dict[bytes, dict[str, Any]] = {}
 
 
-def counters(server: Any) -> Counters:
-    found = server.__dict__.get("admin_counters")
-    if found is None:
-        found = server.__dict__["admin_counters"] = Counters()
-    return found
+def counters(server: ServerState) -> Counters:
+    return server.part(Counters)
 
 
 def op_started(
@@ -129,7 +131,7 @@ _SESSION_IDLE = datetime.timedelta(minutes=30)  # localLogicalSessionTimeoutMinu
 
 
 def _user_name(conn: ConnectionState) -> str | None:
-    users = getattr(conn.auth, "users", None)
+    users = conn.auth.users if conn.auth is not None else None
     return users[0].full_name if users else None
 
 
@@ -192,7 +194,7 @@ def op_finished(
     """Count a finished command as mongod's opcounters and metrics do (and profile it)."""
     table = counters(server)
     running = table.in_progress.pop(opid, None)
-    if running is not None and server.__dict__.get("profile_levels"):
+    if running is not None and server.profile_levels:
         conn, db, _, started = running
         profiler.record(server, conn, db, name, cmd, reply, error, time.monotonic() - started)
     # mongod counts the commands it does not know under one name.
@@ -240,10 +242,11 @@ def _count_change_stream(
     cursor: Mapping[str, Any], batch: list[Any],
 ) -> None:
     live = server.cursors.cursors.get(cursor.get("id"))
-    pipeline = getattr(live, "pipeline", None)
+    # A front's merged stream has a pipeline per shard, none of its own: not counted here.
+    pipeline = live.pipeline if isinstance(live, ChangeStreamCursor) else None
     if name == "aggregate" and pipeline is not None and pipeline.spec.show_expanded_events:
         table.change_streams["showExpandedEvents"] += 1
-    if pipeline is None or getattr(pipeline, "split", None) is None:
+    if pipeline is None or pipeline.split is None:
         return
     for event in batch:  # only streams with $changeStreamSplitLargeEvent look
         split = event.get("splitEvent") if isinstance(event, Mapping) else None
@@ -294,8 +297,8 @@ def parsed_options(server: ServerState) -> dict[str, Any]:
     if store is not None:
         if config is not None and not config.store.in_memory:
             parsed["storage"] = {"dbPath": config.store.data_dir}
-        elif getattr(store, "path", None):
-            parsed["storage"] = {"dbPath": str(store.path)}
+        elif store.data_dir is not None:
+            parsed["storage"] = {"dbPath": store.data_dir}
         else:
             parsed["storage"] = {"engine": "inMemory"}
     if config is not None:
@@ -304,7 +307,7 @@ def parsed_options(server: ServerState) -> dict[str, Any]:
 
 
 def test_commands_enabled(server: ServerState) -> bool:
-    points = server.__dict__.get("fail_points")
+    points = server.part_if_made(FailPoints)
     return points is None or bool(points.enabled)  # made enabled on first use
 
 
@@ -584,15 +587,14 @@ def _pretty_host(server: ServerState) -> str:
 
 
 def _upstream_status(server: ServerState) -> dict[str, Any]:
-    status = getattr(server.oplog, "status", None)
-    if callable(status) and hasattr(server.oplog, "reconnects"):  # a live upstream's tail
-        return {"upstream": status()}
+    if isinstance(server.oplog, UpstreamOplog):  # a live upstream's tail
+        return {"upstream": server.oplog.status()}
     return {}
 
 
 def _in_memory(server: ServerState) -> bool:
     store = _store(server)
-    return store is not None and not getattr(store, "path", None)
+    return store is not None and store.data_dir is None
 
 
 def _meminfo_mb() -> int:
@@ -886,8 +888,7 @@ async def profile(server, conn, cmd, db):
     """The profiling level of a database and the slow-operation threshold. The threshold is
     the server's (it is what "Slow query" log lines use, as mongod's slowms); levels 1 and 2
     write `system.profile` documents (profiler.py)."""
-    levels: dict[str, int] = server.__dict__.setdefault("profile_levels", {})
-    sample: dict[str, float] = server.__dict__.setdefault("profile_sample_rates", {})
+    levels, sample = server.profile_levels, server.profile_sample_rates
     level = cmd.get("profile")
     if isinstance(level, bool) or not isinstance(level, (int, float)):
         raise MongoError(14, f"BSON field 'profile.profile' is the wrong type "
@@ -972,8 +973,8 @@ async def db_stats(server, conn, cmd, db):
     }
 
 
-def _fs(store: Any) -> tuple[int, int]:
-    path = getattr(store, "path", None) or "."
+def _fs(store: Store | None) -> tuple[int, int]:
+    path = (store.data_dir if store is not None else None) or "."
     try:
         st = os.statvfs(path)
     except OSError:
@@ -985,15 +986,12 @@ def _fs(store: Any) -> tuple[int, int]:
 def _oplog_storage_stats(server: ServerState, scale: int) -> dict[str, Any]:
     """`local.oplog.rs` (mongosh's rs.printReplicationInfo reads its size and maxSize): a
     capped collection without indexes, whatever the source (embedded, recorded, upstream)."""
-    log = server.oplog
-    entries = getattr(log, "store", None) or log
-    count = entries.entry_count() if hasattr(entries, "entry_count") else 0
-    # The bytes held: the embedded store keeps the running total its capping uses; a recorded
-    # oplog's entries are summed (one pass over the lengths of bytes objects).
-    size = getattr(entries, "_oplog_bytes", None)
-    if size is None:
-        size = sum(len(raw) for raw in getattr(entries, "_raw", ()))
-    max_size = getattr(entries, "oplog_size_bytes", 0) or size
+    store = server.store
+    entries = store if store is not None else server.oplog
+    count = size = 0  # a front's entries are its shards'
+    if isinstance(entries, EntryList):
+        count, size = entries.entry_count(), entries.byte_size()
+    max_size = (store.oplog_size_bytes if store is not None else 0) or size
     return {
         "size": size // scale, "count": count, "avgObjSize": size // count if count else 0,
         "numOrphanDocs": 0, "storageSize": max(4096, size) // scale, "freeStorageSize": 0,

@@ -249,9 +249,7 @@ class FailPoints:
 
 def fail_points(server: Any) -> FailPoints:
     """The server's fail points (kept on the ServerState, made on first use)."""
-    points = server.__dict__.get("fail_points")
-    if points is None:
-        points = server.__dict__["fail_points"] = FailPoints()
+    points = server.part(FailPoints)
     return points
 
 
@@ -335,7 +333,7 @@ def _filters_pass(data: Mapping[str, Any], conn: Any, ns: str) -> bool:
             return False
     if "namespace" in data and data.get("namespace") != ns:
         return False
-    internal = getattr(conn, "internal_client", False)
+    internal = conn.internal_client
     return not (internal and data.get("failInternalCommands") is not True)
 
 
@@ -389,7 +387,7 @@ def _injected_error(
     else:
         labels = error_labels(
             name, cmd, code, change_stream=change_stream,
-            internal_client=getattr(conn, "internal_client", False),
+            internal_client=conn.internal_client,
         )
     extra = dict(_topology_version(server, code))
     info = data.get("errorExtraInfo")
@@ -408,7 +406,7 @@ def before_command(
     if name in _HELLO and isinstance(cmd.get("internalClient"), Mapping):
         conn.internal_client = True
     _CONNECTION.set(conn)
-    points = server.__dict__.get("fail_points")
+    points = server.part_if_made(FailPoints)
     if points is None or not points.enabled:
         return None
     fail_command = points.points[FAIL_COMMAND]
@@ -522,7 +520,7 @@ def _evaluate_fail_get_more(server, conn, name, cmd, db, point) -> None:
     log.info("failing getMore of cursor %d via 'failGetMoreAfterCursorCheckout'", cursor_id)
     labels = error_labels(
         name, cmd, code, change_stream=change_stream,
-        internal_client=getattr(conn, "internal_client", False),
+        internal_client=conn.internal_client,
     )
     extra = _topology_version(server, code)
     raise FailPointError(code, FAIL_GET_MORE_MESSAGE, labels, extra)
@@ -535,7 +533,7 @@ def after_command(
     """A `writeConcernError` fail point on a successful command that takes a write concern:
     mongod appends it (and the fail point's non-empty `errorLabels`, or its own) to the reply."""
     close_if_requested(conn)
-    points = server.__dict__.get("fail_points")
+    points = server.part_if_made(FailPoints)
     if points is None or not points.enabled or not (
         name in _WRITE_CONCERN_COMMANDS or write_concern.left_to_dispatch(name, cmd)
     ):
@@ -555,7 +553,7 @@ def after_command(
     else:
         wc_code = _int_field(wce, "code") if isinstance(wce, Mapping) else None
         labels = error_labels(
-            name, cmd, None, wc_code, internal_client=getattr(conn, "internal_client", False)
+            name, cmd, None, wc_code, internal_client=conn.internal_client
         )
     if labels:
         reply["errorLabels"] = labels
@@ -570,7 +568,7 @@ def after_command(
 
 
 def _install_transactional_write_hook(server: Any, point: FailPoint) -> None:
-    store = getattr(server, "store", None)
+    store = server.store
     if store is None:
         return
 
@@ -580,7 +578,7 @@ def _install_transactional_write_hook(server: Any, point: FailPoint) -> None:
         data = point.data
         conn = _CONNECTION.get()
         if conn is not None and data.get("closeConnection", True) is not False:
-            conn.__dict__["close_after_command"] = True
+            conn.close_after_command = True
         code = data.get("failBeforeCommitExceptionCode")
         if isinstance(code, (int, float)) and not isinstance(code, bool):
             raise NamedError(
@@ -593,6 +591,7 @@ def _install_transactional_write_hook(server: Any, point: FailPoint) -> None:
 
 def close_if_requested(conn: Any) -> None:
     """A fail point ended this connection while its command ran: no reply is sent."""
-    if conn.__dict__.pop("close_after_command", False):
+    if conn.close_after_command:
+        conn.close_after_command = False
         log.info("closing connection %d via 'onPrimaryTransactionalWrite' failpoint", conn.id)
         raise CloseConnection("onPrimaryTransactionalWrite")

@@ -33,7 +33,8 @@ from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 from cdcserver.cursors import OPLOG_FIND, GetMore, HeldHere
-from cdcserver.sources.base import CappedPositionLost
+from cdcserver.sources.base import CappedPositionLost, EntryList
+from cdcserver.sources.embedded import EmbeddedOplog
 from pipeline_stages.errors import MongoError
 from pipeline_stages.oplog_entry import encode_in_order
 
@@ -72,12 +73,8 @@ def _prev(ts: Timestamp) -> Timestamp:
 def _lists(log: Any) -> tuple[list[Timestamp], list[bytes]] | None:
     """The parallel `ts` / BSON lists of a source kept as an `EntryList` (a recorded oplog,
     the embedded store's), else None."""
-    for holder in (log, getattr(log, "store", None)):
-        ts_list = getattr(holder, "_ts", None)
-        raw_list = getattr(holder, "_raw", None)
-        if isinstance(ts_list, list) and isinstance(raw_list, list):
-            return ts_list, raw_list
-    return None
+    holder = log.store if isinstance(log, EmbeddedOplog) else log
+    return holder.parallel_lists() if isinstance(holder, EntryList) else None
 
 
 def _slice(log: Any, lo: Timestamp, hi: Timestamp, n: int, reverse: bool) -> list[bytes]:

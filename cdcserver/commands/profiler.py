@@ -28,8 +28,7 @@ _OP = {"find": "query", "getMore": "getmore", "insert": "insert", "update": "upd
 
 
 def level_of(server: Any, db: str) -> int:
-    levels = server.__dict__.get("profile_levels")
-    return levels.get(db, 0) if levels else 0
+    return server.profile_levels.get(db, 0)
 
 
 def record(
@@ -42,7 +41,7 @@ def record(
         return
     if level == 1 and seconds < server.slow_s:
         return
-    store = getattr(server, "store", None)
+    store = server.store
     if store is None:
         return
     target = cmd.get("collection") if name == "getMore" else cmd.get(name)
@@ -103,9 +102,9 @@ def _document(
     app = (conn.client_metadata or {}).get("application")
     if isinstance(app, Mapping) and isinstance(app.get("name"), str):
         doc["appName"] = app["name"]
-    users = getattr(conn.auth, "users", None) or []
+    users = conn.auth.users if conn.auth is not None else []
     doc["allUsers"] = [{"user": u.full_name.split("@", 1)[0], "db": u.full_name.split("@")[-1]}
-                       for u in users if isinstance(getattr(u, "full_name", None), str)]
+                       for u in users]
     doc["user"] = users[0].full_name if users else ""
     return doc
 

@@ -24,6 +24,7 @@ from bson.timestamp import Timestamp
 from cdcserver import auth
 from cdcserver.commands import txn_rules, write_concern
 from cdcserver.commands.base import Handler, family
+from cdcserver.context import ServerState
 from cdcserver.embedded.store import LoggedWrite, OpSession, Session, Store, Txn, session_key
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
@@ -180,7 +181,7 @@ def transaction_of(store: Store, cmd: Mapping[str, Any]) -> Txn:
     name = next(iter(cmd), "")
     if number < session.txn_number:
         raise _too_old(session, number, transaction=True)
-    started_here = session.txn is not None and session.txn.__dict__.get("started_by") is cmd
+    started_here = session.txn is not None and session.txn.started_by is cmd
     if cmd.get("startTransaction") is True and not started_here:  # (this command reads again)
         if number == session.txn_number:  # a replica set never restarts the active number
             raise MongoError(117, "Only servers in a sharded cluster can start a new "
@@ -189,7 +190,7 @@ def transaction_of(store: Store, cmd: Mapping[str, Any]) -> Txn:
             store.abort_transaction(session.txn)
         session.set_txn_number(number, store.begin_transaction(session.lsid, number))
         assert session.txn is not None
-        session.txn.__dict__["started_by"] = cmd  # the very command object that started it
+        session.txn.started_by = cmd
         rc = cmd.get("readConcern")
         session.txn.read_concern = dict(rc) if isinstance(rc, Mapping) else None
     elif number != session.txn_number or session.txn is None:
@@ -256,10 +257,10 @@ def snapshot_reads(store: Store, cmd: Mapping[str, Any]) -> Iterator[None]:
         yield
 
 
-def _abort_failed_transaction(server: Any, cmd: Mapping[str, Any]) -> None:
+def _abort_failed_transaction(server: ServerState, cmd: Mapping[str, Any]) -> None:
     """A command failed inside its transaction: abort that transaction (the very session and
     txnNumber; a stale txnNumber's error leaves the newer transaction alone)."""
-    store = getattr(server, "store", None)
+    store = server.store
     lsid, number = cmd.get("lsid"), cmd.get("txnNumber")
     if not isinstance(store, Store) or not isinstance(lsid, Mapping) or number is None:
         return
@@ -334,8 +335,8 @@ def _session_ids(cmd: Mapping[str, Any], name: str) -> list[Mapping[str, Any]]:
     return out
 
 
-def _may_kill_any_session(server: Any, conn: Any) -> bool:
-    server_auth = getattr(server, "auth", None)
+def _may_kill_any_session(server: ServerState, conn: Any) -> bool:
+    server_auth = server.auth
     if server_auth is None or not server_auth.enabled:
         return True
     return auth.is_authorized(server_auth.of(conn).users,
@@ -353,10 +354,10 @@ def _by_ids(server: Any, conn: Any, elements: list[Mapping[str, Any]]) -> set[by
     return keys
 
 
-def _end(server: Any, keys: set[bytes] | None, uids: set[bytes] | None) -> None:
+def _end(server: ServerState, keys: set[bytes] | None, uids: set[bytes] | None) -> None:
     """Abort the open transactions of the sessions named by key, or of every session of the
     users whose digests are `uids` (None: every session)."""
-    store = getattr(server, "store", None)
+    store = server.store
     if not isinstance(store, Store):
         return  # a recorded oplog: no sessions to end
 
@@ -382,7 +383,7 @@ async def kill_sessions(server, conn, cmd, db):
         _end(server, _by_ids(server, conn, elements), None)
         return {}
     # an empty list: every session of the logged-in user (every session without auth)
-    server_auth = getattr(server, "auth", None)
+    server_auth = server.auth
     if server_auth is None or not server_auth.enabled:
         _end(server, None, None)
     else:
@@ -470,7 +471,7 @@ def snapshot_read_time(cmd: Mapping[str, Any]) -> Timestamp | None:
 
 
 def _snapshots(store: Store) -> dict[Timestamp, Txn]:
-    snapshots: dict[Timestamp, Txn] = store.__dict__.setdefault("snapshot_reads_at", {})
+    snapshots = store.snapshot_reads_at
     for at in [at for at, txn in snapshots.items() if txn.state != "in progress"]:
         del snapshots[at]  # expired (its lifetime) or aborted
     return snapshots

@@ -30,6 +30,7 @@ its own module (and the names callers import are re-exported here):
 from __future__ import annotations
 
 import datetime
+import os
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -126,6 +127,9 @@ class Store(
         # its DatabaseHolder) until dropDatabase, which then still logs its entry.
         self.emptied_dbs: set[str] = set()
         self.images = StoreImages(self)
+        # Snapshot reads outside transactions (readConcern "snapshot"): the read-only
+        # transaction each point in time is read through (commands/transactions.py).
+        self.snapshot_reads_at: dict[Timestamp, Txn] = {}
         self.oplog_size_bytes = oplog_size_bytes
         # mongod's oplogMinRetentionHours: entries younger than this stay even past the size
         # (0: the size alone decides).
@@ -205,6 +209,14 @@ class Store(
             self.images._pre_images[bytes(key)] = doc["preImage"]
             self._pre_image_ts[bytes(key)] = int_ts(ts_value)
             self._pre_image_meta[bytes(key)] = (doc["_id"], doc["operationTime"])
+
+    def byte_size(self) -> int:
+        return self._oplog_bytes  # the running total its capping keeps
+
+    @property
+    def data_dir(self) -> str | None:
+        """The directory the store persists in (mongod's dbPath); None in memory."""
+        return os.path.dirname(self.persist.path) if self.persist is not None else None
 
     def close(self) -> None:
         if self.persist is not None:

@@ -179,6 +179,8 @@ class Txn:
     ended: asyncio.Event = field(default_factory=asyncio.Event)  # set at commit or abort
     # the readConcern its first command gave (startTransaction), kept for its other commands
     read_concern: dict[str, Any] | None = None
+    # The very command object that started it (a retry of that command reads again).
+    started_by: Mapping[str, Any] | None = field(default=None, repr=False)
     expiry: asyncio.TimerHandle | None = None  # transactionLifetimeLimitSeconds
 
 

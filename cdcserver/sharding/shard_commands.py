@@ -14,6 +14,7 @@ from typing import Any
 
 from bson.timestamp import Timestamp
 
+from cdcserver.sharding.shard_store import ShardStore
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
 
@@ -76,10 +77,10 @@ def make_noop_write_if_needed(server: Any, cmd: Mapping[str, Any]) -> None:
     after = rc.get("afterClusterTime")
     if not isinstance(after, Timestamp) or cmd.get("autocommit") is False:
         return
-    store = getattr(server, "store", None)
-    clock = getattr(store, "clock", None)
-    if clock is None:
+    store = server.store
+    if not isinstance(store, ShardStore):  # a plain replica set skips it
         return
+    clock = store.clock
     gossip = cmd.get("$clusterTime")
     if isinstance(gossip, Mapping) and isinstance(gossip.get("clusterTime"), Timestamp):
         clock.advance_to(gossip["clusterTime"])

@@ -477,6 +477,8 @@ class ShardedUpstream(FrontLog):
         best: Mapping[str, Any] | None = None
         clients = [s.log._client for s in self.shards + self.retired]
         for client in [*clients, self.mongos._client]:
+            # pymongo keeps the $clusterTime it heard in its topology, which has no public
+            # accessor; a client not opened yet has none.
             topology = getattr(client, "_topology", None)
             heard = topology.max_cluster_time() if topology is not None else None
             if heard and (best is None or heard["clusterTime"] > best["clusterTime"]):
@@ -582,7 +584,7 @@ class ShardedUpstream(FrontLog):
         shards = self.shards if names is None else [
             self._by_name[n] for n in names if n in self._by_name]
         for shard in shards:
-            since = getattr(shard.log, "_down_since", None)
+            since = shard.log.down_since
             if since is not None and now - since >= self.down_grace_s:
                 raise MongoError(
                     6, f"Unable to reach shard {shard.name}: its oplog cannot be read "

@@ -158,6 +158,15 @@ class EntryList:
     def entry_count(self) -> int:
         return len(self._ts)
 
+    def parallel_lists(self) -> tuple[list[Timestamp], list[bytes]]:
+        """The entries' `ts` and BSON, in order: the lists themselves (read, never changed,
+        by an oplog find's binary search)."""
+        return self._ts, self._raw
+
+    def byte_size(self) -> int:
+        """The bytes of the entries held (one pass over the lengths of bytes objects)."""
+        return sum(len(raw) for raw in self._raw)
+
     def count_from(self, start: Timestamp) -> int:
         """How many entries have `ts >= start`."""
         return len(self._ts) - bisect.bisect_left(self._ts, start)

@@ -135,6 +135,11 @@ class UpstreamOplog(EntryList, OplogLog):
             if last is not None:
                 self._cluster_time = last
 
+    @property
+    def down_since(self) -> float | None:
+        """When the tail was lost (time.monotonic()), None while it reads."""
+        return self._down_since
+
     # -- clients --------------------------------------------------------------------------------
 
     def _client_options(self) -> dict[str, Any]:
