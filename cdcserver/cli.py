@@ -29,7 +29,7 @@ from pipeline_stages.errors import MongoError
 if TYPE_CHECKING:
     from cdcserver.deployment import Deployment
 
-log = logging.getLogger("cdcserver")
+log = logging.getLogger(__name__)
 
 _CANONICAL = json_util.JSONOptions(json_mode=json_util.JSONMode.CANONICAL)
 

@@ -30,7 +30,7 @@ from cdcserver.context import ConnectionState, ServerState
 from cdcserver.deployment import Deployment, server_state
 from cdcserver.logs import log_slow_command, serving_summary, slow_log
 
-log = logging.getLogger("cdcserver")
+log = logging.getLogger(__name__)
 
 # Commands arrive as plain dicts (tz-aware dates keep their instant exactly).
 REQUEST_CODEC = CodecOptions(tz_aware=True, datetime_conversion=DatetimeConversion.DATETIME_AUTO)

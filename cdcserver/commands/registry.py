@@ -31,7 +31,7 @@ from cdcserver.commands import (
 from cdcserver.context import CommandTable, ConnectionState, Handler, Route, ServerState
 from pipeline_stages.errors import MongoError
 
-log = logging.getLogger("cdcserver")
+log = logging.getLogger(__name__)
 
 __all__ = ["CommandTable", "Handler", "int_arg", "run_command"]
 

@@ -63,7 +63,7 @@ from cdcserver.sources.mongo_common import RAW
 from pipeline_stages.errors import MongoError
 from pipeline_stages.spec import is_change_stream_aggregate
 
-log = logging.getLogger("cdcserver")
+log = logging.getLogger(__name__)
 
 # How long a shard's tail may be lost before the merged streams fail (a failover's election
 # stays under it; a shard that is gone does not hold streams silently).

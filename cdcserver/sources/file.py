@@ -30,7 +30,7 @@ from bson.timestamp import Timestamp
 from cdcserver.sources.base import EntryList, OplogLog
 from pipeline_stages.oplog_entry import Entry, decode_entry
 
-log = logging.getLogger("cdcserver")
+log = logging.getLogger(__name__)
 
 _JSON_OPTIONS = json_util.JSONOptions(json_mode=json_util.JSONMode.CANONICAL)
 # mongod's BSONObjMaxInternalSize: an oplog entry may exceed the 16 MiB user limit by 16 KiB.

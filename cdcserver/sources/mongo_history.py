@@ -36,7 +36,7 @@ from pipeline_stages.errors import MongoError
 from pipeline_stages.lookups import LookupAnswers, LookupNeeded, NeedsLookup
 from pipeline_stages.oplog_entry import Entry, decode_entry
 
-log = logging.getLogger("cdcserver")
+log = logging.getLogger(__name__)
 
 
 class Segment(EntryList):

@@ -67,7 +67,7 @@ from cdcserver.sources.retained import (
 from pipeline_stages.lookups import LookupAnswers, NeedsLookup
 from pipeline_stages.oplog_entry import Entry, decode_entry
 
-log = logging.getLogger("cdcserver")
+log = logging.getLogger(__name__)
 
 # Pre-image ids waiting to be fetched into the retained log (bounded: memory).
 PRE_IMAGE_QUEUE = 100_000

@@ -33,7 +33,7 @@ from bson.timestamp import Timestamp
 from cdcserver.embedded.persist import DataDirError, int_ts, open_database, ts_int
 from pipeline_stages.oplog_entry import Entry, decode_entry
 
-log = logging.getLogger("cdcserver")
+log = logging.getLogger(__name__)
 
 FILE_NAME = "upstream-oplog.sqlite3"
 SCHEMA = """
