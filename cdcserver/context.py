@@ -13,7 +13,7 @@ import datetime
 import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from bson.objectid import ObjectId
 
@@ -75,6 +75,20 @@ class CommandTable(dict[str, "Handler | Route"]):
         return entry
 
 
+class Observer(Protocol):
+    def observe(self, amount: float) -> None: ...
+
+
+class ServerMetrics(Protocol):
+    """What the command path records (`cdcserver.metrics.Metrics` is it: it reads the state,
+    so the state names only this)."""
+
+    @property
+    def get_more_seconds(self) -> Observer: ...
+
+    def command_error(self, code: Any, code_name: Any) -> None: ...
+
+
 def qualified_name(handler: Any) -> str:
     """module.qualname of a handler (through a wrapper's `__wrapped__`: a front's
     clock-gossip wrapper, a shard's read-concern wait)."""
@@ -109,7 +123,7 @@ class ServerState:
     tailer: Callable[[], Awaitable[None]] | None = None
     auth: ServerAuth | None = None  # when [auth] has users or is enabled
     max_message_bytes: int = 48_000_000  # hello's maxMessageSizeBytes; larger frames close
-    metrics: Any = None  # `cdcserver.metrics.Metrics` when the metrics endpoint is on
+    metrics: ServerMetrics | None = None  # when the metrics endpoint is on
     shutting_down: bool = False  # SIGTERM: new commands get 91 ShutdownInProgress
     # Set with shutting_down: wakes awaitable hellos, which then fail with 91 as mongod's do in
     # quiesce mode (a driver's monitor marks the server Unknown at once).

@@ -454,8 +454,9 @@ async def serve_forever(config: Config, deployment: Deployment) -> None:
     if mc.enabled:  # before the wire listener: "listening on" means everything is up
         from cdcserver.metrics import Metrics, MetricsEndpoint
 
-        state.metrics = Metrics(state, in_flight=lambda: len(server.in_flight()))
-        endpoint = MetricsEndpoint(state.metrics)
+        metrics = Metrics(state, in_flight=lambda: len(server.in_flight()))
+        state.metrics = metrics
+        endpoint = MetricsEndpoint(metrics)
         try:
             port = await endpoint.start(mc.host, mc.port)
         except OSError as exc:
