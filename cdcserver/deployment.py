@@ -88,6 +88,23 @@ class Deployment(Protocol):
         ...
 
 
+class Standalone:
+    """The lifecycle of a mode with nothing beside its listener: nothing to start or stop,
+    nothing to close, every cursor in its registry (a mode overrides what it has)."""
+
+    async def start(self, host: str) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def cursor_elsewhere(self, registry: CursorManager) -> Callable[[int, str], Cursor] | None:
+        return None
+
+
 def server_state(deployment: Deployment, **options: Any) -> ServerState:
     """A server's state for `deployment` (`options`: ServerState's other fields)."""
     options.setdefault("follow", deployment.follow)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from cdcserver.commands import cursors, failpoints
 from cdcserver.config import Config
 from cdcserver.context import CommandTable, Handler
-from cdcserver.cursors import CursorManager
+from cdcserver.deployment import Standalone
 from cdcserver.deployments.embedded import EMBEDDED, store_options
 from cdcserver.embedded.store import Store
 from cdcserver.sharding import front
@@ -35,7 +35,7 @@ def _front_table() -> dict[str, Handler]:
 CLUSTER = CommandTable("sharded front", _front_table())
 
 
-class ClusterDeployment:
+class ClusterDeployment(Standalone):
     """The front's view: the cluster clock is its time; the shards listen before it and stop
     after it; their stores close last."""
 
@@ -60,9 +60,6 @@ class ClusterDeployment:
 
     def close(self) -> None:
         self.cluster.close_stores()
-
-    def cursor_elsewhere(self, registry: CursorManager) -> None:
-        return None  # every cursor of this mode is in its registry
 
 
 def open_cluster(config: Config, shards: int) -> ClusterDeployment:

@@ -10,7 +10,7 @@ from cdcserver.commands import ddl
 from cdcserver.commands.tables import OWN
 from cdcserver.config import Config
 from cdcserver.context import CommandTable
-from cdcserver.cursors import CursorManager
+from cdcserver.deployment import Standalone
 from cdcserver.embedded.store import Store
 from cdcserver.sources.embedded import EmbeddedOplog
 from pipeline_stages.image_source import ImageSource
@@ -23,7 +23,7 @@ EMBEDDED = CommandTable("embedded", {
 })
 
 
-class EmbeddedDeployment:
+class EmbeddedDeployment(Standalone):
     """The store and its oplog; `follow` runs the oplog's periodic no-op writer."""
 
     commands: CommandTable = EMBEDDED
@@ -42,17 +42,8 @@ class EmbeddedDeployment:
     def tailer(self) -> Callable[[], Awaitable[None]]:
         return self.oplog.follow
 
-    async def start(self, host: str) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass
-
     def close(self) -> None:
         self.store.close()  # commits what is pending and closes the SQLite file
-
-    def cursor_elsewhere(self, registry: CursorManager) -> None:
-        return None  # every cursor of this mode is in its registry
 
 
 def store_options(config: Config) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from cdcserver.commands import handshake, queries, transactions
 from cdcserver.commands.tables import OWN, STORE_ONLY
 from cdcserver.context import CommandTable
-from cdcserver.cursors import CursorManager
+from cdcserver.deployment import Standalone
 from cdcserver.embedded.store import Store
 from cdcserver.sources.base import OplogLog
 from cdcserver.sources.file import FileOplog
@@ -24,7 +24,7 @@ RECORDED = CommandTable("recorded", {
 })
 
 
-class RecordedDeployment:
+class RecordedDeployment(Standalone):
     commands = RECORDED
     store: Store | None = None
     images: ImageSource | None = None  # a recording has no images
@@ -36,18 +36,6 @@ class RecordedDeployment:
     @property
     def tailer(self) -> Callable[[], Awaitable[None]] | None:
         return self.oplog.follow if isinstance(self.oplog, FileOplog) else None
-
-    async def start(self, host: str) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def cursor_elsewhere(self, registry: CursorManager) -> None:
-        return None  # every cursor of this mode is in its registry
 
 
 def open_recorded(paths: list[str], *, follow: bool) -> RecordedDeployment:

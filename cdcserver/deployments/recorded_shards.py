@@ -5,7 +5,7 @@ clients, its change streams each shard's recording merged as mongos merges them
 from __future__ import annotations
 
 from cdcserver.context import CommandTable, Handler, Route
-from cdcserver.cursors import CursorManager
+from cdcserver.deployment import Standalone
 from cdcserver.deployments.recorded import RECORDED
 from cdcserver.embedded.store import Store
 from cdcserver.sharding import recorded
@@ -24,7 +24,7 @@ _RECORDED: dict[str, Handler | Route] = {
 RECORDED_SHARDS = CommandTable("recorded sharded front", {**_RECORDED, **_OWN})
 
 
-class RecordedShardsDeployment:
+class RecordedShardsDeployment(Standalone):
     commands: CommandTable = RECORDED_SHARDS
     store: Store | None = None
     images: ImageSource | None = None  # a recording has no images
@@ -33,18 +33,6 @@ class RecordedShardsDeployment:
 
     def __init__(self, shards: RecordedShards) -> None:
         self.oplog = shards
-
-    async def start(self, host: str) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def cursor_elsewhere(self, registry: CursorManager) -> None:
-        return None  # every cursor of this mode is in its registry
 
 
 def open_recorded_shards(shards: list[list[str]]) -> RecordedShardsDeployment:

@@ -14,6 +14,7 @@ from cdcserver.commands.proxy import ForwardedCursor
 from cdcserver.config import Config
 from cdcserver.context import CommandTable
 from cdcserver.cursors import CursorManager
+from cdcserver.deployment import Standalone
 from cdcserver.deployments.upstream import upstream_options
 from cdcserver.embedded.store import Store
 from cdcserver.sharding import sidecar
@@ -40,7 +41,7 @@ SIDECAR = CommandTable(
 )
 
 
-class SidecarDeployment:
+class SidecarDeployment(Standalone):
     """The shards' tails start before the listener and stop after it."""
 
     commands: CommandTable = SIDECAR
@@ -57,9 +58,6 @@ class SidecarDeployment:
 
     async def stop(self) -> None:
         await self.oplog.stop_cluster()
-
-    def close(self) -> None:
-        pass
 
     def cursor_elsewhere(
         self, registry: CursorManager

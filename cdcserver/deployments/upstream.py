@@ -13,6 +13,7 @@ from cdcserver.commands.proxy import ForwardedCursor
 from cdcserver.config import Config
 from cdcserver.context import CommandTable, Route
 from cdcserver.cursors import CursorManager
+from cdcserver.deployment import Standalone
 from cdcserver.deployments.embedded import EMBEDDED
 from cdcserver.embedded.store import Store
 from cdcserver.sources.mongo import UpstreamOplog, UpstreamOptions
@@ -35,7 +36,7 @@ UPSTREAM = CommandTable(
 )
 
 
-class UpstreamDeployment:
+class UpstreamDeployment(Standalone):
     """The upstream's tail; images are looked up on the upstream."""
 
     commands: CommandTable = UPSTREAM
@@ -52,15 +53,6 @@ class UpstreamDeployment:
     @property
     def tailer(self) -> Callable[[], Awaitable[None]]:
         return self.oplog.follow
-
-    async def start(self, host: str) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
     def cursor_elsewhere(
         self, registry: CursorManager
