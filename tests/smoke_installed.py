@@ -21,6 +21,11 @@ import tempfile
 import time
 
 SOURCE_TREE = pathlib.Path(__file__).resolve().parents[1]
+# Run as a script, its own folder (tests/) is sys.path[0], and there tests/pipeline_stages/
+# (the tests' package) would stand in for the installed pipeline_stages: out of the path.
+_HERE = pathlib.Path(__file__).resolve().parent
+if sys.path and pathlib.Path(sys.path[0] or ".").resolve() == _HERE:
+    del sys.path[0]
 GUARD_S = 30.0  # a hang guard only
 
 
