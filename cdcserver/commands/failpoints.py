@@ -436,6 +436,8 @@ def _evaluate_max_time_always_time_out(
         if isinstance(cursor_id, bool) or not isinstance(cursor_id, int):
             return
         cursor = server.cursors.find(int(cursor_id))
+        # Only a query's result cursor keeps the query's maxTimeMS (commands/queries.py
+        # ResultCursor, which imports this module): any other kind has no deadline.
         if not getattr(cursor, "max_time_ms", None) or not point.fire():
             return
         server.cursors.kill(int(cursor_id))
