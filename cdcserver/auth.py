@@ -32,12 +32,8 @@ import bson
 from bson.raw_bson import RawBSONDocument
 
 from cdcserver.config import AuthConfig, ScramCredentials
-from cdcserver.roles import (  # noqa: F401 (parse_role: part of this module's API)
-    Grant,
-    Resource,
-    parse_role,
-    role_grants,
-)
+from cdcserver.roles import Grant, Resource, role_grants
+from cdcserver.roles import parse_role as parse_role  # this module's API (cli.py's add-user)
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import bson_obj_string
 
@@ -72,7 +68,8 @@ def scram_password(mechanism: str, user: str, password: str) -> bytes:
         return mongo_password_digest(user, password).encode()
     from pymongo.saslprep import saslprep  # RFC 4013, as drivers and mongod apply it
 
-    return saslprep(password).encode("utf-8")
+    prepped: str = saslprep(password)  # pymongo types its result as Any
+    return prepped.encode("utf-8")
 
 
 def _hmac(mechanism: str, key: bytes, msg: bytes) -> bytes:
@@ -395,7 +392,8 @@ def _stage_target(db: str, spec: Any, key: str) -> Resource | None:
     if isinstance(spec, Mapping):
         target = spec.get(key)
         if isinstance(target, str):
-            return _ns(spec.get("db") if isinstance(spec.get("db"), str) else db, target)
+            spec_db = spec.get("db")
+            return _ns(spec_db if isinstance(spec_db, str) else db, target)
         if isinstance(target, Mapping) and isinstance(target.get("coll"), str):
             tdb = target.get("db")
             return _ns(tdb if isinstance(tdb, str) else db, target["coll"])
@@ -510,7 +508,8 @@ class ServerAuth:
     def of(conn: Any) -> ConnectionAuth:
         if conn.auth is None:
             conn.auth = ConnectionAuth()
-        return conn.auth
+        state: ConnectionAuth = conn.auth
+        return state
 
     def check(self, conn: Any, name: str, cmd: Mapping[str, Any], db: str) -> None:
         """Raise mongod's 13 when `conn` may not run `cmd` (authentication on)."""

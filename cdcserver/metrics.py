@@ -41,6 +41,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from cdcserver.cursors.change_stream import ChangeStreamCursor
 from cdcserver.sources.base import EntryList
 
 if TYPE_CHECKING:
@@ -114,8 +115,9 @@ class StateCollector(Collector):
             yield _gauge("cdcserver_requests_in_flight",
                          "Commands being run (awaitable hellos left out)", self.in_flight())
 
-        cursors = list(state.cursors.cursors.values())
-        by_scope = dict.fromkeys(SCOPES, 0)
+        # This server's change streams (a front's merged ones have no pipeline of their own).
+        cursors = [c for c in state.cursors.cursors.values() if isinstance(c, ChangeStreamCursor)]
+        by_scope: dict[str, int] = dict.fromkeys(SCOPES, 0)
         producers: dict[int, Any] = {}
         queued = 0
         for cursor in cursors:
@@ -126,8 +128,8 @@ class StateCollector(Collector):
         family = GaugeMetricFamily(
             "cdcserver_cursors_open", "Open change-stream cursors", labels=["scope"]
         )
-        for scope, n in by_scope.items():
-            family.add_metric([scope], n)
+        for scope_name, n in by_scope.items():
+            family.add_metric([scope_name], n)
         yield family
         yield _gauge("cdcserver_hub_producers",
                      "Pipelines reading the oplog (identical streams share one)", len(producers))

@@ -102,7 +102,7 @@ def _is_json(path: PathLike) -> bool:
 
 
 def _encode(entries: Iterable[Mapping[str, Any]], as_json: bool) -> bytes:
-    out = []
+    out: list[bytes | memoryview] = []
     for entry in entries:
         raw = entry.raw if isinstance(entry, RawBSONDocument) else bson.encode(entry)
         if as_json:
@@ -255,7 +255,8 @@ class ThreadServer(RunningServer):
 
     @property
     def log(self) -> OplogLog:
-        return self.state.oplog
+        log: OplogLog = self.state.oplog
+        return log
 
     def run(self, coro: Any, timeout: float | None = START_TIMEOUT_S) -> Any:
         """Run a coroutine on the server's loop and return its result."""
@@ -285,7 +286,8 @@ class ThreadServer(RunningServer):
         return self.call(lambda: set(self.state.cursors.cursors))
 
     def connection_count(self) -> int:
-        return self.call(lambda: self.state.connections)
+        count: int = self.call(lambda: self.state.connections)
+        return count
 
     def stop(self) -> None:
         if self._stopped:
@@ -563,7 +565,10 @@ def read_oplog_last(source: Any) -> Mapping[str, Any] | None:
     """The newest entry of a server's oplog (``find().sort({$natural: -1}).limit(1)``)."""
     client, own = _client_for(source)
     try:
-        return client.local["oplog.rs"].find_one({}, sort=[("$natural", -1)])
+        last: Mapping[str, Any] | None = client.local["oplog.rs"].find_one(
+            {}, sort=[("$natural", -1)]
+        )
+        return last
     finally:
         if own:
             client.close()
@@ -598,7 +603,8 @@ if pytest is not None:
 
     def _record_dir(request: Any) -> str | None:
         try:
-            return request.config.getoption(RECORD_OPTION)
+            option: str | None = request.config.getoption(RECORD_OPTION)
+            return option
         except ValueError:  # the option was not registered (plugin loaded late)
             return os.environ.get("CDCSERVER_RECORD_OPLOG") or None
 

@@ -7,13 +7,17 @@ stream fails with 280, quoting the `_id` of the first event after the resume poi
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from pipeline_stages import resume_token
 from pipeline_stages.check_resumability import SPLIT_OF_RESUME_POINT, compare_to_client_token
 from pipeline_stages.errors import MongoError
 from pipeline_stages.resume_token import ResumeTokenData
 from pipeline_stages.value_string import document_string
+
+# An event: a dict out of the pipeline's stages, or a RawBSONDocument (a front's merged shards).
+Event = TypeVar("Event", bound=Mapping[str, Any])
 
 
 class EnsureResumeTokenPresent:
@@ -26,10 +30,10 @@ class EnsureResumeTokenPresent:
         # must see that fragment first and swallow it (`after_split`).
         self.awaiting_fragment = False
 
-    def process(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def process(self, events: list[Event]) -> list[Event]:
         if self.done:
             return events
-        out: list[dict[str, Any]] = []
+        out: list[Event] = []
         for i, event in enumerate(events):
             cmp = compare_to_client_token(resume_token.decode(event["_id"]), self.client)
             if cmp == SPLIT_OF_RESUME_POINT:  # the split stage drops the fragments before it

@@ -213,7 +213,7 @@ def cursor_batch_size(cmd: Mapping[str, Any], where: str) -> int | None:
     cursor = object_arg(cmd, "cursor", where)
     if cursor is None:
         return None
-    batch_size = safe_int_arg(cursor, "batchSize", f"{where}.cursor")
+    batch_size: int | None = safe_int_arg(cursor, "batchSize", f"{where}.cursor")
     if batch_size is not None and batch_size < 0:
         raise MongoError(
             51024, f"BSON field 'batchSize' value must be >= 0, actual value '{batch_size}'"

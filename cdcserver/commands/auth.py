@@ -16,6 +16,7 @@ from typing import Any
 
 from cdcserver import auth
 from cdcserver.commands.base import Handler, family
+from cdcserver.config import AuthConfig
 from cdcserver.context import ConnectionState, ServerState
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
@@ -124,16 +125,20 @@ def _start(
     return _step(server, conn, payload, as_string)
 
 
-_NO_USERS = auth.UserRegistry(auth.AuthConfig())
+_NO_USERS = auth.UserRegistry(AuthConfig())
 
 
 @command("saslStart")
-async def sasl_start(server, conn, cmd, db):
+async def sasl_start(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     return _start(server, conn, cmd, db, speculative=False)
 
 
 @command("saslContinue")
-async def sasl_continue(server, conn, cmd, db):
+async def sasl_continue(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     state = auth.ServerAuth.of(conn)
     if state.conversation is None:
         raise auth.AuthError(17, "No SASL session state found")
@@ -148,7 +153,9 @@ async def sasl_continue(server, conn, cmd, db):
 
 
 @command("authenticate")
-async def authenticate(server, conn, cmd, db):
+async def authenticate(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     # mongod's authenticate serves MONGODB-X509 only; cdcserver has no X.509 users, and
     # mongod reports every other failure of this command as the generic one.
     auth.ServerAuth.of(conn).conversation = None
@@ -156,7 +163,9 @@ async def authenticate(server, conn, cmd, db):
 
 
 @command("logout")
-async def logout(server, conn, cmd, db):
+async def logout(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     state = auth.ServerAuth.of(conn)
     state.users = [u for u in state.users if u.db != db]
     state.conversation = None
@@ -164,7 +173,9 @@ async def logout(server, conn, cmd, db):
 
 
 @command("getnonce")
-async def getnonce(server, conn, cmd, db):
+async def getnonce(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     raise MongoError(59, "no such command: 'getnonce'")  # removed in MongoDB 6.0
 
 
@@ -192,9 +203,10 @@ def hello_auth_fields(
         db, dot, name = asked.partition(".")
         if not dot:
             raise MongoError(2, "UserName must contain a '.' separated database.user pair")
-        user = server.auth.registry.find(name, db) if server.auth is not None else None
-        if user is not None:
-            out["saslSupportedMechs"] = server.auth.registry.mechanisms_for(user)
+        registry = server.auth.registry if server.auth is not None else None
+        user = registry.find(name, db) if registry is not None else None
+        if registry is not None and user is not None:
+            out["saslSupportedMechs"] = registry.mechanisms_for(user)
     spec = cmd.get("speculativeAuthenticate")
     if spec is not None:
         if not isinstance(spec, Mapping):

@@ -28,6 +28,7 @@ from cdcserver.commands import queries, transactions, write_concern, write_parsi
 from cdcserver.commands.admin import ELECTION_ID
 from cdcserver.commands.arguments import cursor_batch_size, missing, unknown_field, wrong_type
 from cdcserver.commands.transactions import NOT_DONE, get_store
+from cdcserver.context import ConnectionState, ServerState
 from cdcserver.embedded import engine
 from cdcserver.embedded.store import DocumentValidationError, DuplicateKeyError
 from pipeline_stages.errors import MongoError
@@ -70,12 +71,14 @@ class Request:
 
 # -- parsing (bulk_write.idl) -------------------------------------------------------------------
 
-_INSERT_FIELDS = ("insert", "document")
-_UPDATE_FIELDS = ("update", "filter", "multi", "updateMods", "upsert", "upsertSupplied",
-                  "arrayFilters", "hint", "constants", "let", "collation", "sort", "return",
-                  "returnFields")
-_DELETE_FIELDS = ("delete", "filter", "multi", "hint", "let", "collation", "sort", "return",
-                  "returnFields")
+_INSERT_FIELDS: tuple[str, ...] = ("insert", "document")
+_UPDATE_FIELDS: tuple[str, ...] = (
+    "update", "filter", "multi", "updateMods", "upsert", "upsertSupplied", "arrayFilters", "hint",
+    "constants", "let", "collation", "sort", "return", "returnFields",
+)
+_DELETE_FIELDS: tuple[str, ...] = (
+    "delete", "filter", "multi", "hint", "let", "collation", "sort", "return", "returnFields",
+)
 
 
 def _ns_index(value: Any, path: str) -> int:
@@ -135,7 +138,7 @@ def _parse_op(raw: Mapping[str, Any]) -> Op:
 
 
 def _parse_ns_info(entry: Mapping[str, Any], path: str) -> str:
-    ns: Any = None
+    ns: str | None = None
     for key, value in entry.items():
         sub = f"{path}.{key}"
         if key == "ns":
@@ -317,7 +320,9 @@ def _delete_spec(op: Mapping[str, Any], variables: Mapping[str, Any]) -> dict[st
     return spec
 
 
-async def bulk_write(server, conn, cmd, db):
+async def bulk_write(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     if db != "admin":
         raise MongoError(13, "bulkWrite may only be run against the admin database.")
     request = parse(cmd)
@@ -369,7 +374,7 @@ async def bulk_write(server, conn, cmd, db):
                     store.insert_document(c, doc, retry.session, stmt, validate=validate)
                     retry.record(stmt, True)
                 replies.n_inserted += 1
-                item = {"ok": 1.0, "idx": i, "n": 1}
+                item: dict[str, Any] = {"ok": 1.0, "idx": i, "n": 1}
             elif op.kind == "update":
                 if done is NOT_DONE:
                     done = writes.run_update_statement(

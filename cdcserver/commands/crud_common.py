@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, overload
 
 from cdcserver.commands import write_parsing
 from cdcserver.commands.arguments import is_number, is_string, safe_long
@@ -26,11 +26,13 @@ def coll_arg(cmd: Mapping[str, Any], name: str) -> str:
         )
     if not value:
         raise MongoError(73, f"Invalid namespace specified '{cmd.get('$db')}.'")
-    return value
+    coll: str = value
+    return coll
 
 
 def _int(cmd: Mapping[str, Any], name: str, where: str, default: int = 0) -> int:
-    return int_arg(cmd, name, where, default)
+    value: int = int_arg(cmd, name, where, default)
+    return value
 
 
 def max_time_ms_arg(cmd: Mapping[str, Any], where: str | None) -> None:
@@ -107,7 +109,21 @@ def engine_errors() -> Iterator[None]:
         raise engine.engine_error(exc) from None
 
 
-def project(store: Store, db: str, coll: str, doc: dict | None, fields: Any) -> dict | None:
+@overload
+def project(
+    store: Store, db: str, coll: str, doc: dict[str, Any], fields: Any
+) -> dict[str, Any]: ...
+
+
+@overload
+def project(
+    store: Store, db: str, coll: str, doc: dict[str, Any] | None, fields: Any
+) -> dict[str, Any] | None: ...
+
+
+def project(
+    store: Store, db: str, coll: str, doc: dict[str, Any] | None, fields: Any
+) -> dict[str, Any] | None:
     if doc is None or not fields:
         return doc
     return engine.project(doc, fields)

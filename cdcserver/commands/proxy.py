@@ -131,7 +131,7 @@ class _RegistryAddresses:
 
     def get(self, cursor_id: Any) -> Any:
         cursor = self.cursors.find(cursor_id)
-        if cursor is None or cursor.kind != FORWARDED:
+        if not isinstance(cursor, ForwardedCursor):  # the registry's other kinds, or None
             return None
         cursor.last_used = time.monotonic()
         return cursor.owner

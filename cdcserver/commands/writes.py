@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import Token
 from dataclasses import dataclass, field
 from typing import Any
@@ -388,14 +388,14 @@ def _id_lookup(q: Mapping[str, Any]) -> tuple[bool, Any]:
 def matching(
     store: Store, c: Collection | None, q: Mapping[str, Any], one: bool,
     collation: query.Collation | None = None,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     return [doc for _, doc in _matching_items(store, c, q, one, collation)]
 
 
 def _matching_items(
     store: Store, c: Collection | None, q: Mapping[str, Any], one: bool,
     collation: query.Collation | None = None,
-) -> list[tuple[bytes, dict]]:
+) -> list[tuple[bytes, dict[str, Any]]]:
     """The (key, document) pairs `q` matches, in natural order."""
     if c is None:
         engine.matches(q, {})  # still validate the filter
@@ -518,7 +518,7 @@ def run_update_statement(
 def _multi_matching(
     store: Store, c: Collection | None, q: Mapping[str, Any], multi: bool,
     progress: _Progress | None, collation: query.Collation | None = None,
-) -> tuple[list[dict[str, Any]], int, int]:
+) -> tuple[Iterable[dict[str, Any]], int, int]:
     """The documents a statement writes, and its counts so far. A multi-document statement
     that waited for a transaction goes on with the documents it matched and has not written,
     as they are now and if they still match (as mongod's update and delete stages re-check a
@@ -741,7 +741,7 @@ async def find_and_modify(server, conn, cmd, db):
         done = retry.result(0, "findAndModify")
         if isinstance(done, LoggedWrite):
             return _replayed_find_and_modify(store, db, coll, retry, done, cmd)
-        if isinstance(done, Mapping):
+        if isinstance(done, dict):  # this findAndModify's recorded reply
             return done
         if done is not NOT_DONE:  # the statement was another command's (insert, update...)
             raise MongoError(

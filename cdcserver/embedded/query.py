@@ -19,7 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Mapping
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from contextvars import ContextVar, Token
 from typing import Any
 
@@ -141,7 +149,7 @@ def matcher(
 
 
 def find(
-    docs: list[Mapping[str, Any]], filter_doc: Mapping[str, Any] | None,
+    docs: Sequence[Mapping[str, Any]], filter_doc: Mapping[str, Any] | None,
     sort: list[tuple[str, int]] | None, skip: int, limit: int, out: list[Any],
     project: Callable[[Mapping[str, Any]], Any] | None = None, copy: bool = False,
     collation: Collation | None = None,

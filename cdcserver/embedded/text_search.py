@@ -13,7 +13,7 @@ differently than on mongod.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,7 +170,7 @@ def _field_scores(text: str, weight: float, language: str, out: dict[str, float]
         out[term] = out.get(term, 0.0) + weight * freq * coeff * adjustment
 
 
-def text_index(indexes: list[Mapping[str, Any]]) -> Mapping[str, Any]:
+def text_index(indexes: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
     """The collection's text index, else 27 (a $text query needs one)."""
     for ix in indexes:
         if ix.get("key", {}).get("_fts") == "text":

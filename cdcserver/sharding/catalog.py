@@ -80,6 +80,11 @@ def _safe_long(number: Any) -> int:
         return 0
 
 
+def _int32(buf: bytes, pos: int) -> int:
+    value: int = struct.unpack_from("<i", buf, pos)[0]
+    return value
+
+
 def _value_size(t: int, buf: bytes, pos: int) -> int:
     if t in (1, 9, 17, 18):
         return 8
@@ -94,17 +99,17 @@ def _value_size(t: int, buf: bytes, pos: int) -> int:
     if t == 19:
         return 16
     if t in (2, 13, 14):
-        return 4 + struct.unpack_from("<i", buf, pos)[0]
+        return 4 + _int32(buf, pos)
     if t in (3, 4, 15):
-        return struct.unpack_from("<i", buf, pos)[0]
+        return _int32(buf, pos)
     if t == 5:
-        return 5 + struct.unpack_from("<i", buf, pos)[0]
+        return 5 + _int32(buf, pos)
     if t == 11:
         a = buf.index(b"\x00", pos)
         b = buf.index(b"\x00", a + 1)
         return b + 1 - pos
     if t == 12:
-        return 4 + struct.unpack_from("<i", buf, pos)[0] + 12
+        return 4 + _int32(buf, pos) + 12
     raise ValueError(f"BSON type {t}")
 
 
@@ -202,7 +207,8 @@ class ShardingCatalog:
         shard with the least data: here the one that is primary for the fewest databases)."""
         entry = self.databases.get(db)
         if entry is not None:
-            return entry["primary"]
+            chosen: str = entry["primary"]
+            return chosen
         if primary is None:
             names = self.placement_shards()
             counts = dict.fromkeys(names, 0)
@@ -341,7 +347,8 @@ class ShardingCatalog:
         return self.chunks[ns][-1]
 
     def shard_for(self, ns: str, doc: Mapping[str, Any]) -> str:
-        return self.chunk_for_values(ns, self.key_values(ns, doc))["shard"]
+        shard: str = self.chunk_for_values(ns, self.key_values(ns, doc))["shard"]
+        return shard
 
     def in_chunk(self, ns: str, chunk: Mapping[str, Any], doc: Mapping[str, Any]) -> bool:
         key = _key_bytes(self.key_values(ns, doc))

@@ -136,8 +136,8 @@ def _commit_participant(store: ShardStore, record: Mapping[str, Any],
                                                                  bool(entry["newRecord"]))
     txn.overlay = overlay
     txn.ops = list(part["ops"])
-    txn.pre_images = [(store.get(p["db"], p["coll"]), int(p["index"]), p["doc"])
-                      for p in part["preImages"] if store.get(p["db"], p["coll"]) is not None]
+    txn.pre_images = [(c, int(p["index"]), p["doc"]) for p in part["preImages"]
+                      if (c := store.get(p["db"], p["coll"])) is not None]
     prepare_ts, commit_ts = part["prepareTimestamp"], record["commitTimestamp"]
     entries = pack_transaction(txn.ops, store.txn_oplog_entry_ops,
                                store.txn_oplog_entry_bytes) if txn.ops else []

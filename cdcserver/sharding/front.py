@@ -366,6 +366,8 @@ def _median(cluster: ShardedCluster, ns: str, chunk: Mapping[str, Any]) -> dict 
     db, coll = ns.split(".", 1)
     store = cluster.shard(chunk["shard"]).store
     c = store.get(db, coll)
+    if c is None:  # no documents to split at
+        return None
     pattern = cluster.catalog.key_pattern(ns) or {}
     docs = [d for d in store.documents(c).values() if cluster.catalog.in_chunk(ns, chunk, d)]
     if len(docs) < 2:
@@ -1171,7 +1173,9 @@ class ShardCursor:
 def _note_shard_cursor(server: Any, reply: Any) -> None:
     """A reply handing the client a shard's cursor: the front's registry keeps it."""
     cursor = reply.get("cursor") if isinstance(reply, Mapping) else None
-    cid = cursor.get("id") if isinstance(cursor, Mapping) else None
+    if not isinstance(cursor, Mapping):
+        return
+    cid = cursor.get("id")
     if not isinstance(cid, int) or not cid or server.cursors.find(int(cid)) is not None:
         return
     cluster = cluster_of(server)
@@ -1273,7 +1277,7 @@ async def _on_every_shard(cluster: ShardedCluster, primary: Shard, cmd: Mapping[
         if shard is primary:
             continue
         coll = cmd.get(next(iter(cmd)))
-        if shard.store.get(db, coll) is None:
+        if not isinstance(coll, str) or shard.store.get(db, coll) is None:
             continue
         with shard.store.migrating():
             await forward(cluster, shard, cmd, db)
@@ -1499,6 +1503,6 @@ def gossiping(handler: Any) -> Any:
         return reply
 
     run.__name__ = getattr(handler, "__name__", "forward")
-    run.__wrapped__ = handler  # type: ignore[attr-defined]  (tables.describe names it)
+    run.__dict__["__wrapped__"] = handler  # tables.describe names it
     return run
 

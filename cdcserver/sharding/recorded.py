@@ -16,7 +16,7 @@ from typing import Any
 from bson.timestamp import Timestamp
 
 from cdcserver.commands import queries
-from cdcserver.context import ServerState
+from cdcserver.context import ConnectionState, ServerState
 from cdcserver.deployment import server_state
 from cdcserver.deployments.recorded import RecordedDeployment
 from cdcserver.sharding.front import _front_hello, open_change_stream
@@ -87,15 +87,21 @@ class RecordedShards(FrontLog):
         return min(firsts, key=lambda e: e["ts"]) if firsts else None
 
 
-async def _hello(server, conn, cmd, db):
+async def _hello(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     return await _front_hello(server, conn, cmd, db, legacy=False)
 
 
-async def _is_master(server, conn, cmd, db):
+async def _is_master(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     return await _front_hello(server, conn, cmd, db, legacy=True)
 
 
-async def _aggregate(server, conn, cmd, db):
+async def _aggregate(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     if not is_change_stream_aggregate(cmd):
         return await queries.aggregate(server, conn, cmd, db)
     return await open_change_stream(server, server.oplog, cmd, db)

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
@@ -47,6 +47,18 @@ if TYPE_CHECKING:
 SHARD_BATCH = 1000
 # The merge's participant for the cluster's shard list (a sidecar's; no events).
 TOPOLOGY = "$topology"
+
+
+@runtime_checkable
+class _Nudging(Protocol):
+    """A cluster that can make its shards promise past a time (a sidecar's
+    `ShardedUpstream`: a read of their oplogs at `afterClusterTime`)."""
+
+    def nudge(self, name: str, until: Timestamp | None = None) -> None: ...
+
+    def refresh_topology(self) -> None: ...
+
+    def removed_at(self, name: str) -> Timestamp | None: ...
 
 
 def open_shard_cursor(shard: Shard, spec: ChangeStreamSpec, start: Timestamp, ns: str
@@ -227,20 +239,20 @@ class MergedChangeStream(HeldHere):
     def _nudge_blocker(self) -> None:
         """Events wait for shards that have promised nothing later yet: a cluster that can
         (a sidecar: a read of their oplogs at `afterClusterTime`) makes them promise past them."""
-        nudge = getattr(self.cluster, "nudge", None)
-        if nudge is None:
+        cluster = self.cluster
+        if not isinstance(cluster, _Nudging):
             return
         for name in self.merge.holding_back():  # all at once
             if name == TOPOLOGY:
-                self.cluster.refresh_topology()
-            elif not self.subs[name].closed:
-                nudge(name, self.cluster.removed_at(name))
+                cluster.refresh_topology()
+            elif isinstance(name, str) and not self.subs[name].closed:  # a shard's name
+                cluster.nudge(name, cluster.removed_at(name))
 
     def _drain_merge(self) -> None:
         self._join_new_shards()  # a shard added during the reads holds back what follows it
         ready = self.merge.pop_ready()
         if self.ensure is not None and ready:
-            ready = self.ensure.process(ready)  # type: ignore[arg-type]
+            ready = self.ensure.process(ready)
         for event in ready:
             self.pending.append(event)
             if event["operationType"] == "invalidate":

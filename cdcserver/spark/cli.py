@@ -44,7 +44,7 @@ class CheckError(Exception):
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Register `spark-replay` on the `cdcserver` command's subparsers."""
-    parser = sub.add_parser(
+    parser: argparse.ArgumentParser = sub.add_parser(
         "spark-replay", help="the same replay on Apache Spark (needs the spark extra)",
         description="the change-stream pipeline over oplog archives, on Apache Spark",
     )
@@ -191,7 +191,8 @@ def _exists(path: str) -> bool:
         return os.path.exists(path)
     from pyarrow import fs
 
-    return _info(path).type != fs.FileType.NotFound
+    exists: bool = _info(path).type != fs.FileType.NotFound
+    return exists
 
 
 def check_inputs(shards: list[list[str]], out: str, mode: str) -> bool:
@@ -273,7 +274,8 @@ def jvm_exit_status(spark: Any, wait: float = 5.0) -> int | None:
     deadline = time.monotonic() + wait
     while proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
-    return proc.poll()
+    status: int | None = proc.poll()
+    return status
 
 
 def root_cause(
@@ -295,7 +297,9 @@ def root_cause(
     oom = re.search(r"java\.lang\.OutOfMemoryError(?::[^\n]*)?", text)
     if oom is not None:
         return f"the JVM ran out of memory ({oom.group(0).strip()}): {raise_it}"
-    python = re.findall(r"PythonException:[\s\S]*?\n(\w[\w.]*(?:Error|Exception)[^\n]*)", text)
+    python: list[str] = re.findall(
+        r"PythonException:[\s\S]*?\n(\w[\w.]*(?:Error|Exception)[^\n]*)", text
+    )
     if python:
         return python[-1].strip()
     if chain:
@@ -304,7 +308,7 @@ def root_cause(
             flag = "--driver-memory" if "DRIVER" in line else "--executor-memory"
             line += f" (raise {flag}: Spark needs at least 450m)"
         return line
-    caused = re.findall(r"Caused by: ([^\n]+)", text)
+    caused: list[str] = re.findall(r"Caused by: ([^\n]+)", text)
     if caused:
         return caused[-1].strip()
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]

@@ -42,7 +42,8 @@ def filesystem(path: str) -> tuple[Any, str]:
 
     if sp.is_local(path):
         return fs.LocalFileSystem(), os.path.abspath(path)
-    return fs.FileSystem.from_uri(path)
+    filesystem, inner = fs.FileSystem.from_uri(path)
+    return filesystem, inner
 
 
 def suffix(fmt: str) -> str:
@@ -80,7 +81,8 @@ class Output:
     def _exists(self, path: str) -> bool:
         from pyarrow import fs
 
-        return self.fs.get_file_info(path).type != fs.FileType.NotFound
+        exists: bool = self.fs.get_file_info(path).type != fs.FileType.NotFound
+        return exists
 
     def setup(self) -> None:
         """Refuse an existing output (errorifexists), create the staging directory."""

@@ -67,9 +67,9 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
@@ -84,6 +84,9 @@ from pipeline_stages.merge import ShardMerge
 from pipeline_stages.oplog_entry import Entry, decode_entry
 from pipeline_stages.pipeline import ChangeStreamPipeline
 from pipeline_stages.spec import ChangeStreamSpec, parse_aggregate
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -454,7 +457,9 @@ def replay_task(
                 yield event
         return
     merge: ShardMerge[RawBSONDocument] = ShardMerge(p.shard for p in task.parts)
-    streams = {p.shard: _shard_batches(p, task, ctx, counts) for p in task.parts}
+    streams: dict[Hashable, Iterator[tuple[list[RawBSONDocument], dict[str, Any]]]] = {
+        p.shard: _shard_batches(p, task, ctx, counts) for p in task.parts
+    }
     while not merge.exhausted:
         for event in merge:
             if cut_token is not None and event["_id"]["_data"].upper() > cut_token:
@@ -776,7 +781,10 @@ class SparkReplay:
                 watcher.stop()
         return summary
 
-    def _run(self, spark, sc, spec, resume_ts, scan_ctx, summary, started, output) -> None:
+    def _run(
+        self, spark: Any, sc: Any, spec: ChangeStreamSpec, resume_ts: Timestamp | None,
+        scan_ctx: ScanContext, summary: ReplaySummary, started: float, output: Output,
+    ) -> None:
         # 1. plan and scan
         shards = plan(self.shards_paths, self.split_size)
         all_splits = [s for shard in shards for s in shard.splits]
@@ -984,6 +992,7 @@ class SparkReplay:
         ref = _prev_ref(entry)
         while ref is not None and ref not in out:
             link = shard.links.get(ref)
+            split: sp.Split | None
             if link is not None:
                 split = shard.split_of[link[0]]
                 with sp.Input(split.path) as src:
@@ -1007,10 +1016,10 @@ class SparkReplay:
         return out
 
     def _tasks(self, shards: list[_Shard]) -> list[ReplayTask]:
-        tasks = []
+        tasks: list[ReplayTask] = []
         self._marks: dict[int, tuple[list[sp.Split], list[tuple[int, int, int]], list[int]]] = {}
         for lo, hi in time_ranges(shards, self.split_size):
-            parts = []
+            parts: list[ShardPart] = []
             for shard in shards:
                 part = self._part(shard, lo, hi)
                 if part is not None:
@@ -1078,7 +1087,9 @@ class SparkReplay:
         def run(items: Iterator[ReplayTask]) -> Iterator[TaskOutput]:
             from pyspark import TaskContext
 
-            attempt = TaskContext.get().attemptNumber()
+            task_context = TaskContext.get()
+            assert task_context is not None  # run by Spark, in a task
+            attempt = task_context.attemptNumber()
             for task in items:
                 yield write_task(task, shared.value, fmt, out, job, attempt, accs)
 
@@ -1156,7 +1167,9 @@ class _Watcher:
         self._thread.join(timeout=self.interval + 1)
 
 
-def session(master: str | None = None, app_name: str = "cdcserver spark-replay", **conf: Any):
+def session(
+    master: str | None = None, app_name: str = "cdcserver spark-replay", **conf: Any
+) -> SparkSession:
     """A SparkSession; in local mode the workers run this interpreter (and so find cdcserver)."""
     from pyspark.sql import SparkSession
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import bson
 from bson import json_util
@@ -25,9 +25,12 @@ from bson.timestamp import Timestamp
 
 from pipeline_stages import resume_token
 
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
 CANONICAL = json_util.JSONOptions(json_mode=json_util.JSONMode.CANONICAL)
 # What a RawBSONDocument inflates with (pymongo's DEFAULT_RAW_BSON_OPTIONS), as plain dicts.
-_DECODE: CodecOptions = CodecOptions(document_class=dict)
+_DECODE: CodecOptions[dict[str, Any]] = CodecOptions(document_class=dict)
 
 COLUMNS = (
     "_id", "clusterTime", "operationType", "db", "coll", "documentKey", "event", "eventJson",
@@ -39,7 +42,7 @@ SCHEMA_DDL = (
 )
 
 
-def spark_schema():
+def spark_schema() -> StructType:
     """The schema as a `pyspark.sql.types.StructType`."""
     from pyspark.sql.types import (
         BinaryType,
@@ -67,7 +70,7 @@ def spark_schema():
     )
 
 
-def arrow_schema(fmt: str = "parquet"):
+def arrow_schema(fmt: str = "parquet") -> Any:  # a pyarrow.Schema (pyarrow is untyped)
     """The pyarrow schema of the rows (`fmt="jsonl"`: the one column `eventJson`)."""
     import pyarrow as pa
 

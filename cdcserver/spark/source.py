@@ -125,13 +125,16 @@ class StreamSpec:
 
         return MongoClient(self.uri, document_class=RawBSONDocument, tz_aware=True)
 
-    def watch(self, client: Any, start: Mapping[str, Any] | None, *, ids_only: bool = False):
+    def watch(
+        self, client: Any, start: Mapping[str, Any] | None, *, ids_only: bool = False
+    ) -> Any:  # pymongo's ChangeStream
         """`watch()` from an offset (None: from what the options say, else from now)."""
         if self.cluster:
             target = client
         elif self.db:
             target = client[self.db]
         else:
+            assert self.ns is not None  # one of ns, db, cluster is given (__init__)
             db, _, coll = self.ns.partition(".")
             target = client[db][coll]
         pipeline = list(self.pipeline)
@@ -203,10 +206,10 @@ class ChangeStreamReader(SimpleDataSourceStreamReader):
             self._stream = None
             self._position = None
 
-    def read(self, start: dict[str, Any]) -> tuple[Iterator[tuple], dict[str, Any]]:
+    def read(self, start: dict[str, Any]) -> tuple[Iterator[tuple[Any, ...]], dict[str, Any]]:
         """The events after `start` available now (at most `maxEventsPerTrigger`), each read
         once, and the token of the last one (`start` when there is none)."""
-        rows: list[tuple] = []
+        rows: list[tuple[Any, ...]] = []
         end = start
         limit = self.spec.max_events
         opened_at = None
@@ -227,7 +230,9 @@ class ChangeStreamReader(SimpleDataSourceStreamReader):
             self._position = end
         return iter(rows), end
 
-    def readBetweenOffsets(self, start: dict[str, Any], end: dict[str, Any]) -> Iterator[tuple]:
+    def readBetweenOffsets(
+        self, start: dict[str, Any], end: dict[str, Any]
+    ) -> Iterator[tuple[Any, ...]]:
         """A batch again, after a failure: the same rows as when it was first read."""
         return read_range(self.spec, start, end)
 
@@ -243,7 +248,7 @@ class ChangeStreamReader(SimpleDataSourceStreamReader):
 
 def read_range(
     spec: StreamSpec, start: Mapping[str, Any], end: Mapping[str, Any]
-) -> Iterator[tuple]:
+) -> Iterator[tuple[Any, ...]]:
     """The rows of the events after `start` up to and including the one whose token is `end`."""
     target = end["_data"].upper()
     deadline = time.monotonic() + spec.read_timeout_s

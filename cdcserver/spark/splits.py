@@ -37,6 +37,7 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import bson
 from bson import json_util
@@ -102,7 +103,7 @@ class Input:
         self.path = path
         if is_local(path):
             self._fd: int | None = os.open(path, os.O_RDONLY)
-            self._file = None
+            self._file: Any = None  # a pyarrow input file (pyarrow is untyped)
             self.size = os.fstat(self._fd).st_size
         else:
             from pyarrow import fs
