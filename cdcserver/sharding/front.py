@@ -18,7 +18,7 @@ import functools
 import os
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import bson
@@ -30,8 +30,10 @@ from bson.timestamp import Timestamp
 
 from cdcserver.commands import failpoints, handshake
 from cdcserver.commands.registry import int_arg, run_command
+from cdcserver.context import ConnectionState, Handler, ServerState
 from cdcserver.cursors import FORWARDED, QUERY_RESULT, GetMore, HeldHere, cursor_reply
 from cdcserver.embedded.store import id_key as _id_key
+from cdcserver.embedded.store_types import Collection
 from cdcserver.sharding.catalog import (
     _MISSING,
     ShardingCatalog,
@@ -46,16 +48,19 @@ from pipeline_stages.spec import is_change_stream_aggregate, parse_aggregate
 from pipeline_stages.value_string import document_string
 
 if TYPE_CHECKING:
+    from _typeshed import SupportsAllComparisons
+
     from cdcserver.sharding.cluster import Shard, ShardedCluster
 
-TABLE: dict[str, Any] = {}  # the front's own commands (its mode's table: deployments/cluster.py)
+# The front's own commands (its mode's table: deployments/cluster.py).
+TABLE: dict[str, Handler] = {}
 
 _REPLY_TIME_FIELDS = ("ok", "$clusterTime", "operationTime")
 ShardNotFound = 70  # error code
 
 
-def front(*names: str) -> Any:
-    def register(handler: Any) -> Any:
+def front(*names: str) -> Callable[[Handler], Handler]:
+    def register(handler: Handler) -> Handler:
         for name in names:
             TABLE[name] = handler
         return handler
@@ -63,7 +68,7 @@ def front(*names: str) -> Any:
     return register
 
 
-def cluster_of(server: Any) -> ShardedCluster:
+def cluster_of(server: ServerState) -> ShardedCluster:
     return server.oplog.cluster
 
 
@@ -129,7 +134,9 @@ def _primary(cluster: ShardedCluster, db: str, create: bool) -> Shard:
     return cluster.shard(name) if name is not None else cluster.shards[0]
 
 
-async def forward_default(server, conn, cmd, db):
+async def forward_default(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     """mongos passes a command it does not route otherwise to the database's primary shard."""
     cluster = cluster_of(server)
     return await forward(cluster, _primary(cluster, db, create=False), cmd, db)
@@ -143,7 +150,9 @@ _HELLO_KEEP = ("maxBsonObjectSize", "maxMessageSizeBytes", "maxWriteBatchSize", 
                "minWireVersion")
 
 
-async def _front_hello(server, conn, cmd, db, legacy: bool) -> dict[str, Any]:
+async def _front_hello(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str, legacy: bool
+) -> dict[str, Any]:
     base = await handshake._hello(server, conn, cmd, db, legacy)
     reply: dict[str, Any] = {}
     if cmd.get("helloOk") is True:
@@ -163,29 +172,39 @@ async def _front_hello(server, conn, cmd, db, legacy: bool) -> dict[str, Any]:
 
 
 @front("hello")
-async def hello(server, conn, cmd, db):
+async def hello(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     return await _front_hello(server, conn, cmd, db, legacy=False)
 
 
 @front("isMaster", "ismaster")
-async def is_master(server, conn, cmd, db):
+async def is_master(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     return await _front_hello(server, conn, cmd, db, legacy=True)
 
 
 @front("isdbgrid")
-async def isdbgrid(server, conn, cmd, db):
+async def isdbgrid(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     import socket
 
     return {"isdbgrid": 1, "hostname": socket.gethostname()}
 
 
 @front("ping")
-async def ping(server, conn, cmd, db):
+async def ping(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     return {}
 
 
 @front("serverStatus")
-async def server_status(server, conn, cmd, db):
+async def server_status(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     """A shard's serverStatus, as the process it describes is the router."""
     reply = await forward_default(server, conn, cmd, db)
     if "process" in reply:
@@ -201,7 +220,9 @@ def _admin_only(name: str, db: str) -> None:
 
 
 @front("listShards")
-async def list_shards(server, conn, cmd, db):
+async def list_shards(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     _admin_only("listShards", db)
     return {"shards": _shard_docs(cluster_of(server))}
 
@@ -217,7 +238,9 @@ def _shard_docs(cluster: ShardedCluster) -> list[dict[str, Any]]:
 
 
 @front("enableSharding", "enablesharding")
-async def enable_sharding(server, conn, cmd, db):
+async def enable_sharding(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     _admin_only("enableSharding", db)
     cluster = cluster_of(server)
     name = cmd[next(iter(cmd))]
@@ -260,7 +283,9 @@ def _check_key_pattern(key: Any) -> dict[str, Any]:
 
 
 @front("shardCollection", "shardcollection")
-async def shard_collection(server, conn, cmd, db):
+async def shard_collection(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     _admin_only("shardCollection", db)
     cluster = cluster_of(server)
     ns, dbname, coll = _namespace_arg(cmd, next(iter(cmd)))
@@ -281,6 +306,8 @@ async def shard_collection(server, conn, cmd, db):
     if c is None:
         await forward(cluster, primary, {"create": coll}, dbname)
         c = store.get(dbname, coll)
+        if c is None:  # (the shard's create raises when it makes no collection)
+            raise MongoError(26, f"Collection {ns} not found")  # NamespaceNotFound
     if list(key) != ["_id"] or key["_id"] == "hashed":
         name = "_".join(f"{f}_{v}" for f, v in key.items())
         index: dict[str, Any] = {"key": key, "name": name}
@@ -308,7 +335,7 @@ async def shard_collection(server, conn, cmd, db):
 
 
 def _ensure_collection_on(cluster: ShardedCluster, shard: Shard, primary: Shard, db: str,
-                          coll: str) -> Any:
+                          coll: str) -> Collection:
     """The sharded collection on a shard that owns a chunk of it: same UUID and indexes as on
     the primary, created as a migration does (fromMigrate: invisible to change streams)."""
     c = shard.store.get(db, coll)
@@ -319,31 +346,36 @@ def _ensure_collection_on(cluster: ShardedCluster, shard: Shard, primary: Shard,
         c = shard.store.create_collection(db, coll, dict(source.options) if source else {},
                                           uuid=source.uuid if source is not None else None)
         if source is not None:
-            extra = [dict(i) for i in getattr(source, "indexes", []) if i.get("name") != "_id_"]
+            extra = [dict(i) for i in source.indexes if i.get("name") != "_id_"]
             if extra:
                 shard.store.create_indexes(c, extra)
     return c
 
 
-def _find_chunk_arg(cluster: ShardedCluster, ns: str, cmd: Mapping[str, Any]) -> dict[str, Any]:
-    catalog = cluster.catalog
-    if "bounds" in cmd:
-        bounds = cmd["bounds"]
-        chunk = catalog.find_chunk(ns, bounds[0])
-    elif "min" in cmd:
-        chunk = catalog.find_chunk(ns, cmd["min"])
-    elif "find" in cmd:
-        chunk = catalog.chunk_for_values(ns, catalog.key_values(ns, cmd["find"]))
-    else:
-        raise MongoError(72, "need to specify either a find query, or both lower and upper "
-                         "bounds.")
+def _chunk_at(catalog: ShardingCatalog, ns: str, point: Mapping[str, Any]) -> dict[str, Any]:
+    """The chunk starting at (else holding) `point`; 61 if `ns` has no chunks."""
+    chunk = catalog.find_chunk(ns, point)
     if chunk is None:
         raise MongoError(61, f"no chunk found for {ns}")
     return chunk
 
 
+def _find_chunk_arg(cluster: ShardedCluster, ns: str, cmd: Mapping[str, Any]) -> dict[str, Any]:
+    catalog = cluster.catalog
+    if "bounds" in cmd:
+        return _chunk_at(catalog, ns, cmd["bounds"][0])
+    if "min" in cmd:
+        return _chunk_at(catalog, ns, cmd["min"])
+    if "find" in cmd:
+        return catalog.chunk_for_values(ns, catalog.key_values(ns, cmd["find"]))
+    raise MongoError(72, "need to specify either a find query, or both lower and upper "
+                     "bounds.")
+
+
 @front("split")
-async def split(server, conn, cmd, db):
+async def split(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     _admin_only("split", db)
     cluster = cluster_of(server)
     ns, _, _ = _namespace_arg(cmd, "split")
@@ -362,7 +394,8 @@ async def split(server, conn, cmd, db):
     return {}
 
 
-def _median(cluster: ShardedCluster, ns: str, chunk: Mapping[str, Any]) -> dict | None:
+def _median(cluster: ShardedCluster, ns: str, chunk: Mapping[str, Any]
+            ) -> dict[str, Any] | None:
     db, coll = ns.split(".", 1)
     store = cluster.shard(chunk["shard"]).store
     c = store.get(db, coll)
@@ -378,7 +411,9 @@ def _median(cluster: ShardedCluster, ns: str, chunk: Mapping[str, Any]) -> dict 
 
 
 @front("moveChunk", "movechunk")
-async def move_chunk(server, conn, cmd, db):
+async def move_chunk(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     _admin_only("moveChunk", db)
     cluster = cluster_of(server)
     ns, _, _ = _namespace_arg(cmd, next(iter(cmd)))
@@ -393,7 +428,9 @@ async def move_chunk(server, conn, cmd, db):
 
 
 @front("moveRange")
-async def move_range(server, conn, cmd, db):
+async def move_range(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     _admin_only("moveRange", db)
     cluster = cluster_of(server)
     ns, _, _ = _namespace_arg(cmd, "moveRange")
@@ -405,14 +442,12 @@ async def move_range(server, conn, cmd, db):
     if "min" not in cmd:
         raise MongoError(40414, "BSON field 'moveRange.min' is missing but a required field")
     catalog = cluster.catalog
-    chunk = catalog.find_chunk(ns, cmd["min"])
-    if "max" in cmd and chunk is not None:
+    chunk = _chunk_at(catalog, ns, cmd["min"])
+    if "max" in cmd:
         catalog.split(ns, cmd["max"])  # moves only [min, max)
-    if chunk is not None and _key_bytes(list(chunk["min"].values())) != _key_bytes(
-        list(cmd["min"].values())
-    ):
+    if _key_bytes(list(chunk["min"].values())) != _key_bytes(list(cmd["min"].values())):
         catalog.split(ns, cmd["min"])
-        chunk = catalog.find_chunk(ns, cmd["min"])
+        chunk = _chunk_at(catalog, ns, cmd["min"])
     await migrate(cluster, ns, chunk, to)
     return {}
 
@@ -443,7 +478,9 @@ async def migrate(cluster: ShardedCluster, ns: str, chunk: dict[str, Any], to: s
 
 
 @front("balancerStart", "balancerStop", "balancerStatus")
-async def balancer(server, conn, cmd, db):
+async def balancer(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     _admin_only(next(iter(cmd)), db)
     cluster = cluster_of(server)
     catalog = cluster.catalog
@@ -487,7 +524,9 @@ async def balancer_round(cluster: ShardedCluster) -> int:
 # -- adding and removing shards -------------------------------------------------------------------
 
 @front("addShard", "addshard")
-async def add_shard(server, conn, cmd, db):
+async def add_shard(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     """addShard: the embedded cluster can only add a shard of its own (a new embedded replica
     set, on a new loopback port); the connection string gives its name (the replica set's, as
     mongod takes it, unless `name` says otherwise)."""
@@ -537,7 +576,9 @@ def _generated_shard_name(members: set[str], existing: set[str]) -> str:
 
 
 @front("removeShard", "removeshard")
-async def remove_shard(server, conn, cmd, db):
+async def remove_shard(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     """removeShard as the config server runs it: the first call marks the shard draining
     (the balancer then moves its chunks off: here at once, as migrations), later calls report
     what is left (databases whose primary it is: `movePrimary` them), the last one removes it."""
@@ -572,7 +613,9 @@ async def remove_shard(server, conn, cmd, db):
 
 
 @front("movePrimary", "moveprimary")
-async def move_primary(server, conn, cmd, db):
+async def move_primary(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     """movePrimary: the database's unsharded collections are cloned to the new primary and
     dropped on the old one, as migrations (fromMigrate: no change-stream events)."""
     _admin_only("movePrimary", db)
@@ -622,7 +665,9 @@ def _current_key_pattern(catalog: ShardingCatalog, ns: str, command: str) -> dic
 
 
 @front("reshardCollection")
-async def reshard_collection(server, conn, cmd, db):
+async def reshard_collection(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     """The collection under a new shard key: its documents are copied to their new owners
     under a new UUID (written as migrations: no events), then the primary shard's no-op gives
     the `reshardCollection` event (notifyChangeStreamsOnReshardCollectionComplete)."""
@@ -685,7 +730,9 @@ async def reshard_collection(server, conn, cmd, db):
 
 
 @front("refineCollectionShardKey")
-async def refine_collection_shard_key(server, conn, cmd, db):
+async def refine_collection_shard_key(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     _admin_only("refineCollectionShardKey", db)
     cluster = cluster_of(server)
     ns, dbname, coll = _namespace_arg(cmd, "refineCollectionShardKey")
@@ -779,7 +826,9 @@ def _merge_write_replies(replies: list[tuple[list[int], dict[str, Any]]]) -> dic
 
 
 @front("insert")
-async def insert(server, conn, cmd, db):
+async def insert(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     cluster = cluster_of(server)
     ns = _sharded_ns(cluster, cmd, db)
     if ns is None:
@@ -805,7 +854,10 @@ async def insert(server, conn, cmd, db):
     return _merge_write_replies(replies)
 
 
-async def _routed_writes(server, cmd, db, field: str, multi_of: Any) -> dict[str, Any]:
+async def _routed_writes(
+    server: ServerState, cmd: dict[str, Any], db: str, field: str,
+    multi_of: Callable[[Mapping[str, Any]], bool],
+) -> dict[str, Any]:
     cluster = cluster_of(server)
     ns = _sharded_ns(cluster, cmd, db)
     statements = cmd.get(field)
@@ -976,17 +1028,23 @@ async def _update_changing_shard_key(cluster: ShardedCluster, cmd: Mapping[str, 
 
 
 @front("update")
-async def update(server, conn, cmd, db):
+async def update(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     return await _routed_writes(server, cmd, db, "updates", lambda s: s.get("multi") is True)
 
 
 @front("delete")
-async def delete(server, conn, cmd, db):
+async def delete(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     return await _routed_writes(server, cmd, db, "deletes", lambda s: s.get("limit") == 0)
 
 
 @front("findAndModify", "findandmodify")
-async def find_and_modify(server, conn, cmd, db):
+async def find_and_modify(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     cluster = cluster_of(server)
     ns = _sharded_ns(cluster, cmd, db)
     if ns is None:
@@ -1033,7 +1091,7 @@ async def _find_and_modify_changing_shard_key(
     return {"lastErrorObject": {"n": 1, "updatedExisting": True}, "value": value}
 
 
-def _sort_key(sort: Mapping[str, Any]) -> Any:
+def _sort_key(sort: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], SupportsAllComparisons]:
     def compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
         for field, direction in sort.items():
             va, vb = document_value(a, field, _MISSING), document_value(b, field, _MISSING)
@@ -1064,7 +1122,9 @@ async def _drain(cluster: ShardedCluster, shard: Shard, cmd: dict[str, Any], db:
 
 
 @front("find")
-async def find(server, conn, cmd, db):
+async def find(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     cluster = cluster_of(server)
     if db == "config" and cmd.get("find") in ("shards", "databases", "collections", "chunks"):
         return _config_find(cluster, cmd)
@@ -1097,7 +1157,7 @@ async def find(server, conn, cmd, db):
 _MAX_BATCH_BYTES = 16 * 1024 * 1024
 
 
-def _take(docs: Any, size: int | None) -> list[Any]:
+def _take(docs: deque[Any], size: int | None) -> list[Any]:
     out: list[Any] = []
     total = 0
     while docs and (size is None or len(out) < size):
@@ -1170,9 +1230,9 @@ class ShardCursor:
         self.cluster.cursor_owner.pop(self.id, None)
 
 
-def _note_shard_cursor(server: Any, reply: Any) -> None:
+def _note_shard_cursor(server: ServerState, reply: Mapping[str, Any]) -> None:
     """A reply handing the client a shard's cursor: the front's registry keeps it."""
-    cursor = reply.get("cursor") if isinstance(reply, Mapping) else None
+    cursor = reply.get("cursor")
     if not isinstance(cursor, Mapping):
         return
     cid = cursor.get("id")
@@ -1184,7 +1244,7 @@ def _note_shard_cursor(server: Any, reply: Any) -> None:
         server.cursors.add(ShardCursor(cluster, int(cid), str(cursor.get("ns", "")), owner))
 
 
-def _results_reply(server: Any, cluster: ShardedCluster, docs: list[Any], ns: str,
+def _results_reply(server: ServerState, cluster: ShardedCluster, docs: list[Any], ns: str,
                    batch_size: int | None, single: bool = False) -> dict[str, Any]:
     """Results merged on the front (a broadcast find, the merging half of an aggregation):
     a first batch, and a cursor of the front's own for the rest."""
@@ -1216,7 +1276,9 @@ def _config_find(cluster: ShardedCluster, cmd: Mapping[str, Any]) -> dict[str, A
 
 
 @front("count")
-async def count(server, conn, cmd, db):
+async def count(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     cluster = cluster_of(server)
     ns = _sharded_ns(cluster, cmd, db)
     if ns is None:
@@ -1228,7 +1290,9 @@ async def count(server, conn, cmd, db):
 
 
 @front("distinct")
-async def distinct(server, conn, cmd, db):
+async def distinct(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     cluster = cluster_of(server)
     ns = _sharded_ns(cluster, cmd, db)
     if ns is None:
@@ -1243,7 +1307,9 @@ async def distinct(server, conn, cmd, db):
 # -- DDL ----------------------------------------------------------------------------------------
 
 @front("create", "createIndexes", "renameCollection", "collMod")
-async def ddl_create(server, conn, cmd, db):
+async def ddl_create(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     cluster = cluster_of(server)
     name = next(iter(cmd))
     if name == "renameCollection":
@@ -1285,7 +1351,9 @@ async def _on_every_shard(cluster: ShardedCluster, primary: Shard, cmd: Mapping[
 
 
 @front("drop", "dropIndexes", "deleteIndexes")
-async def ddl_drop(server, conn, cmd, db):
+async def ddl_drop(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     cluster = cluster_of(server)
     ns = _sharded_ns(cluster, cmd, db)
     primary = _primary(cluster, db, create=False)
@@ -1298,7 +1366,9 @@ async def ddl_drop(server, conn, cmd, db):
 
 
 @front("dropDatabase")
-async def drop_database(server, conn, cmd, db):
+async def drop_database(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     cluster = cluster_of(server)
     primary = _primary(cluster, db, create=False)
     reply = await forward(cluster, primary, cmd, db)
@@ -1311,7 +1381,9 @@ async def drop_database(server, conn, cmd, db):
 
 
 @front("listDatabases")
-async def list_databases(server, conn, cmd, db):
+async def list_databases(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     cluster = cluster_of(server)
     seen: dict[str, dict[str, Any]] = {}
     for shard in cluster.shards:
@@ -1328,7 +1400,9 @@ async def list_databases(server, conn, cmd, db):
 # -- sessions and transactions ------------------------------------------------------------------
 
 @front("commitTransaction", "abortTransaction")
-async def end_transaction(server, conn, cmd, db):
+async def end_transaction(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     cluster = cluster_of(server)
     lsid, number = cmd.get("lsid"), cmd.get("txnNumber")
     key = None
@@ -1363,7 +1437,7 @@ async def end_transaction(server, conn, cmd, db):
     return reply
 
 
-def _commit_across_shards(server: Any, cluster: ShardedCluster, shards: list[Shard],
+def _commit_across_shards(server: ServerState, cluster: ShardedCluster, shards: list[Shard],
                           cmd: Mapping[str, Any]) -> None:
     """A transaction that wrote on several shards commits on all of them at one commit time
     (the coordinator's commitTimestamp), without yielding to the loop in between: no stream
@@ -1413,7 +1487,9 @@ def _commit_across_shards(server: Any, cluster: ShardedCluster, shards: list[Sha
 
 @front("endSessions", "killSessions", "killAllSessions", "killAllSessionsByPattern",
        "refreshSessions")
-async def sessions(server, conn, cmd, db):
+async def sessions(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     cluster = cluster_of(server)
     reply: dict[str, Any] = {}
     for shard in cluster.shards:
@@ -1424,7 +1500,9 @@ async def sessions(server, conn, cmd, db):
 # -- cursors ------------------------------------------------------------------------------------
 
 @front("aggregate")
-async def aggregate(server, conn, cmd, db):
+async def aggregate(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     cluster = cluster_of(server)
     if not is_change_stream_aggregate(cmd):
         ns = _sharded_ns(cluster, cmd, db)
@@ -1434,10 +1512,12 @@ async def aggregate(server, conn, cmd, db):
     return await open_change_stream(server, cluster, cmd, db)
 
 
-async def open_change_stream(server: Any, cluster: Any, cmd: Mapping[str, Any], db: str
+async def open_change_stream(server: ServerState, cluster: Any, cmd: Mapping[str, Any], db: str
                              ) -> dict[str, Any]:
     """aggregate with $changeStream through a front: one stream per shard of `cluster` (the
     embedded cluster, or a sidecar's shards), merged."""
+    # (`cluster` is Any: the three fronts' clusters (ShardedCluster, the sidecar's and the
+    # recorded front's logs) share no declared type; MergedChangeStream names ShardedCluster.)
     cursor_doc = cmd.get("cursor")
     if not isinstance(cursor_doc, dict):
         raise MongoError(
@@ -1471,7 +1551,7 @@ _SHARD_STAGES = frozenset({"$match", "$project", "$addFields", "$set", "$unset",
                            "$replaceWith", "$unwind", "$redact"})
 
 
-async def _sharded_aggregate(server: Any, cluster: ShardedCluster, cmd: Mapping[str, Any],
+async def _sharded_aggregate(server: ServerState, cluster: ShardedCluster, cmd: Mapping[str, Any],
                              db: str, ns: str) -> dict[str, Any]:
     pipeline = list(cmd.get("pipeline") or [])
     split = next((i for i, st in enumerate(pipeline)
@@ -1490,11 +1570,13 @@ async def _sharded_aggregate(server: Any, cluster: ShardedCluster, cmd: Mapping[
     return _results_reply(server, cluster, docs, ns, size)
 
 
-def gossiping(handler: Any) -> Any:
+def gossiping(handler: Handler) -> Handler:
     """mongos advances its logical clock to the `$clusterTime` a client gossips (no key
     checks: the cluster signs nothing, as a cluster without auth)."""
 
-    async def run(server, conn, cmd, db):
+    async def run(
+        server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+    ) -> dict[str, Any]:
         gossip = cmd.get("$clusterTime")
         if isinstance(gossip, Mapping) and isinstance(gossip.get("clusterTime"), Timestamp):
             cluster_of(server).clock.advance_to(gossip["clusterTime"])
