@@ -20,7 +20,7 @@ import platform
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import bson
@@ -30,12 +30,14 @@ from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
+from cdcserver.auth import User
 from cdcserver.commands import oplog_find, profiler
 from cdcserver.commands.failpoints import FailPoints
 from cdcserver.config import unix_socket_mode
-from cdcserver.context import ConnectionState, ServerState
+from cdcserver.context import ConnectionState, Handler, Route, ServerState
 from cdcserver.cursors import ChangeStreamCursor
 from cdcserver.embedded import engine
+from cdcserver.embedded.catalog import Collection
 from cdcserver.embedded.store import Store
 from cdcserver.sources.base import EntryList
 from cdcserver.sources.mongo import UpstreamOplog
@@ -49,7 +51,6 @@ GIT_VERSION = "cdcserver"
 ELECTION_ID = ObjectId("7fffffff0000000000000001")
 _REPLICA_SET_ID = ObjectId("000000000000000000000001")
 
-Handler = Callable[[ServerState, ConnectionState, dict[str, Any], str], Awaitable[dict[str, Any]]]
 TABLE: dict[str, Handler] = {}
 
 
@@ -114,16 +115,18 @@ def op_started(
 
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
-_last_ms: list[Any] = [0, _EPOCH]  # the last millisecond asked for, and its date
+# The last millisecond asked for, and its date (one pair: read and replaced together).
+_last_ms: list[tuple[int, datetime.datetime]] = [(0, _EPOCH)]
 
 
 def _now_ms() -> datetime.datetime:
     """Now, to the millisecond (what a BSON date holds); one object per millisecond, since a
     driver's session is used on every getMore (datetime.now + replace: ~3 us each)."""
     ms = time.time_ns() // 1_000_000
-    if ms != _last_ms[0]:
-        _last_ms[0], _last_ms[1] = ms, _EPOCH + datetime.timedelta(milliseconds=ms)
-    return _last_ms[1]
+    last = _last_ms[0]
+    if ms != last[0]:
+        last = _last_ms[0] = (ms, _EPOCH + datetime.timedelta(milliseconds=ms))
+    return last[1]
 
 
 _SESSIONS_MAX = 100_000
@@ -153,7 +156,7 @@ def _note_session(table: Counters, conn: ConnectionState, session_id: bytes) -> 
 
 def list_local_sessions_stage(
     server: ServerState, conn: ConnectionState, spec: Any, target: Any
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """`$listLocalSessions` (`{aggregate: 1}`): the sessions this server has seen used, the
     connection's user's only unless `allUsers` (or `users`) says otherwise."""
     if target != 1:
@@ -241,7 +244,8 @@ def _count_change_stream(
     server: ServerState, table: Counters, name: str, cmd: Mapping[str, Any],
     cursor: Mapping[str, Any], batch: list[Any],
 ) -> None:
-    live = server.cursors.cursors.get(cursor.get("id"))
+    cursor_id = cursor.get("id")  # the cursor table is keyed by int (an Int64 is one)
+    live = server.cursors.cursors.get(cursor_id) if isinstance(cursor_id, int) else None
     # A front's merged stream has a pipeline per shard, none of its own: not counted here.
     pipeline = live.pipeline if isinstance(live, ChangeStreamCursor) else None
     if name == "aggregate" and pipeline is not None and pipeline.spec.show_expanded_events:
@@ -312,7 +316,9 @@ def test_commands_enabled(server: ServerState) -> bool:
 
 
 @_command("getCmdLineOpts")
-async def get_cmd_line_opts(server, conn, cmd, db):
+async def get_cmd_line_opts(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     _admin_only("getCmdLineOpts", db)
     argv = list(server.argv) or ["cdcserver", "serve"]
     return {"argv": argv, "parsed": parsed_options(server)}
@@ -351,7 +357,9 @@ _SETTABLE_AT_RUNTIME = frozenset(
 
 
 @_command("getParameter")
-async def get_parameter(server, conn, cmd, db):
+async def get_parameter(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     _admin_only("getParameter", db)
     arg = cmd.get("getParameter")
     want_all = arg == "*"
@@ -392,7 +400,9 @@ def _election(server: ServerState) -> tuple[Timestamp, datetime.datetime]:
 
 
 @_command("replSetGetStatus")
-async def repl_set_get_status(server, conn, cmd, db):
+async def repl_set_get_status(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     _admin_only("replSetGetStatus", db)
     now = _now()
     op_time, wall = _op_time(server)
@@ -458,7 +468,9 @@ async def repl_set_get_status(server, conn, cmd, db):
 
 
 @_command("replSetGetConfig")
-async def repl_set_get_config(server, conn, cmd, db):
+async def repl_set_get_config(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     _admin_only("replSetGetConfig", db)
     return {
         "config": {
@@ -495,7 +507,9 @@ def _longs(values: Mapping[str, int]) -> dict[str, Int64]:
 
 
 @_command("serverStatus")
-async def server_status(server, conn, cmd, db):
+async def server_status(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     now = _now()
     table = counters(server)
     latest = server.oplog.latest_ts()
@@ -609,7 +623,9 @@ def _meminfo_mb() -> int:
 
 
 @_command("hostInfo")
-async def host_info(server, conn, cmd, db):
+async def host_info(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     mem = _meminfo_mb()
     cores = os.cpu_count() or 1
     uname = platform.uname()
@@ -712,7 +728,9 @@ def check_api_parameters(name: str, cmd: Mapping[str, Any]) -> None:
 
 
 @_command("listCommands")
-async def list_commands(server, conn, cmd, db):
+async def list_commands(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     names = sorted(server.commands)  # the server's mode's table (cdcserver/deployments/)
     commands = {}
     for name in names:
@@ -736,7 +754,9 @@ def _client_metadata(conn: ConnectionState) -> dict[str, Any] | None:
     return dict(conn.client_metadata) if conn.client_metadata else None
 
 
-def current_ops(server: ServerState, conn: ConnectionState, for_agg: bool) -> list[dict]:
+def current_ops(
+    server: ServerState, conn: ConnectionState, for_agg: bool
+) -> list[dict[str, Any]]:
     """The commands in progress, one document each, as mongod's currentOp shows an op."""
     table = counters(server)
     now = time.monotonic()
@@ -787,7 +807,9 @@ _CURRENT_OP_OPTIONS = frozenset({"currentOp", "$all", "$ownOps", "$db", "lsid", 
 
 
 @_command("currentOp")
-async def current_op(server, conn, cmd, db):
+async def current_op(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     _admin_only("currentOp", db)
     filters = {k: v for k, v in cmd.items() if k not in _CURRENT_OP_OPTIONS}
     ops = current_ops(server, conn, for_agg=False)
@@ -797,7 +819,7 @@ async def current_op(server, conn, cmd, db):
 
 
 def current_op_stage(server: ServerState, conn: ConnectionState, spec: Any, db: str,
-                     target: Any) -> list[dict]:
+                     target: Any) -> list[dict[str, Any]]:
     """The documents `$currentOp` (first stage of `{aggregate: 1}` on admin) produces."""
     if db != "admin" or target != 1:
         raise MongoError(73, "$currentOp must be run against the 'admin' database with "
@@ -820,7 +842,7 @@ def current_op_stage(server: ServerState, conn: ConnectionState, spec: Any, db: 
     return ops
 
 
-def _idle_cursors(server: ServerState) -> list[dict]:
+def _idle_cursors(server: ServerState) -> list[dict[str, Any]]:
     host = _pretty_host(server)
     out = []
     for cursor_id, cursor in list(server.cursors.cursors.items()):
@@ -833,7 +855,7 @@ def _idle_cursors(server: ServerState) -> list[dict]:
 # -- usersInfo ------------------------------------------------------------------------------------
 
 
-def _user_doc(user: Any, mechanisms: bool) -> dict[str, Any]:
+def _user_doc(user: User, mechanisms: bool) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "_id": f"{user.db}.{user.name}",
         "userId": Binary(_user_uuid(user), 4),
@@ -846,12 +868,14 @@ def _user_doc(user: Any, mechanisms: bool) -> dict[str, Any]:
     return doc
 
 
-def _user_uuid(user: Any) -> bytes:
+def _user_uuid(user: User) -> bytes:
     return hashlib.md5(f"{user.db}.{user.name}".encode()).digest()  # stable per user
 
 
 @_command("usersInfo")
-async def users_info(server, conn, cmd, db):
+async def users_info(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     arg = cmd.get("usersInfo")
     users = list(server.auth.registry.users.values()) if server.auth is not None else []
     wanted: list[tuple[str, str]] | None
@@ -884,7 +908,9 @@ async def users_info(server, conn, cmd, db):
 
 
 @_command("profile")
-async def profile(server, conn, cmd, db):
+async def profile(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     """The profiling level of a database and the slow-operation threshold. The threshold is
     the server's (it is what "Slow query" log lines use, as mongod's slowms); levels 1 and 2
     write `system.profile` documents (profiler.py)."""
@@ -927,38 +953,38 @@ def _scale(cmd: Mapping[str, Any], field: str = "scale") -> int:
     return int(scale)
 
 
-def _coll_sizes(store: Any, c: Any) -> tuple[int, int]:
+def _coll_sizes(store: Store, c: Collection) -> tuple[int, int]:
     docs = store.documents(c)
     size = sum(len(bson.encode(d)) for d in docs.values())
     return len(docs), size
 
 
-def _index_sizes(c: Any, count: int) -> dict[str, int]:
+def _index_sizes(c: Collection, count: int) -> dict[str, int]:
     # No B-tree: an estimate a B-tree of `count` keys would take (4 KiB minimum, as WiredTiger).
     return {ix["name"]: 4096 + 32 * count for ix in c.indexes}
 
 
 @_command("dbStats")
-async def db_stats(server, conn, cmd, db):
+async def db_stats(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     scale = _scale(cmd)
     store = _store(server)
-    colls = store.collections_of(db) if store is not None else []
+    # Each collection with its document count and size (system.views is not one).
+    sized = [(c, *_coll_sizes(store, c)) for c in store.collections_of(db)
+             if c.name != "system.views"] if store is not None else []
     views = len(store.views_of(db)) if store is not None else 0
     objects = data = indexes = index_size = 0
     storage = 0
-    for c in colls:
-        if c.name == "system.views":
-            continue
-        n, size = _coll_sizes(store, c)
+    for c, n, size in sized:
         objects += n
         data += size
         storage += max(4096, size)
         indexes += len(c.indexes)
         index_size += sum(_index_sizes(c, n).values())
-    real = [c for c in colls if c.name != "system.views"]
     return {
         "db": db,
-        "collections": Int64(len(real)),
+        "collections": Int64(len(sized)),
         "views": Int64(views),
         "objects": Int64(objects),
         "avgObjSize": (data / objects) if objects else 0.0,
@@ -1001,9 +1027,9 @@ def _oplog_storage_stats(server: ServerState, scale: int) -> dict[str, Any]:
     }
 
 
-def storage_stats(store: Any, db: str, coll: str, scale: int) -> dict[str, Any]:
+def storage_stats(store: Store | None, db: str, coll: str, scale: int) -> dict[str, Any]:
     c = store.get(db, coll) if store is not None else None
-    if c is None:
+    if store is None or c is None:
         return {"size": 0, "count": 0, "storageSize": 0, "totalSize": 0, "nindexes": 0,
                 "totalIndexSize": 0, "indexSizes": {}, "scaleFactor": scale}
     n, size = _coll_sizes(store, c)
@@ -1035,7 +1061,9 @@ def storage_stats(store: Any, db: str, coll: str, scale: int) -> dict[str, Any]:
 
 
 @_command("collStats")
-async def coll_stats(server, conn, cmd, db):
+async def coll_stats(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     coll = cmd.get("collStats")
     if not isinstance(coll, str) or not coll:
         raise MongoError(73, f"collection name has invalid type {type_name(coll)}")
@@ -1045,7 +1073,9 @@ async def coll_stats(server, conn, cmd, db):
     return {"ns": f"{db}.{coll}", **storage_stats(_store(server), db, coll, scale)}
 
 
-def coll_stats_stage(server: ServerState, spec: Any, db: str, coll: Any) -> list[dict]:
+def coll_stats_stage(
+    server: ServerState, spec: Any, db: str, coll: str
+) -> list[dict[str, Any]]:
     """The one document `$collStats` produces (a replica set has one "shard": none named)."""
     if not isinstance(spec, Mapping):
         raise MongoError(5447000, "$collStats must take a nested object but found: "
@@ -1072,7 +1102,7 @@ def coll_stats_stage(server: ServerState, spec: Any, db: str, coll: Any) -> list
         doc["count"] = _oplog_storage_stats(server, 1)["count"]
     elif "count" in spec:
         c = store.get(db, coll) if store is not None else None
-        if c is None:
+        if store is None or c is None:
             raise MongoError(26, f"Unable to retrieve count in $collStats stage :: caused by "
                              f":: Collection [{db}.{coll}] not found.")
         doc["count"] = len(store.documents(c))
@@ -1083,13 +1113,15 @@ def coll_stats_stage(server: ServerState, spec: Any, db: str, coll: Any) -> list
 
 
 @_command("validate")
-async def validate(server, conn, cmd, db):
+async def validate(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     coll = cmd.get("validate")
     if not isinstance(coll, str) or not coll:
         raise MongoError(73, f"collection name has invalid type {type_name(coll)}")
     store = _store(server)
     c = store.get(db, coll) if store is not None else None
-    if c is None:
+    if store is None or c is None:
         if store is not None and store.view(db, coll) is not None:
             raise MongoError(166, "Cannot validate a view")
         raise MongoError(26, f"Collection '{db}.{coll}' does not exist to validate.")
@@ -1314,37 +1346,48 @@ def _execution_stages(plan: dict[str, Any], returned: int, examined: int) -> dic
 def _doc_count(server: ServerState, db: str, coll: str) -> int:
     store = _store(server)
     c = store.get(db, coll) if store is not None else None
-    return len(store.documents(c)) if c is not None else 0
+    return len(store.documents(c)) if store is not None and c is not None else 0
 
 
-async def _returned(server, conn, inner: dict[str, Any], db: str) -> int:
+async def _run(server: ServerState, conn: ConnectionState, name: str, cmd: dict[str, Any],
+               db: str) -> dict[str, Any]:
+    """Run `cmd` with the server's own handler of `name`; a per-request entry (`Route`) picks
+    its handler for `cmd`, as run_command does."""
+    entry = server.commands[name]
+    handler = entry.choose(server, cmd) if isinstance(entry, Route) else entry
+    return await handler(server, conn, cmd, db)
+
+
+async def _returned(server: ServerState, conn: ConnectionState, inner: dict[str, Any],
+                    db: str) -> int:
     """Run a read and count its results (explain's executionStats)."""
     name = next(iter(inner))
-    handler = server.commands.get(name)
-    if handler is None:
+    if name not in server.commands:
         return 0
     if name == "find":
-        reply = await handler(server, conn, {**inner, "singleBatch": True,
-                                             "batchSize": 2**31 - 1, "$db": db}, db)
+        reply = await _run(server, conn, "find", {**inner, "singleBatch": True,
+                                                  "batchSize": 2**31 - 1, "$db": db}, db)
         return len(reply["cursor"]["firstBatch"])
     if name == "count":
-        reply = await handler(server, conn, {**inner, "$db": db}, db)
+        reply = await _run(server, conn, name, {**inner, "$db": db}, db)
         return int(reply.get("n", 0))
     if name == "distinct":
-        reply = await handler(server, conn, {**inner, "$db": db}, db)
+        reply = await _run(server, conn, name, {**inner, "$db": db}, db)
         return len(reply.get("values", []))
     if name in ("update", "delete"):  # what the statements would match; nothing is written
         stmts = inner.get(name + "s") or [{}]
         q = stmts[0].get("q", {}) if isinstance(stmts[0], Mapping) else {}
-        reply = await server.commands["find"](server, conn, {"find": inner[name], "filter": q,
-                                                       "singleBatch": True,
-                                                       "batchSize": 2**31 - 1, "$db": db}, db)
+        reply = await _run(server, conn, "find", {"find": inner[name], "filter": q,
+                                                  "singleBatch": True,
+                                                  "batchSize": 2**31 - 1, "$db": db}, db)
         return len(reply["cursor"]["firstBatch"])
     return 0
 
 
 @_command("explain")
-async def explain(server, conn, cmd, db):
+async def explain(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     inner = cmd.get("explain")
     if not isinstance(inner, Mapping) or not inner:
         raise MongoError(2, "explain command requires a nested object")
@@ -1411,8 +1454,10 @@ async def explain(server, conn, cmd, db):
     return reply
 
 
-async def explain_aggregate(server, conn, cmd: Mapping[str, Any], db: str,
-                            verbosity: str = "queryPlanner") -> dict[str, Any]:
+async def explain_aggregate(
+    server: ServerState, conn: ConnectionState, cmd: Mapping[str, Any], db: str,
+    verbosity: str = "queryPlanner",
+) -> dict[str, Any]:
     """`aggregate` with `explain: true` (or under `explain`): the pipeline's stages over the
     collection scan that feeds them (mongod's `$cursor` stage)."""
     target = cmd.get("aggregate")

@@ -27,7 +27,9 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-def hello_reply(server: ServerState, conn: ConnectionState, cmd: dict[str, Any], legacy: bool):
+def hello_reply(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], legacy: bool
+) -> dict[str, Any]:
     ts = server.oplog.cluster_time()
     op_time = {"ts": ts, "t": Int64(1)}
     write_date = (
@@ -80,7 +82,9 @@ def hello_reply(server: ServerState, conn: ConnectionState, cmd: dict[str, Any],
     return reply
 
 
-async def _hello(server, conn, cmd, db, legacy):
+async def _hello(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str, legacy: bool
+) -> dict[str, Any]:
     # Streaming form used by monitors: wait up to maxAwaitTimeMS for a topology change; ours
     # never changes, so answer when the time is up.
     if isinstance(cmd.get("topologyVersion"), dict) and "maxAwaitTimeMS" in cmd:
@@ -103,22 +107,30 @@ async def _hello(server, conn, cmd, db, legacy):
 
 
 @command("hello")
-async def hello(server, conn, cmd, db):
+async def hello(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     return await _hello(server, conn, cmd, db, legacy=False)
 
 
 @command("isMaster", "ismaster")
-async def is_master(server, conn, cmd, db):
+async def is_master(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     return await _hello(server, conn, cmd, db, legacy=True)
 
 
 @command("ping")
-async def ping(server, conn, cmd, db):
+async def ping(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     return {}
 
 
 @command("buildInfo", "buildinfo")
-async def build_info(server, conn, cmd, db):
+async def build_info(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     major, minor, patch = (int(x) for x in SERVER_VERSION.split("."))
     return {
         "version": SERVER_VERSION,
@@ -134,22 +146,30 @@ async def build_info(server, conn, cmd, db):
 
 
 @command("connectionStatus")
-async def connection_status(server, conn, cmd, db):
+async def connection_status(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     return {"authInfo": auth_commands.auth_info(conn)}
 
 
 @command("whatsmyuri")
-async def whats_my_uri(server, conn, cmd, db):
+async def whats_my_uri(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     return {"you": conn.peer}
 
 
 @command("refreshSessions", "startSession")  # endSessions, killSessions: transactions.py
-async def sessions(server, conn, cmd, db):
+async def sessions(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     return {}
 
 
 @command("listDatabases")
-async def list_databases(server, conn, cmd, db):
+async def list_databases(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     names = sorted({d for d, _ in server.oplog.namespaces()})
     dbs = [{"name": name, "sizeOnDisk": Int64(0), "empty": False} for name in names]
     if cmd.get("nameOnly"):
@@ -158,7 +178,9 @@ async def list_databases(server, conn, cmd, db):
 
 
 @command("listCollections")
-async def list_collections(server, conn, cmd, db):
+async def list_collections(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     colls = sorted(c for d, c in server.oplog.namespaces() if d == db and c)
     batch = [{"name": c, "type": "collection", "options": {}, "info": {"readOnly": False}}
              for c in colls]

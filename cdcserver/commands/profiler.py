@@ -19,6 +19,11 @@ from typing import Any
 import bson
 from bson.int64 import Int64
 
+from cdcserver.context import ConnectionState, ServerState
+from cdcserver.embedded.catalog import Collection
+from cdcserver.embedded.store import Store
+from pipeline_stages.errors import MongoError
+
 log = logging.getLogger(__name__)
 
 PROFILE_COLL = "system.profile"
@@ -27,13 +32,13 @@ _OP = {"find": "query", "getMore": "getmore", "insert": "insert", "update": "upd
        "delete": "remove"}
 
 
-def level_of(server: Any, db: str) -> int:
+def level_of(server: ServerState, db: str) -> int:
     return server.profile_levels.get(db, 0)
 
 
 def record(
-    server: Any, conn: Any, db: str, name: str, cmd: Mapping[str, Any],
-    reply: Mapping[str, Any] | None, error: Any, seconds: float,
+    server: ServerState, conn: ConnectionState, db: str, name: str, cmd: Mapping[str, Any],
+    reply: Mapping[str, Any] | None, error: MongoError | None, seconds: float,
 ) -> None:
     """Write the profile document of one finished command, if its database profiles it."""
     level = level_of(server, db)
@@ -48,15 +53,15 @@ def record(
     if name == "profile" or target == PROFILE_COLL:
         return  # mongod does not profile reads of the profile itself
     try:
-        doc = _document(server, store, conn, db, name, cmd, reply, error, seconds, target)
+        doc = _document(store, conn, db, name, cmd, reply, error, seconds, target)
         _insert(store, db, doc)
     except Exception:  # noqa: BLE001 - profiling never fails the operation it profiles
         log.exception("profiling %r failed", name)
 
 
 def _document(
-    server: Any, store: Any, conn: Any, db: str, name: str, cmd: Mapping[str, Any],
-    reply: Mapping[str, Any] | None, error: Any, seconds: float, target: Any,
+    store: Store, conn: ConnectionState, db: str, name: str, cmd: Mapping[str, Any],
+    reply: Mapping[str, Any] | None, error: MongoError | None, seconds: float, target: Any,
 ) -> dict[str, Any]:
     ns = f"{db}.{target}" if isinstance(target, str) else f"{db}.$cmd"
     doc: dict[str, Any] = {"op": _OP.get(name, "command"), "ns": ns, "command": dict(cmd)}
@@ -113,14 +118,12 @@ def _plain(reply: Mapping[str, Any]) -> Mapping[str, Any]:
     return reply if isinstance(reply, dict) else dict(reply)
 
 
-def _scanned(store: Any, db: str, coll: Any) -> int:
+def _scanned(store: Store, db: str, coll: Any) -> int:
     c = store.get(db, coll) if isinstance(coll, str) else None
     return len(c.records) if c is not None else 0
 
 
-def _insert(store: Any, db: str, doc: dict[str, Any]) -> None:
-    from cdcserver.embedded.catalog import Collection
-
+def _insert(store: Store, db: str, doc: dict[str, Any]) -> None:
     c = store.get(db, PROFILE_COLL)
     if c is None:
         c = Collection(db, PROFILE_COLL, uuid.uuid4().bytes,
