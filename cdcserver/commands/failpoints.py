@@ -52,8 +52,10 @@ from bson.int64 import Int64
 
 from cdcserver.commands import write_concern
 from cdcserver.commands.transactions import lsid_str
+from cdcserver.context import ConnectionState, Handler, Route, ServerState
 from cdcserver.cursors import FORWARDED, kind_of
-from pipeline_stages.error_labels import (  # noqa: F401 (the label policy, re-exported)
+from cdcserver.embedded.sessions import OpSession
+from pipeline_stages.error_labels import (
     NEED_RETARGETTING_ERROR,
     NETWORK_ERROR,
     NON_RESUMABLE_CHANGE_STREAM_ERROR,
@@ -66,6 +68,22 @@ from pipeline_stages.error_labels import (  # noqa: F401 (the label policy, re-e
 from pipeline_stages.errors import MongoError, code_name
 
 log = logging.getLogger(__name__)
+
+# Exported with the fail points: the label policy (pipeline_stages.error_labels), which the
+# command path (registry.py) reads from here.
+__all__ = [
+    "CRASH_AFTER_FIRST_PARTICIPANT_COMMIT", "FAIL_COMMAND", "FAIL_COMMAND_MESSAGE",
+    "FAIL_GET_MORE", "FAIL_GET_MORE_MESSAGE", "FAIL_POINT_NAMES", "MAX_TIME_ALWAYS_TIME_OUT",
+    "NEED_RETARGETTING_ERROR", "NETWORK_ERROR", "NON_RESUMABLE_CHANGE_STREAM_ERROR",
+    "NOT_PRIMARY_ERROR", "ON_PRIMARY_TRANSACTIONAL_WRITE", "RESUMABLE_CHANGE_STREAM_CODES",
+    "RETRIABLE_ERROR", "SNAPSHOT_ERROR", "TABLE", "CloseConnection", "FailPoint", "FailPointError",
+    "FailPoints", "NamedError", "after_command", "before_command", "close_if_requested",
+    "command_namespace", "configure_fail_point", "error_labels", "fail_points", "set_enabled",
+    "test_version_2",
+]
+
+# A serving mode's table of commands, as the fail points consult it.
+_Commands = Mapping[str, "Handler | Route"]
 
 FAIL_COMMAND = "failCommand"
 FAIL_GET_MORE = "failGetMoreAfterCursorCheckout"
@@ -92,8 +110,9 @@ _WRITE_CONCERN_COMMANDS = frozenset(
 
 # The connection whose command is running (each connection is one task): the fail points a
 # write meets deep in the store act on it.
-_CONNECTION: contextvars.ContextVar[Any] = contextvars.ContextVar("failpoint_connection",
-                                                                   default=None)
+_CONNECTION: contextvars.ContextVar[ConnectionState | None] = contextvars.ContextVar(
+    "failpoint_connection", default=None
+)
 
 
 class CloseConnection(ConnectionResetError):
@@ -247,13 +266,12 @@ class FailPoints:
             point.mode, point.value, point.data = "off", 0, {}
 
 
-def fail_points(server: Any) -> FailPoints:
+def fail_points(server: ServerState) -> FailPoints:
     """The server's fail points (kept on the ServerState, made on first use)."""
-    points = server.part(FailPoints)
-    return points
+    return server.part(FailPoints)
 
 
-def set_enabled(server: Any, enabled: bool) -> None:
+def set_enabled(server: ServerState, enabled: bool) -> None:
     """Config `[server] enable_fail_points`: false removes configureFailPoint."""
     points = fail_points(server)
     points.enabled = enabled
@@ -264,7 +282,9 @@ def set_enabled(server: Any, enabled: bool) -> None:
 # -- the command ----------------------------------------------------------------------------------
 
 
-async def configure_fail_point(server, conn, cmd, db):
+async def configure_fail_point(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     points = fail_points(server)
     if not points.enabled:
         raise MongoError(59, "no such command: 'configureFailPoint'")
@@ -282,7 +302,9 @@ async def configure_fail_point(server, conn, cmd, db):
     return {"count": entered}
 
 
-async def test_version_2(server, conn, cmd, db):
+async def test_version_2(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     """mongod's test command `testVersion2` (test commands enabled): a command of API version 2
     only, which drivers' versioned-API tests call to see apiStrict refuse it (323, before it
     runs: admin.check_api_parameters); otherwise it does nothing."""
@@ -292,7 +314,7 @@ async def test_version_2(server, conn, cmd, db):
 
 
 # The test commands this family answers (cdcserver/deployments/ serve them).
-TABLE: dict[str, Any] = {
+TABLE: dict[str, Handler] = {
     "configureFailPoint": configure_fail_point,
     "testVersion2": test_version_2,
 }
@@ -312,7 +334,7 @@ def command_namespace(name: str, cmd: Mapping[str, Any], db: str) -> str:
     return f"{db}.$cmd"
 
 
-def _same_command(wanted: Any, name: str, commands: Mapping[str, Any]) -> bool:
+def _same_command(wanted: Any, name: str, commands: _Commands) -> bool:
     if not isinstance(wanted, str):
         return False
     if wanted == name:
@@ -321,7 +343,7 @@ def _same_command(wanted: Any, name: str, commands: Mapping[str, Any]) -> bool:
     return handler is not None and handler is commands.get(name)
 
 
-def _filters_pass(data: Mapping[str, Any], conn: Any, ns: str) -> bool:
+def _filters_pass(data: Mapping[str, Any], conn: ConnectionState, ns: str) -> bool:
     """shouldActivateFailCommandFailPoint, without the command-name test."""
     if "threadName" in data and data.get("threadName") != f"conn{conn.id}":
         return False
@@ -338,7 +360,7 @@ def _filters_pass(data: Mapping[str, Any], conn: Any, ns: str) -> bool:
 
 
 def _fail_command_matches(
-    data: Mapping[str, Any], conn: Any, name: str, ns: str, commands: Mapping[str, Any]
+    data: Mapping[str, Any], conn: ConnectionState, name: str, ns: str, commands: _Commands
 ) -> bool:
     # An unknown command is CommandNotFound before any fail point; configureFailPoint is never
     # failed.
@@ -371,15 +393,15 @@ def _is_change_stream_aggregate(name: str, cmd: Mapping[str, Any]) -> bool:
     )
 
 
-def _topology_version(server: Any, code: int | None) -> dict[str, Any]:
+def _topology_version(server: ServerState, code: int | None) -> dict[str, Any]:
     if code in NOT_PRIMARY_ERROR:
         return {"topologyVersion": {"processId": server.process_id, "counter": Int64(0)}}
     return {}
 
 
 def _injected_error(
-    server: Any, conn: Any, name: str, cmd: Mapping[str, Any], code: int, message: str,
-    data: Mapping[str, Any], change_stream: bool,
+    server: ServerState, conn: ConnectionState, name: str, cmd: Mapping[str, Any], code: int,
+    message: str, data: Mapping[str, Any], change_stream: bool,
 ) -> FailPointError:
     override = data.get("errorLabels")
     if isinstance(override, list):
@@ -397,8 +419,8 @@ def _injected_error(
 
 
 def before_command(
-    server: Any, conn: Any, name: str, cmd: Mapping[str, Any], db: str,
-    commands: Mapping[str, Any],
+    server: ServerState, conn: ConnectionState, name: str, cmd: Mapping[str, Any], db: str,
+    commands: _Commands,
 ) -> Awaitable[None] | None:
     """Consult the fail points before a command runs: close the connection
     (`CloseConnection`) or fail (`FailPointError`) now, or return what to await first (a
@@ -424,7 +446,7 @@ def before_command(
 
 
 def _evaluate_max_time_always_time_out(
-    server: Any, name: str, cmd: Mapping[str, Any], point: FailPoint
+    server: ServerState, name: str, cmd: Mapping[str, Any], point: FailPoint
 ) -> None:
     """`maxTimeAlwaysTimeOut`: an operation with a deadline (a positive maxTimeMS) is killed at
     its first interrupt check, 50 MaxTimeMSExpired. A getMore's maxTimeMS is its await time,
@@ -449,7 +471,10 @@ def _evaluate_max_time_always_time_out(
     raise MongoError(50, "operation exceeded time limit")
 
 
-def _evaluate_fail_command(server, conn, name, cmd, db, commands, point):
+def _evaluate_fail_command(
+    server: ServerState, conn: ConnectionState, name: str, cmd: Mapping[str, Any], db: str,
+    commands: _Commands, point: FailPoint,
+) -> Awaitable[None] | None:
     data = point.data
     close = data.get("closeConnection") is True
     block = data.get("blockConnection") is True
@@ -473,7 +498,10 @@ async def _sleep_at_least(seconds: float) -> None:
         await asyncio.sleep(left)
 
 
-async def _block_then_fail(server, conn, name, cmd, data, close, code) -> None:
+async def _block_then_fail(
+    server: ServerState, conn: ConnectionState, name: str, cmd: Mapping[str, Any],
+    data: Mapping[str, Any], close: bool, code: int | None,
+) -> None:
     block_ms = _int_field(data, "blockTimeMS")
     if block_ms is None:
         raise MongoError(72, "must specify 'blockTimeMS' when 'blockConnection' is true")
@@ -488,7 +516,10 @@ async def _block_then_fail(server, conn, name, cmd, data, close, code) -> None:
     _fail(server, conn, name, cmd, data, close, code)
 
 
-def _fail(server, conn, name, cmd, data, close, code) -> None:
+def _fail(
+    server: ServerState, conn: ConnectionState, name: str, cmd: Mapping[str, Any],
+    data: Mapping[str, Any], close: bool, code: int | None,
+) -> None:
     if close:
         log.info("failing %s via 'failCommand' failpoint: closing connection %d", name, conn.id)
         raise CloseConnection(FAIL_COMMAND_MESSAGE)
@@ -500,7 +531,10 @@ def _fail(server, conn, name, cmd, data, close, code) -> None:
         )
 
 
-def _evaluate_fail_get_more(server, conn, name, cmd, db, point) -> None:
+def _evaluate_fail_get_more(
+    server: ServerState, conn: ConnectionState, name: str, cmd: Mapping[str, Any], db: str,
+    point: FailPoint,
+) -> None:
     cursor_id = cmd.get("getMore")
     coll = cmd.get("collection")
     if isinstance(cursor_id, bool) or not isinstance(cursor_id, int) or not isinstance(coll, str):
@@ -529,8 +563,8 @@ def _evaluate_fail_get_more(server, conn, name, cmd, db, point) -> None:
 
 
 def after_command(
-    server: Any, conn: Any, name: str, cmd: Mapping[str, Any], db: str,
-    commands: Mapping[str, Any], reply: dict[str, Any],
+    server: ServerState, conn: ConnectionState, name: str, cmd: Mapping[str, Any], db: str,
+    commands: _Commands, reply: dict[str, Any],
 ) -> None:
     """A `writeConcernError` fail point on a successful command that takes a write concern:
     mongod appends it (and the fail point's non-empty `errorLabels`, or its own) to the reply."""
@@ -569,12 +603,12 @@ def after_command(
 # before it is written ("The write must not be reflected").
 
 
-def _install_transactional_write_hook(server: Any, point: FailPoint) -> None:
+def _install_transactional_write_hook(server: ServerState, point: FailPoint) -> None:
     store = server.store
     if store is None:
         return
 
-    def before_retryable_write(session: Any) -> None:
+    def before_retryable_write(session: OpSession) -> None:
         if not point.on or not point.fire():
             return
         data = point.data
@@ -591,7 +625,7 @@ def _install_transactional_write_hook(server: Any, point: FailPoint) -> None:
     store.before_retryable_write = before_retryable_write if point.on else None
 
 
-def close_if_requested(conn: Any) -> None:
+def close_if_requested(conn: ConnectionState) -> None:
     """A fail point ended this connection while its command ran: no reply is sent."""
     if conn.close_after_command:
         conn.close_after_command = False

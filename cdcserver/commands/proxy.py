@@ -40,14 +40,14 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 
 from cdcserver.commands import cursors as change_streams
 from cdcserver.commands.base import Handler
-from cdcserver.context import ServerState
+from cdcserver.context import ConnectionState, ServerState
 from cdcserver.cursors import FORWARDED, CursorManager, GetMore
 from cdcserver.sources.mongo import (
     NOT_PRIMARY_CODES,
@@ -195,7 +195,8 @@ async def forward(
         )
         checkout = client._checkout(server, None)  # noqa: SLF001
         async with checkout as conn:
-            reply = await conn.command(
+            # RAW codec options: the reply is the upstream's bytes
+            reply: RawBSONDocument = await conn.command(
                 db, spec, codec_options=RAW, check=False, session=None, client=None
             )
             code = reply.get("code") if reply.get("ok") != 1 else None
@@ -220,13 +221,19 @@ async def forward(
     return reply
 
 
-async def forward_command(server, conn, cmd, db):
+async def forward_command(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     """The upstream mode's default entry: the command runs on the upstream, whose reply comes
     back as it is."""
-    return await forward(_upstream(server), cmd, db, server.cursors)
+    reply = await forward(_upstream(server), cmd, db, server.cursors)
+    # Not a dict: the upstream's RawBSONDocument, which registry.run_command passes on as it
+    # came (it tests for RawBSONDocument). The shared Handler type says dict; saying Mapping
+    # there would retype every handler wrapper.
+    return cast("dict[str, Any]", reply)
 
 
-def _upstream(server: Any) -> UpstreamOplog:
+def _upstream(server: ServerState) -> UpstreamOplog:
     source = upstream_of(server)
     if source is None:  # a table mix-up, never a client's doing
         raise UpstreamError(59, "this cdcserver has no upstream to forward to")
@@ -236,7 +243,7 @@ def _upstream(server: Any) -> UpstreamOplog:
 # -- routes: which handler answers, per request -----------------------------------------------
 
 
-def route_aggregate(server: Any, cmd: Mapping[str, Any]) -> Handler:
+def route_aggregate(server: ServerState, cmd: Mapping[str, Any]) -> Handler:
     """A change stream is cdcserver's; any other aggregate is the upstream's."""
     return change_streams.aggregate if is_change_stream_aggregate(cmd) else forward_command
 

@@ -162,10 +162,11 @@ def _answer_snapshot_time(reply: Any, at: Any) -> None:
 
 async def run_command(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any]
-) -> dict[str, Any]:
+) -> Mapping[str, Any]:
     """Run `cmd` with the handler the server's table gives its name. The upstream's
     forwarding is the upstream table's default entry, and its `forwarding` handlers skip our
-    own checks."""
+    own checks. The reply is a dict, or a forwarded command's upstream reply as it came (a
+    RawBSONDocument)."""
     commands: CommandTable = server.commands
     name = next(iter(cmd), "")
     db = cmd.get("$db", "admin")
@@ -173,7 +174,7 @@ async def run_command(
     handler = commands.get(name) if name else None
     if handler is None:
         handler = commands.default if name else None
-    if handler.__class__ is Route:
+    if isinstance(handler, Route):
         handler = handler.choose(server, cmd)
     forwarded = bool(commands.forwarding) and handler in commands.forwarding
     # Decided before running: a failed change-stream getMore closes its cursor.
@@ -236,8 +237,8 @@ async def run_command(
         # A bug or an input no handler anticipated: that request fails; the connection and
         # everyone else go on.
         log.exception("command %r failed", name)
-        err = MongoError(1, f"{name} failed: {type(exc).__name__}: {exc}")
-        return error_reply(server, err, change_stream)
+        error = MongoError(1, f"{name} failed: {type(exc).__name__}: {exc}")
+        return error_reply(server, error, change_stream)
     # a copy: a handler may answer a retried statement with the very reply it kept from the
     # first run (findAndModify), which a fail point's writeConcernError must not change
     reply = dict(reply)

@@ -24,7 +24,7 @@ from bson.timestamp import Timestamp
 from cdcserver import auth
 from cdcserver.commands import txn_rules, write_concern
 from cdcserver.commands.base import Handler, family
-from cdcserver.context import ServerState
+from cdcserver.context import ConnectionState, ServerState
 from cdcserver.embedded.store import LoggedWrite, OpSession, Session, Store, Txn, session_key
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
@@ -36,7 +36,7 @@ command = family(TABLE)
 _TRANSIENT = ["TransientTransactionError"]
 
 
-def get_store(server: Any) -> Store:
+def get_store(server: ServerState) -> Store:
     store = server.store
     if store is None:
         raise _no_store()
@@ -50,7 +50,9 @@ def _no_store() -> MongoError:
     )
 
 
-async def needs_store(server, conn, cmd, db):
+async def needs_store(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     """The recorded mode's entry for a command that works only on the embedded store (115,
     as its handler would answer first thing there: deployments/recorded.py)."""
     raise _no_store()
@@ -275,7 +277,9 @@ txn_rules.ERROR_HOOKS.append(_abort_failed_transaction)
 
 
 @command("commitTransaction")
-async def commit_transaction(server, conn, cmd, db):
+async def commit_transaction(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     store = get_store(server)
     if db != "admin":
         raise MongoError(13, "commitTransaction may only be run against the admin database.")
@@ -287,7 +291,9 @@ async def commit_transaction(server, conn, cmd, db):
 
 
 @command("abortTransaction")
-async def abort_transaction(server, conn, cmd, db):
+async def abort_transaction(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     store = get_store(server)
     if db != "admin":
         raise MongoError(13, "abortTransaction may only be run against the admin database.")
@@ -313,7 +319,7 @@ def _session_ids(cmd: Mapping[str, Any], name: str) -> list[Mapping[str, Any]]:
         raise MongoError(14, f"BSON field '{name}.{name}' is the wrong type "
                          f"'{type_name(value)}', expected type 'array'")
     where = f"{name}.{name}FromClient"
-    out = []
+    out: list[Mapping[str, Any]] = []
     for i, element in enumerate(value):
         if not isinstance(element, Mapping):
             raise MongoError(14, f"BSON field '{where}.{i}' is the wrong type "
@@ -335,7 +341,7 @@ def _session_ids(cmd: Mapping[str, Any], name: str) -> list[Mapping[str, Any]]:
     return out
 
 
-def _may_kill_any_session(server: ServerState, conn: Any) -> bool:
+def _may_kill_any_session(server: ServerState, conn: ConnectionState) -> bool:
     server_auth = server.auth
     if server_auth is None or not server_auth.enabled:
         return True
@@ -343,10 +349,12 @@ def _may_kill_any_session(server: ServerState, conn: Any) -> bool:
                               [(("cluster",), ("killAnySession",))])
 
 
-def _by_ids(server: Any, conn: Any, elements: list[Mapping[str, Any]]) -> set[bytes]:
+def _by_ids(
+    server: ServerState, conn: ConnectionState, elements: list[Mapping[str, Any]]
+) -> set[bytes]:
     """makeLogicalSessionIds: each id with the running user's digest; a `uid` of the client's
     own only with killAnySession."""
-    keys = set()
+    keys: set[bytes] = set()
     for element in elements:
         if "uid" in element and not _may_kill_any_session(server, conn):
             raise MongoError(13, "Unauthorized to set user digest in LogicalSessionId")
@@ -370,14 +378,18 @@ def _end(server: ServerState, keys: set[bytes] | None, uids: set[bytes] | None) 
 
 
 @command("endSessions")
-async def end_sessions(server, conn, cmd, db):
+async def end_sessions(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     # mongod ends them at its next session-cache refresh; their transactions end with them
     _end(server, _by_ids(server, conn, _session_ids(cmd, "endSessions")), None)
     return {}
 
 
 @command("killSessions")
-async def kill_sessions(server, conn, cmd, db):
+async def kill_sessions(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     elements = _session_ids(cmd, "killSessions")
     if elements:
         _end(server, _by_ids(server, conn, elements), None)
@@ -392,13 +404,15 @@ async def kill_sessions(server, conn, cmd, db):
 
 
 @command("killAllSessions")
-async def kill_all_sessions(server, conn, cmd, db):
+async def kill_all_sessions(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     users = cmd.get("killAllSessions")
     where = "KillAllSessionsCmd.killAllSessions"
     if not isinstance(users, list):
         raise MongoError(14, f"BSON field '{where}' is the wrong type '{type_name(users)}', "
                          "expected type 'array'")
-    uids = set()
+    uids: set[bytes] = set()
     for i, user in enumerate(users):
         if not isinstance(user, Mapping):
             raise MongoError(14, f"BSON field '{where}.{i}' is the wrong type "
@@ -416,7 +430,9 @@ async def kill_all_sessions(server, conn, cmd, db):
 
 
 @command("killAllSessionsByPattern")
-async def kill_all_sessions_by_pattern(server, conn, cmd, db):
+async def kill_all_sessions_by_pattern(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     """Each pattern names a session (`lsid`), a user's sessions (`uid`) or, with neither, every
     session (`users` / `roles` are impersonation data, not filters); [] is every session."""
     patterns = cmd.get("killAllSessionsByPattern")

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cdcserver.auth import MECHANISMS, ServerAuth, User, derive_credentials
+from cdcserver.auth import MECHANISMS, ServerAuth, User, UserRegistry, derive_credentials
 from cdcserver.commands.base import Handler, family
-from cdcserver.config import AuthConfig
+from cdcserver.config import AuthConfig, ScramCredentials
+from cdcserver.context import ConnectionState, ServerState
 from cdcserver.roles import role_grants
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
@@ -21,7 +22,7 @@ TABLE: dict[str, Handler] = {}
 _command = family(TABLE)
 
 
-def _registry(server: Any) -> Any:
+def _registry(server: ServerState) -> UserRegistry:
     if server.auth is None:
         server.auth = ServerAuth(AuthConfig())
     return server.auth.registry
@@ -82,13 +83,18 @@ def _mechanisms(cmd: Mapping[str, Any], command: str) -> list[str]:
     return mechs
 
 
-def _user(name: str, db: str, roles: tuple[tuple[str, str], ...], credentials: Any) -> User:
+def _user(
+    name: str, db: str, roles: tuple[tuple[str, str], ...],
+    credentials: Mapping[str, ScramCredentials],
+) -> User:
     grants = tuple(g for role, role_db in roles for g in role_grants(role, role_db))
     return User(name, db, roles, credentials, grants)
 
 
 @_command("createUser")
-async def create_user(server, conn, cmd, db):
+async def create_user(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     name = _name(cmd, "createUser")
     if db == "local":
         raise MongoError(2, "Cannot create users in the local database")
@@ -107,7 +113,9 @@ async def create_user(server, conn, cmd, db):
 
 
 @_command("updateUser")
-async def update_user(server, conn, cmd, db):
+async def update_user(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     name = _name(cmd, "updateUser")
     pwd = _password(cmd, "updateUser")
     roles = _roles(cmd, "updateUser", db) if "roles" in cmd else None
@@ -116,7 +124,7 @@ async def update_user(server, conn, cmd, db):
         raise MongoError(2, "Must specify at least one field to update in updateUser")
     registry = server.auth.registry if server.auth is not None else None
     user = registry.users.get((name, db)) if registry is not None else None
-    if user is None:
+    if registry is None or user is None:
         raise MongoError(11, f"User '{name}@{db}' not found")
     creds = dict(user.credentials)
     if pwd is not None:
@@ -129,7 +137,9 @@ async def update_user(server, conn, cmd, db):
 
 
 @_command("dropUser")
-async def drop_user(server, conn, cmd, db):
+async def drop_user(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     name = _name(cmd, "dropUser")
     registry = server.auth.registry if server.auth is not None else None
     if registry is None or registry.users.pop((name, db), None) is None:
@@ -138,7 +148,9 @@ async def drop_user(server, conn, cmd, db):
 
 
 @_command("dropAllUsersFromDatabase")
-async def drop_all_users(server, conn, cmd, db):
+async def drop_all_users(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     registry = server.auth.registry if server.auth is not None else None
     if registry is None:
         return {"n": 0}

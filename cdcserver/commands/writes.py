@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import Token
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import bson
 from bson.int64 import Int64
@@ -41,6 +41,7 @@ from cdcserver.commands.transactions import (
     retry_state,
     txn_write_error,
 )
+from cdcserver.context import ConnectionState, ServerState
 from cdcserver.embedded import engine, modifiers, query
 from cdcserver.embedded.bson_depth import check_update_depth
 from cdcserver.embedded.store import (
@@ -60,6 +61,8 @@ from pipeline_stages.value_string import type_name
 # The write commands of the embedded store; the modes that serve them: cdcserver/deployments/.
 TABLE: dict[str, Handler] = {}
 command = family(TABLE)
+
+T = TypeVar("T")
 
 
 def _statement_failed(
@@ -107,7 +110,7 @@ class _Pause(Exception):  # noqa: N818 - a signal to _run_writes, never a reply
     gets a turn before it goes on (mongod's executor yields between documents)."""
 
 
-async def _run_writes(store: Store, cmd: Mapping[str, Any], run: Callable[[], Any]) -> Any:
+async def _run_writes(store: Store, cmd: Mapping[str, Any], run: Callable[[], T]) -> T:
     """Run a write command's `run` in a batch. A write outside transactions that meets a
     document or unique key an open transaction has written waits (no polling) until that
     transaction commits or aborts, then `run` goes on from the statement that waited: mongod's
@@ -249,7 +252,9 @@ def prepare_insert(doc: Any) -> dict[str, Any]:
 
 
 @command("insert")
-async def insert(server, conn, cmd, db):
+async def insert(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     store = get_store(server)
     coll = coll_arg(cmd, "insert")
     request = write_parsing.parse_write_command(cmd, "insert")  # whole, before any write
@@ -257,7 +262,8 @@ async def insert(server, conn, cmd, db):
     wc = write_concern.parse(cmd)
     ordered = request.ordered
     validate = not request.bypass_validation
-    n, errors = 0, []
+    n = 0
+    errors: list[dict[str, Any]] = []
     progress = _Progress()
 
     def run() -> None:
@@ -581,16 +587,18 @@ def executor_errors(command_name: str) -> Iterator[None]:
 
 
 @command("update")
-async def update(server, conn, cmd, db):
-    cmd = engine.bind_let(cmd)  # `let` variables bound into filters and pipeline updates
+async def update(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
+    bound = engine.bind_let(cmd)  # `let` variables bound into filters and pipeline updates
     store = get_store(server)
-    coll = coll_arg(cmd, "update")
-    request = write_parsing.parse_write_command(cmd, "update")  # whole, before any write
+    coll = coll_arg(bound, "update")
+    request = write_parsing.parse_write_command(bound, "update")  # whole, before any write
     updates = request.statements
     for spec in updates:  # a pipeline's stage names fail the command, as mongod parses them
         if isinstance(spec, Mapping) and isinstance(spec.get("u"), list):
             engine.check_stage_names(spec["u"])
-    wc = write_concern.parse(cmd)
+    wc = write_concern.parse(bound)
     ordered = request.ordered
     n = modified = 0
     upserted: list[dict[str, Any]] = []
@@ -613,9 +621,9 @@ async def update(server, conn, cmd, db):
 
     statements = [(u.get("q"), u.get("multi") is True, u.get("collation")) for u in updates
                   if isinstance(u, Mapping)]
-    run = _statement_loop(store, cmd, progress, len(updates), errors, ordered, execute, count,
+    run = _statement_loop(store, bound, progress, len(updates), errors, ordered, execute, count,
                           "update")
-    await _run_matched_writes(store, db, coll, cmd, statements, run)
+    await _run_matched_writes(store, db, coll, bound, statements, run)
     reply = _write_reply(store, n, errors)
     if upserted:
         reply["upserted"] = upserted
@@ -628,15 +636,18 @@ async def update(server, conn, cmd, db):
 
 
 @command("delete")
-async def delete(server, conn, cmd, db):
-    cmd = engine.bind_let(cmd)
+async def delete(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
+    bound = engine.bind_let(cmd)
     store = get_store(server)
-    coll = coll_arg(cmd, "delete")
-    request = write_parsing.parse_write_command(cmd, "delete")  # whole, before any write
+    coll = coll_arg(bound, "delete")
+    request = write_parsing.parse_write_command(bound, "delete")  # whole, before any write
     deletes = request.statements
-    wc = write_concern.parse(cmd)
+    wc = write_concern.parse(bound)
     ordered = request.ordered
-    n, errors = 0, []
+    n = 0
+    errors: list[dict[str, Any]] = []
     progress = _Progress()
 
     def execute(i: int, retry: Retry) -> Any:
@@ -648,8 +659,8 @@ async def delete(server, conn, cmd, db):
 
     statements = [(d.get("q"), _is_multi_delete(d), d.get("collation")) for d in deletes
                   if isinstance(d, Mapping)]
-    run = _statement_loop(store, cmd, progress, len(deletes), errors, ordered, execute, count)
-    await _run_matched_writes(store, db, coll, cmd, statements, run)
+    run = _statement_loop(store, bound, progress, len(deletes), errors, ordered, execute, count)
+    await _run_matched_writes(store, db, coll, bound, statements, run)
     return write_concern.add_to_reply(_write_reply(store, n, errors), wc)
 
 
@@ -715,17 +726,19 @@ def _sorted_find(
 
 
 @command("findAndModify", "findandmodify")
-async def find_and_modify(server, conn, cmd, db):
-    cmd = engine.bind_let(cmd)
+async def find_and_modify(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
+    bound = engine.bind_let(cmd)
     store = get_store(server)
-    name = next(iter(cmd))
-    coll = coll_arg(cmd, name)
-    write_parsing.parse_find_and_modify(cmd)  # the whole request, in mongod's order
-    remove = write_parsing.true_value(cmd.get("remove"))
-    u = cmd.get("update")
-    new = write_parsing.true_value(cmd.get("new"))
-    upsert = write_parsing.true_value(cmd.get("upsert"))
-    wc = write_concern.parse(cmd)
+    name = next(iter(bound))
+    coll = coll_arg(bound, name)
+    write_parsing.parse_find_and_modify(bound)  # the whole request, in mongod's order
+    remove = write_parsing.true_value(bound.get("remove"))
+    u = bound.get("update")
+    new = write_parsing.true_value(bound.get("new"))
+    upsert = write_parsing.true_value(bound.get("upsert"))
+    wc = write_concern.parse(bound)
     if remove and u is not None:
         raise MongoError(9, "Cannot specify both an update and remove=true")
     if not remove and u is None:
@@ -737,25 +750,25 @@ async def find_and_modify(server, conn, cmd, db):
     progress = _Progress()
 
     def run() -> dict[str, Any]:
-        retry = progress.retry_state(store, cmd)
+        retry = progress.retry_state(store, bound)
         done = retry.result(0, "findAndModify")
         if isinstance(done, LoggedWrite):
-            return _replayed_find_and_modify(store, db, coll, retry, done, cmd)
+            return _replayed_find_and_modify(store, db, coll, retry, done, bound)
         if isinstance(done, dict):  # this findAndModify's recorded reply
             return done
         if done is not NOT_DONE:  # the statement was another command's (insert, update...)
             raise MongoError(
-                40606, f"findAndModify retry request: {cmd} is not compatible with previous "
+                40606, f"findAndModify retry request: {bound} is not compatible with previous "
                 "write in the transaction",
             )
         try:
-            reply = _find_and_modify_once(store, db, coll, cmd, retry)
+            reply = _find_and_modify_once(store, db, coll, bound, retry)
         finally:
             retry.finish()
         retry.record(0, reply)
         return reply
 
-    reply = await _run_writes(store, cmd, run)
+    reply = await _run_writes(store, bound, run)
     return write_concern.add_to_reply(reply, wc)
 
 
