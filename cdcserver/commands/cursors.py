@@ -10,10 +10,13 @@ and kills it (`Cursor.kill`: a cursor held elsewhere asks its holder).
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from bson.int64 import Int64
 
 from cdcserver.commands.arguments import is_string, wrong_type
 from cdcserver.commands.base import Handler, family, int_arg
+from cdcserver.context import ConnectionState, ServerState
 from cdcserver.cursors import CHANGE_STREAM, ChangeStreamCursor, GetMore, cursor_reply
 from cdcserver.cursors.change_stream import prefetch_after
 from pipeline_stages.errors import MongoError
@@ -29,7 +32,9 @@ command = family(TABLE)
 
 
 @command("aggregate")
-async def aggregate(server, conn, cmd, db):
+async def aggregate(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     """aggregate with a `$changeStream` first stage (queries.aggregate answers the others)."""
     if not is_change_stream_aggregate(cmd):
         check_requires_change_stream(cmd.get("pipeline"))
@@ -80,7 +85,9 @@ async def aggregate(server, conn, cmd, db):
 
 
 @command("getMore")
-async def get_more(server, conn, cmd, db):
+async def get_more(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     cursor_id = cmd.get("getMore")
     if not isinstance(cursor_id, int) or isinstance(cursor_id, bool):
         from pipeline_stages.value_string import type_name
@@ -110,11 +117,15 @@ async def get_more(server, conn, cmd, db):
         server.cursors.kill(cursor.id)
     if cursor.kind == CHANGE_STREAM:
         server.events_delivered += len(reply["cursor"]["nextBatch"])
-    return reply
+    # A cursor held elsewhere gives its holder's reply as it came (a RawBSONDocument, which
+    # run_command passes on untouched): a Mapping that `Handler`'s dict does not describe.
+    return cast("dict[str, Any]", reply)
 
 
 @command("killCursors")
-async def kill_cursors(server, conn, cmd, db):
+async def kill_cursors(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     ids = cmd.get("cursors")
     if not isinstance(ids, list):
         raise MongoError(40414, "BSON field 'killCursors.cursors' is missing but a required field")
@@ -127,7 +138,8 @@ async def kill_cursors(server, conn, cmd, db):
                 f"BSON field 'killCursors.cursors.{i}' is the wrong type '{type_name(cid)}', "
                 "expected type 'long'",
             )
-    killed, not_found = [], []
+    killed: list[Int64] = []
+    not_found: list[Int64] = []
     for cid in ids:  # every kind of cursor is in the one registry
         found = await server.cursors.kill_requested(int(cid), cmd, db)
         (killed if found else not_found).append(Int64(int(cid)))

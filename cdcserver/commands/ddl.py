@@ -17,6 +17,7 @@ from cdcserver.commands.crud_common import coll_arg
 from cdcserver.commands.queries import cursor_first_batch
 from cdcserver.commands.transactions import get_store, snapshot_reads
 from cdcserver.commands.writes import _run_writes
+from cdcserver.context import ConnectionState, ServerState
 from cdcserver.embedded import engine
 from cdcserver.embedded.store import (
     ID_INDEX,
@@ -95,7 +96,9 @@ def _check_pre_post(value: Any) -> None:
 
 
 @command("create")
-async def create(server, conn, cmd, db):
+async def create(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     store = get_store(server)
     coll = coll_arg(cmd, "create")
     if "viewOn" in cmd or "pipeline" in cmd:
@@ -385,7 +388,9 @@ def _check_collation_matches(
 
 
 @command("drop")
-async def drop(server, conn, cmd, db):
+async def drop(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     store = get_store(server)
     coll = coll_arg(cmd, "drop")
     await _exclusive_lock(store, cmd, lambda: [store.get(db, coll)])
@@ -399,7 +404,9 @@ async def drop(server, conn, cmd, db):
 
 
 @command("dropDatabase")
-async def drop_database(server, conn, cmd, db):
+async def drop_database(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     store = get_store(server)
     if db in ("admin", "config", "local"):
         raise MongoError(20, f"Cannot drop '{db}' database while replication is active")
@@ -409,18 +416,25 @@ async def drop_database(server, conn, cmd, db):
     return {"dropped": db} if dropped else {}
 
 
+def _namespace_arg(cmd: Mapping[str, Any], name: str) -> str:
+    value = cmd.get(name)
+    if not isinstance(value, str) or not is_string(value):  # (is_string: not Code either)
+        raise MongoError(
+            14, f"BSON field 'renameCollection.{name}' is the wrong type "
+            f"'{type_name(value)}', expected type 'string'",
+        )
+    return value
+
+
 @command("renameCollection")
-async def rename_collection(server, conn, cmd, db):
+async def rename_collection(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     store = get_store(server)
     if db != "admin":
         raise MongoError(13, "renameCollection may only be run against the admin database.")
-    source, target = cmd.get("renameCollection"), cmd.get("to")
-    for name, value in (("renameCollection", source), ("to", target)):
-        if not is_string(value):
-            raise MongoError(
-                14, f"BSON field 'renameCollection.{name}' is the wrong type "
-                f"'{type_name(value)}', expected type 'string'",
-            )
+    source = _namespace_arg(cmd, "renameCollection")
+    target = _namespace_arg(cmd, "to")
     src_db, _, src_coll = source.partition(".")
     to_db, _, to_coll = target.partition(".")
     if not src_coll:
@@ -545,7 +559,9 @@ def _comparable(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @command("createIndexes")
-async def create_indexes(server, conn, cmd, db):
+async def create_indexes(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     store = get_store(server)
     coll = coll_arg(cmd, "createIndexes")
     raw = cmd.get("indexes")
@@ -627,7 +643,9 @@ async def create_indexes(server, conn, cmd, db):
 
 
 @command("dropIndexes", "deleteIndexes")
-async def drop_indexes(server, conn, cmd, db):
+async def drop_indexes(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     store = get_store(server)
     name = next(iter(cmd))
     coll = coll_arg(cmd, name)
@@ -677,7 +695,9 @@ async def drop_indexes(server, conn, cmd, db):
 
 
 @command("listIndexes")
-async def list_indexes(server, conn, cmd, db):
+async def list_indexes(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     store = get_store(server)
     coll = coll_arg(cmd, "listIndexes")
     batch_size = cursor_batch_size(cmd, "listIndexes")  # parsed (IDL) before the lookup
@@ -715,7 +735,9 @@ def _find_index(c: Collection, spec: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @command("collMod")
-async def coll_mod(server, conn, cmd, db):
+async def coll_mod(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     store = get_store(server)
     coll = coll_arg(cmd, "collMod")
     _view_argument_errors(cmd, "collMod")
@@ -828,7 +850,9 @@ def view_info(view: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @command("aggregate")
-async def aggregate_refusing_views(server, conn, cmd, db):
+async def aggregate_refusing_views(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     """The embedded store's aggregate: a change stream on a view is refused as mongod 8.0
     refuses it when it takes the collection (views forbidden), before any of the stream's own
     work; then queries.aggregate."""
@@ -839,7 +863,9 @@ async def aggregate_refusing_views(server, conn, cmd, db):
 
 
 @command("listCollections")
-async def list_collections(server, conn, cmd, db):
+async def list_collections(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     """The store's collections and views (a recorded oplog's: handshake.py)."""
     store = get_store(server)
     filter_doc = object_arg(cmd, "filter", "listCollections") or {}
@@ -868,7 +894,9 @@ def _db_size(store: Store, db: str) -> int:
 
 
 @command("listDatabases")
-async def list_databases(server, conn, cmd, db):
+async def list_databases(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     """The store's databases (a recorded oplog's: handshake.py)."""
     store = get_store(server)
     names = sorted({*store.databases(), "admin", "config", "local"})

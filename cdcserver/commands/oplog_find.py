@@ -33,7 +33,7 @@ from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 from cdcserver.cursors import OPLOG_FIND, GetMore, HeldHere
-from cdcserver.sources.base import CappedPositionLost, EntryList
+from cdcserver.sources.base import CappedPositionLost, EntryList, OplogLog
 from cdcserver.sources.embedded import EmbeddedOplog
 from pipeline_stages.errors import MongoError
 from pipeline_stages.oplog_entry import encode_in_order
@@ -46,7 +46,7 @@ MAX_BATCH_BYTES = 16 * 1024 * 1024
 DEFAULT_AWAIT_MS = 1000  # mongod's await on an awaitData getMore without maxTimeMS
 SCAN_CHUNK = 1024  # entries read per step (the loop yields between steps)
 _RAW = CodecOptions(document_class=RawBSONDocument)
-_DECODE = CodecOptions()
+_DECODE: CodecOptions[dict[str, Any]] = CodecOptions()
 _TS_OPS = ("$eq", "$gt", "$gte", "$lt", "$lte")
 MIN_TS = Timestamp(0, 0)
 MAX_TS = Timestamp(0xFFFFFFFF, 0xFFFFFFFF)
@@ -70,14 +70,14 @@ def _prev(ts: Timestamp) -> Timestamp:
 # Reading the source's entries as bytes
 
 
-def _lists(log: Any) -> tuple[list[Timestamp], list[bytes]] | None:
+def _lists(log: OplogLog) -> tuple[list[Timestamp], list[bytes]] | None:
     """The parallel `ts` / BSON lists of a source kept as an `EntryList` (a recorded oplog,
     the embedded store's), else None."""
     holder = log.store if isinstance(log, EmbeddedOplog) else log
     return holder.parallel_lists() if isinstance(holder, EntryList) else None
 
 
-def _slice(log: Any, lo: Timestamp, hi: Timestamp, n: int, reverse: bool) -> list[bytes]:
+def _slice(log: OplogLog, lo: Timestamp, hi: Timestamp, n: int, reverse: bool) -> list[bytes]:
     """Up to `n` stored entries with `lo <= ts <= hi`, ascending (descending if `reverse`)."""
     lists = _lists(log)
     ts_list, raw_list = lists if lists is not None else (None, None)
@@ -102,10 +102,11 @@ def _slice(log: Any, lo: Timestamp, hi: Timestamp, n: int, reverse: bool) -> lis
 
 
 def _entry_ts(raw: bytes) -> Timestamp:
-    return RawBSONDocument(raw, _RAW)["ts"]
+    ts: Timestamp = RawBSONDocument(raw, _RAW)["ts"]  # every oplog entry's ts is one
+    return ts
 
 
-def _oldest_ts(log: Any) -> Timestamp | None:
+def _oldest_ts(log: OplogLog) -> Timestamp | None:
     lists = _lists(log)
     if lists is not None:
         return lists[0][0] if lists[0] else None
@@ -189,7 +190,8 @@ def _matcher(rest: dict[str, Any]) -> Callable[[bytes], bool] | None:
     engine.matches(rest, {})  # a bad filter fails the find, not the first match
 
     def match(raw: bytes) -> bool:
-        return engine.matches(rest, bson.decode(raw, _DECODE))
+        entry = bson.decode(raw, _DECODE)  # (named: inline, mypy reads the codec as Mapping)
+        return engine.matches(rest, entry)
 
     return match
 
@@ -197,7 +199,8 @@ def _matcher(rest: dict[str, Any]) -> Callable[[bytes], bool] | None:
 def _project(raw: bytes, projection: Mapping[str, Any]) -> dict[str, Any]:
     from cdcserver.embedded import engine
 
-    return engine.project(bson.decode(raw, _DECODE), projection)
+    entry = bson.decode(raw, _DECODE)  # (named: inline, mypy reads the codec as Mapping)
+    return engine.project(entry, projection)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,7 +210,7 @@ def _project(raw: bytes, projection: Mapping[str, Any]) -> dict[str, Any]:
 @dataclass(eq=False)
 class OplogCursor(HeldHere):
     id: int
-    log: Any
+    log: OplogLog
     bounds: Bounds
     match: Callable[[bytes], bool] | None
     projection: dict[str, Any] | None
@@ -376,7 +379,7 @@ def validate_tailable(cmd: Mapping[str, Any]) -> tuple[bool, bool]:
 
 
 def open_cursor(
-    log: Any, cursor_id: int, cmd: Mapping[str, Any], filter_doc: Mapping[str, Any] | None,
+    log: OplogLog, cursor_id: int, cmd: Mapping[str, Any], filter_doc: Mapping[str, Any] | None,
     projection: Mapping[str, Any] | None, skip: int, limit: int,
 ) -> OplogCursor:
     tailable, await_data = validate_tailable(cmd)
@@ -401,7 +404,7 @@ def open_cursor(
 
 
 async def scan(
-    log: Any, filter_doc: Mapping[str, Any] | None, skip: int = 0, limit: int = 0
+    log: OplogLog, filter_doc: Mapping[str, Any] | None, skip: int = 0, limit: int = 0
 ) -> list[RawBSONDocument]:
     """Every entry matching the filter (for `count` and `aggregate` on the oplog)."""
     cursor = open_cursor(log, 0, {}, filter_doc, None, skip, limit)
@@ -415,11 +418,11 @@ def decoded(entries: list[RawBSONDocument]) -> list[dict[str, Any]]:
     return [bson.decode(e.raw, _DECODE) for e in entries]
 
 
-def collection_info(log: Any) -> dict[str, Any]:
+def collection_info(log: OplogLog) -> dict[str, Any]:
     """`local.oplog.rs` as listCollections shows it on mongod (a capped collection without
     an _id index)."""
-    size = getattr(log, "store", log)
-    size = getattr(size, "oplog_size_bytes", 0)
+    holder = getattr(log, "store", log)  # the embedded oplog's size is its store's
+    size = getattr(holder, "oplog_size_bytes", 0)
     return {
         "name": OPLOG_COLL,
         "type": "collection",

@@ -10,7 +10,7 @@ the store's pre-images in mongod's schema.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sized
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ from cdcserver.commands.crud_common import (
 )
 from cdcserver.commands.transactions import get_store, snapshot_reads
 from cdcserver.commands.writes import _write_out
+from cdcserver.context import ConnectionState, ServerState
 from cdcserver.cursors import QUERY_RESULT, GetMore, HeldHere
 from cdcserver.embedded import engine, query, text_search
 from cdcserver.embedded.store import Store
@@ -117,8 +118,8 @@ def _taking(cursor: ResultCursor, batch_size: int | None, out: list[Any]) -> que
 
 
 def cursor_first_batch(
-    server: Any, ns: str, docs: list[Any], batch_size: int | None, single_batch: bool = False,
-    max_time_ms: Any = None, open_until_seen_end: bool = False,
+    server: ServerState, ns: str, docs: list[Any], batch_size: int | None,
+    single_batch: bool = False, max_time_ms: Any = None, open_until_seen_end: bool = False,
 ) -> dict[str, Any]:
     """A `{cursor: {firstBatch, id, ns}}` reply; keeps the rest for getMore."""
     cid = server.cursors.new_id()
@@ -356,9 +357,15 @@ def find_field_types(cmd: Mapping[str, Any]) -> None:
 
 
 @command("find")
-async def find(server, conn, cmd, db):
+async def find(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     find_field_types(cmd)
-    cmd = engine.bind_let(cmd)
+    return await _find(server, engine.bind_let(cmd), db)
+
+
+async def _find(server: ServerState, cmd: Mapping[str, Any], db: str) -> dict[str, Any]:
+    """find, its `let` bound."""
     if oplog_find.is_oplog(db, cmd.get("find")):
         return await find_oplog(server, cmd)
     store = get_store(server)
@@ -436,7 +443,7 @@ def find_pre_images(
     return docs
 
 
-async def find_oplog(server: Any, cmd: Mapping[str, Any]) -> dict[str, Any]:
+async def find_oplog(server: ServerState, cmd: Mapping[str, Any]) -> dict[str, Any]:
     """`find` on `local.oplog.rs`: the server's own oplog, whatever its source (the embedded
     store's, a recorded one), with tailable / awaitData cursors as on mongod."""
     filter_doc, projection, skip, limit, batch_size = find_arguments(cmd)
@@ -452,7 +459,9 @@ async def find_oplog(server: Any, cmd: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @command("count")
-async def count(server, conn, cmd, db):
+async def count(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     if cmd.get("autocommit") is False:
         raise MongoError(
             263, "Cannot run 'count' in a multi-document transaction. Please see "
@@ -462,7 +471,8 @@ async def count(server, conn, cmd, db):
     skip = _int(cmd, "skip", "count")
     limit = abs(_int(cmd, "limit", "count"))
     if oplog_find.is_oplog(db, cmd.get("count")):
-        if not predicate and not skip and not limit:
+        # Every source keeps its count (a source without one: the scan counts the same).
+        if not predicate and not skip and not limit and isinstance(server.oplog, Sized):
             return {"n": len(server.oplog)}
         return {"n": len(await oplog_find.scan(server.oplog, predicate, max(skip, 0), limit))}
     store = get_store(server)
@@ -496,11 +506,13 @@ async def count(server, conn, cmd, db):
 
 
 @command("distinct")
-async def distinct(server, conn, cmd, db):
+async def distinct(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     store = get_store(server)
     coll = coll_arg(cmd, "distinct")
     key = cmd.get("key")
-    if not is_string(key):
+    if not isinstance(key, str) or not is_string(key):  # (is_string: not Code either)
         raise MongoError(
             14 if key is not None else 40414,
             "BSON field 'distinct.key' is missing but a required field" if key is None else
@@ -531,12 +543,20 @@ async def distinct(server, conn, cmd, db):
 
 
 @command("aggregate")
-async def aggregate(server, conn, cmd, db):
+async def aggregate(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     """aggregate: a `$changeStream` opens a change stream (commands/cursors.py); any other
     pipeline runs on the store's documents, on the oplog, or on `$currentOp` / `$collStats`."""
     if is_change_stream_aggregate(cmd):
         return await change_streams.aggregate(server, conn, cmd, db)
-    cmd = engine.bind_let(cmd)
+    return await _aggregate(server, conn, engine.bind_let(cmd), db)
+
+
+async def _aggregate(
+    server: ServerState, conn: ConnectionState, cmd: Mapping[str, Any], db: str
+) -> dict[str, Any]:
+    """aggregate without `$changeStream`, its `let` bound."""
     check_requires_change_stream(cmd.get("pipeline"))
     target = cmd.get("aggregate")
     if cmd.get("explain") is True:
@@ -563,7 +583,7 @@ async def aggregate(server, conn, cmd, db):
     batch_size = None
     if isinstance(cursor_doc, Mapping) and cursor_doc.get("batchSize") is not None:
         batch_size = _int(cursor_doc, "batchSize", "aggregate.cursor")
-    if not is_string(target):
+    if not isinstance(target, str) or not is_string(target):  # (not Code either)
         raise MongoError(
             73, "{aggregate: 1} is not valid for '$match'; a collection is required."
         )
@@ -629,7 +649,7 @@ def _cursor_batch_size(cmd: Mapping[str, Any]) -> int | None:
 
 
 def _documents_source(
-    server: Any, cmd: Mapping[str, Any], db: str
+    server: ServerState, cmd: Mapping[str, Any], db: str
 ) -> tuple[str, list[Any], int | None] | None:
     """`{aggregate: 1}` whose pipeline starts with `$documents`: its namespace, results and
     batch size, else None."""
@@ -654,7 +674,7 @@ def _documents_source(
 
 
 def _collectionless_write(
-    server: Any, conn: Any, cmd: Mapping[str, Any], db: str
+    server: ServerState, conn: ConnectionState, cmd: Mapping[str, Any], db: str
 ) -> dict[str, Any] | None:
     """`{aggregate: 1}` ending in `$out` / `$merge` (`$documents`, `$listLocalSessions`...
     first): its results written, an empty first batch returned; else None."""
@@ -675,7 +695,7 @@ def _collectionless_write(
     return cursor_first_batch(server, ns, [], batch_size)
 
 
-async def _aggregate_oplog(server: Any, cmd: Mapping[str, Any]) -> dict[str, Any]:
+async def _aggregate_oplog(server: ServerState, cmd: Mapping[str, Any]) -> dict[str, Any]:
     """`aggregate` on `local.oplog.rs`: a leading `$match` selects entries as `find` does
     (bounds on `ts`), the rest of the pipeline runs on the query engine."""
     pipeline = cmd.get("pipeline")
