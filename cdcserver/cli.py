@@ -16,10 +16,12 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Hashable, Iterator
 from importlib import resources
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from bson import json_util
+from bson.raw_bson import RawBSONDocument
 
 from cdcserver.config import Config, ConfigError, load_config
 from cdcserver.replay_command import add_stream_arguments, spec_command
@@ -128,13 +130,20 @@ def _source_conflict(args: argparse.Namespace, config: Config) -> str | None:
     return None
 
 
-def replay_events(paths: list[str], cmd: dict[str, Any], db: str):
+# What a replay yields: a batch's events and the oplog entries read for it.
+Replayed = tuple[list[RawBSONDocument], int]
+# One oplog's batch: its events, entries read, post-batch resume token, ended at an invalidate.
+ShardBatch = tuple[list[RawBSONDocument], int, dict[str, Any], bool]
+
+
+def replay_events(paths: list[str], cmd: dict[str, Any], db: str) -> Iterator[Replayed]:
     """The events `cdcserver replay` writes, in order (shared with the Spark replay's tests)."""
     for events, n, _token, _invalidated in _shard_batches(paths, cmd, db):
         yield events, n
 
 
-def replay_shards(shards: list[list[str]], cmd: dict[str, Any], db: str):
+def replay_shards(shards: list[list[str]], cmd: dict[str, Any], db: str
+                  ) -> Iterator[Replayed]:
     """Several shards' oplogs (one `--oplog` each) merged as mongos merges their streams
     (`pipeline_stages/merge.py`), ending at the first invalidate in token order (even one a
     user's `$match` drops: the shard's stream ends there); one shard: `replay_events`."""
@@ -143,8 +152,10 @@ def replay_shards(shards: list[list[str]], cmd: dict[str, Any], db: str):
         return
     from pipeline_stages.merge import ShardMerge
 
-    merge: ShardMerge[Any] = ShardMerge(range(len(shards)))
-    streams = [_shard_batches(paths, cmd, db) for paths in shards]
+    merge: ShardMerge[RawBSONDocument] = ShardMerge(range(len(shards)))
+    # By the merge's shard keys (their indexes): it hands them back as Hashable.
+    streams: dict[Hashable, Iterator[ShardBatch]] = {
+        i: _shard_batches(paths, cmd, db) for i, paths in enumerate(shards)}
     cut: str | None = None  # the first invalidate's token: the merged stream ends there
     while not merge.exhausted:
         out = merge.pop_ready()
@@ -174,7 +185,7 @@ def replay_shards(shards: list[list[str]], cmd: dict[str, Any], db: str):
         yield [], n
 
 
-def _shard_batches(paths: list[str], cmd: dict[str, Any], db: str):
+def _shard_batches(paths: list[str], cmd: dict[str, Any], db: str) -> Iterator[ShardBatch]:
     """One oplog's batches: (events, entries read, post-batch resume token, whether the
     stream ended at an invalidate)."""
     from pipeline_stages.lookups import ExternalImages, answer_from, push_answering
@@ -515,7 +526,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        code: int = args.func(args)  # each command's cmd_* (set_defaults(func=...))
+        return code
     except KeyboardInterrupt:
         return 128 + signal.SIGINT  # Ctrl-C: quiet, as Unix tools exit
     except BrokenPipeError:

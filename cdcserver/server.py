@@ -17,7 +17,8 @@ import signal
 import ssl
 import sys
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any, TypeVar
 
 from bson.codec_options import CodecOptions, DatetimeConversion
 
@@ -32,8 +33,12 @@ from cdcserver.logs import log_slow_command, serving_summary, slow_log
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 # Commands arrive as plain dicts (tz-aware dates keep their instant exactly).
-REQUEST_CODEC = CodecOptions(tz_aware=True, datetime_conversion=DatetimeConversion.DATETIME_AUTO)
+REQUEST_CODEC: CodecOptions[dict[str, Any]] = CodecOptions(
+    tz_aware=True, datetime_conversion=DatetimeConversion.DATETIME_AUTO
+)
 _request_ids = itertools.count(1)
 _HELLO = frozenset({"hello", "isMaster", "ismaster"})
 DECODE_OFF_LOOP_BYTES = 1 << 20  # messages this large are decoded in a worker thread
@@ -76,7 +81,7 @@ class Server:
             self._on_connection, host, port, ssl=self.ssl_context
         )
         sock = self._server.sockets[0]
-        bound = sock.getsockname()[1]
+        bound: int = sock.getsockname()[1]  # (host, port) for IPv4, 4 fields for IPv6
         self.state.host, self.state.port = host, bound
         if self.unix_socket_prefix is not None:
             try:
@@ -87,7 +92,8 @@ class Server:
         self._background.append(asyncio.create_task(self.state.cursors.reap_forever()))
         tailer = self.state.tailer
         if self.state.follow and tailer is not None:
-            self._background.append(asyncio.create_task(tailer()))
+            # ensure_future: the state types its tailer as any awaitable (a coroutine here).
+            self._background.append(asyncio.ensure_future(tailer()))
         if self.state.store is not None:
             self._background.append(asyncio.create_task(self.state.store.ttl_monitor()))
         log.info("listening on %s:%d", host, bound)
@@ -306,7 +312,8 @@ class Server:
                     # control (a coroutine per reply) only when some of it is still queued.
                     if transport.get_write_buffer_size() or transport.is_closing():
                         await writer.drain()
-                    if more:
+                    # (more is only ever an OP_MSG's: _exhaust_goes_on)
+                    if more and isinstance(request, wire.OpMsg):
                         await _stream_exhaust(state, conn, cmd, request, reply_id, writer)
                 finally:
                     conn.command = None
@@ -329,7 +336,7 @@ class _IdleWatch:
         self.timer: asyncio.TimerHandle | None = None
         self.expired = False
 
-    async def read(self, read: Any) -> bytes:
+    async def read(self, read: Callable[[int], Awaitable[bytes]]) -> bytes:
         self.reading_since = now = self.loop.time()
         if self.timer is None:
             self.timer = self.loop.call_at(now + self.idle_s, self._check)
@@ -352,7 +359,7 @@ class _IdleWatch:
             self.timer = self.loop.call_at(due, self._check)
 
 
-def _exhaust_goes_on(request: wire.Request, reply: Any) -> bool:
+def _exhaust_goes_on(request: wire.Request, reply: Mapping[str, Any]) -> bool:
     """mongod's exhaust getMore: an OP_MSG with exhaustAllowed whose reply succeeded with an
     open cursor is answered with moreToCome, and the server runs the same getMore again."""
     if not isinstance(request, wire.OpMsg) or not request.exhaust_allowed:
@@ -516,7 +523,7 @@ async def serve_forever(config: Config, deployment: Deployment) -> None:
     log.info("shutdown complete")
 
 
-def run_loop(main: Any) -> Any:
+def run_loop(main: Coroutine[Any, Any, T]) -> T:
     """Run `main` on uvloop where it is installed (not on Windows: pyproject.toml), else on
     asyncio's own loop."""
     try:
