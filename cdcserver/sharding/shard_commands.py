@@ -14,6 +14,7 @@ from typing import Any
 
 from bson.timestamp import Timestamp
 
+from cdcserver.context import ConnectionState, Handler, Route, ServerState
 from cdcserver.sharding.shard_store import ShardStore
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
@@ -21,7 +22,9 @@ from pipeline_stages.value_string import type_name
 CODE_STALE_CLUSTER_TIME = 209
 
 
-async def append_oplog_note(server, conn, cmd, db):
+async def append_oplog_note(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     """mongod's AppendOplogNoteCmd: a no-op entry `{op: "n", ns: "", o: data}`; with
     `maxClusterTime`, only when it is after the last applied time (else 209)."""
     if db != "admin":
@@ -34,6 +37,8 @@ async def append_oplog_note(server, conn, cmd, db):
             14, f"\"data\" had the wrong type. Expected object, found {type_name(data)}"
         )
     store = server.store
+    if store is None:  # no oplog of its own to write to (a shard always has its store)
+        raise MongoError(76, "Must have replication set up to run \"appendOplogNote\"")
     limit = cmd.get("maxClusterTime")
     if limit is not None:
         if not isinstance(limit, Timestamp):
@@ -64,7 +69,7 @@ def _logical_time(ts: Timestamp) -> str:
     return f"{{ ts: Timestamp({ts.time}, {ts.inc}) }}"  # LogicalTime::toString
 
 
-def make_noop_write_if_needed(server: Any, cmd: Mapping[str, Any]) -> None:
+def make_noop_write_if_needed(server: ServerState, cmd: Mapping[str, Any]) -> None:
     """mongod's waitForReadConcern on a shard server, for `afterClusterTime`: the time must
     not be past the node's cluster time (gossip in the command counts: it is heard first);
     a time past its last oplog entry gets a no-op written after it (the cluster clock is
@@ -96,12 +101,28 @@ def make_noop_write_if_needed(server: Any, cmd: Mapping[str, Any]) -> None:
             store.append_oplog("n", "", dict(AFTER_CLUSTER_TIME_NOOP))
 
 
-def waiting_for_read_concern(handler: Any) -> Any:
-    async def read(server, conn, cmd, db):
+def waiting_for_read_concern(entry: Handler | Route) -> Handler | Route:
+    """A table's entry for a read, waiting for its read concern first (a route: whichever
+    handler it picks per request)."""
+    if not isinstance(entry, Route):
+        return _waiting(entry)
+    pick = entry.choose
+
+    def choose(server: ServerState, cmd: Mapping[str, Any]) -> Handler:
+        return _waiting(pick(server, cmd))
+
+    choose.__dict__["__wrapped__"] = pick  # Route's repr (tables.describe) names it
+    return Route(choose)
+
+
+def _waiting(handler: Handler) -> Handler:
+    async def read(
+        server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+    ) -> dict[str, Any]:
         make_noop_write_if_needed(server, cmd)
         return await handler(server, conn, cmd, db)
 
-    read.__wrapped__ = handler  # type: ignore[attr-defined]
+    read.__dict__["__wrapped__"] = handler  # qualified_name (tables.describe) names it
     read.__name__ = getattr(handler, "__name__", "read")
     return read
 

@@ -49,11 +49,11 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from bson.timestamp import Timestamp
 
-from cdcserver.context import ServerState
+from cdcserver.context import ConnectionState, ServerState
 from cdcserver.deployment import server_state
 from cdcserver.deployments.upstream import UpstreamDeployment
 from cdcserver.sharding.front_log import FrontLog
@@ -109,7 +109,9 @@ def mongos_shards(uri: str, timeout_s: float = 10.0) -> list[dict[str, Any]] | N
     """The shards of the cluster `uri` names, when it is a mongos (None otherwise)."""
     import pymongo
 
-    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=int(timeout_s * 1000)) as client:
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
+        uri, serverSelectionTimeoutMS=int(timeout_s * 1000))
+    with client:
         hello = client.admin.command("hello")
         if hello.get("msg") != "isdbgrid":
             return None
@@ -368,7 +370,8 @@ class ShardedUpstream(FrontLog):
                 self._list_shards_refused = True
             finally:
                 await session.end_session()
-        return await client.admin.command("listShards")
+        listed: Mapping[str, Any] = await client.admin.command("listShards")
+        return listed
 
     async def _apply_shards(self, entries: list[Mapping[str, Any]], known: Timestamp) -> None:
         names = {str(e["_id"]) for e in entries}
@@ -639,29 +642,42 @@ class ShardedUpstream(FrontLog):
 
 # -- the sidecar's commands ---------------------------------------------------------------------
 
-async def _hello(server, conn, cmd, db):
+async def _hello(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     from cdcserver.sharding.front import _front_hello
 
     return await _front_hello(server, conn, cmd, db, legacy=False)
 
 
-async def _is_master(server, conn, cmd, db):
+async def _is_master(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     from cdcserver.sharding.front import _front_hello
 
     return await _front_hello(server, conn, cmd, db, legacy=True)
 
 
-async def _ping(server, conn, cmd, db):
+async def _ping(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     return {}
 
 
-async def _forward(server, conn, cmd, db):
+async def _forward(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     from cdcserver.commands.proxy import forward
 
-    return await forward(server.oplog.mongos, cmd, db, server.cursors)  # cursors: the registry
+    reply = await forward(server.oplog.mongos, cmd, db, server.cursors)  # cursors: the registry
+    # The mongos's RawBSONDocument, which registry.run_command passes on as it came (as
+    # proxy.forward_command's): the shared Handler type says dict.
+    return cast("dict[str, Any]", reply)
 
 
-async def _aggregate(server, conn, cmd, db):
+async def _aggregate(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
     if not is_change_stream_aggregate(cmd):
         return await _forward(server, conn, cmd, db)
     from cdcserver.sharding.front import open_change_stream
