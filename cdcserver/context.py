@@ -92,7 +92,8 @@ class ServerMetrics(Protocol):
 def qualified_name(handler: Any) -> str:
     """module.qualname of a handler (through a wrapper's `__wrapped__`: a front's
     clock-gossip wrapper, a shard's read-concern wait)."""
-    handler = getattr(handler, "__wrapped__", handler)
+    while hasattr(handler, "__wrapped__"):  # wrappers may wrap wrappers
+        handler = handler.__wrapped__
     return f"{handler.__module__}.{handler.__qualname__}"
 
 

@@ -68,7 +68,9 @@ T = TypeVar("T")
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 30.0  # a hang guard, never a performance expectation
 _CANONICAL = json_util.JSONOptions(json_mode=json_util.JSONMode.CANONICAL)
-_LISTENING = re.compile(rb"listening on [^:\s]+:(\d+)")
+# The line `serve` logs once everything listens (a cluster's shards log their own listeners
+# before it): its wire port.
+_LISTENING = re.compile(rb"\bserving .*; on mongodb://\S+:(\d+)/;")
 
 PathLike = str | os.PathLike[str]
 

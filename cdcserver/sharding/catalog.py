@@ -143,6 +143,9 @@ class ShardingCatalog:
         self.topology_time = {n: Timestamp(1, 1 + i) for i, n in enumerate(shard_names)}
         self.draining: set[str] = set()
         self.removed: dict[str, Timestamp] = {}
+        # Data moves under way (sharding/migration.py): each recorded before its first write,
+        # its commit saved with the chunk map it changes, dropped once finished.
+        self.operations: list[dict[str, Any]] = []
         if path is not None and os.path.exists(path):
             with open(path, "rb") as f:
                 saved = bson.decode(f.read())
@@ -155,6 +158,7 @@ class ShardingCatalog:
             self.collections = {c["_id"]: c for c in saved["collections"]}
             for chunk in saved["chunks"]:
                 self.chunks.setdefault(chunk["ns"], []).append(chunk)
+            self.operations = list(saved.get("operations", []))
 
     def save(self) -> None:
         if self.path is None:
@@ -167,6 +171,7 @@ class ShardingCatalog:
             "databases": list(self.databases.values()),
             "collections": list(self.collections.values()),
             "chunks": [c for cs in self.chunks.values() for c in cs],
+            "operations": self.operations,
         }
         tmp = self.path + ".tmp"
         with open(tmp, "wb") as f:
@@ -174,6 +179,18 @@ class ShardingCatalog:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
+
+    def begin_operation(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Record a data move before its first write (saved); returns the record, which the
+        move changes in place before the save of its commit."""
+        self.operations.append(record)
+        self.save()
+        return record
+
+    def end_operation(self, record: dict[str, Any]) -> None:
+        if any(r is record for r in self.operations):
+            self.operations = [r for r in self.operations if r is not record]
+            self.save()
 
     # -- shards -------------------------------------------------------------------------------
 

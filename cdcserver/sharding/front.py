@@ -13,7 +13,7 @@ comes back to the client as the shard gave it (code, codeName, message, labels).
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import functools
 import os
 import time
@@ -34,6 +34,7 @@ from cdcserver.context import ConnectionState, Handler, ServerState
 from cdcserver.cursors import FORWARDED, QUERY_RESULT, GetMore, HeldHere, cursor_reply
 from cdcserver.embedded.store import id_key as _id_key
 from cdcserver.embedded.store_types import Collection
+from cdcserver.sharding import migration
 from cdcserver.sharding.catalog import (
     _MISSING,
     ShardingCatalog,
@@ -453,28 +454,19 @@ async def move_range(
 
 
 async def migrate(cluster: ShardedCluster, ns: str, chunk: dict[str, Any], to: str) -> None:
-    """A chunk migration: the recipient inserts the chunk's documents and the donor deletes
-    them, both with `fromMigrate: true` (no change-stream events); then the chunk moves."""
-    if chunk["shard"] == to:
-        return
-    db, coll = ns.split(".", 1)
-    donor, recipient = cluster.shard(chunk["shard"]), cluster.shard(to)
-    catalog = cluster.catalog
-    primary = cluster.shard(catalog.primary(db) or chunk["shard"])
-    source = donor.store.get(db, coll)
-    target = _ensure_collection_on(cluster, recipient, primary, db, coll)
-    docs = [] if source is None else [
-        copy.deepcopy(d) for d in donor.store.documents(source).values()
-        if catalog.in_chunk(ns, chunk, d)
-    ]
-    with recipient.store.migrating(), recipient.store.batch():
-        for doc in docs:
-            recipient.store.insert_document(target, copy.deepcopy(doc))
-    if docs:
-        with donor.store.migrating(), donor.store.batch():
-            for doc in docs:
-                donor.store.delete_document(source, doc)
-    catalog.move(ns, chunk, to)
+    """A chunk migration (`migration.migrate`: crash-safe; its writes are fromMigrate, no
+    change-stream events), once the routed operations of `ns` under way have ended."""
+    async with cluster.placement.critical_section(ns):
+        db = ns.split(".", 1)[0]
+        primary = cluster.shard(cluster.catalog.primary(db) or chunk["shard"])
+        migration.migrate(cluster.catalog, cluster.stores(), ns, chunk, to,
+                          _collection_like(cluster, primary))
+
+
+def _collection_like(cluster: ShardedCluster, primary: Shard) -> migration.EnsureCollection:
+    """A data move's target collection on a shard: like the one on `primary`."""
+    return lambda shard, db, coll: _ensure_collection_on(
+        cluster, cluster.shard(shard), primary, db, coll)
 
 
 @front("balancerStart", "balancerStop", "balancerStatus")
@@ -636,23 +628,14 @@ async def move_primary(
         raise MongoError(ShardNotFound, f"Shard {to} not found")
     if to == current:
         return {}
-    old, new = cluster.shard(current), cluster.shard(to)
+    old = cluster.shard(current)
     colls = [c.name for c in old.store.collections_of(name)
              if not catalog.is_sharded(c.ns) and not c.name.startswith("system.")]
-    for coll in colls:
-        source = old.store.get(name, coll)
-        if source is None:
-            continue
-        target = _ensure_collection_on(cluster, new, old, name, coll)
-        docs = [copy.deepcopy(d) for d in old.store.documents(source).values()]
-        with new.store.migrating(), new.store.batch():
-            for doc in docs:
-                new.store.insert_document(target, doc)
-    catalog.set_primary(name, to)
-    for coll in colls:
-        if old.store.get(name, coll) is not None:
-            with old.store.migrating():
-                await forward(cluster, old, {"drop": coll}, name)
+    async with contextlib.AsyncExitStack() as held:
+        for coll in colls:  # each collection's routed operations end first
+            await held.enter_async_context(cluster.placement.critical_section(f"{name}.{coll}"))
+        migration.move_primary(catalog, cluster.stores(), name, to, colls,
+                               _collection_like(cluster, old))
     return {}
 
 
@@ -668,21 +651,20 @@ def _current_key_pattern(catalog: ShardingCatalog, ns: str, command: str) -> dic
 async def reshard_collection(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
 ) -> dict[str, Any]:
-    """The collection under a new shard key: its documents are copied to their new owners
-    under a new UUID (written as migrations: no events), then the primary shard's no-op gives
-    the `reshardCollection` event (notifyChangeStreamsOnReshardCollectionComplete)."""
+    """The collection under a new shard key (`migration.reshard`: cloned to their new owners
+    under a new UUID, crash-safe, no events but the primary shard's `reshardCollection`
+    no-op)."""
     import uuid as uuid_module
 
     _admin_only("reshardCollection", db)
     cluster = cluster_of(server)
     ns, dbname, coll = _namespace_arg(cmd, "reshardCollection")
     catalog = cluster.catalog
-    old = _current_key_pattern(catalog, ns, "reshardCollection")
+    _current_key_pattern(catalog, ns, "reshardCollection")  # 118 unless sharded
     key = _check_key_pattern(cmd.get("key"))
     unique = cmd.get("unique") is True
     primary = cluster.shard(catalog.primary(dbname) or cluster.shards[0].name)
     source = primary.store.get(dbname, coll)
-    old_uuid = source.ui if source is not None else None
     options = dict(source.options) if source is not None else {}
     indexes = [dict(i) for i in (source.indexes if source is not None else [])
                if i.get("name") != "_id_"]
@@ -690,42 +672,9 @@ async def reshard_collection(
         name = "_".join(f"{f}_{v}" for f, v in key.items())
         if all(i.get("name") != name for i in indexes):
             indexes.append({"v": 2, "key": dict(key), "name": name})
-    docs: list[Any] = []
-    for shard in cluster.shards:
-        c = shard.store.get(dbname, coll)
-        if c is None:
-            continue
-        docs.extend(copy.deepcopy(d) for d in shard.store.documents(c).values())
-        with shard.store.migrating(), shard.store.batch():
-            shard.store.drop_collection(dbname, coll)
-    new_uuid = uuid_module.uuid4().bytes
-    catalog.drop_collection(ns)
-    catalog.shard_collection(ns, key, unique, new_uuid, primary.name)
-    owners = {primary.name, *(c["shard"] for c in catalog.chunks[ns])}
-    targets = {}
-    for shard in cluster.shards:
-        if shard.name not in owners:
-            continue
-        with shard.store.migrating(), shard.store.batch():
-            c = shard.store.create_collection(dbname, coll, options, uuid=new_uuid)
-            if indexes:
-                shard.store.create_indexes(c, indexes)
-        targets[shard.name] = c
-    by_shard: dict[str, list[Any]] = {}
-    for doc in docs:
-        by_shard.setdefault(catalog.shard_for(ns, doc), []).append(doc)
-    for name, owned in by_shard.items():
-        store = cluster.shard(name).store
-        with store.migrating(), store.batch():
-            for doc in owned:
-                store.insert_document(targets[name], doc)
-    from bson.binary import Binary
-
-    with primary.store.batch():
-        primary.store.append_oplog("n", ns, {"msg": {"reshardCollection": ns}}, ui=old_uuid, o2={
-            "reshardCollection": ns, "reshardUUID": Binary(new_uuid, 4), "shardKey": key,
-            "oldShardKey": old, "unique": unique,
-        })
+    async with cluster.placement.critical_section(ns):
+        migration.reshard(catalog, cluster.stores(), ns, key, unique, uuid_module.uuid4().bytes,
+                          primary.name, options, indexes)
     return {}
 
 
