@@ -132,6 +132,12 @@ class User:
         )
 
 
+# mongod's internal user: what members of a cluster authenticate as to each other (keyFile /
+# x.509 membership auth). The embedded cluster's front reaches its shards in-process as it.
+SYSTEM_USER = User("__system", "local", (("__system", "admin"),), {},
+                   (Grant("anyResource", "", frozenset()),))
+
+
 class UserRegistry:
     """The users of `[auth]`, checked once at start (unknown roles, bad credentials)."""
 

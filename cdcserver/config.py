@@ -43,6 +43,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # The embedded store as a sharded cluster: this many shards behind a mongos front
     # (`--shards N`; 0: one replica set).
     shards: int = 0
+    # The address the shards' own ports listen on (each a free port). Loopback unless set:
+    # they take the same [auth] and [tls] as the front, but clients are meant to use the front.
+    shards_host: str = "127.0.0.1"
     # mongod's net.unixDomainSocket: also listen on <unix_socket_prefix>/mongodb-<port>.sock
     # with these permissions (octal), as mongod does by default (`--nounixsocket`,
     # `--unixSocketPrefix`, `--filePermissions`).

@@ -4,9 +4,12 @@ on its own port (`deployments/shard.py`), behind a mongos front on the server's 
 
 from __future__ import annotations
 
-from cdcserver.commands import cursors, failpoints
+from collections.abc import Mapping
+from typing import Any
+
+from cdcserver.commands import auth, cursors, failpoints
 from cdcserver.config import Config
-from cdcserver.context import CommandTable, Handler
+from cdcserver.context import CommandTable, ConnectionState, Handler, ServerState
 from cdcserver.deployment import Standalone
 from cdcserver.deployments.embedded import EMBEDDED, store_options
 from cdcserver.embedded.store import Store
@@ -15,12 +18,44 @@ from cdcserver.sharding.cluster import ClusterLog, ShardedCluster
 from pipeline_stages.image_source import ImageSource
 
 
+def routed_namespace(cmd: Mapping[str, Any], db: str) -> str | None:
+    """The collection a command names, whose routing it depends on (None: a database's or
+    the cluster's command)."""
+    if db in ("admin", "config", "local") or not cmd:
+        return None
+    target = cmd[next(iter(cmd))]
+    return f"{db}.{target}" if isinstance(target, str) and target else None
+
+
+def holding_placement(handler: Handler) -> Handler:
+    """`handler`, run while its collection's placement holds still: a chunk migration,
+    movePrimary or resharding of it waits for the command to end, and the command waits for
+    one under way (`migration.PlacementHolds`), so every shard it reaches answers for one
+    routing table."""
+
+    async def run(
+        server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+    ) -> dict[str, Any]:
+        ns = routed_namespace(cmd, db)
+        if ns is None:
+            return await handler(server, conn, cmd, db)
+        async with front.cluster_of(server).placement.routing(ns):
+            return await handler(server, conn, cmd, db)
+
+    run.__name__ = getattr(handler, "__name__", "run")
+    run.__dict__["__wrapped__"] = handler  # tables.describe names it
+    return run
+
+
 def _front_table() -> dict[str, Handler]:
     """mongos's own commands (`front.TABLE`), fail points, and every other command a shard
     knows forwarded to the primary shard of its database; each advances the cluster clock to
     the `$clusterTime` the client gossips."""
     table: dict[str, Handler] = {
         **front.TABLE,
+        # mongos authenticates its clients itself, against the cluster's users (the shards'
+        # users are the same; the front reaches them as the internal user).
+        **auth.TABLE,
         "configureFailPoint": failpoints.configure_fail_point,
         # Every cursor's, whatever holds it: a merged stream, merged results, a shard's.
         "getMore": cursors.get_more,
@@ -29,7 +64,7 @@ def _front_table() -> dict[str, Handler]:
     for name in EMBEDDED:
         if not name.startswith("$"):
             table.setdefault(name, front.forward_default)
-    return {name: front.gossiping(handler) for name, handler in table.items()}
+    return {name: front.gossiping(holding_placement(handler)) for name, handler in table.items()}
 
 
 CLUSTER = CommandTable("sharded front", _front_table())
@@ -45,15 +80,17 @@ class ClusterDeployment(Standalone):
     tailer = None
     follow = False
 
-    def __init__(self, cluster: ShardedCluster) -> None:
+    def __init__(self, cluster: ShardedCluster, shards_host: str = "127.0.0.1") -> None:
         self.cluster = cluster
+        self.shards_host = shards_host
 
     @property
     def oplog(self) -> ClusterLog:
         return self.cluster.front_log
 
     async def start(self, host: str) -> None:
-        await self.cluster.start_shards(host)
+        # The shards' ports: on `server.shards_host` (loopback unless set), not the front's.
+        await self.cluster.start_shards(self.shards_host)
 
     async def stop(self) -> None:
         await self.cluster.stop_shards()
@@ -64,9 +101,12 @@ class ClusterDeployment(Standalone):
 
 def open_cluster(config: Config, shards: int) -> ClusterDeployment:
     """`serve --shards N`: the cluster of `config.store` (in memory or in store.data_dir)."""
+    from cdcserver.tls import server_context
+
     sc = config.store
     cluster = ShardedCluster(
         shards, None if sc.in_memory else sc.data_dir, noop_interval_s=0.0,
-        store_options=store_options(config),
+        store_options=store_options(config), auth=config.auth,
+        ssl_context=server_context(config.tls),
     )
-    return ClusterDeployment(cluster)
+    return ClusterDeployment(cluster, config.server.shards_host or "127.0.0.1")

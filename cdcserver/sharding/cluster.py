@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 from dataclasses import dataclass, field
 from typing import Any
 
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
+from cdcserver.auth import SYSTEM_USER, ConnectionAuth, ServerAuth
+from cdcserver.config import AuthConfig
 from cdcserver.context import ConnectionState, ServerState
 from cdcserver.deployment import server_state
 from cdcserver.deployments.embedded import EmbeddedDeployment
 from cdcserver.deployments.shard import ShardDeployment
+from cdcserver.sharding import migration
 from cdcserver.sharding.catalog import ShardingCatalog
 from cdcserver.sharding.coordinator import CoordinatorLog
 from cdcserver.sharding.front_log import FrontLog
@@ -70,10 +74,16 @@ class ShardedCluster:
         *,
         noop_interval_s: float = 0.0,
         store_options: dict[str, Any] | None = None,
+        auth: AuthConfig | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if shards < 1:
             raise ValueError(f"server.shards (--shards): {shards}; a cluster needs 1 or more")
         self.clock = ClusterClock()
+        # Every port guarded alike: each shard's listener asks for the front's [auth] users
+        # and speaks its TLS.
+        self._auth = auth
+        self.ssl_context = ssl_context
         names = [f"shard{k}" for k in range(shards)]
         config_path = None
         if data_dir is not None:
@@ -100,6 +110,9 @@ class ShardedCluster:
         self.coordinator = CoordinatorLog(data_dir)
         if self.coordinator.pending:
             self.coordinator.recover({s.name: s.store for s in self.shards + self.retired})
+        # Data moves a crash interrupted are finished or undone (sharding/migration.py).
+        migration.recover(self.catalog, self.stores())
+        self.placement = migration.PlacementHolds()
         # Transactions through the front: (lsid id, txnNumber) -> the shards it wrote to.
         self.participants: dict[tuple[bytes, int], list[str]] = {}
         self.cursor_owner: dict[int, str] = {}  # forwarded cursors: id -> shard
@@ -120,8 +133,12 @@ class ShardedCluster:
         log = EmbeddedOplog(store, noop_interval_s=self._noop_interval_s)
         store.listeners.append(self.front_log.notify)
         state = server_state(ShardDeployment(store, log), set_name=name)
-        shard = Shard(name, store, log, state,
-                      ConnectionState(-1 - len(self._by_name), "mongos"))
+        if self._auth is not None and (self._auth.enabled or self._auth.users):
+            state.auth = ServerAuth(self._auth)  # the front's users, asked for as it asks
+        # The front's own connection to the shard (in-process): the cluster's internal user.
+        front_conn = ConnectionState(-1 - len(self._by_name), "mongos")
+        front_conn.auth = ConnectionAuth(users=[SYSTEM_USER])
+        shard = Shard(name, store, log, state, front_conn)
         self._by_name[name] = shard
         return shard
 
@@ -236,6 +253,10 @@ class ShardedCluster:
     def shard(self, name: str) -> Shard:
         return self._by_name[name]
 
+    def stores(self) -> dict[str, ShardStore]:
+        """The member shards' stores, by shard name (what data moves write to)."""
+        return {s.name: s.store for s in self.shards}
+
     def idle_promise(self, shard: Shard) -> Timestamp:
         """What a shard that has read its whole oplog promises: the cluster's next time (its
         timestamps come from the cluster clock)."""
@@ -252,7 +273,7 @@ class ShardedCluster:
     async def _listen(self, shard: Shard, host: str) -> None:
         from cdcserver.server import Server
 
-        server = Server(shard.state)
+        server = Server(shard.state, ssl_context=self.ssl_context)
         shard.port = await server.start(host, 0)
         shard.host = host
         shard.server = server

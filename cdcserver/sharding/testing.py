@@ -9,18 +9,26 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
+from cdcserver.config import Config
 from cdcserver.testing import ThreadServer
 
 
 class ShardedServer(ThreadServer):
     def __init__(self, shards: int = 2, data_dir: str | pathlib.Path | None = None,
-                 **state_options: Any) -> None:
+                 config: Config | None = None, **state_options: Any) -> None:
+        """`config`: its [auth] and [tls] guard the front and every shard alike."""
         from cdcserver.deployments.cluster import ClusterDeployment
         from cdcserver.sharding.cluster import ShardedCluster
+        from cdcserver.tls import server_context
 
-        self.cluster = ShardedCluster(shards, None if data_dir is None else str(data_dir))
+        self.cluster = ShardedCluster(
+            shards, None if data_dir is None else str(data_dir),
+            auth=None if config is None else config.auth,
+            ssl_context=None if config is None else server_context(config.tls),
+        )
         self.cluster_deployment = ClusterDeployment(self.cluster)
-        super().__init__(make_deployment=lambda: self.cluster_deployment, **state_options)
+        super().__init__(make_deployment=lambda: self.cluster_deployment, config=config,
+                         **state_options)
 
     def restart_shard(self, index: int, while_down: Any = None) -> None:
         """Close shard `index`'s listener (every connection to it drops), run `while_down()`,
@@ -33,7 +41,7 @@ class ShardedServer(ThreadServer):
             while_down()
 
         async def start() -> None:
-            server = Server(shard.state)
+            server = Server(shard.state, ssl_context=self.cluster.ssl_context)
             await server.start(shard.host, shard.port)
             shard.server = server
 
