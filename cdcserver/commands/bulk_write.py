@@ -401,7 +401,7 @@ async def bulk_write(
                 replies.n_deleted += done
                 item = {"ok": 1.0, "idx": i, "n": done}
         except MongoError as err:
-            if err.code == 112 and getattr(store.txn, "lsid", None):
+            if err.code == 112 and store.txn is not None and store.txn.of_a_session:
                 raise  # a write conflict in a transaction fails the command (transient)
             if err.code != 112:
                 progress.statement_done(i)

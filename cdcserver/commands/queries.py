@@ -189,7 +189,8 @@ def _find_scan(
             view_scan = _view_scan(store, db, resolved,
                                    _view_find_stages(filter_doc, projection, sort, skip, limit),
                                    view_out)
-            if getattr(store.txn, "lsid", None):  # in a transaction: now, in its snapshot
+            # In a transaction: now, in its snapshot.
+            if store.txn is not None and store.txn.of_a_session:
                 with engine_errors():
                     query.run_sync(view_scan)
                 return None, view_out

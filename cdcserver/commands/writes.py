@@ -550,7 +550,7 @@ def _still_matching(
     assert progress.keys is not None and progress.matched is not None
     current = store.documents(c)
     match = query.matcher(q, collation)
-    may_pause = not getattr(store.txn, "lsid", None)
+    may_pause = store.txn is None or not store.txn.of_a_session
     started = time.monotonic()
     while progress.pos < len(progress.keys):
         i = progress.pos

@@ -86,7 +86,7 @@ class ClusterDeployment(Standalone):
 
     @property
     def oplog(self) -> ClusterLog:
-        return self.cluster.front_log
+        return self.cluster.oplog
 
     async def start(self, host: str) -> None:
         # The shards' ports: on `server.shards_host` (loopback unless set), not the front's.

@@ -183,6 +183,11 @@ class Txn:
     started_by: Mapping[str, Any] | None = field(default=None, repr=False)
     expiry: asyncio.TimerHandle | None = None  # transactionLifetimeLimitSeconds
 
+    @property
+    def of_a_session(self) -> bool:
+        """A client's transaction (not a batched TTL delete, which has no lsid)."""
+        return bool(self.lsid)
+
 
 class StoreDocuments(Protocol):
     """What `StoreImages` reads of the store (`Store`): its catalog and documents."""

@@ -26,10 +26,10 @@ from cdcserver.deployments.shard import ShardDeployment
 from cdcserver.sharding import migration
 from cdcserver.sharding.catalog import ShardingCatalog
 from cdcserver.sharding.coordinator import CoordinatorLog
-from cdcserver.sharding.front_log import FrontLog
 from cdcserver.sharding.shard_error import ShardError
 from cdcserver.sharding.shard_store import ClusterClock, ShardStore
 from cdcserver.sources.embedded import EmbeddedOplog
+from cdcserver.sources.merged import MergedOplog
 
 
 @dataclass(eq=False)
@@ -49,21 +49,17 @@ class Shard:
         return f"{self.name}/{self.host}:{self.port}"
 
 
-class ClusterLog(FrontLog):
-    """The front's view of time: the cluster clock (operationTime, $clusterTime, hello's
-    lastWrite). It holds no entries: the front's streams read the shards' oplogs."""
+class ClusterLog(MergedOplog):
+    """The front's oplog: its shards' oplogs as one (`MergedOplog`), its time the cluster
+    clock (operationTime, $clusterTime, hello's lastWrite)."""
 
     def __init__(self, cluster: ShardedCluster) -> None:
-        super().__init__()
+        super().__init__(lambda: [s.log for s in cluster.shards + cluster.retired])
         self.cluster = cluster
-        self.store = None
 
     def latest_ts(self) -> Timestamp | None:
         last = self.cluster.clock.last
         return None if last == Timestamp(0, 0) else last
-
-    def changed_event(self) -> asyncio.Event:
-        return self._changed
 
 
 class ShardedCluster:
@@ -100,7 +96,7 @@ class ShardedCluster:
         self.retired: list[Shard] = []
         self._by_name: dict[str, Shard] = {}
         self._host: str | None = None  # set once the shards listen
-        self.front_log = ClusterLog(self)
+        self.oplog = ClusterLog(self)
         for name in list(self.catalog.shard_names):
             self.shards.append(self._make_shard(name))
         for name in self.catalog.removed:
@@ -131,7 +127,7 @@ class ShardedCluster:
         store = ShardStore(shard_dir, clock=self.clock, catalog=self.catalog,
                            **self._store_options)
         log = EmbeddedOplog(store, noop_interval_s=self._noop_interval_s)
-        store.listeners.append(self.front_log.notify)
+        store.listeners.append(self.oplog.notify)
         state = server_state(ShardDeployment(store, log), set_name=name)
         if self._auth is not None and (self._auth.enabled or self._auth.users):
             state.auth = ServerAuth(self._auth)  # the front's users, asked for as it asks
@@ -161,7 +157,7 @@ class ShardedCluster:
             await self._listen(shard, self._host)
         self.catalog.add_shard(name, self.clock.tick())
         self.shards.append(shard)
-        self.front_log.notify()  # open streams take the new shard in
+        self.oplog.notify()  # open streams take the new shard in
         return shard
 
     def retire_shard(self, shard: Shard) -> None:
@@ -170,7 +166,7 @@ class ShardedCluster:
         self.catalog.remove_shard(shard.name, self.clock.tick())
         self.shards.remove(shard)
         self.retired.append(shard)
-        self.front_log.notify()
+        self.oplog.notify()
 
     async def apply_update(self, doc: Any, stmt: Any) -> Any:
         """The document an update statement makes of `doc` (run by the front's merger store),
@@ -257,7 +253,10 @@ class ShardedCluster:
         """The member shards' stores, by shard name (what data moves write to)."""
         return {s.name: s.store for s in self.shards}
 
-    def idle_promise(self, shard: Shard) -> Timestamp:
+    def changed_event(self) -> asyncio.Event:
+        return self.oplog.changed_event()
+
+    def idle_promise(self, name: str) -> Timestamp:
         """What a shard that has read its whole oplog promises: the cluster's next time (its
         timestamps come from the cluster clock)."""
         return self.clock.next_ts()

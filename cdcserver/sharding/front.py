@@ -41,8 +41,9 @@ from cdcserver.sharding.catalog import (
     _key_bytes,
     hashed_value,
 )
+from cdcserver.sharding.cluster import ClusterLog, ShardedCluster
 from cdcserver.sharding.shard_error import ShardError
-from cdcserver.sharding.streams import MergedChangeStream
+from cdcserver.sharding.streams import MergedChangeStream, MergedCluster
 from pipeline_stages.dotted_path import document_value
 from pipeline_stages.errors import MongoError
 from pipeline_stages.spec import is_change_stream_aggregate, parse_aggregate
@@ -51,7 +52,7 @@ from pipeline_stages.value_string import document_string
 if TYPE_CHECKING:
     from _typeshed import SupportsAllComparisons
 
-    from cdcserver.sharding.cluster import Shard, ShardedCluster
+    from cdcserver.sharding.cluster import Shard
 
 # The front's own commands (its mode's table: deployments/cluster.py).
 TABLE: dict[str, Handler] = {}
@@ -70,7 +71,11 @@ def front(*names: str) -> Callable[[Handler], Handler]:
 
 
 def cluster_of(server: ServerState) -> ShardedCluster:
-    return server.oplog.cluster
+    """The cluster this front serves (its deployment's oplog is the cluster's)."""
+    oplog = server.oplog
+    if not isinstance(oplog, ClusterLog):  # the table of another mode: a bug, not a request
+        raise TypeError(f"the sharded front's command on {type(oplog).__name__}")
+    return oplog.cluster
 
 
 async def forward(cluster: ShardedCluster, shard: Shard, cmd: Mapping[str, Any], db: str
@@ -1461,12 +1466,10 @@ async def aggregate(
     return await open_change_stream(server, cluster, cmd, db)
 
 
-async def open_change_stream(server: ServerState, cluster: Any, cmd: Mapping[str, Any], db: str
-                             ) -> dict[str, Any]:
+async def open_change_stream(server: ServerState, cluster: MergedCluster, cmd: Mapping[str, Any],
+                             db: str) -> dict[str, Any]:
     """aggregate with $changeStream through a front: one stream per shard of `cluster` (the
-    embedded cluster, or a sidecar's shards), merged."""
-    # (`cluster` is Any: the three fronts' clusters (ShardedCluster, the sidecar's and the
-    # recorded front's logs) share no declared type; MergedChangeStream names ShardedCluster.)
+    embedded cluster, a sidecar's shards, recorded shard oplogs), merged."""
     cursor_doc = cmd.get("cursor")
     if not isinstance(cursor_doc, dict):
         raise MongoError(

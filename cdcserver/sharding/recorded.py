@@ -20,9 +20,8 @@ from cdcserver.context import ConnectionState, ServerState
 from cdcserver.deployment import server_state
 from cdcserver.deployments.recorded import RecordedDeployment
 from cdcserver.sharding.front import _front_hello, open_change_stream
-from cdcserver.sharding.front_log import FrontLog
 from cdcserver.sources.file import FileOplog
-from pipeline_stages.oplog_entry import Entry
+from cdcserver.sources.merged import MergedOplog
 from pipeline_stages.spec import is_change_stream_aggregate
 
 
@@ -37,20 +36,21 @@ class RecordedShard:
     state: ServerState
 
 
-class RecordedShards(FrontLog):
+class RecordedShards(MergedOplog):
+    """The recordings as one oplog (`MergedOplog`), and as the cluster a merged stream reads
+    (`streams.MergedCluster`): a recording's shard list is fixed."""
+
     def __init__(self, shards: list[list[str]]) -> None:
-        super().__init__()
-        self.cluster = self
-        self.store = None
+        super().__init__(lambda: [s.log for s in self.shards])
         self.shards: list[RecordedShard] = []
         for k, paths in enumerate(shards):
             log = FileOplog(list(paths))
             self.shards.append(
                 RecordedShard(f"shard{k}", log, server_state(RecordedDeployment(log))))
         self._by_name = {s.name: s for s in self.shards}
-        self.retired: list[RecordedShard] = []  # a recording's shard list is fixed
+        self.retired: list[RecordedShard] = []
 
-    # -- the cluster, as streams.py uses it ----------------------------------------------------
+    # -- the cluster, as streams.py reads it -----------------------------------------------------
 
     def joined_at(self, name: str) -> Timestamp | None:
         return None
@@ -58,14 +58,10 @@ class RecordedShards(FrontLog):
     def removed_at(self, name: str) -> Timestamp | None:
         return None
 
-    @property
-    def front_log(self) -> RecordedShards:
-        return self
-
     def shard(self, name: str) -> RecordedShard:
         return self._by_name[name]
 
-    def idle_promise(self, shard: RecordedShard) -> Timestamp:
+    def idle_promise(self, name: str) -> Timestamp:
         end = self.latest_ts()
         return next_ts(end) if end is not None else Timestamp(0, 1)
 
@@ -73,18 +69,12 @@ class RecordedShards(FrontLog):
         end = self.latest_ts()
         return next_ts(end) if end is not None else Timestamp(0, 1)
 
-    def changed_event(self) -> Any:
-        return self._changed
 
-    # -- OplogLog --------------------------------------------------------------------------------
-
-    def latest_ts(self) -> Timestamp | None:
-        times = [t for t in (s.log.latest_ts() for s in self.shards) if t is not None]
-        return max(times) if times else None
-
-    def oldest_entry(self) -> Entry | None:
-        firsts = [e for e in (s.log.oldest_entry() for s in self.shards) if e is not None]
-        return min(firsts, key=lambda e: e["ts"]) if firsts else None
+def _recorded(server: ServerState) -> RecordedShards:
+    oplog = server.oplog
+    if not isinstance(oplog, RecordedShards):  # the table of another mode: a bug
+        raise TypeError(f"the recorded front's command on {type(oplog).__name__}")
+    return oplog
 
 
 async def _hello(
@@ -104,5 +94,5 @@ async def _aggregate(
 ) -> dict[str, Any]:
     if not is_change_stream_aggregate(cmd):
         return await queries.aggregate(server, conn, cmd, db)
-    return await open_change_stream(server, server.oplog, cmd, db)
+    return await open_change_stream(server, _recorded(server), cmd, db)
 

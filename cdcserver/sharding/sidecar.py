@@ -56,8 +56,8 @@ from bson.timestamp import Timestamp
 from cdcserver.context import ConnectionState, ServerState
 from cdcserver.deployment import server_state
 from cdcserver.deployments.upstream import UpstreamDeployment
-from cdcserver.sharding.front_log import FrontLog
 from cdcserver.sharding.shard_commands import AFTER_CLUSTER_TIME_NOOP
+from cdcserver.sources.merged import MergedOplog
 from cdcserver.sources.mongo import UpstreamOplog, UpstreamOptions
 from cdcserver.sources.mongo_common import RAW
 from pipeline_stages.errors import MongoError
@@ -210,14 +210,12 @@ class SidecarShard:
     state: ServerState
 
 
-class ShardedUpstream(FrontLog):
-    """The sidecar's front: its time, its shards, its command table (duck-types the embedded
-    cluster's for `streams.py`)."""
+class ShardedUpstream(MergedOplog):
+    """The sidecar's front: its shards' tails as one oplog (`MergedOplog`), its time, and the
+    cluster a merged stream reads (`streams.MergedCluster`, with `streams.LiveShards`)."""
 
     def __init__(self, options: UpstreamOptions, shards: Sequence[Mapping[str, Any]]) -> None:
-        super().__init__()
-        self.cluster = self
-        self.store = None
+        super().__init__(lambda: [s.log for s in self.shards])
         self.options = options
         # Its clients forward the other commands (it tails nothing: no retained log of its own).
         self.mongos = UpstreamOplog(dataclasses.replace(options, retain_dir=None))
@@ -400,15 +398,11 @@ class ShardedUpstream(FrontLog):
 
     # -- the cluster, as streams.py uses it ----------------------------------------------------
 
-    @property
-    def front_log(self) -> ShardedUpstream:
-        return self
-
     def shard(self, name: str) -> SidecarShard:
         return self._by_name[name]
 
-    def idle_promise(self, shard: SidecarShard) -> Timestamp:
-        latest = shard.log.promise_ts()
+    def idle_promise(self, name: str) -> Timestamp:
+        latest = self.shard(name).log.promise_ts()
         return next_ts(latest) if latest is not None else Timestamp(0, 1)
 
     def start_for_new_stream(self) -> Timestamp:
@@ -594,14 +588,7 @@ class ShardedUpstream(FrontLog):
                     f"({now - since:.1f}s)",
                 )
 
-    def changed_event(self) -> asyncio.Event:
-        return self._changed
-
-    # -- OplogLog --------------------------------------------------------------------------------
-
-    def latest_ts(self) -> Timestamp | None:
-        times = [t for t in (s.log.latest_ts() for s in self.shards) if t is not None]
-        return max(times) if times else None
+    # -- OplogLog (beyond MergedOplog's) -----------------------------------------------------------
 
     def cluster_time(self) -> Timestamp:
         times = [s.log.cluster_time() for s in self.shards]
@@ -669,7 +656,7 @@ async def _forward(
 ) -> dict[str, Any]:
     from cdcserver.commands.proxy import forward
 
-    reply = await forward(server.oplog.mongos, cmd, db, server.cursors)  # cursors: the registry
+    reply = await forward(_upstream(server).mongos, cmd, db, server.cursors)  # the registry
     # The mongos's RawBSONDocument, which registry.run_command passes on as it came (as
     # proxy.forward_command's): the shared Handler type says dict.
     return cast("dict[str, Any]", reply)
@@ -682,9 +669,17 @@ async def _aggregate(
         return await _forward(server, conn, cmd, db)
     from cdcserver.sharding.front import open_change_stream
 
-    server.oplog.hear(cmd)
-    server.oplog.check_shards()
-    if any(not s.log.connected and s.log.latest_ts() is None for s in server.oplog.shards):
+    upstream = _upstream(server)
+    upstream.hear(cmd)
+    upstream.check_shards()
+    if any(not s.log.connected and s.log.latest_ts() is None for s in upstream.shards):
         # A shard whose tail has never read: its stream could not start where it must.
         raise MongoError(6, "a shard of the cluster cannot be reached yet")
-    return await open_change_stream(server, server.oplog, cmd, db)
+    return await open_change_stream(server, upstream, cmd, db)
+
+
+def _upstream(server: ServerState) -> ShardedUpstream:
+    oplog = server.oplog
+    if not isinstance(oplog, ShardedUpstream):  # the table of another mode: a bug
+        raise TypeError(f"the sidecar's command on {type(oplog).__name__}")
+    return oplog

@@ -19,11 +19,13 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
+from cdcserver.context import ServerState
 from cdcserver.cursors import (
     CHANGE_STREAM,
     DEFAULT_AWAIT_MS,
@@ -33,6 +35,7 @@ from cdcserver.cursors import (
     HeldHere,
     cursor_reply,
 )
+from cdcserver.sources.base import OplogLog
 from pipeline_stages import resume_token
 from pipeline_stages.ensure_resume_token_present import EnsureResumeTokenPresent
 from pipeline_stages.merge import ShardMerge
@@ -40,28 +43,73 @@ from pipeline_stages.pipeline import MAX_BATCH_BYTES, Batch, ChangeStreamPipelin
 from pipeline_stages.resume_token import ResumeTokenData
 from pipeline_stages.spec import ChangeStreamSpec
 
-if TYPE_CHECKING:
-    from cdcserver.sharding.cluster import Shard, ShardedCluster
-
 # Events asked of each shard per poll.
 SHARD_BATCH = 1000
 # The merge's participant for the cluster's shard list (a sidecar's; no events).
 TOPOLOGY = "$topology"
 
 
+class MergedShard(Protocol):
+    """A shard as a merged stream reads it: its oplog and its server (whose hub runs its
+    part of the stream)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def log(self) -> OplogLog: ...
+
+    @property
+    def state(self) -> ServerState: ...
+
+
+class MergedCluster(Protocol):
+    """What a merged stream needs of the cluster it merges: the embedded cluster
+    (`ShardedCluster`), a sidecar's (`ShardedUpstream`), recorded shard oplogs
+    (`RecordedShards`)."""
+
+    @property
+    def shards(self) -> Sequence[MergedShard]: ...
+
+    @property
+    def retired(self) -> Sequence[MergedShard]:
+        """Shards removed, whose oplogs a stream from before their removal still reads."""
+        ...
+
+    def shard(self, name: str) -> MergedShard: ...
+
+    def joined_at(self, name: str) -> Timestamp | None: ...
+
+    def removed_at(self, name: str) -> Timestamp | None: ...
+
+    def idle_promise(self, name: str) -> Timestamp:
+        """What shard `name`, read to its end, promises: nothing before this time."""
+        ...
+
+    def start_for_new_stream(self) -> Timestamp: ...
+
+    def changed_event(self) -> asyncio.Event:
+        """Set when any shard has new entries (taken before a read: a write meanwhile wakes)."""
+        ...
+
+
 @runtime_checkable
-class _Nudging(Protocol):
-    """A cluster that can make its shards promise past a time (a sidecar's
-    `ShardedUpstream`: a read of their oplogs at `afterClusterTime`)."""
+class LiveShards(Protocol):
+    """A cluster whose shards are elsewhere (a sidecar's `ShardedUpstream`): it can make them
+    promise past a time (a read of their oplogs at `afterClusterTime`), it learns its shard
+    list by asking (no event may leave past the time it is known for: mongos's config-server
+    cursor, which reports kNewShardDetected), and it checks they are reachable."""
 
     def nudge(self, name: str, until: Timestamp | None = None) -> None: ...
 
     def refresh_topology(self) -> None: ...
 
-    def removed_at(self, name: str) -> Timestamp | None: ...
+    def topology_promise(self) -> Timestamp | None: ...
+
+    def check_shards(self, names: Iterable[str] | None = None) -> None: ...
 
 
-def open_shard_cursor(shard: Shard, spec: ChangeStreamSpec, start: Timestamp, ns: str
+def open_shard_cursor(shard: MergedShard, spec: ChangeStreamSpec, start: Timestamp, ns: str
                       ) -> ChangeStreamCursor:
     """A shard's part of a merged stream (not registered with the shard's cursors: it belongs
     to the front)."""
@@ -85,7 +133,7 @@ class MergedChangeStream(HeldHere):
     kind = CHANGE_STREAM
 
     def __init__(
-        self, cursor_id: int, ns: str, cluster: ShardedCluster, spec: ChangeStreamSpec,
+        self, cursor_id: int, ns: str, cluster: MergedCluster, spec: ChangeStreamSpec,
         start: Timestamp,
     ) -> None:
         self.id = cursor_id
@@ -124,7 +172,7 @@ class MergedChangeStream(HeldHere):
         # A sidecar learns of added shards by asking the mongos: no event may leave past the
         # time its shard list is known for (mongos's config-server cursor, which reports
         # kNewShardDetected).
-        self.topology = getattr(cluster, "topology_promise", None)
+        self.topology = cluster.topology_promise if isinstance(cluster, LiveShards) else None
         if self.topology is not None:
             self.merge.add_shard(TOPOLOGY)
         client = spec.resume_token
@@ -141,7 +189,7 @@ class MergedChangeStream(HeldHere):
         else:
             self.pbrt = ResumeTokenData.high_water_mark(start).to_document()
 
-    def _join(self, shard: Any, joined: Timestamp) -> None:
+    def _join(self, shard: MergedShard, joined: Timestamp) -> None:
         """A shard added at `joined` (its topologyTime): its stream starts there, and until it
         answers it promises that time (`kNewShardDetected` in mongod)."""
         start = max(joined, self.start)
@@ -215,12 +263,12 @@ class MergedChangeStream(HeldHere):
             else:
                 merge.push(name, events, token)
 
-    def _promise(self, name: str, sub: ChangeStreamCursor, shard: Any, events: list[Any],
+    def _promise(self, name: str, sub: ChangeStreamCursor, shard: MergedShard, events: list[Any],
                  token: Any, removed: Timestamp | None) -> None:
         """A shard read to its end: its events and its promise (the cluster's idle promise,
         when later than its batch's token); a removed shard read past its removal ends."""
         merge = self.merge
-        ts = self.cluster.idle_promise(shard)
+        ts = self.cluster.idle_promise(name)
         if removed is not None and ts > removed:
             # A removed shard read to its end: its stream ends cleanly.
             merge.push(name, events, token)
@@ -240,7 +288,7 @@ class MergedChangeStream(HeldHere):
         """Events wait for shards that have promised nothing later yet: a cluster that can
         (a sidecar: a read of their oplogs at `afterClusterTime`) makes them promise past them."""
         cluster = self.cluster
-        if not isinstance(cluster, _Nudging):
+        if not isinstance(cluster, LiveShards):
             return
         for name in self.merge.holding_back():  # all at once
             if name == TOPOLOGY:
@@ -308,12 +356,11 @@ class MergedChangeStream(HeldHere):
         wait_s = (DEFAULT_AWAIT_MS if max_time_ms is None else max_time_ms) / 1000
         deadline = time.monotonic() + wait_s
         self.awaited_s = 0.0
-        log = self.cluster.front_log
-        check = getattr(self.cluster, "check_shards", None)  # a sidecar: shards reachable?
+        cluster = self.cluster
         while True:
-            if check is not None:  # the shards this stream still reads
-                check([name for name, sub in self.subs.items() if not sub.closed])
-            changed = log.changed_event()  # taken before reading: a write meanwhile wakes us
+            if isinstance(cluster, LiveShards):  # the shards this stream still reads reachable?
+                cluster.check_shards([name for name, sub in self.subs.items() if not sub.closed])
+            changed = cluster.changed_event()  # taken before reading: a write meanwhile wakes
             if not self.pending and not self.invalidated:
                 await self._poll()
                 self._drain_merge()

@@ -47,7 +47,7 @@ class OplogLog:
     def __init__(self) -> None:
         self._changed = asyncio.Event()
 
-    # Subclasses implement these four.
+    # Subclasses implement these five.
     def latest_ts(self) -> Timestamp | None:
         raise NotImplementedError
 
@@ -60,6 +60,10 @@ class OplogLog:
 
     def entry_at(self, ts: Timestamp) -> Entry | None:
         """The entry at exactly `ts` (transaction chains), or None if it is gone."""
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        """How many entries it holds now (a count of `local.oplog.rs`)."""
         raise NotImplementedError
 
     async def fetch_lookups(self, needs: NeedsLookup, answers: LookupAnswers) -> None:
