@@ -483,14 +483,18 @@ class Hub:
         start: Timestamp,
         log: OplogLog,
         make_pipeline: Any,
+        variant: bytes = b"",
     ) -> tuple[StreamGroup, ChangeStreamPipeline]:
         """The group a new stream joins (or a new one) and the stream's own pipeline.
 
         A new stream joins a group with the same spec whose producer has read exactly up to
         the stream's start: everything the producer makes from then on is what the new
-        stream's own pipeline would have made.
+        stream's own pipeline would have made. Streams of another `variant` (a front's part
+        of a merged stream, whose lookups go through the router) never share with these.
         """
         key = shareable_key(spec)
+        if key is not None and variant:
+            key = variant + b"\x00" + key
         if key is not None:
             for group in self.groups.get(key, []):
                 if self._joinable(group, log, start):

@@ -26,6 +26,7 @@ from cdcserver.deployments.shard import ShardDeployment
 from cdcserver.sharding import migration
 from cdcserver.sharding.catalog import ShardingCatalog
 from cdcserver.sharding.coordinator import CoordinatorLog
+from cdcserver.sharding.lookups import RoutedImages
 from cdcserver.sharding.shard_error import ShardError
 from cdcserver.sharding.shard_store import ClusterClock, ShardStore
 from cdcserver.sources.embedded import EmbeddedOplog
@@ -255,6 +256,11 @@ class ShardedCluster:
 
     def changed_event(self) -> asyncio.Event:
         return self.oplog.changed_event()
+
+    def lookup_images(self, name: str) -> RoutedImages:
+        """Shard `name`'s part of a merged stream looks documents up through the router."""
+        return RoutedImages(self.catalog, lambda: {s.name: s.store.images for s in self.shards},
+                            name)
 
     def idle_promise(self, name: str) -> Timestamp:
         """What a shard that has read its whole oplog promises: the cluster's next time (its

@@ -38,6 +38,8 @@ from cdcserver.cursors import (
 from cdcserver.sources.base import OplogLog
 from pipeline_stages import resume_token
 from pipeline_stages.ensure_resume_token_present import EnsureResumeTokenPresent
+from pipeline_stages.image_source import ImageSource
+from pipeline_stages.lookups import ExternalImages
 from pipeline_stages.merge import ShardMerge
 from pipeline_stages.pipeline import MAX_BATCH_BYTES, Batch, ChangeStreamPipeline
 from pipeline_stages.resume_token import ResumeTokenData
@@ -109,15 +111,28 @@ class LiveShards(Protocol):
     def check_shards(self, names: Iterable[str] | None = None) -> None: ...
 
 
-def open_shard_cursor(shard: MergedShard, spec: ChangeStreamSpec, start: Timestamp, ns: str
-                      ) -> ChangeStreamCursor:
+@runtime_checkable
+class RoutesLookups(Protocol):
+    """A cluster whose merged streams look current documents up through its router
+    (`lookups.RoutedImages`: the embedded cluster); others look them up on the event's shard."""
+
+    def lookup_images(self, name: str) -> ImageSource: ...
+
+
+def open_shard_cursor(shard: MergedShard, spec: ChangeStreamSpec, start: Timestamp, ns: str,
+                      cluster: MergedCluster) -> ChangeStreamCursor:
     """A shard's part of a merged stream (not registered with the shard's cursors: it belongs
     to the front)."""
     state = shard.state
     log = state.oplog
+    images: ImageSource | ExternalImages | None = state.images
+    routed = isinstance(cluster, RoutesLookups)
+    if isinstance(cluster, RoutesLookups):
+        images = cluster.lookup_images(shard.name)
     group, pipeline = state.cursors.hub.group_for(
         spec, start, log,
-        lambda: ChangeStreamPipeline(spec, start, history=log, images=state.images),
+        lambda: ChangeStreamPipeline(spec, start, history=log, images=images),
+        variant=b"routed" if routed else b"",
     )
     pipeline.ensure_token = None  # checked on the merged stream
     pipeline.check_history(log.oldest_entry())
@@ -164,7 +179,7 @@ class MergedChangeStream(HeldHere):
                 if joined is not None and joined > start:
                     self._join(shard, joined)  # added after `start`: it answers from then on
                 else:
-                    self.subs[shard.name] = open_shard_cursor(shard, spec, start, ns)
+                    self.subs[shard.name] = open_shard_cursor(shard, spec, start, ns, cluster)
                     self.merge.add_shard(shard.name)
         except BaseException:
             self.close()
@@ -193,7 +208,7 @@ class MergedChangeStream(HeldHere):
         """A shard added at `joined` (its topologyTime): its stream starts there, and until it
         answers it promises that time (`kNewShardDetected` in mongod)."""
         start = max(joined, self.start)
-        self.subs[shard.name] = open_shard_cursor(shard, self.spec, start, self.ns)
+        self.subs[shard.name] = open_shard_cursor(shard, self.spec, start, self.ns, self.cluster)
         version = resume_token.version_for_event(start, self.spec.resume_token)
         self.merge.add_shard(
             shard.name, ResumeTokenData.high_water_mark(start, version).to_document())
