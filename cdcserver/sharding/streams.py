@@ -199,6 +199,10 @@ class MergedChangeStream(HeldHere):
         )
         self.pending: deque[RawBSONDocument] = deque()
         self.invalidated = False  # the invalidate has left the merge
+        # A shard's stream invalidated by an event the user's stages filtered out: its token.
+        # The merged stream ends there too (as a replica set's does: closed, its last token
+        # the invalidate's) once everything before it has left the merge.
+        self.silent_invalidate: dict[str, Any] | None = None
         if spec.resume_token is not None:
             self.pbrt: dict[str, Any] = spec.resume_token.to_document()
         else:
@@ -262,6 +266,11 @@ class MergedChangeStream(HeldHere):
             token = batch.post_batch_resume_token
             events = batch.events
             if batch.invalidated:
+                if token is not None and not any(
+                    e["operationType"] == "invalidate" for e in events
+                ) and (self.silent_invalidate is None or resume_token.sort_key(token)
+                       < resume_token.sort_key(self.silent_invalidate)):
+                    self.silent_invalidate = dict(token)
                 merge.push(name, events, token)
                 merge.close(name)
                 sub.closed = True
@@ -316,11 +325,22 @@ class MergedChangeStream(HeldHere):
         ready = self.merge.pop_ready()
         if self.ensure is not None and ready:
             ready = self.ensure.process(ready)
+        silent = self.silent_invalidate
         for event in ready:
+            if silent is not None and resume_token.sort_key(event["_id"]) > \
+                    resume_token.sort_key(silent):
+                break  # after the (filtered) invalidate: never delivered
             self.pending.append(event)
             if event["operationType"] == "invalidate":
                 self.invalidated = True
-                break
+                return
+        if silent is not None and self._delivered_up_to(silent):
+            self.invalidated = True
+
+    def _delivered_up_to(self, token: dict[str, Any]) -> bool:
+        """Whether every shard has promised nothing before `token` (all before it has left)."""
+        high = self.merge.post_batch_resume_token
+        return high is not None and resume_token.sort_key(high) >= resume_token.sort_key(token)
 
     def _batch(self, size: int | None) -> Batch:
         """Up to `size` merged events (None: what is ready) within the 16 MiB reply budget."""
@@ -337,6 +357,9 @@ class MergedChangeStream(HeldHere):
             self.pbrt = dict(out[-1]["_id"])
         if not pending and (not out or size is None or len(out) < size):
             if self.invalidated:
+                if self.silent_invalidate is not None and resume_token.sort_key(
+                    self.silent_invalidate) > resume_token.sort_key(self.pbrt):
+                    self.pbrt = dict(self.silent_invalidate)
                 return Batch(out, self.pbrt, True)
             high = self.merge.post_batch_resume_token
             if high is not None and resume_token.sort_key(high) > resume_token.sort_key(
