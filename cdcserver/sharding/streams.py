@@ -369,11 +369,10 @@ class MergedChangeStream(HeldHere):
         return Batch(out, self.pbrt, False)
 
     async def first_batch(self, batch_size: int | None) -> Batch:
-        size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
-        if size > 0:
-            await self._poll()
-            self._drain_merge()
-        return self._batch(size)
+        """Empty, whatever `batch_size`: mongos opens each shard's stream with `batchSize: 0`
+        (sharded_agg_helpers.cpp), so its first batch has no event; its token is where the
+        stream starts (the resume token, or the start's high-water mark)."""
+        return self._batch(0)
 
     @property
     def done(self) -> bool:

@@ -15,6 +15,8 @@ HANG_GUARD = 100  # try_next rounds of 50 ms: a guard, never a performance expec
 
 
 def _filtered_stream_after_drop(uri: str, sharded: bool) -> OperationFailure:
+    """The stream ends (closed by the server, or its driver's resume refused); a resume from
+    its last token is refused: the token is the invalidate's."""
     with pymongo.MongoClient(uri) as client:
         if sharded:
             client.admin.command("enableSharding", "shop", primaryShard="shard0")
@@ -23,6 +25,7 @@ def _filtered_stream_after_drop(uri: str, sharded: bool) -> OperationFailure:
         start = client.admin.command("ping")["operationTime"]
         client.shop.t.drop()
         client.shop.t.insert_one({"_id": 2})  # after the drop: never reached
+        token = None
         with client.shop.t.watch([{"$match": {"operationType": "update"}}],
                                  start_at_operation_time=start,
                                  max_await_time_ms=50) as stream:
@@ -30,8 +33,15 @@ def _filtered_stream_after_drop(uri: str, sharded: bool) -> OperationFailure:
                 try:
                     assert stream.try_next() is None
                 except OperationFailure as exc:
-                    return exc
-    raise AssertionError("the stream never ended")
+                    return exc  # the driver resumed from the invalidate's token: refused
+                token = stream.resume_token
+                if not stream.alive:
+                    break
+            else:
+                raise AssertionError("the stream never ended")
+        with pytest.raises(OperationFailure) as excinfo:
+            client.shop.t.watch([{"$match": {"operationType": "update"}}], resume_after=token)
+        return excinfo.value
 
 
 @pytest.mark.parametrize("mode", ["replica set", "sharded front"])
