@@ -96,6 +96,7 @@ class Server:
             self._background.append(asyncio.ensure_future(tailer()))
         if self.state.store is not None:
             self._background.append(asyncio.create_task(self.state.store.ttl_monitor()))
+            self._background.append(asyncio.create_task(self.state.store.pre_image_remover()))
         log.info("listening on %s:%d", host, bound)
         return bound
 

@@ -2,11 +2,12 @@
 that put them together.
 
 Each command family lists its own handlers in its `TABLE` (handshake, auth, admin, cursors,
-writes, queries, ddl, transactions, bulk_write); `OWN` is their union for a mode that answers
-its own commands. Each mode's table is built next to the mode it serves, from these, in
-`cdcserver/deployments/` (`recorded.RECORDED`, `embedded.EMBEDDED`, `upstream.UPSTREAM`,
-`shard.SHARD`, `cluster.CLUSTER`, `sidecar.SIDECAR`, `recorded_shards.RECORDED_SHARDS`): where
-two families answer the same name, the mode says which one it uses.
+writes, queries, ddl, transactions, bulk_write, cluster_parameters); `OWN` is their union for a
+mode that answers its own commands. Each mode's table is built next to the mode it serves,
+from these, in `cdcserver/deployments/` (`recorded.RECORDED`, `embedded.EMBEDDED`,
+`upstream.UPSTREAM`, `shard.SHARD`, `cluster.CLUSTER`, `sidecar.SIDECAR`,
+`recorded_shards.RECORDED_SHARDS`): where two families answer the same name, the mode says
+which one it uses.
 `tests/data/command_tables.json` lists every mode's table (name -> handler) and
 `tests/server/test_command_tables.py` checks it, so a change of registration shows up as a diff.
 """
@@ -19,6 +20,7 @@ from cdcserver.commands import (
     admin,
     auth,
     bulk_write,
+    cluster_parameters,
     cursors,
     ddl,
     failpoints,
@@ -63,6 +65,7 @@ OWN = merge(
     without(ddl.TABLE, *CHOSEN),  # create, drop, createIndexes, collMod, ...
     transactions.TABLE,  # commitTransaction, abortTransaction, endSessions, killSessions...
     user_management.TABLE,  # createUser, updateUser, dropUser, dropAllUsersFromDatabase
+    cluster_parameters.TABLE,  # setClusterParameter, getClusterParameter (the store's; else 115)
 )
 
 # The embedded store's commands whose handlers need the store before anything else: with a

@@ -13,7 +13,7 @@ from cdcserver.context import CommandTable, ConnectionState, Handler, ServerStat
 from cdcserver.deployment import Standalone
 from cdcserver.deployments.embedded import EMBEDDED, store_options
 from cdcserver.embedded.store import Store
-from cdcserver.sharding import front
+from cdcserver.sharding import cluster_parameters, front
 from cdcserver.sharding.cluster import ClusterLog, ShardedCluster
 from pipeline_stages.image_source import ImageSource
 
@@ -60,6 +60,9 @@ def _front_table() -> dict[str, Handler]:
         # Every cursor's, whatever holds it: a merged stream, merged results, a shard's.
         "getMore": cursors.get_more,
         "killCursors": cursors.kill_cursors,
+        # Set on every shard at one time, as the config server does; read from one.
+        "setClusterParameter": cluster_parameters.set_cluster_parameter,
+        "getClusterParameter": cluster_parameters.get_cluster_parameter,
     }
     for name in EMBEDDED:
         if not name.startswith("$"):

@@ -4,6 +4,7 @@ embedded replica set's commands, plus `appendOplogNote`, with its reads waiting 
 
 from __future__ import annotations
 
+from cdcserver.commands import cluster_parameters
 from cdcserver.context import CommandTable
 from cdcserver.deployments.embedded import EMBEDDED, EmbeddedDeployment
 from cdcserver.sharding import shard_commands
@@ -13,6 +14,7 @@ SHARD = CommandTable("shard", {
     **{name: shard_commands.waiting_for_read_concern(EMBEDDED[name])
        for name in shard_commands.READS if name in EMBEDDED},
     "appendOplogNote": shard_commands.append_oplog_note,
+    **cluster_parameters.SHARD_TABLE,  # only the front sets them (_shardsvrSetClusterParameter)
 })
 
 

@@ -4,10 +4,16 @@ Pre-images of collections with `changeStreamPreAndPostImages` (what change strea
 `fullDocumentBeforeChange` reads, through `StoreImages`), and the pre- or post-image a
 retryable findAndModify keeps for its retry (mongod 8.0's `needsRetryImage`). A mixin of
 `Store` (`store.py`).
+
+Pre-images leave with the oplog entries they belong to (`oplog_writer._truncate`) and, once
+the `changeStreamOptions` cluster parameter sets `preAndPostImages.expireAfterSeconds`, when
+older than that: mongod's pre-image remover (ChangeStreamExpiredPreImagesRemover), a pass every
+`expiredChangeStreamPreImageRemovalJobSleepSecs` (`pre_image_remover`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -17,6 +23,7 @@ from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
 from cdcserver.embedded.sessions import OpSession, session_key
+from cdcserver.embedded.store_types import id_key
 from pipeline_stages.image_source import (
     _pre_image_key,
     pre_image_id,
@@ -28,9 +35,62 @@ if TYPE_CHECKING:
 else:
     StoreState = object  # a base for the type checker only (state.py)
 
+# Where mongod keeps its cluster parameters, one document per parameter (`_id`: its name).
+CLUSTER_PARAMETERS = ("config", "clusterParameters")
+CHANGE_STREAM_OPTIONS = "changeStreamOptions"
+# mongod's expiredChangeStreamPreImageRemovalJobSleepSecs (its default).
+PRE_IMAGE_REMOVAL_SLEEP_SECS = 10.0
+
+
+def expire_after_seconds(options: Mapping[str, Any] | None) -> int | None:
+    """The `preAndPostImages.expireAfterSeconds` of a `changeStreamOptions` document (None:
+    "off", the oplog alone decides). Its value was checked when set: a positive number or
+    "off"; a number is read as IDL `safeInt64` reads it (truncated)."""
+    images = options.get("preAndPostImages") if options is not None else None
+    value = images.get("expireAfterSeconds") if isinstance(images, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return int(value)
+
 
 class ImagesMixin(StoreState):
     """Pre-images and retryable findAndModify images."""
+
+    pre_image_removal_sleep_secs: float = PRE_IMAGE_REMOVAL_SLEEP_SECS
+
+    def cluster_parameter(self, name: str) -> dict[str, Any] | None:
+        """Cluster parameter `name`'s document in `config.clusterParameters` (None: never set,
+        its default applies): what mongod reads into memory at start and on each write."""
+        c = self.catalog.get(CLUSTER_PARAMETERS)
+        return c.records.get(id_key(name)) if c is not None else None
+
+    def remove_expired_pre_images(self, now: datetime.datetime | None = None) -> int:
+        """One pass of mongod's pre-image remover: with `changeStreamOptions`'
+        `expireAfterSeconds` set, every pre-image whose `operationTime` is that many seconds
+        before `now` or more is deleted (with "off" only the oplog's truncation removes them).
+        Returns how many were deleted."""
+        expire = expire_after_seconds(self.cluster_parameter(CHANGE_STREAM_OPTIONS))
+        if expire is None:
+            return 0
+        now = now or datetime.datetime.now(datetime.UTC)
+        limit = _utc_naive(now) - datetime.timedelta(seconds=expire)
+        with self.batch():  # durable when the batch ends (a command's, if one is running)
+            expired = [key for key, (_, when) in self._pre_image_meta.items()
+                       if _utc_naive(when) <= limit]
+            for key in expired:
+                self.images._pre_images.pop(key, None)
+                self._pre_image_meta.pop(key, None)
+                self._pre_image_ts.pop(key, None)
+            if expired and self.persist is not None:
+                self.persist.delete_pre_images(expired)
+        return len(expired)
+
+    async def pre_image_remover(self) -> None:
+        """mongod's periodic pre-image remover: a pass every `pre_image_removal_sleep_secs`.
+        The server runs it among its background tasks, as the TTL monitor."""
+        while True:
+            await asyncio.sleep(self.pre_image_removal_sleep_secs)
+            self.remove_expired_pre_images()
 
     def _save_pre_image(
         self, c: Collection, ts: Timestamp, wall: datetime.datetime, pre: dict[str, Any],
@@ -98,3 +158,10 @@ class ImagesMixin(StoreState):
     def image_collection(self) -> list[dict[str, Any]]:
         """`config.image_collection` as mongod holds it."""
         return list(self.retry_images.values())
+
+
+def _utc_naive(when: datetime.datetime) -> datetime.datetime:
+    """`when` as a naive UTC datetime: the store keeps aware ones, a reloaded store naive."""
+    if when.tzinfo is None:
+        return when
+    return when.astimezone(datetime.UTC).replace(tzinfo=None)

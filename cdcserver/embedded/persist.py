@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any
 
 try:
@@ -235,6 +235,10 @@ class Persistence:
             "INSERT OR REPLACE INTO preimages (key, ts, doc) VALUES (?, ?, ?)",
             (key, ts_int(ts), doc),
         )
+
+    def delete_pre_images(self, keys: Sequence[bytes]) -> None:
+        self.begin()
+        self.db.executemany("DELETE FROM preimages WHERE key = ?", [(k,) for k in keys])
 
     def put_retry_image(self, session_key: bytes, doc: bytes) -> None:
         self.begin()
