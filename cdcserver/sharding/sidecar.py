@@ -38,6 +38,13 @@ the list was read at, which `operationTime` is; one request in flight, the next 
 latest entry read, so one answer covers every event read while it was asked.) A
 shard gone from the list is still tailed: streams read it up to the time it was seen gone (read
 at `afterClusterTime` past that), then its part of them ends.
+
+Moved shards: a shard the list gives other hosts (its replica set restarted on other ports)
+has its tail moved there (`ShardTail.move_to`): the clients of the old hosts are closed, which
+fails at once what waits on them, and the tail's next attempt goes to the new hosts without its
+backoff, resuming at its last delivered entry (the same oplog: nothing skipped, nothing twice).
+A tail that fails has the list read at once, not at the next poll. Streams see no error unless
+the shard stays unreachable for `DOWN_GRACE_S`.
 """
 
 from __future__ import annotations
@@ -59,7 +66,7 @@ from cdcserver.deployments.upstream import UpstreamDeployment
 from cdcserver.sharding.shard_commands import AFTER_CLUSTER_TIME_NOOP
 from cdcserver.sources.merged import MergedOplog
 from cdcserver.sources.mongo import UpstreamOplog, UpstreamOptions
-from cdcserver.sources.mongo_common import RAW
+from cdcserver.sources.mongo_common import CLOSE_TIMEOUT_S, RAW
 from pipeline_stages.errors import MongoError
 from pipeline_stages.spec import is_change_stream_aggregate
 
@@ -105,6 +112,15 @@ def shard_uri(host: str, template: str) -> str:
     return f"mongodb://{auth}{hosts}/?{'&'.join(options)}"
 
 
+def shard_seeds(host: str) -> tuple[str, frozenset[str]]:
+    """A `listShards` host ("rs/h1:p1,h2:p2") as its replica set's name and seed hosts (their
+    order does not matter)."""
+    name, _, hosts = host.partition("/")
+    if not hosts:
+        name, hosts = "", host
+    return name, frozenset(h.strip().lower() for h in hosts.split(",") if h.strip())
+
+
 def mongos_shards(uri: str, timeout_s: float = 10.0) -> list[dict[str, Any]] | None:
     """The shards of the cluster `uri` names, when it is a mongos (None otherwise)."""
     import pymongo
@@ -124,10 +140,15 @@ class ShardTail(UpstreamOplog):
     once."""
 
     def __init__(self, options: UpstreamOptions, on_change: Callable[[], None],
-                 on_receive: Callable[[Timestamp], None] | None = None) -> None:
+                 on_receive: Callable[[Timestamp], None] | None = None,
+                 on_lost: Callable[[], None] | None = None) -> None:
         super().__init__(options)
         self._on_change = on_change
         self._on_receive = on_receive
+        self._on_lost = on_lost  # the tail failed: the sidecar reads the shard list again
+        self._moved = asyncio.Event()  # set by move_to: the tail's next attempt goes at once
+        self.moves = 0  # hosts this tail was moved to (status, tests)
+        self._closing: set[asyncio.Task[Any]] = set()  # clients of hosts left, closing
         # Resolved when this shard's promise read in flight has answered (None: none).
         self.nudge_reply: asyncio.Future[None] | None = None
         self.hellos_spared = 0  # commit points learnt from a nudge's reply (status, tests)
@@ -171,6 +192,57 @@ class ShardTail(UpstreamOplog):
         super().notify()
         self._on_change()
 
+    # -- a shard that moves (its hosts in the shard list change) -------------------------------
+
+    def move_to(self, uri: str) -> None:
+        """The shard list gives this shard other hosts: the tail and every request to the
+        shard go to `uri` from now on. The tail resumes at its last delivered entry (the
+        same replica set, the same oplog: its continuity check finds that entry again, so
+        nothing is skipped or read twice). The clients of the hosts left are closed, which
+        fails at once what waits on them (a server selection of a host that is gone)."""
+        if uri == self.options.uri:
+            return
+        self.options = dataclasses.replace(self.options, uri=uri)
+        self.moves += 1
+        old = [c for c in (self._client, self._sync_client) if c is not None]
+        self._client = self._sync_client = None  # made again, for `uri`, on next use
+        self._moved.set()
+        loop = asyncio.get_running_loop()
+        for client in old:
+            task = loop.create_task(self._close_client(client))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    @staticmethod
+    async def _close_client(client: Any) -> None:
+        import pymongo
+
+        # Bounded: its endSessions would wait serverSelectionTimeoutMS for a host gone.
+        with contextlib.suppress(Exception), pymongo.timeout(CLOSE_TIMEOUT_S):
+            if isinstance(client, pymongo.AsyncMongoClient):
+                await client.close()
+            else:
+                await asyncio.to_thread(client.close)
+
+    async def _reconnect_pause(self, delay: float) -> None:
+        """The tail's backoff, cut short when the shard has moved: the next attempt is at
+        its new host, at once."""
+        if not self._moved.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._moved.wait(), delay)
+        self._moved.clear()
+
+    def _tail_failed(self, exc: Exception | None) -> None:
+        super()._tail_failed(exc)
+        if self._on_lost is not None:
+            self._on_lost()  # the shard may have moved: the list says where to
+
+    async def aclose(self) -> None:
+        for task in list(self._closing):
+            with contextlib.suppress(BaseException):
+                await task
+        await super().aclose()
+
     def _receive(self, batch: list[Any]) -> None:
         super()._receive(batch)
         if batch and self._on_receive is not None:
@@ -208,6 +280,7 @@ class SidecarShard:
     name: str
     log: ShardTail
     state: ServerState
+    host: str = ""  # as the shard list last gave it ("rs/h1:p1,h2:p2")
 
 
 class ShardedUpstream(MergedOplog):
@@ -248,8 +321,10 @@ class ShardedUpstream(MergedOplog):
             options, uri=shard_uri(str(entry["host"]), options.uri),
             retain_dir=f"{options.retain_dir}/{name}" if options.retain_dir else None,
         )
-        tail = ShardTail(values, self.notify, lambda ts: self._received(name, ts))
-        shard = SidecarShard(name, tail, server_state(UpstreamDeployment(tail, follow=False)))
+        tail = ShardTail(values, self.notify, lambda ts: self._received(name, ts),
+                         self._shard_lost)
+        shard = SidecarShard(name, tail, server_state(UpstreamDeployment(tail, follow=False)),
+                             str(entry["host"]))
         joined = entry.get("topologyTime")
         if isinstance(joined, Timestamp):
             self._joined[name] = joined
@@ -376,6 +451,7 @@ class ShardedUpstream(MergedOplog):
         for entry in entries:
             name = str(entry["_id"])
             if name in self._by_name and name not in self._removed:
+                self._follow_host(self._by_name[name], str(entry["host"]))
                 continue
             if name in self._removed:  # a removed shard's name again: not followed
                 log.warning("shard %s is back in listShards: not tailed again", name)
@@ -395,6 +471,22 @@ class ShardedUpstream(MergedOplog):
                 self.shards.remove(shard)
                 self.retired.append(shard)
                 log.info("shard %s removed: its streams end after its last events", shard.name)
+
+    def _follow_host(self, shard: SidecarShard, host: str) -> None:
+        """A shard the list gives other hosts (its replica set restarted on other ports, or
+        moved): its tail goes there, resuming after its last delivered entry."""
+        if shard_seeds(host) == shard_seeds(shard.host):
+            return
+        log.info("shard %s moved from %s to %s: its tail reconnects there", shard.name,
+                 shard.host, host)
+        shard.host = host
+        shard.log.move_to(shard_uri(host, self.options.uri))
+
+    def _shard_lost(self) -> None:
+        """A shard's tail failed: read the shard list now (not at the next poll), in case
+        the shard has moved."""
+        with contextlib.suppress(RuntimeError):  # no running loop: the poll asks
+            self.refresh_topology(periodic=True)
 
     # -- the cluster, as streams.py uses it ----------------------------------------------------
 

@@ -410,9 +410,14 @@ class UpstreamOplog(EntryList, OplogLog):
                 backoff = initial if progressed else min(
                     backoff * 2, self.options.backoff_max_ms / 1000
                 )
-                await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
+                await self._reconnect_pause(backoff * random.uniform(0.5, 1.0))
         finally:
             await self.aclose()
+
+    async def _reconnect_pause(self, delay: float) -> None:
+        """The backoff before the tail's next attempt (the sharded sidecar's shard tail cuts
+        it short when the shard list gives its shard another host)."""
+        await asyncio.sleep(delay)
 
     def _tail_failed(self, exc: Exception | None) -> None:
         """Log the tail's end: the first failure of an outage as a warning (the following
