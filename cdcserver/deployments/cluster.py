@@ -1,6 +1,6 @@
 """The embedded sharded cluster (`serve --shards N`): N shards, each an embedded replica set
 on its own port (`deployments/shard.py`), behind a mongos front on the server's port
-(`sharding/front.py`), sharing one catalog and one clock (`sharding/cluster.py`)."""
+(`sharding/router/`), sharing one catalog and one clock (`sharding/cluster.py`)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from cdcserver.context import CommandTable, ConnectionState, Handler, ServerStat
 from cdcserver.deployment import Standalone
 from cdcserver.deployments.embedded import EMBEDDED, store_options
 from cdcserver.embedded.store import Store
-from cdcserver.sharding import cluster_parameters, front
+from cdcserver.sharding import cluster_parameters
 from cdcserver.sharding.cluster import ClusterLog, ShardedCluster
+from cdcserver.sharding.router import commands as router
+from cdcserver.sharding.router.routing import cluster_of, forward_default
 from pipeline_stages.image_source import ImageSource
 
 
@@ -39,7 +41,7 @@ def holding_placement(handler: Handler) -> Handler:
         ns = routed_namespace(cmd, db)
         if ns is None:
             return await handler(server, conn, cmd, db)
-        async with front.cluster_of(server).placement.routing(ns):
+        async with cluster_of(server).placement.routing(ns):
             return await handler(server, conn, cmd, db)
 
     run.__name__ = getattr(handler, "__name__", "run")
@@ -48,11 +50,11 @@ def holding_placement(handler: Handler) -> Handler:
 
 
 def _front_table() -> dict[str, Handler]:
-    """mongos's own commands (`front.TABLE`), fail points, and every other command a shard
+    """mongos's own commands (`router.TABLE`), fail points, and every other command a shard
     knows forwarded to the primary shard of its database; each advances the cluster clock to
     the `$clusterTime` the client gossips."""
     table: dict[str, Handler] = {
-        **front.TABLE,
+        **router.TABLE,
         # mongos authenticates its clients itself, against the cluster's users (the shards'
         # users are the same; the front reaches them as the internal user).
         **auth.TABLE,
@@ -66,8 +68,8 @@ def _front_table() -> dict[str, Handler]:
     }
     for name in EMBEDDED:
         if not name.startswith("$"):
-            table.setdefault(name, front.forward_default)
-    return {name: front.gossiping(holding_placement(handler)) for name, handler in table.items()}
+            table.setdefault(name, forward_default)
+    return {name: router.gossiping(holding_placement(handler)) for name, handler in table.items()}
 
 
 CLUSTER = CommandTable("sharded front", _front_table())

@@ -14,7 +14,7 @@ from typing import Any
 
 from cdcserver.commands import cluster_parameters
 from cdcserver.context import ConnectionState, ServerState
-from cdcserver.sharding import front
+from cdcserver.sharding.router.routing import cluster_of, forward
 from pipeline_stages.errors import MongoError
 
 
@@ -26,9 +26,9 @@ async def set_cluster_parameter(
     param, value = cluster_parameters.parameter_to_set(cmd)
     when = cluster_parameters.cluster_time_now(server)
     cluster_parameters.parameter_document(param, value, when)  # refused before any shard
-    cluster = front.cluster_of(server)
+    cluster = cluster_of(server)
     for shard in cluster.shards:
-        await front.forward(cluster, shard, {
+        await forward(cluster, shard, {
             "_shardsvrSetClusterParameter": {param: value},
             "clusterParameterTime": when,
         }, "admin")
@@ -38,5 +38,5 @@ async def set_cluster_parameter(
 async def get_cluster_parameter(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
 ) -> dict[str, Any]:
-    cluster = front.cluster_of(server)
-    return await front.forward(cluster, cluster.shards[0], cmd, db)
+    cluster = cluster_of(server)
+    return await forward(cluster, cluster.shards[0], cmd, db)

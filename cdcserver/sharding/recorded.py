@@ -19,7 +19,8 @@ from cdcserver.commands import queries
 from cdcserver.context import ConnectionState, ServerState
 from cdcserver.deployment import server_state
 from cdcserver.deployments.recorded import RecordedDeployment
-from cdcserver.sharding.front import _front_hello, open_change_stream
+from cdcserver.sharding.router.change_streams import open_change_stream
+from cdcserver.sharding.router.handshake import _front_hello
 from cdcserver.sources.file import FileOplog
 from cdcserver.sources.merged import MergedOplog
 from pipeline_stages.spec import is_change_stream_aggregate

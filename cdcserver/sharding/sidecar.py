@@ -724,7 +724,7 @@ class ShardedUpstream(MergedOplog):
 async def _hello(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
 ) -> dict[str, Any]:
-    from cdcserver.sharding.front import _front_hello
+    from cdcserver.sharding.router.handshake import _front_hello
 
     return await _front_hello(server, conn, cmd, db, legacy=False)
 
@@ -732,7 +732,7 @@ async def _hello(
 async def _is_master(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
 ) -> dict[str, Any]:
-    from cdcserver.sharding.front import _front_hello
+    from cdcserver.sharding.router.handshake import _front_hello
 
     return await _front_hello(server, conn, cmd, db, legacy=True)
 
@@ -759,7 +759,7 @@ async def _aggregate(
 ) -> dict[str, Any]:
     if not is_change_stream_aggregate(cmd):
         return await _forward(server, conn, cmd, db)
-    from cdcserver.sharding.front import open_change_stream
+    from cdcserver.sharding.router.change_streams import open_change_stream
 
     upstream = _upstream(server)
     upstream.hear(cmd)

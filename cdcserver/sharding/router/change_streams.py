@@ -1,0 +1,47 @@
+"""A change stream through a front: one stream per shard, merged as mongos merges them
+(`sharding/streams.py`, `pipeline_stages/merge.py`). Shared by every mode that is a mongos to
+its clients: the embedded cluster, a sidecar of a real one, recorded shard oplogs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from cdcserver.commands.registry import int_arg
+from cdcserver.context import ServerState
+from cdcserver.cursors import cursor_reply
+from cdcserver.sharding.streams import MergedChangeStream, MergedCluster
+from pipeline_stages.errors import MongoError
+from pipeline_stages.spec import parse_aggregate
+
+
+async def open_change_stream(server: ServerState, cluster: MergedCluster, cmd: Mapping[str, Any],
+                             db: str) -> dict[str, Any]:
+    """aggregate with $changeStream through a front: one stream per shard of `cluster` (the
+    embedded cluster, a sidecar's shards, recorded shard oplogs), merged."""
+    cursor_doc = cmd.get("cursor")
+    if not isinstance(cursor_doc, dict):
+        raise MongoError(
+            9, "The 'cursor' option is required, except for aggregate with the explain argument",
+        )
+    batch_size = int_arg(cursor_doc, "batchSize", "aggregate.cursor")
+    if batch_size is not None and batch_size < 0:
+        raise MongoError(51024, "BSON field 'batchSize' value must be >= 0, actual value "
+                         f"'{batch_size}'")
+    spec = parse_aggregate(cmd, db)
+    start = spec.requested_start()
+    if start is None:
+        start = cluster.start_for_new_stream()
+    ns = f"{db}.{spec.coll}" if spec.scope == "collection" else f"{db}.$cmd.aggregate"
+    stream = MergedChangeStream(server.cursors.new_id(), ns, cluster, spec, start)
+    try:
+        batch = await stream.first_batch(batch_size)
+    except MongoError:
+        stream.close()
+        raise
+    if batch.invalidated:
+        stream.close()
+    else:
+        server.cursors.add(stream)
+    return {"cursor": cursor_reply(stream.id, ns, batch, first=True)}

@@ -1,0 +1,284 @@
+"""The front's reads (mongos's src/mongo/s/query/): find, count, distinct and aggregate on
+a sharded collection sent to the shards that own its chunks (or to the one shard an equality
+on the shard key targets), their results merged on the front; `FrontResults` keeps merged
+results for getMore, `ShardCursor` a shard's cursor read through the front. The `config.*`
+collections a client reads are answered from the catalog.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import bson
+from bson.int64 import Int64
+
+from cdcserver.commands.base import family
+from cdcserver.commands.registry import int_arg
+from cdcserver.context import ConnectionState, Handler, ServerState
+from cdcserver.cursors import FORWARDED, QUERY_RESULT, GetMore, HeldHere
+from cdcserver.sharding.catalog import _MISSING, _key_bytes
+from cdcserver.sharding.cluster import ShardedCluster
+from cdcserver.sharding.router.admin import shard_docs
+from cdcserver.sharding.router.change_streams import open_change_stream
+from cdcserver.sharding.router.routing import (
+    cluster_of,
+    forward,
+    owning_shards,
+    primary_shard,
+    route,
+    sharded_ns,
+    targeted_shard,
+)
+from pipeline_stages.dotted_path import document_value
+from pipeline_stages.spec import is_change_stream_aggregate
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsAllComparisons
+
+    from cdcserver.sharding.cluster import Shard
+
+# This family's handlers (the front's whole table: router/commands.py).
+TABLE: dict[str, Handler] = {}
+command = family(TABLE)
+
+
+def _sort_key(sort: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], SupportsAllComparisons]:
+    def compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
+        for field, direction in sort.items():
+            va, vb = document_value(a, field, _MISSING), document_value(b, field, _MISSING)
+            ka = _key_bytes([None if va is _MISSING else va])
+            kb = _key_bytes([None if vb is _MISSING else vb])
+            if ka != kb:
+                less = ka < kb
+                return (-1 if less else 1) * (1 if direction != -1 else -1)
+        return 0
+
+    return functools.cmp_to_key(compare)
+
+
+async def _drain(cluster: ShardedCluster, shard: Shard, cmd: dict[str, Any], db: str
+                 ) -> list[Any]:
+    reply = await forward(cluster, shard, cmd, db)
+    cursor = reply["cursor"]
+    out = list(cursor.get("firstBatch", []))
+    cursor_id = int(cursor.get("id", 0))
+    coll = cursor["ns"].split(".", 1)[1]
+    while cursor_id:
+        more = await forward(cluster, shard, {"getMore": Int64(cursor_id), "collection": coll},
+                             db)
+        out.extend(more["cursor"]["nextBatch"])
+        cursor_id = int(more["cursor"]["id"])
+    cluster.cursor_owner.pop(int(cursor.get("id", 0)), None)
+    return out
+
+
+@command("find")
+async def find(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
+    cluster = cluster_of(server)
+    if db == "config" and cmd.get("find") in ("shards", "databases", "collections", "chunks"):
+        return _config_find(cluster, cmd)
+    ns = sharded_ns(cluster, cmd, db)
+    if ns is None:
+        return await forward(cluster, primary_shard(cluster, db, create=False), cmd, db)
+    shard = targeted_shard(cluster, ns, cmd.get("filter"))
+    if shard is not None:
+        return await forward(cluster, shard, cmd, db)
+    skip = int_arg(cmd, "skip", "find", 0) or 0
+    limit = int_arg(cmd, "limit", "find", 0) or 0
+    sub = {k: v for k, v in cmd.items() if k not in ("skip", "limit", "batchSize",
+                                                     "singleBatch")}
+    if limit:
+        sub["limit"] = skip + abs(limit)
+    docs: list[Any] = []
+    for shard in owning_shards(cluster, ns):
+        docs.extend(await _drain(cluster, shard, sub, db))
+    sort = cmd.get("sort")
+    if isinstance(sort, Mapping) and sort:
+        docs.sort(key=_sort_key(sort))
+    docs = docs[skip:]
+    if limit:
+        docs = docs[: abs(limit)]
+    single = cmd.get("singleBatch") is True or (limit or 0) < 0
+    return _results_reply(server, cluster, docs, ns, int_arg(cmd, "batchSize", "find"), single)
+
+
+# A reply's batch holds up to 16 MiB of documents, 101 by default in a first batch.
+_MAX_BATCH_BYTES = 16 * 1024 * 1024
+
+
+def _take(docs: deque[Any], size: int | None) -> list[Any]:
+    out: list[Any] = []
+    total = 0
+    while docs and (size is None or len(out) < size):
+        n = len(bson.encode(docs[0]))
+        if out and total + n > _MAX_BATCH_BYTES:
+            break
+        total += n
+        out.append(docs.popleft())
+    return out
+
+
+class FrontResults(HeldHere):
+    """Results merged on the front, kept for getMore: a query-result cursor of the front's
+    registry (cdcserver/cursors/), reaped when idle as every cursor is."""
+
+    kind = QUERY_RESULT
+    owner = None
+
+    def __init__(self, cursor_id: int, ns: str, rest: deque[Any]) -> None:
+        self.id, self.ns, self.rest = cursor_id, ns, rest
+        self.last_used = time.monotonic()
+        self.busy = False
+        self.awaited_s = 0.0
+
+    @property
+    def done(self) -> bool:
+        return not self.rest
+
+    async def get_more_reply(self, more: GetMore) -> dict[str, Any]:
+        batch = _take(self.rest, more.batch_size)
+        return {"cursor": {"nextBatch": batch, "id": Int64(self.id if self.rest else 0),
+                           "ns": self.ns}}
+
+    def close(self) -> None:
+        self.rest.clear()
+
+
+class ShardCursor:
+    """A shard's cursor that a client reads through the front (its getMore and killCursors go
+    to the owner shard): in the front's registry, so that an abandoned one is forgotten when
+    idle (the shard reaps its own)."""
+
+    kind = FORWARDED
+
+    def __init__(self, cluster: ShardedCluster, cursor_id: int, ns: str, owner: str) -> None:
+        self.cluster = cluster
+        self.id, self.ns, self.owner = cursor_id, ns, owner
+        self.last_used = time.monotonic()
+        self.busy = False
+        self.awaited_s = 0.0
+        self.finished = False  # the shard's last batch (a failed getMore closes it too)
+
+    @property
+    def done(self) -> bool:
+        return self.finished
+
+    async def get_more_reply(self, more: GetMore) -> dict[str, Any]:
+        """The shard's reply (its error raised as the shard gave it)."""
+        reply = await forward(self.cluster, self.cluster.shard(self.owner), more.cmd, more.db)
+        self.finished = not reply.get("cursor", {}).get("id")
+        return reply
+
+    async def kill(self, cmd: Mapping[str, Any], db: str) -> bool:
+        self.close()
+        reply = await forward(self.cluster, self.cluster.shard(self.owner),
+                              {**cmd, "cursors": [Int64(self.id)]}, db)
+        return bool(reply.get("cursorsKilled"))
+
+    def close(self) -> None:
+        self.cluster.cursor_owner.pop(self.id, None)
+
+
+def note_shard_cursor(server: ServerState, reply: Mapping[str, Any]) -> None:
+    """A reply handing the client a shard's cursor: the front's registry keeps it."""
+    cursor = reply.get("cursor")
+    if not isinstance(cursor, Mapping):
+        return
+    cid = cursor.get("id")
+    if not isinstance(cid, int) or not cid or server.cursors.find(int(cid)) is not None:
+        return
+    cluster = cluster_of(server)
+    owner = cluster.cursor_owner.get(int(cid))
+    if owner is not None:
+        server.cursors.add(ShardCursor(cluster, int(cid), str(cursor.get("ns", "")), owner))
+
+
+def _results_reply(server: ServerState, cluster: ShardedCluster, docs: list[Any], ns: str,
+                   batch_size: int | None, single: bool = False) -> dict[str, Any]:
+    """Results merged on the front (a broadcast find, the merging half of an aggregation):
+    a first batch, and a cursor of the front's own for the rest."""
+    rest = deque(docs)
+    first = _take(rest, 101 if batch_size is None else batch_size)
+    cursor_id = 0
+    if rest and not single:
+        cursor_id = server.cursors.new_id()
+        server.cursors.add(FrontResults(cursor_id, ns, rest))
+    return {"cursor": {"firstBatch": first, "id": Int64(cursor_id), "ns": ns}}
+
+
+def _config_find(cluster: ShardedCluster, cmd: Mapping[str, Any]) -> dict[str, Any]:
+    catalog = cluster.catalog
+    name = cmd["find"]
+    if name == "shards":
+        docs = shard_docs(cluster)
+    elif name == "databases":
+        docs = list(catalog.databases.values())
+    elif name == "collections":
+        docs = list(catalog.collections.values())
+    else:
+        docs = [c for cs in catalog.chunks.values() for c in cs]
+    flt = cmd.get("filter") or {}
+    docs = [d for d in docs if all(d.get(k) == v for k, v in flt.items())]
+    if name == "chunks":
+        docs = [{k: v for k, v in d.items() if k != "ns"} for d in docs]
+    return {"cursor": {"firstBatch": docs, "id": Int64(0), "ns": f"config.{name}"}}
+
+
+@command("count")
+async def count(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
+    """Summed over the shards owning the collection's chunks (a sharded collection's)."""
+    return await route(server, cmd, db)  # its policy: routing.POLICIES
+
+
+@command("distinct")
+async def distinct(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
+    """Each shard's values once, in BSON order (a sharded collection's)."""
+    return await route(server, cmd, db)  # its policy: routing.POLICIES
+
+
+@command("aggregate")
+async def aggregate(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
+    cluster = cluster_of(server)
+    if not is_change_stream_aggregate(cmd):
+        ns = sharded_ns(cluster, cmd, db)
+        if ns is None:
+            return await forward(cluster, primary_shard(cluster, db, create=False), cmd, db)
+        return await _sharded_aggregate(server, cluster, cmd, db, ns)
+    return await open_change_stream(server, cluster, cmd, db)
+
+
+# Stages a shard runs alone on its documents; the first other stage and what follows it run on
+# the merger (mongos's merging half of a split pipeline).
+_SHARD_STAGES = frozenset({"$match", "$project", "$addFields", "$set", "$unset", "$replaceRoot",
+                           "$replaceWith", "$unwind", "$redact"})
+
+
+async def _sharded_aggregate(server: ServerState, cluster: ShardedCluster, cmd: Mapping[str, Any],
+                             db: str, ns: str) -> dict[str, Any]:
+    pipeline = list(cmd.get("pipeline") or [])
+    split = next((i for i, st in enumerate(pipeline)
+                  if not isinstance(st, Mapping) or next(iter(st), "") not in _SHARD_STAGES),
+                 len(pipeline))
+    shard_part = {**cmd, "pipeline": pipeline[:split], "cursor": {}}
+    docs: list[Any] = []
+    for shard in owning_shards(cluster, ns):
+        docs.extend(await _drain(cluster, shard, shard_part, db))
+    if split < len(pipeline):
+        reply = await cluster.merge_pipeline(docs, pipeline[split:], cmd, ns)
+        docs = reply["cursor"]["firstBatch"]
+    cursor_doc = cmd.get("cursor")
+    size = int_arg(cursor_doc, "batchSize", "aggregate.cursor") if isinstance(
+        cursor_doc, Mapping) else None
+    return _results_reply(server, cluster, docs, ns, size)
