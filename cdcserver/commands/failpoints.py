@@ -2,7 +2,7 @@
 for `failCommand`, `failGetMoreAfterCursorCheckout`, `onPrimaryTransactionalWrite` and
 `maxTimeAlwaysTimeOut` (their semantics: at each one's evaluation below), and cdcserver's own
 `crashAfterFirstParticipantCommit` (evaluated by the sharded front's cross-shard commit,
-`sharding/front.py`: it ends the process between the participants' commits).
+`sharding/router/transactions.py`: it ends the process between the participants' commits).
 
 Users test their consumers' resume logic with them: a network error (`closeConnection`), a
 `ResumableChangeStreamError` (`failGetMoreAfterCursorCheckout`), `CursorNotFound`, a slow server

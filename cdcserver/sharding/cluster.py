@@ -1,5 +1,5 @@
 """The embedded sharded cluster: N shards (each an embedded replica set with its own store,
-oplog and port) behind a mongos front (`front.py`), sharing one catalog and one clock.
+oplog and port) behind a mongos front (`router/`), sharing one catalog and one clock.
 
 The front reaches the shards in-process (their command handlers, their oplogs); each shard
 also listens on its own loopback port, as listed in `config.shards` / `listShards`, so that a
