@@ -10,12 +10,13 @@ from cdcserver.deployments.recorded import RECORDED
 from cdcserver.embedded.store import Store
 from cdcserver.sharding import recorded
 from cdcserver.sharding.recorded import RecordedShards
+from cdcserver.sharding.router import handshake
 from pipeline_stages.image_source import ImageSource
 
 _OWN: dict[str, Handler] = {
-    "hello": recorded._hello,
-    "isMaster": recorded._is_master,
-    "ismaster": recorded._is_master,
+    "hello": handshake.hello,
+    "isMaster": handshake.is_master,
+    "ismaster": handshake.is_master,
     "aggregate": recorded._aggregate,  # a change stream merged from every shard's recording
 }
 _RECORDED: dict[str, Handler | Route] = {

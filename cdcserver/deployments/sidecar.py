@@ -18,6 +18,7 @@ from cdcserver.deployment import Standalone
 from cdcserver.deployments.upstream import upstream_options
 from cdcserver.embedded.store import Store
 from cdcserver.sharding import sidecar
+from cdcserver.sharding.router import handshake
 from cdcserver.sharding.sidecar import ShardedUpstream, mongos_shards
 from pipeline_stages.image_source import ImageSource
 
@@ -26,9 +27,9 @@ log = logging.getLogger(__name__)
 SIDECAR = CommandTable(
     "sharded sidecar",
     {
-        "hello": sidecar._hello,
-        "isMaster": sidecar._is_master,
-        "ismaster": sidecar._is_master,
+        "hello": handshake.hello,
+        "isMaster": handshake.is_master,
+        "ismaster": handshake.is_master,
         "ping": sidecar._ping,
         "configureFailPoint": failpoints.configure_fail_point,
         "aggregate": sidecar._aggregate,

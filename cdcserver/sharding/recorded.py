@@ -20,7 +20,6 @@ from cdcserver.context import ConnectionState, ServerState
 from cdcserver.deployment import server_state
 from cdcserver.deployments.recorded import RecordedDeployment
 from cdcserver.sharding.router.change_streams import open_change_stream
-from cdcserver.sharding.router.handshake import _front_hello
 from cdcserver.sources.file import FileOplog
 from cdcserver.sources.merged import MergedOplog
 from pipeline_stages.spec import is_change_stream_aggregate
@@ -78,16 +77,6 @@ def _recorded(server: ServerState) -> RecordedShards:
     return oplog
 
 
-async def _hello(
-    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
-) -> dict[str, Any]:
-    return await _front_hello(server, conn, cmd, db, legacy=False)
-
-
-async def _is_master(
-    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
-) -> dict[str, Any]:
-    return await _front_hello(server, conn, cmd, db, legacy=True)
 
 
 async def _aggregate(

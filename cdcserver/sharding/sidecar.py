@@ -721,20 +721,6 @@ class ShardedUpstream(MergedOplog):
 
 # -- the sidecar's commands ---------------------------------------------------------------------
 
-async def _hello(
-    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
-) -> dict[str, Any]:
-    from cdcserver.sharding.router.handshake import _front_hello
-
-    return await _front_hello(server, conn, cmd, db, legacy=False)
-
-
-async def _is_master(
-    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
-) -> dict[str, Any]:
-    from cdcserver.sharding.router.handshake import _front_hello
-
-    return await _front_hello(server, conn, cmd, db, legacy=True)
 
 
 async def _ping(
