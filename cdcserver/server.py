@@ -41,6 +41,9 @@ REQUEST_CODEC: CodecOptions[dict[str, Any]] = CodecOptions(
 )
 _request_ids = itertools.count(1)
 _HELLO = frozenset({"hello", "isMaster", "ismaster"})
+# How long close() waits for the connections and background tasks it cancelled: a task that
+# does not end by then is logged with its stack and left behind (a shutdown never hangs).
+CLOSE_TASKS_S = 10.0
 DECODE_OFF_LOOP_BYTES = 1 << 20  # messages this large are decoded in a worker thread
 
 
@@ -180,15 +183,26 @@ class Server:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        for task in [*self._tasks, *self._background]:
+        tasks = [*self._tasks, *self._background]
+        for task in tasks:
             task.cancel()
-        for task in [*self._tasks, *self._background]:
-            with contextlib.suppress(BaseException):
-                await task
+        if tasks:
+            _, stuck = await asyncio.wait(tasks, timeout=CLOSE_TASKS_S)
+            for task in stuck:
+                frames = "".join(
+                    f"\n  {f.f_code.co_filename}:{f.f_lineno} {f.f_code.co_name}"
+                    for f in task.get_stack()
+                )
+                log.error("shutdown: task %s did not end in %.0f s; left behind at:%s",
+                          task.get_name(), CLOSE_TASKS_S, frames)
+            for task in tasks:
+                if task.done() and not task.cancelled():
+                    task.exception()  # retrieved: its failure was logged where it happened
         await self._close_unix()
         if self._server is not None:
             with contextlib.suppress(Exception):
-                await self._server.wait_closed()
+                async with asyncio.timeout(CLOSE_TASKS_S):
+                    await self._server.wait_closed()
 
     async def _on_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

@@ -91,9 +91,23 @@ __all__ = [
     "read_oplog",
     "record_oplog",
     "rss_kib",
+    "serving_port",
     "start_server",
     "write_oplog",
 ]
+
+
+def serving_port(lines: Iterable[str], seen: list[str] | None = None) -> int:
+    """The wire port of a ``cdcserver serve --port 0`` from its output lines (read until the
+    line it logs once everything listens); each line read is appended to ``seen``. A process
+    that ends before that line raises, its output in the message."""
+    read = seen if seen is not None else []
+    for line in lines:
+        read.append(line)
+        match = _LISTENING.search(line.encode())
+        if match:
+            return int(match.group(1))
+    raise RuntimeError("cdcserver ended before it served:\n" + "".join(read))
 
 
 # -- oplog files ----------------------------------------------------------------------------------

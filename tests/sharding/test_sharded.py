@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from pymongo.errors import OperationFailure
 from cdcserver.sharding.catalog import hashed_value
 from cdcserver.sharding.shard_commands import AFTER_CLUSTER_TIME_NOOP
 from cdcserver.sharding.testing import ShardedServer
-from cdcserver.testing import EmbeddedServer
+from cdcserver.testing import EmbeddedServer, serving_port
 
 
 @pytest.fixture(params=[2, 3], ids=["2shards", "3shards"])
@@ -255,24 +254,15 @@ def test_durable_cluster_keeps_data_and_catalog(tmp_path):
             assert stream.next()["documentKey"] == {"x": 150, "_id": 99}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_cli_serve_shards():
-    port = _free_port()
     proc = subprocess.Popen(
         [str(pathlib.Path(sys.executable).parent / "cdcserver"), "serve", "--in-memory",
-         "--shards", "2", "--port", str(port), "--metrics-port", "0"],
+         "--shards", "2", "--port", "0", "--metrics-port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            if "serving" in line:
-                break
+        port = serving_port(proc.stdout)  # type: ignore[arg-type]
         with pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/",
                                  serverSelectionTimeoutMS=5000) as c:
             assert c.admin.command("hello")["msg"] == "isdbgrid"
@@ -632,19 +622,15 @@ def test_sidecar_fails_streams_resumably_while_a_shard_is_unreachable(cluster, c
 
 def test_cli_serve_upstream_of_a_mongos_is_a_sidecar_of_the_cluster(cluster, client):
     _spread(client, cluster, "app.c")
-    port = _free_port()
     proc = subprocess.Popen(
         [str(pathlib.Path(sys.executable).parent / "cdcserver"), "serve", "--upstream",
-         cluster.uri, "--port", str(port), "--metrics-port", "0"],
+         cluster.uri, "--port", "0", "--metrics-port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    lines = []
+    lines: list[str] = []
     try:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            lines.append(line)
-            if "serving" in line:
-                break
+        port = serving_port(proc.stdout, lines)  # type: ignore[arg-type]
         assert any("upstream is a mongos: tailing" in line for line in lines)
         with pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/",
                                  serverSelectionTimeoutMS=5000) as side:
@@ -694,16 +680,14 @@ def test_serve_recorded_shard_oplogs_gives_the_fronts_events(cluster, client, tm
         path = tmp_path / f"{shard.name}.bson"
         path.write_bytes(b"".join(cluster.call(shard.store.oplog_entries)))
         paths.append(path)
-    port = _free_port()
     command = [str(pathlib.Path(sys.executable).parent / "cdcserver"), "serve", "--port",
-               str(port), "--metrics-port", "0"]
+               "0", "--metrics-port", "0"]
     for path in paths:
         command += ["--oplog", str(path)]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            if "serving" in line:
-                break
+        port = serving_port(proc.stdout)  # type: ignore[arg-type]
         with pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/",
                                  serverSelectionTimeoutMS=5000) as recorded:
             assert recorded.admin.command("hello")["msg"] == "isdbgrid"
@@ -1132,17 +1116,16 @@ def test_sidecar_fails_streams_resumably_while_the_mongos_is_unreachable(cluster
         assert [bson.encode(e) for e in got] == [bson.encode(e) for e in expected]
 
 
-def _serve_cluster(data_dir: pathlib.Path, port: int) -> subprocess.Popen:
+def _serve_cluster(data_dir: pathlib.Path) -> tuple[subprocess.Popen, str]:
+    """A durable 2-shard cluster on any free port, and its URI."""
     proc = subprocess.Popen(
         [str(pathlib.Path(sys.executable).parent / "cdcserver"), "serve", "--data-dir",
-         str(data_dir), "--shards", "2", "--port", str(port), "--metrics-port", "0"],
+         str(data_dir), "--shards", "2", "--port", "0", "--metrics-port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    for line in proc.stdout:  # type: ignore[union-attr]
-        if "serving" in line:
-            break
-    return proc
+    port = serving_port(proc.stdout)  # type: ignore[arg-type]
+    return proc, f"mongodb://127.0.0.1:{port}/"
 
 
 def test_a_cross_shard_commit_cut_by_a_crash_is_finished_at_restart(tmp_path):
@@ -1151,9 +1134,7 @@ def test_a_cross_shard_commit_cut_by_a_crash_is_finished_at_restart(tmp_path):
     same commit time (mongod's coordinator recovery)."""
     from cdcserver.commands.failpoints import CRASH_AFTER_FIRST_PARTICIPANT_COMMIT
 
-    port = _free_port()
-    uri = f"mongodb://127.0.0.1:{port}/"
-    proc = _serve_cluster(tmp_path, port)
+    proc, uri = _serve_cluster(tmp_path)
     try:
         with pymongo.MongoClient(uri, serverSelectionTimeoutMS=2000) as c:
             c.admin.command("configureFailPoint", CRASH_AFTER_FIRST_PARTICIPANT_COMMIT,
@@ -1174,7 +1155,7 @@ def test_a_cross_shard_commit_cut_by_a_crash_is_finished_at_restart(tmp_path):
             proc.kill()
             proc.wait()
     assert (tmp_path / "coordinator.bson").exists()
-    proc = _serve_cluster(tmp_path, port)
+    proc, uri = _serve_cluster(tmp_path)
     try:
         with pymongo.MongoClient(uri) as c:
             assert sorted(d["_id"] for d in c.t.c.find()) == [1, 2]
