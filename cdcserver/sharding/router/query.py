@@ -86,7 +86,7 @@ async def find(
     ns = sharded_ns(cluster, cmd, db)
     if ns is None:
         return await forward(cluster, primary_shard(cluster, db, create=False), cmd, db)
-    shard = targeted_shard(cluster, ns, cmd.get("filter"))
+    shard = targeted_shard(cluster, ns, cmd.get("filter"), cmd.get("collation"))
     if shard is not None:
         return await forward(cluster, shard, cmd, db)
     skip = int_arg(cmd, "skip", "find", 0) or 0

@@ -77,12 +77,50 @@ def sharded_ns(cluster: ShardedCluster, cmd: Mapping[str, Any], db: str) -> str 
     return ns if cluster.catalog.is_sharded(ns) else None
 
 
-def targeted_shard(cluster: ShardedCluster, ns: str, query: Any) -> Shard | None:
-    """The one shard a query's equality on the whole shard key targets (None: broadcast)."""
+# `{locale: "simple"}`: binary comparisons, as with no collation at all.
+SIMPLE_COLLATION: Mapping[str, Any] = {"locale": "simple"}
+
+
+def collection_collation(cluster: ShardedCluster, ns: str) -> Mapping[str, Any] | None:
+    """The collection's default collation (on its database's primary shard); None: simple."""
+    db, _, coll = ns.partition(".")
+    c = primary_shard(cluster, db, create=False).store.get(db, coll)
+    collation = c.options.get("collation") if c is not None else None
+    if isinstance(collation, Mapping) and dict(collation) != SIMPLE_COLLATION:
+        return collation
+    return None
+
+
+def _simple_collation(cluster: ShardedCluster, ns: str, collation: Any) -> bool:
+    """Whether a query's comparisons are binary (mongod's `hasSimpleCollation` in
+    `ChunkManager::findIntersectingChunk`): `{locale: "simple"}`, or none given (or `{}`) on
+    a collection without a default collation."""
+    if isinstance(collation, Mapping) and collation:
+        return dict(collation) == SIMPLE_COLLATION
+    return collection_collation(cluster, ns) is None
+
+
+def _collatable(value: Any) -> bool:
+    """A string, an object or an array: what a collation compares differently
+    (`CollationIndexKey::isCollatableType`)."""
+    return isinstance(value, (str, Mapping, list, tuple))
+
+
+def targeted_shard(cluster: ShardedCluster, ns: str, query: Any,
+                   collation: Any = SIMPLE_COLLATION) -> Shard | None:
+    """The one shard a query's equality on the whole shard key targets (None: broadcast).
+
+    `collation`: the query's (None or `{}`: none given, so the collection's default). Under
+    a non-simple one, mongos cannot target by a shard key value it compares differently (a
+    string, an object, an array) nor by a hashed field (its hash may be a string's), so the
+    query goes to every shard owning a chunk, as `findIntersectingChunk` refuses
+    (ShardKeyNotFound) and the targeter falls back to the query's bounds, which a collation
+    the shard key index does not have leaves whole."""
     if not isinstance(query, Mapping):
         return None
     pattern = cluster.catalog.key_pattern(ns) or {}
     values = []
+    simple: bool | None = None  # looked up once a value needs it
     for field, kind in pattern.items():
         value = query.get(field, _MISSING)
         if value is _MISSING:
@@ -96,6 +134,11 @@ def targeted_shard(cluster: ShardedCluster, ns: str, query: Any) -> Shard | None
                 return None
         if isinstance(value, list):
             return None
+        if kind == "hashed" or _collatable(value):
+            if simple is None:
+                simple = _simple_collation(cluster, ns, collation)
+            if not simple:
+                return None
         values.append(hashed_value(value) if kind == "hashed" else value)
     return cluster.shard(cluster.catalog.chunk_for_values(ns, values)["shard"])
 

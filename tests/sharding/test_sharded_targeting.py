@@ -1,0 +1,111 @@
+"""Targeting of reads on a sharded collection by the front, as mongos's: a query's equality on
+the shard key goes to the one shard owning that value, unless a non-simple collation compares
+the value differently from the shard key index (`ChunkManager::findIntersectingChunk`), then
+to every shard owning a chunk."""
+
+from __future__ import annotations
+
+import pymongo
+import pytest
+from pymongo.collation import Collation
+
+from cdcserver.sharding.testing import ShardedServer
+
+CASE_INSENSITIVE = Collation(locale="en_US", strength=2)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with ShardedServer(2) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    with pymongo.MongoClient(cluster.uri) as c:
+        yield c
+
+
+def _split_by_case(client: pymongo.MongoClient, cluster: ShardedServer, ns: str) -> None:
+    """Sharded on {k: 1}, split at "a": upper-case strings (they sort first, binary) on the
+    first shard, lower-case ones on the second."""
+    first, second = (s.name for s in cluster.cluster.shards[:2])
+    db = ns.split(".", 1)[0]
+    client.admin.command("enableSharding", db, primaryShard=first)
+    client.admin.command("shardCollection", ns, key={"k": 1})
+    client.admin.command("split", ns, middle={"k": "a"})
+    client.admin.command("moveChunk", ns, find={"k": "a"}, to=second)
+
+
+def _on_each_shard(cluster: ShardedServer, db: str, coll: str) -> list[list[str]]:
+    out = []
+    for uri in cluster.shard_uris:
+        with pymongo.MongoClient(uri) as c:
+            out.append(sorted(d["k"] for d in c[db][coll].find({}, {"_id": 0, "k": 1})))
+    return out
+
+
+def test_find_with_a_non_simple_collation_on_a_string_key_broadcasts(cluster, client):
+    _split_by_case(client, cluster, "coll1.c")
+    docs = [{"_id": i, "k": k} for i, k in enumerate(["a", "A", "b", "B", "a", "A", "c", "C"])]
+    client.coll1.c.insert_many(docs)
+    assert _on_each_shard(cluster, "coll1", "c") == [["A", "A", "B", "C"], ["a", "a", "b", "c"]]
+    c = client.coll1.c
+    found = sorted(d["k"] for d in c.find({"k": "a"}, collation=CASE_INSENSITIVE))
+    assert found == ["A", "A", "a", "a"]  # 2 on each shard: targeted, it finds only 2
+    found = sorted(d["k"] for d in c.find({"k": {"$eq": "B"}}, collation=CASE_INSENSITIVE))
+    assert found == ["B", "b"]
+    # The simple collation, given or not, compares binary: the one shard's documents.
+    assert sorted(d["k"] for d in c.find({"k": "a"})) == ["a", "a"]
+    assert sorted(d["k"] for d in c.find({"k": "a"}, collation=Collation("simple"))) == [
+        "a", "a"]
+    # count and distinct under the collation: every shard's matches.
+    assert c.count_documents({"k": "a"}, collation=CASE_INSENSITIVE) == 4
+    assert sorted(c.distinct("_id", {"k": "c"}, collation=CASE_INSENSITIVE)) == [6, 7]
+    got = c.aggregate([{"$match": {"k": "b"}}, {"$group": {"_id": None, "n": {"$sum": 1}}}],
+                      collation=CASE_INSENSITIVE)
+    assert [d["n"] for d in got] == [2]
+
+
+def test_find_with_a_non_simple_collation_on_a_hashed_key_broadcasts(cluster, client):
+    """A hashed field's value may be a string's hash: no targeting by it under a collation."""
+    first = cluster.cluster.shards[0].name
+    client.admin.command("enableSharding", "coll2", primaryShard=first)
+    client.admin.command("shardCollection", "coll2.c", key={"k": "hashed"})
+    c = client.coll2.c
+    c.insert_many([{"_id": i, "k": k} for i, k in enumerate(["x", "X", "y", "Y", "z", "Z"])])
+    per_shard = _on_each_shard(cluster, "coll2", "c")
+    assert all(per_shard), per_shard  # both shards hold some
+    for k in ("x", "y", "z"):
+        found = sorted(d["k"] for d in c.find({"k": k}, collation=CASE_INSENSITIVE))
+        assert found == [k.upper(), k]
+
+
+def test_numeric_key_under_a_collation_is_still_found(cluster, client):
+    """Numbers compare alike under every collation: the targeted shard has them all."""
+    first, second = (s.name for s in cluster.cluster.shards[:2])
+    client.admin.command("enableSharding", "coll3", primaryShard=first)
+    client.admin.command("shardCollection", "coll3.c", key={"n": 1})
+    client.admin.command("split", "coll3.c", middle={"n": 10})
+    client.admin.command("moveChunk", "coll3.c", find={"n": 10}, to=second)
+    c = client.coll3.c
+    c.insert_many([{"_id": i, "n": i, "s": "a" if i % 2 else "A"} for i in range(20)])
+    got = list(c.find({"n": 15}, collation=CASE_INSENSITIVE))
+    assert [d["_id"] for d in got] == [15]
+    got = sorted(d["_id"] for d in c.find({"n": 3, "s": "a"}, collation=CASE_INSENSITIVE))
+    assert got == [3]
+
+
+def test_collection_default_collation_broadcasts_a_string_key(cluster, client):
+    """No collation given: the collection's own default (non-simple) is the query's."""
+    first, second = (s.name for s in cluster.cluster.shards[:2])
+    client.admin.command("enableSharding", "coll4", primaryShard=first)
+    client.coll4.create_collection("c", collation=CASE_INSENSITIVE)
+    client.admin.command("shardCollection", "coll4.c", key={"k": 1},
+                         collation={"locale": "simple"})
+    client.admin.command("split", "coll4.c", middle={"k": "a"})
+    client.admin.command("moveChunk", "coll4.c", find={"k": "a"}, to=second)
+    c = client.coll4.c
+    c.insert_many([{"_id": 1, "k": "a"}, {"_id": 2, "k": "A"}])
+    assert sorted(d["_id"] for d in c.find({"k": "a"})) == [1, 2]
+    assert [d["_id"] for d in c.find({"k": "a"}, collation=Collation("simple"))] == [1]
