@@ -13,7 +13,12 @@ from cdcserver.context import ServerState
 from cdcserver.cursors import cursor_reply
 from cdcserver.sharding.streams import MergedChangeStream, MergedCluster
 from pipeline_stages.errors import MongoError
-from pipeline_stages.spec import parse_aggregate
+from pipeline_stages.spec import ChangeStreamSpec, parse_aggregate
+
+# What mongod's `assertIsLegalSpecification` checks after its namespace checks (both
+# resume options, a resume option with startAtOperationTime, the tokens' own checks): a
+# router's refusals come before these.
+_CHECKED_AFTER_NAMESPACE = frozenset({50865, 40674, 260, 280, 7182803})
 
 
 async def open_change_stream(server: ServerState, cluster: MergedCluster, cmd: Mapping[str, Any],
@@ -29,7 +34,7 @@ async def open_change_stream(server: ServerState, cluster: MergedCluster, cmd: M
     if batch_size is not None and batch_size < 0:
         raise MongoError(51024, "BSON field 'batchSize' value must be >= 0, actual value "
                          f"'{batch_size}'")
-    spec = parse_aggregate(cmd, db)
+    spec = parse_for_router(cmd, db)
     start = spec.requested_start()
     if start is None:
         start = cluster.start_for_new_stream()
@@ -45,3 +50,30 @@ async def open_change_stream(server: ServerState, cluster: MergedCluster, cmd: M
     else:
         server.cursors.add(stream)
     return {"cursor": cursor_reply(stream.id, ns, batch, first=True)}
+
+
+def parse_for_router(cmd: Mapping[str, Any], db: str) -> ChangeStreamSpec:
+    """The spec of a $changeStream opened through a router, with what mongod refuses only
+    there (`DocumentSourceChangeStream::assertIsLegalSpecification` with `inMongos`): a
+    stream on a `system.*` collection even with `allowToRunOnSystemNS` (73
+    InvalidNamespace), and `showMigrationEvents` (31123), in that order, after the
+    namespace checks every mongod does and before the resume options' checks."""
+    try:
+        spec = parse_aggregate(cmd, db)
+    except MongoError as exc:
+        if exc.code in _CHECKED_AFTER_NAMESPACE:
+            _refuse_router_options(cmd, db)
+        raise
+    _refuse_router_options(cmd, db)
+    return spec
+
+
+def _refuse_router_options(cmd: Mapping[str, Any], db: str) -> None:
+    options = cmd["pipeline"][0]["$changeStream"]
+    coll = cmd.get("aggregate")
+    if (isinstance(coll, str) and coll.startswith("system.")
+            and options.get("allowToRunOnSystemNS") is True):
+        raise MongoError(73, f"$changeStream may not be opened on the internal {db}.{coll} "
+                         "collection through mongos")
+    if options.get("showMigrationEvents") is True:
+        raise MongoError(31123, "Change streams from mongos may not show migration events")
