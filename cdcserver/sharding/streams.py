@@ -38,7 +38,6 @@ from cdcserver.cursors import (
 from cdcserver.sources.base import OplogLog
 from pipeline_stages import resume_token
 from pipeline_stages.ensure_resume_token_present import EnsureResumeTokenPresent
-from pipeline_stages.errors import MongoError
 from pipeline_stages.image_source import ImageSource
 from pipeline_stages.lookups import ExternalImages
 from pipeline_stages.merge import ShardMerge
@@ -152,8 +151,6 @@ class MergedChangeStream(HeldHere):
         self, cursor_id: int, ns: str, cluster: MergedCluster, spec: ChangeStreamSpec,
         start: Timestamp,
     ) -> None:
-        if spec.show_migration_events:  # document_source_change_stream.cpp, 8.0
-            raise MongoError(31123, "Change streams from mongos may not show migration events")
         self.id = cursor_id
         self.ns = ns
         self.cluster = cluster

@@ -5,7 +5,9 @@ undocumented `showMigrationEvents: true` see a migration's writes (the recipient
 donor's range deletion) along with the users'; mongos refuses the option (31123). Also after
 the last chunk leaves shard0, and for a shard added later (`addShard`: the embedded cluster adds
 a shard of its own) that a chunk then moves to. The collection is not clustered, so a
-migration's inserts come in the donor's record order (insertion order)."""
+migration's inserts come in the donor's record order (insertion order); the donor's range
+deletion deletes in shard key order (mongod's range deleter scans the shard key index:
+`range_deletion_util.cpp`, `InternalPlanner::deleteWithShardKeyIndexScan`)."""
 
 from __future__ import annotations
 
