@@ -109,3 +109,46 @@ def test_collection_default_collation_broadcasts_a_string_key(cluster, client):
     c.insert_many([{"_id": 1, "k": "a"}, {"_id": 2, "k": "A"}])
     assert sorted(d["_id"] for d in c.find({"k": "a"})) == [1, 2]
     assert [d["_id"] for d in c.find({"k": "a"}, collation=Collation("simple"))] == [1]
+
+
+def _failing(cluster: ShardedServer, index: int, commands: list[str]):
+    """Shard `index` fails these commands (failCommand, set on its own port) while inside."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def failing():
+        with pymongo.MongoClient(cluster.shard_uris[index]) as shard:
+            shard.admin.command("configureFailPoint", "failCommand", mode="alwaysOn",
+                                data={"failCommands": commands, "errorCode": 2})
+            try:
+                yield
+            finally:
+                shard.admin.command("configureFailPoint", "failCommand", mode="off")
+
+    return failing()
+
+
+def test_count_distinct_aggregate_target_the_owning_shard(cluster, client):
+    """An equality on the shard key (simple collation) reaches the one shard owning it, as
+    mongos targets count, distinct and an aggregation's leading $match: the other shard
+    failing every such command does not fail them; under a non-simple collation they go to
+    both, and so fail."""
+    _split_by_case(client, cluster, "coll5.c")
+    c = client.coll5.c
+    c.insert_many([{"_id": i, "k": k} for i, k in enumerate(["a", "A", "b", "B"])])
+    with _failing(cluster, 0, ["count", "distinct", "aggregate", "find"]):
+        assert c.count_documents({"k": "a"}) == 1
+        assert client.coll5.command("count", "c", query={"k": "b"})["n"] == 1
+        assert c.distinct("_id", {"k": "b"}) == [2]
+        assert [d["_id"] for d in c.aggregate([{"$match": {"k": "a"}}])] == [0]
+        assert [d["_id"] for d in c.find({"k": "a"})] == [0]
+        for run in (lambda: c.count_documents({"k": "a"}, collation=CASE_INSENSITIVE),
+                    lambda: c.distinct("_id", {"k": "b"}, collation=CASE_INSENSITIVE),
+                    lambda: list(c.aggregate([{"$match": {"k": "a"}}],
+                                             collation=CASE_INSENSITIVE)),
+                    lambda: list(c.find({"k": "a"}, collation=CASE_INSENSITIVE))):
+            with pytest.raises(pymongo.errors.OperationFailure) as err:
+                run()
+            assert err.value.code == 2
+    assert c.count_documents({"k": "a"}, collation=CASE_INSENSITIVE) == 2
+    assert sorted(c.distinct("_id", {"k": "b"}, collation=CASE_INSENSITIVE)) == [2, 3]

@@ -265,6 +265,18 @@ _SHARD_STAGES = frozenset({"$match", "$project", "$addFields", "$set", "$unset",
                            "$replaceWith", "$unwind", "$redact"})
 
 
+def _match_shards(cluster: ShardedCluster, ns: str, pipeline: list[Any], collation: Any
+                  ) -> list[Shard]:
+    """The shards an aggregation reads: the one its leading `$match`'s equality on the shard
+    key targets (under its collation: `targeted_shard`), else every shard owning a chunk."""
+    first = pipeline[0] if pipeline else None
+    if isinstance(first, Mapping) and len(first) == 1 and "$match" in first:
+        shard = targeted_shard(cluster, ns, first["$match"], collation)
+        if shard is not None:
+            return [shard]
+    return owning_shards(cluster, ns)
+
+
 async def _sharded_aggregate(server: ServerState, cluster: ShardedCluster, cmd: Mapping[str, Any],
                              db: str, ns: str) -> dict[str, Any]:
     pipeline = list(cmd.get("pipeline") or [])
@@ -273,7 +285,7 @@ async def _sharded_aggregate(server: ServerState, cluster: ShardedCluster, cmd: 
                  len(pipeline))
     shard_part = {**cmd, "pipeline": pipeline[:split], "cursor": {}}
     docs: list[Any] = []
-    for shard in owning_shards(cluster, ns):
+    for shard in _match_shards(cluster, ns, pipeline, cmd.get("collation")):
         docs.extend(await _drain(cluster, shard, shard_part, db))
     if split < len(pipeline):
         reply = await cluster.merge_pipeline(docs, pipeline[split:], cmd, ns)

@@ -183,6 +183,22 @@ def to_owning_shards(cluster: ShardedCluster, cmd: Mapping[str, Any], db: str) -
     return Targets(owning_shards(cluster, ns), merged=True)
 
 
+def to_query_shards(field: str) -> Targeting:
+    """A sharded collection's read whose filter is `cmd[field]`: the one shard its equality
+    on the shard key targets (under the command's collation: `targeted_shard`), else every
+    shard owning a chunk of it; an unsharded one's: the primary."""
+
+    def targeting(cluster: ShardedCluster, cmd: Mapping[str, Any], db: str) -> Targets:
+        ns = sharded_ns(cluster, cmd, db)
+        if ns is None:
+            return to_primary(cluster, cmd, db)
+        shard = targeted_shard(cluster, ns, cmd.get(field), cmd.get("collation"))
+        return Targets([shard] if shard is not None else owning_shards(cluster, ns),
+                       merged=True)
+
+    return targeting
+
+
 def to_every_shard(cluster: ShardedCluster, cmd: Mapping[str, Any], db: str) -> Targets:
     return Targets(cluster.shards, merged=True)
 
@@ -230,8 +246,8 @@ _SESSIONS = Policy(to_every_shard, last_reply)
 # their handler's own (writes by shard key, merged finds and aggregations, DDL, the
 # sharding commands, transactions).
 POLICIES: dict[str, Policy] = {
-    "count": Policy(to_owning_shards, sum_of_n),
-    "distinct": Policy(to_owning_shards, union_of_values),
+    "count": Policy(to_query_shards("query"), sum_of_n),
+    "distinct": Policy(to_query_shards("query"), union_of_values),
     "listDatabases": Policy(to_every_shard, databases_by_name),
     "endSessions": _SESSIONS,
     "killSessions": _SESSIONS,
