@@ -53,9 +53,9 @@ class Stream(ShellCursor):
 
 
 def watch(coll: Any, pipeline: list[Any] | None = None, collation: Any = None,
-          batch_size: int | None = None, **options: Any) -> Stream:
+          batch_size: int | None = None, comment: Any = None, **options: Any) -> Stream:
     """`coll.watch(pipeline, options)` / `coll.aggregate([{$changeStream: options}, ...])`;
-    `collation` and `batch_size` are the aggregate's, the other options the stage's."""
+    `collation`, `batch_size` and `comment` are the aggregate's, the others the stage's."""
     from pymongo.database import Database
 
     if isinstance(coll, Database):  # `db.watch()`: aggregate 1, getMore on $cmd.aggregate
@@ -67,6 +67,8 @@ def watch(coll: Any, pipeline: list[Any] | None = None, collation: Any = None,
         "cursor": {} if batch_size is None else {"batchSize": batch_size}}
     if collation is not None:
         command["collation"] = collation
+    if comment is not None:
+        command["comment"] = comment
     return Stream(coll, reply=coll.database.command(command), batch_size=batch_size)
 
 
