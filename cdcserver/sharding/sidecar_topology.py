@@ -113,8 +113,7 @@ class ShardListReader:
             return
         if until is None:  # past every entry delivered (the events a merge can hold back)
             until = self._latest()
-        if until is not None and (self._wanted is None
-                                  or until > self._wanted):
+        if until is not None and (self._wanted is None or until > self._wanted):
             self._wanted = until
 
     def _answered(self, task: asyncio.Task[Any]) -> None:
@@ -134,8 +133,7 @@ class ShardListReader:
                     await asyncio.shield(task)
             await asyncio.sleep(self.poll_s)
 
-    async def _read(self, until: Timestamp | None = None, *, at_time: bool = True
-                             ) -> None:
+    async def _read(self, until: Timestamp | None = None, *, at_time: bool = True) -> None:
         target = self._latest() if at_time else None
         if until is not None and (target is None or until > target):
             target = until
@@ -156,8 +154,7 @@ class ShardListReader:
         if not isinstance(known, Timestamp):
             return  # a list of no known time promises nothing
         await self._apply(list(reply.get("shards", [])), known)
-        if isinstance(known, Timestamp) and (self.known is None
-                                             or known > self.known):
+        if self.known is None or known > self.known:
             self.known = known
             self._notify()
 
