@@ -95,3 +95,13 @@ def test_shard_collection_event_as_mongod_8_writes_it(cluster, client):
     assert list(description.items()) == [
         ("shardKey", {"_id": 1}), ("unique", False), ("presplitHashedZones", False),
         ("capped", False)]
+
+
+def test_the_sidecar_refuses_them_too(cluster, client):
+    """A sidecar of the cluster is a mongos to its clients: the same refusals."""
+    from cdcserver.sharding.testing import ShardedSidecar
+
+    with ShardedSidecar(cluster.uri) as sidecar, pymongo.MongoClient(sidecar.uri) as side:
+        assert _error(side, "val", "c", showMigrationEvents=True).code == 31123
+        err = _error(side, "val", "system.js", allowToRunOnSystemNS=True)
+        assert err.code == 73 and err.details["errmsg"].endswith("collection through mongos")
