@@ -128,6 +128,11 @@ def _key_bytes(values: Sequence[Any]) -> bytes:
     return encode_values(values)[0]
 
 
+def bound_bytes(bound: Mapping[str, Any]) -> bytes:
+    """A chunk or zone bound (a document of the key's fields) as bounds compare."""
+    return _key_bytes(list(bound.values()))
+
+
 class ShardingCatalog:
     def __init__(self, shard_names: list[str], path: str | None = None) -> None:
         self.shard_names = shard_names
@@ -146,6 +151,10 @@ class ShardingCatalog:
         # Data moves under way (sharding/migration.py): each recorded before its first write,
         # its commit saved with the chunk map it changes, dropped once finished.
         self.operations: list[dict[str, Any]] = []
+        # Zones: each shard's (config.shards `tags`) and the key ranges assigned to them
+        # (config.tags: {_id, ns, min, max, tag}).
+        self.shard_zones: dict[str, list[str]] = {}
+        self.tags: list[dict[str, Any]] = []
         if path is not None and os.path.exists(path):
             with open(path, "rb") as f:
                 saved = bson.decode(f.read())
@@ -154,6 +163,9 @@ class ShardingCatalog:
                 self.topology_time = {s["_id"]: s["topologyTime"] for s in saved["shards"]}
                 self.draining = {s["_id"] for s in saved["shards"] if s.get("draining")}
                 self.removed = {s["_id"]: s["removedAt"] for s in saved.get("removed", [])}
+                self.shard_zones = {s["_id"]: list(s["tags"]) for s in saved["shards"]
+                                    if "tags" in s}
+            self.tags = list(saved.get("tags", []))
             self.databases = {d["_id"]: d for d in saved["databases"]}
             self.collections = {c["_id"]: c for c in saved["collections"]}
             for chunk in saved["chunks"]:
@@ -165,13 +177,15 @@ class ShardingCatalog:
             return
         doc = {
             "shards": [{"_id": n, "topologyTime": self.topology_time[n],
-                        **({"draining": True} if n in self.draining else {})}
+                        **({"draining": True} if n in self.draining else {}),
+                        **({"tags": self.shard_zones[n]} if n in self.shard_zones else {})}
                        for n in self.shard_names],
             "removed": [{"_id": n, "removedAt": t} for n, t in self.removed.items()],
             "databases": list(self.databases.values()),
             "collections": list(self.collections.values()),
             "chunks": [c for cs in self.chunks.values() for c in cs],
             "operations": self.operations,
+            "tags": self.tags,
         }
         tmp = self.path + ".tmp"
         with open(tmp, "wb") as f:
@@ -212,6 +226,56 @@ class ShardingCatalog:
         self.draining.discard(name)
         self.removed[name] = removed_at
         self.save()
+
+    # -- zones ----------------------------------------------------------------------------------
+
+    def add_shard_to_zone(self, shard: str, zone: str) -> None:
+        zones = self.shard_zones.setdefault(shard, [])
+        if zone not in zones:  # $addToSet
+            zones.append(zone)
+        self.save()
+
+    def remove_shard_from_zone(self, shard: str, zone: str) -> None:
+        zones = self.shard_zones.get(shard)
+        if zones is not None and zone in zones:  # $pull (an emptied list stays)
+            zones.remove(zone)
+            self.save()
+
+    def zone_shards(self, zone: str) -> list[str]:
+        """The member shards in `zone`, in the shard list's order."""
+        return [n for n in self.shard_names if zone in self.shard_zones.get(n, [])]
+
+    def zone_ranges(self, ns: str) -> list[dict[str, Any]]:
+        """config.tags of `ns`, by their min."""
+        return sorted((t for t in self.tags if t["ns"] == ns),
+                      key=lambda t: bound_bytes(t["min"]))
+
+    def assign_range(self, ns: str, low: dict[str, Any], high: dict[str, Any], zone: str) -> None:
+        """Upsert the range starting at `low` (mongod's update of config.tags by {ns, min})."""
+        for t in self.tags:
+            if t["ns"] == ns and bound_bytes(t["min"]) == bound_bytes(low):
+                t.update({"ns": ns, "min": dict(low), "max": dict(high), "tag": zone})
+                break
+        else:
+            self.tags.append({"_id": ObjectId(), "ns": ns, "min": dict(low), "max": dict(high),
+                              "tag": zone})
+        self.save()
+
+    def remove_range(self, ns: str, low: Mapping[str, Any], high: Mapping[str, Any]) -> None:
+        kept = [t for t in self.tags
+                if not (t["ns"] == ns and bound_bytes(t["min"]) == bound_bytes(low)
+                        and bound_bytes(t["max"]) == bound_bytes(high))]
+        if len(kept) != len(self.tags):
+            self.tags = kept
+            self.save()
+
+    def range_zone(self, ns: str, chunk: Mapping[str, Any]) -> str | None:
+        """The zone whose range holds `chunk` whole (None: no zone's)."""
+        low, high = bound_bytes(chunk["min"]), bound_bytes(chunk["max"])
+        for t in self.tags:
+            if t["ns"] == ns and bound_bytes(t["min"]) <= low and high <= bound_bytes(t["max"]):
+                return str(t["tag"])
+        return None
 
     # -- databases ------------------------------------------------------------------------------
 
@@ -263,11 +327,21 @@ class ShardingCatalog:
         return None if entry is None else entry["key"]
 
     def is_sharded(self, ns: str) -> bool:
+        """In config.collections: sharded, or unsharded but tracked (`unsplittable`: placed on
+        one shard by moveCollection/unshardCollection; routed by its one chunk)."""
         return ns in self.collections
 
+    def is_unsplittable(self, ns: str) -> bool:
+        entry = self.collections.get(ns)
+        return entry is not None and entry.get("unsplittable") is True
+
     def shard_collection(
-        self, ns: str, key: dict[str, Any], unique: bool, uuid: bytes, primary: str
+        self, ns: str, key: dict[str, Any], unique: bool, uuid: bytes, primary: str,
+        layout: Sequence[tuple[dict[str, Any], dict[str, Any], str]] | None = None,
+        unsplittable: bool = False,
     ) -> None:
+        """`layout`: the first chunks' (min, max, shard), else one chunk on `primary` (a
+        hashed key: one per shard). `unsplittable`: a tracked unsharded collection."""
         epoch = ObjectId()
         now = Timestamp(int(datetime.datetime.now(datetime.UTC).timestamp()), 1)
         self.collections[ns] = {
@@ -279,11 +353,15 @@ class ShardingCatalog:
             "key": dict(key),
             "unique": unique,
             "noBalance": False,
+            **({"unsplittable": True} if unsplittable else {}),
         }
         fields = list(key)
         hashed = [f for f, v in key.items() if v == "hashed"]
         names = self.placement_shards()
-        if hashed and len(names) > 1:
+        ranges: list[tuple[Any, Any, str]]
+        if layout:
+            ranges = list(layout)
+        elif hashed and len(names) > 1 and not unsplittable:
             # One chunk per shard, splitting the hash space evenly (presplit hashed key).
             n = len(names)
             bounds: list[Any] = [MinKey()]
@@ -304,6 +382,8 @@ class ShardingCatalog:
         shard: str, minor: int,
     ) -> dict[str, Any]:
         def bound(v: Any) -> dict[str, Any]:
+            if isinstance(v, dict):
+                return dict(v)
             if isinstance(v, (MinKey, MaxKey)):
                 return dict.fromkeys(fields, v)
             # A presplit point: the hashed field takes it, the others MinKey.
@@ -326,6 +406,7 @@ class ShardingCatalog:
     def drop_collection(self, ns: str) -> None:
         self.collections.pop(ns, None)
         self.chunks.pop(ns, None)
+        self.tags = [t for t in self.tags if t["ns"] != ns]  # a drop removes its zones' ranges
         self.save()
 
     def rename_collection(self, source: str, target: str) -> None:
@@ -337,6 +418,11 @@ class ShardingCatalog:
             for chunk in chunks or []:
                 chunk["ns"] = target
             self.chunks[target] = chunks or []
+        if any(t["ns"] == source for t in self.tags):  # the ranges go with the collection
+            self.tags = [t for t in self.tags if t["ns"] != target]
+            for t in self.tags:
+                if t["ns"] == source:
+                    t["ns"] = target
         self.save()
 
     # -- chunks ---------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from cdcserver.sharding import migration
 from cdcserver.sharding.catalog import ShardingCatalog
 from cdcserver.sharding.coordinator import CoordinatorLog
 from cdcserver.sharding.lookups import RoutedImages
+from cdcserver.sharding.router.participants import TransactionRouters
 from cdcserver.sharding.shard_error import ShardError
 from cdcserver.sharding.shard_store import ClusterClock, ShardStore
 from cdcserver.sources.embedded import EmbeddedOplog
@@ -110,10 +111,9 @@ class ShardedCluster:
         # Data moves a crash interrupted are finished or undone (sharding/migration.py).
         migration.recover(self.catalog, self.stores())
         self.placement = migration.PlacementHolds()
-        # Transactions through the front: (lsid id, txnNumber) -> the shards it wrote to.
-        self.participants: dict[tuple[bytes, int], list[str]] = {}
+        # Transactions through the front: each session's, as mongos's router keeps it.
+        self.txn_routers = TransactionRouters()
         self.cursor_owner: dict[int, str] = {}  # forwarded cursors: id -> shard
-        self.txn_read_concern: dict[tuple[bytes, int], Any] = {}
         self.balancer_rounds = 0
         # Results merged on the front, read by getMore: cursor id -> (ns, documents left).
         self.results: dict[int, tuple[str, Any]] = {}
@@ -146,6 +146,22 @@ class ShardedCluster:
     def removed_at(self, name: str) -> Timestamp | None:
         """The cluster time shard `name`'s removal completed at (None: a member)."""
         return self.catalog.removed.get(name)
+
+    def find_shard(self, ident: Any) -> str | None:
+        """The member shard `ident` names, as mongod's ShardRegistryData::findShard reads it:
+        its name, else its connection string (`shard0/host:port`), else one of its hosts."""
+        if not isinstance(ident, str) or not ident:
+            return None
+        if ident in self.catalog.shard_names:
+            return ident
+        members = [s for s in self.shards if s.name in self.catalog.shard_names]
+        for shard in members:
+            if shard.port and shard.host_string == ident:
+                return shard.name
+        for shard in members:
+            if shard.port and f"{shard.host}:{shard.port}" == ident:
+                return shard.name
+        return None
 
     def shard_names_ever(self) -> set[str]:
         return set(self._by_name)

@@ -34,10 +34,12 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from bson.binary import Binary
+from bson.int64 import Int64
 
 from cdcserver.embedded.store import Collection
-from cdcserver.sharding.catalog import ShardingCatalog
+from cdcserver.sharding.catalog import ShardingCatalog, _key_bytes
 from cdcserver.sharding.shard_store import ShardStore
+from pipeline_stages.value_string import value_string
 
 Stores = Mapping[str, ShardStore]
 # A collection on a shard, created like the one on the database's primary (same UUID,
@@ -47,6 +49,8 @@ EnsureCollection = Callable[[str, str, str], Collection]
 MIGRATION = "migration"
 MOVE_PRIMARY = "movePrimary"
 RESHARD = "reshardCollection"
+MOVE_COLLECTION = "moveCollection"
+UNSHARD_COLLECTION = "unshardCollection"
 
 
 def _range(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -64,6 +68,9 @@ def _delete_unowned(catalog: ShardingCatalog, stores: Stores, shard: str, ns: st
         return 0
     orphans = [doc for doc in store.documents(c).values()
                if catalog.in_chunk(ns, bounds, doc) and catalog.shard_for(ns, doc) != shard]
+    # In shard key order, as mongod's range deleter finds them (an index scan over the shard
+    # key; equal keys in record order, which the stable sort keeps).
+    orphans.sort(key=lambda doc: _key_bytes(catalog.key_values(ns, doc)))
     if orphans:
         with store.migrating(), store.batch():
             for doc in orphans:
@@ -99,8 +106,21 @@ def migrate(catalog: ShardingCatalog, stores: Stores, ns: str, chunk: dict[str, 
             recipient.insert_document(target, doc)
     record["committed"] = True
     catalog.move(ns, chunk, to)  # one save: the chunk's new owner and the record's commit
+    if not any(c["shard"] == donor for c in catalog.chunks.get(ns, [])):
+        _note_last_chunk_moved(stores[donor], ns, donor, source)
     _delete_unowned(catalog, stores, donor, ns, chunk)
     catalog.end_operation(record)
+
+
+def _note_last_chunk_moved(store: ShardStore, ns: str, donor: str, c: Collection | None
+                           ) -> None:
+    """The donor's no-op once the commit left it no chunk of `ns` (mongod's
+    notifyChangeStreamsOnDonorLastChunk): not a migration's write (no fromMigrate), shown as
+    `migrateLastChunkFromShard` to streams with showSystemEvents and showExpandedEvents."""
+    with store.batch():
+        store.append_oplog("n", ns, {"msg": f"Migrate the last chunk for {ns} off shard {donor}"},
+                           ui=c.ui if c is not None else None,
+                           o2={"migrateLastChunkFromShard": ns, "shardId": donor})
 
 
 def _recover_migration(catalog: ShardingCatalog, stores: Stores, record: Mapping[str, Any]
@@ -166,23 +186,35 @@ def temporary_namespace(db: str, old_uuid: bytes) -> str:
 
 def reshard(catalog: ShardingCatalog, stores: Stores, ns: str, key: dict[str, Any], unique: bool,
             new_uuid: bytes, primary: str, options: dict[str, Any],
-            indexes: list[dict[str, Any]]) -> None:
+            indexes: list[dict[str, Any]], *, provenance: str = RESHARD,
+            to: str | None = None) -> None:
     """Reshard `ns` under `key`: clone every document into the temporary collection (owned
     by its shard under the new key), commit, then swap it in on every shard; the primary
     shard's swap writes the `reshardCollection` no-op
-    (notifyChangeStreamsOnReshardCollectionComplete) with it, so the event is there once."""
+    (notifyChangeStreamsOnReshardCollectionComplete) with it, so the event is there once.
+
+    moveCollection and unshardCollection are this too (their `provenance`), under `{_id: 1}`
+    into one chunk on shard `to`: the collection becomes a tracked unsharded one
+    (`unsplittable`) that lives on `to` alone."""
     db, coll = ns.split(".", 1)
-    source = stores[primary].get(db, coll)
+    source = _holder(catalog, stores, ns, primary)
     old_uuid = bytes(source.uuid) if source is not None else new_uuid
     temp = temporary_namespace(db, old_uuid)
     temp_coll = temp.split(".", 1)[1]
     record = catalog.begin_operation({
         "op": RESHARD, "ns": ns, "temp": temp, "uuid": Binary(new_uuid, 4),
-        "oldUuid": Binary(old_uuid, 4), "key": dict(key), "oldKey": catalog.key_pattern(ns),
-        "unique": unique, "primary": primary, "committed": False,
+        "oldUuid": Binary(old_uuid, 4), "key": dict(key),
+        "oldKey": catalog.key_pattern(ns) or {"_id": 1},
+        "unique": unique, "primary": primary, "provenance": provenance, "to": to,
+        "committed": False,
     })
-    catalog.shard_collection(temp, key, unique, new_uuid, primary)
-    owners = {primary, *(c["shard"] for c in catalog.chunks[temp])}
+    if to is None:
+        catalog.shard_collection(temp, key, unique, new_uuid, primary)
+    else:
+        catalog.shard_collection(temp, key, unique, new_uuid, to, unsplittable=True)
+    owners = {c["shard"] for c in catalog.chunks[temp]}
+    if to is None:  # a sharded collection is on its primary shard too
+        owners.add(primary)
     targets: dict[str, Collection] = {}
     for name in sorted(owners):
         store = stores[name]
@@ -228,13 +260,46 @@ def _swap_in(catalog: ShardingCatalog, stores: Stores, record: Mapping[str, Any]
                     store.drop_collection(db, coll)
                 if clone is not None:
                     store.rename_collection(clone, db, coll, False)
-            if name == record["primary"]:
-                store.append_oplog("n", ns, {"msg": {"reshardCollection": ns}},
-                                   ui=record["oldUuid"], o2={
-                    "reshardCollection": ns, "reshardUUID": record["uuid"],
-                    "shardKey": record["key"], "oldShardKey": record["oldKey"],
-                    "unique": record["unique"],
-                })
+            # Written by a shard that receives a clone (so its swap is pending until then).
+            if name == (record.get("to") or record["primary"]):
+                store.append_oplog("n", ns, {"msg": f"Reshard collection {ns} with shard key "
+                                                    f"{bson_string(record['key'])}"},
+                                   ui=record["oldUuid"], o2=_resharded_o2(record))
+
+
+def _resharded_o2(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The `reshardCollection` no-op's o2 (its event's operationDescription)."""
+    provenance = record.get("provenance", RESHARD)
+    o2: dict[str, Any] = {
+        "reshardCollection": record["ns"], "reshardUUID": record["uuid"],
+        "shardKey": record["key"], "oldShardKey": record["oldKey"],
+        "unique": record["unique"],
+    }
+    if provenance != RESHARD:  # one chunk, on the shard it was moved to
+        o2["numInitialChunks"] = Int64(1)
+    o2["provenance"] = provenance
+    return o2
+
+
+def bson_string(doc: Mapping[str, Any]) -> str:
+    """BSONObj::toString: `{ a: 1, b: "x" }` (`{}` when empty)."""
+    if not doc:
+        return "{}"
+    return "{ " + ", ".join(f"{k}: {value_string(v)}" for k, v in doc.items()) + " }"
+
+
+def _holder(catalog: ShardingCatalog, stores: Stores, ns: str, primary: str
+            ) -> Collection | None:
+    """The collection as the shard that holds it has it: the primary's, unless the catalog
+    places it (a tracked one) on shards that all lack it there."""
+    db, coll = ns.split(".", 1)
+    names = [primary] + sorted({c["shard"] for c in catalog.chunks.get(ns, [])} - {primary})
+    for name in names:
+        store = stores.get(name)
+        c = store.get(db, coll) if store is not None else None
+        if c is not None:
+            return c
+    return None
 
 
 def _recover_reshard(catalog: ShardingCatalog, stores: Stores, record: Mapping[str, Any]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bson.int64 import Int64
 from bson.max_key import MaxKey
@@ -20,16 +20,14 @@ from bson.min_key import MinKey
 
 from cdcserver.commands.base import family
 from cdcserver.context import ConnectionState, Handler, ServerState
-from cdcserver.embedded.store_types import Collection
 from cdcserver.sharding import migration
 from cdcserver.sharding.catalog import ShardingCatalog, _key_bytes
 from cdcserver.sharding.cluster import ShardedCluster
+from cdcserver.sharding.router.moves import collection_like, ensure_collection_on, holder, migrate
 from cdcserver.sharding.router.routing import cluster_of, forward
+from cdcserver.sharding.router.zones import balancer_round, initial_layout
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import document_string
-
-if TYPE_CHECKING:
-    from cdcserver.sharding.cluster import Shard
 
 # This family's handlers (the front's whole table: router/commands.py).
 TABLE: dict[str, Handler] = {}
@@ -57,7 +55,9 @@ def shard_docs(cluster: ShardedCluster) -> list[dict[str, Any]]:
     return [
         {"_id": s.name, "host": s.host_string, "state": 1,
          "topologyTime": catalog.topology_time[s.name],
-         **({"draining": True} if s.name in catalog.draining else {})}
+         **({"draining": True} if s.name in catalog.draining else {}),
+         **({"tags": list(catalog.shard_zones[s.name])} if s.name in catalog.shard_zones
+            else {})}
         for s in cluster.shards
     ]
 
@@ -72,8 +72,11 @@ async def enable_sharding(
     if not isinstance(name, str) or not name:
         raise MongoError(73, f"Invalid db name specified: {name}")
     primary = cmd.get("primaryShard")
-    if primary is not None and primary not in cluster.catalog.shard_names:
-        raise MongoError(70, f"Shard {primary} not found")
+    if primary is not None:
+        found = cluster.find_shard(primary)  # a name, connection string or host
+        if found is None:
+            raise MongoError(70, f"Shard {primary} not found")
+        primary = found
     current = cluster.catalog.primary(name)
     if current is not None and primary is not None and current != primary:
         raise MongoError(
@@ -117,7 +120,7 @@ async def shard_collection(
     key = _check_key_pattern(cmd.get("key"))
     catalog = cluster.catalog
     existing = catalog.key_pattern(ns)
-    if existing is not None:
+    if existing is not None and not catalog.is_unsplittable(ns):
         if existing != key:
             raise MongoError(
                 20, f"sharding already enabled for collection {ns} with options "
@@ -126,31 +129,35 @@ async def shard_collection(
         return {"collectionsharded": ns}
     unique = cmd.get("unique") is True
     primary = cluster.shard(catalog.ensure_database(dbname))
-    store = primary.store
-    c = store.get(dbname, coll)
+    # A tracked unsharded collection is sharded where it is (moveCollection put it there).
+    home = holder(cluster, ns) if catalog.is_unsplittable(ns) else primary
+    c = home.store.get(dbname, coll)
     if c is None:
-        await forward(cluster, primary, {"create": coll}, dbname)
-        c = store.get(dbname, coll)
+        await forward(cluster, home, {"create": coll}, dbname)
+        c = home.store.get(dbname, coll)
         if c is None:  # (the shard's create raises when it makes no collection)
             raise MongoError(26, f"Collection {ns} not found")  # NamespaceNotFound
+    empty = not home.store.documents(c)
+    # An empty collection with zone ranges: a chunk per range, on its zone's shards.
+    layout = initial_layout(catalog, ns, key) if empty else None
     if list(key) != ["_id"] or key["_id"] == "hashed":
         name = "_".join(f"{f}_{v}" for f, v in key.items())
         index: dict[str, Any] = {"key": key, "name": name}
         if unique:
             index["unique"] = True
-        await forward(cluster, primary, {"createIndexes": coll, "indexes": [index]}, dbname)
-    empty = not store.documents(c)
-    catalog.shard_collection(ns, key if empty else key, unique, bytes(c.uuid), primary.name)
+        await forward(cluster, home, {"createIndexes": coll, "indexes": [index]}, dbname)
+    catalog.shard_collection(ns, key, unique, bytes(c.uuid), home.name, layout=layout)
     if not empty:  # only an empty collection is presplit
         catalog.chunks[ns] = catalog.chunks[ns][:1]
         catalog.chunks[ns][0].update({"min": dict.fromkeys(key, MinKey()),
                                       "max": dict.fromkeys(key, MaxKey()),
-                                      "shard": primary.name})
+                                      "shard": home.name})
         catalog.save()
     for chunk in catalog.chunks[ns]:
-        _ensure_collection_on(cluster, cluster.shard(chunk["shard"]), primary, dbname, coll)
+        ensure_collection_on(cluster, cluster.shard(chunk["shard"]), home, dbname, coll)
     # The primary shard's no-op at the commit (notifyChangeStreamsOnShardCollection): the
     # `shardCollection` event of streams with showExpandedEvents.
+    store = primary.store
     with store.batch():
         store.append_oplog("n", ns, {"msg": {"shardCollection": ns}}, ui=c.ui, o2={
             "shardCollection": ns, "shardKey": key, "unique": unique,
@@ -159,22 +166,11 @@ async def shard_collection(
     return {"collectionsharded": ns}
 
 
-def _ensure_collection_on(cluster: ShardedCluster, shard: Shard, primary: Shard, db: str,
-                          coll: str) -> Collection:
-    """The sharded collection on a shard that owns a chunk of it: same UUID and indexes as on
-    the primary, created as a migration does (fromMigrate: invisible to change streams)."""
-    c = shard.store.get(db, coll)
-    if c is not None:
-        return c
-    source = primary.store.get(db, coll)
-    with shard.store.migrating(), shard.store.batch():
-        c = shard.store.create_collection(db, coll, dict(source.options) if source else {},
-                                          uuid=source.uuid if source is not None else None)
-        if source is not None:
-            extra = [dict(i) for i in source.indexes if i.get("name") != "_id_"]
-            if extra:
-                shard.store.create_indexes(c, extra)
-    return c
+def _check_sharded(catalog: ShardingCatalog, ns: str) -> None:
+    """118 NamespaceNotSharded unless `ns` is sharded (a tracked unsharded collection is
+    not: its one chunk moves with moveCollection)."""
+    if not catalog.is_sharded(ns) or catalog.is_unsplittable(ns):
+        raise MongoError(118, f"ns {ns} is not sharded")
 
 
 def _chunk_at(catalog: ShardingCatalog, ns: str, point: Mapping[str, Any]) -> dict[str, Any]:
@@ -205,8 +201,7 @@ async def split(
     cluster = cluster_of(server)
     ns, _, _ = _namespace_arg(cmd, "split")
     catalog = cluster.catalog
-    if not catalog.is_sharded(ns):
-        raise MongoError(118, f"ns {ns} is not sharded")  # NamespaceNotSharded
+    _check_sharded(catalog, ns)
     if "middle" in cmd:
         catalog.split(ns, cmd["middle"])
     else:
@@ -242,11 +237,10 @@ async def move_chunk(
     _admin_only("moveChunk", db)
     cluster = cluster_of(server)
     ns, _, _ = _namespace_arg(cmd, next(iter(cmd)))
-    if not cluster.catalog.is_sharded(ns):
-        raise MongoError(118, f"ns {ns} is not sharded")
-    to = cmd.get("to")
-    if to not in cluster.catalog.shard_names:
-        raise MongoError(ShardNotFound, f"Could not find shard {to}")
+    _check_sharded(cluster.catalog, ns)
+    to = cluster.find_shard(cmd.get("to"))  # a name, connection string or host
+    if to is None:
+        raise MongoError(ShardNotFound, f"Could not find shard {cmd.get('to')}")
     await migrate(cluster, ns, _find_chunk_arg(cluster, ns, cmd), to)
     return {"millis": 0}
 
@@ -258,11 +252,10 @@ async def move_range(
     _admin_only("moveRange", db)
     cluster = cluster_of(server)
     ns, _, _ = _namespace_arg(cmd, "moveRange")
-    if not cluster.catalog.is_sharded(ns):
-        raise MongoError(118, f"ns {ns} is not sharded")
-    to = cmd.get("toShard")
-    if to not in cluster.catalog.shard_names:
-        raise MongoError(ShardNotFound, f"Could not find shard {to}")
+    _check_sharded(cluster.catalog, ns)
+    to = cluster.find_shard(cmd.get("toShard"))  # a name, connection string or host
+    if to is None:
+        raise MongoError(ShardNotFound, f"Could not find shard {cmd.get('toShard')}")
     if "min" not in cmd:
         raise MongoError(40414, "BSON field 'moveRange.min' is missing but a required field")
     catalog = cluster.catalog
@@ -274,66 +267,6 @@ async def move_range(
         chunk = _chunk_at(catalog, ns, cmd["min"])
     await migrate(cluster, ns, chunk, to)
     return {}
-
-
-async def migrate(cluster: ShardedCluster, ns: str, chunk: dict[str, Any], to: str) -> None:
-    """A chunk migration (`migration.migrate`: crash-safe; its writes are fromMigrate, no
-    change-stream events), once the routed operations of `ns` under way have ended."""
-    async with cluster.placement.critical_section(ns):
-        db = ns.split(".", 1)[0]
-        primary = cluster.shard(cluster.catalog.primary(db) or chunk["shard"])
-        migration.migrate(cluster.catalog, cluster.stores(), ns, chunk, to,
-                          _collection_like(cluster, primary))
-
-
-def _collection_like(cluster: ShardedCluster, primary: Shard) -> migration.EnsureCollection:
-    """A data move's target collection on a shard: like the one on `primary`."""
-    return lambda shard, db, coll: _ensure_collection_on(
-        cluster, cluster.shard(shard), primary, db, coll)
-
-
-@command("balancerStart", "balancerStop", "balancerStatus")
-async def balancer(
-    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
-) -> dict[str, Any]:
-    _admin_only(next(iter(cmd)), db)
-    cluster = cluster_of(server)
-    catalog = cluster.catalog
-    name = next(iter(cmd))
-    if name == "balancerStart":
-        catalog.balancer = True
-        await balancer_round(cluster)
-    elif name == "balancerStop":
-        catalog.balancer = False
-    else:
-        return {"mode": "full" if catalog.balancer else "off", "inBalancerRound": False,
-                "numBalancerRounds": Int64(cluster.balancer_rounds)}
-    return {}
-
-
-async def balancer_round(cluster: ShardedCluster) -> int:
-    """One balancer round: chunks move (as migrations: no events) from the shard with the
-    most chunks of a collection to the one with the fewest until they differ by at most one.
-    (mongod 8.0 balances by data size; here by chunk count.) Returns the chunks moved."""
-    catalog = cluster.catalog
-    moved = 0
-    targets = catalog.placement_shards()
-    for ns in list(catalog.collections):
-        while True:
-            counts = dict.fromkeys(catalog.shard_names, 0)
-            for chunk in catalog.chunks.get(ns, []):
-                counts[chunk["shard"]] += 1
-            least = min(targets, key=lambda n: counts[n])
-            # A draining shard's chunks go first, whatever the counts.
-            draining = [n for n in catalog.draining if counts.get(n)]
-            most = draining[0] if draining else max(targets, key=lambda n: counts[n])
-            if not draining and counts[most] - counts[least] <= 1:
-                break
-            chunk = next(c for c in catalog.chunks[ns] if c["shard"] == most)
-            await migrate(cluster, ns, chunk, least)
-            moved += 1
-    cluster.balancer_rounds += 1
-    return moved
 
 
 # -- adding and removing shards -------------------------------------------------------------------
@@ -447,8 +380,10 @@ async def move_primary(
     current = catalog.primary(name)
     if current is None:
         raise MongoError(26, f"Database {name} not found")
-    if to not in catalog.shard_names:
+    found = cluster.find_shard(to)  # a name, connection string or host
+    if found is None:
         raise MongoError(ShardNotFound, f"Shard {to} not found")
+    to = found
     if to == current:
         return {}
     old = cluster.shard(current)
@@ -458,14 +393,14 @@ async def move_primary(
         for coll in colls:  # each collection's routed operations end first
             await held.enter_async_context(cluster.placement.critical_section(f"{name}.{coll}"))
         migration.move_primary(catalog, cluster.stores(), name, to, colls,
-                               _collection_like(cluster, old))
+                               collection_like(cluster, old))
     return {}
 
 
 def _current_key_pattern(catalog: ShardingCatalog, ns: str, command: str) -> dict[str, Any]:
     """The shard key `ns` has now, which `command` changes; 118 NamespaceNotSharded if none."""
     old = catalog.key_pattern(ns)
-    if old is None:
+    if old is None or catalog.is_unsplittable(ns):
         raise MongoError(118, f"{command} namespace {ns} is not sharded")
     return old
 

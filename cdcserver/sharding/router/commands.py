@@ -13,9 +13,18 @@ from typing import Any
 
 from bson.timestamp import Timestamp
 
-from cdcserver.commands.tables import merge
+from cdcserver.commands.tables import merge, without
 from cdcserver.context import ConnectionState, Handler, ServerState
-from cdcserver.sharding.router import admin, ddl, handshake, query, transactions, write_ops
+from cdcserver.sharding.router import (
+    admin,
+    collection_moves,
+    ddl,
+    handshake,
+    query,
+    transactions,
+    write_ops,
+    zones,
+)
 from cdcserver.sharding.router.query import note_shard_cursor
 from cdcserver.sharding.router.routing import cluster_of
 
@@ -23,8 +32,11 @@ from cdcserver.sharding.router.routing import cluster_of
 TABLE: dict[str, Handler] = merge(
     handshake.TABLE,  # hello, isMaster, isdbgrid, ping, serverStatus
     admin.TABLE,  # listShards, enableSharding, shardCollection, chunks, shards, resharding
+    zones.TABLE,  # addShardToZone, removeShardFromZone, updateZoneKeyRange, the balancer,
+    #               find (config.tags; every other find is query's)
+    collection_moves.TABLE,  # moveCollection, unshardCollection
     write_ops.TABLE,  # insert, update, delete, findAndModify
-    query.TABLE,  # find, count, distinct, aggregate (and change streams)
+    without(query.TABLE, "find"),  # count, distinct, aggregate (and change streams)
     ddl.TABLE,  # create, createIndexes, collMod, renameCollection, drops, listDatabases
     transactions.TABLE,  # commitTransaction, abortTransaction, the session commands
 )

@@ -1,0 +1,224 @@
+"""mongos 8.0's admin commands through the embedded cluster's front: a shard named by its
+connection string or host (ShardRegistryData::findShard), moveCollection and
+unshardCollection (resharding under `{_id: 1}` into one chunk: a tracked unsharded collection,
+`unsplittable: true`; translated in part from jstests/core/ddl/move_collection_basic.js,
+jstests/sharding/unshard_collection_basic.js and
+jstests/sharding/change_streams/reshard_collection_event.js)."""
+
+from __future__ import annotations
+
+import pymongo
+import pytest
+from bson.binary import Binary
+from pymongo.errors import OperationFailure
+
+from cdcserver.sharding.testing import ShardedServer
+
+DB = "reshard_collection_event"
+COLL = "coll"
+NS = f"{DB}.{COLL}"
+
+
+@pytest.fixture
+def cluster():
+    with ShardedServer(2) as server:
+        yield server
+
+
+@pytest.fixture
+def client(cluster):
+    with pymongo.MongoClient(cluster.uri) as c:
+        yield c
+
+
+def _counts(cluster: ShardedServer, db: str, coll: str) -> list[int]:
+    out = []
+    for uri in cluster.shard_uris:
+        with pymongo.MongoClient(uri) as c:
+            out.append(c[db][coll].count_documents({}))
+    return out
+
+
+def _code(call) -> tuple[int, str]:
+    with pytest.raises(OperationFailure) as err:
+        call()
+    return err.value.code, str(err.value.details.get("errmsg"))
+
+
+# -- a shard named by its connection string or one of its hosts -----------------------------------
+
+@pytest.mark.parametrize("form", ["connection string", "host"])
+def test_a_shard_may_be_named_by_connection_string_or_host(cluster, client, form):
+    shards = {s["_id"]: s["host"] for s in client.admin.command("listShards")["shards"]}
+
+    def named(shard: str) -> str:
+        host = shards[shard]
+        return host if form == "connection string" else host.split("/", 1)[1]
+
+    client.admin.command("enableSharding", "named", primaryShard=named("shard1"))
+    assert client.config.databases.find_one({"_id": "named"})["primary"] == "shard1"
+    client.admin.command("shardCollection", "named.c", key={"x": 1})
+    client.named.c.insert_many([{"x": i} for i in range(10)])
+    client.admin.command("split", "named.c", middle={"x": 5})
+    client.admin.command("moveChunk", "named.c", find={"x": 0}, to=named("shard0"))
+    client.admin.command("moveRange", "named.c", min={"x": 5}, toShard=named("shard0"))
+    assert {c["shard"] for c in client.config.chunks.find({})} == {"shard0"}
+    assert _counts(cluster, "named", "c") == [10, 0]
+    client.named.plain.insert_one({"_id": 1})
+    client.admin.command("movePrimary", "named", to=named("shard0"))
+    assert client.config.databases.find_one({"_id": "named"})["primary"] == "shard0"
+    assert _counts(cluster, "named", "plain") == [1, 0]
+
+
+def test_an_unknown_shard_is_still_70(client):
+    code, _ = _code(lambda: client.admin.command("enableSharding", "x",
+                                                 primaryShard="nope/127.0.0.1:1"))
+    assert code == 70
+    client.admin.command("shardCollection", "x.c", key={"x": 1})
+    code, message = _code(lambda: client.admin.command("moveChunk", "x.c", find={"x": 0},
+                                                       to="127.0.0.1:1"))
+    assert (code, message) == (70, "Could not find shard 127.0.0.1:1")
+
+
+# -- moveCollection -----------------------------------------------------------------------------
+
+def test_move_collection_moves_an_unsharded_collection_and_tracks_it(cluster, client):
+    client.admin.command("enableSharding", "db", primaryShard="shard0")
+    cmd = {"moveCollection": "db.foo", "toShard": "shard1"}
+    code, message = _code(lambda: client.admin.command(cmd))  # no such collection
+    assert code == 26
+    client.admin.command("shardCollection", "db.sharded", key={"oldKey": 1})
+    code, message = _code(lambda: client.admin.command(
+        {"moveCollection": "db.sharded", "toShard": "shard1"}))
+    assert (code, message) == (26, "MoveCollection can only be called on an unsharded "
+                                   "collection.")
+    code, _ = _code(lambda: client.admin.command({"moveCollection": "db.foo"}))
+    assert code == 40414  # IDLFailedToParse: toShard is required
+    code, _ = _code(lambda: client.db.command(cmd))
+    assert code == 13  # admin only
+
+    client.db.foo.insert_many([{"_id": i, "oldKey": i} for i in range(-25, 25)])
+    client.db.foo.create_index("oldKey")
+    before = client.config.collections.find_one({"_id": "db.foo"})
+    assert before is None  # untracked until moved
+    client.admin.command(cmd)
+    entry = client.config.collections.find_one({"_id": "db.foo"})
+    assert entry["unsplittable"] is True and entry["key"] == {"_id": 1}
+    chunks = list(client.config.chunks.find({"uuid": entry["uuid"]}))
+    assert [c["shard"] for c in chunks] == ["shard1"]
+    assert _counts(cluster, "db", "foo") == [0, 50]
+    assert client.db.foo.count_documents({}) == 50
+    with pymongo.MongoClient(cluster.shard_uris[0]) as shard0:
+        assert "foo" not in shard0.db.list_collection_names()  # the donor's copy dropped
+    with pymongo.MongoClient(cluster.shard_uris[1]) as shard1:
+        indexes = {i["name"] for i in shard1.db.foo.list_indexes()}
+        assert indexes == {"_id_", "oldKey_1"}  # the indexes went along
+    # Writes and reads are routed to where it is now.
+    client.db.foo.insert_one({"_id": 100, "oldKey": 100})
+    client.db.foo.update_one({"_id": 0}, {"$set": {"moved": True}})
+    assert _counts(cluster, "db", "foo") == [0, 51]
+    assert client.db.foo.find_one({"_id": 0})["moved"] is True
+    # ...and back to the primary.
+    client.admin.command({"moveCollection": "db.foo", "toShard": "shard0"})
+    assert _counts(cluster, "db", "foo") == [51, 0]
+    entry = client.config.collections.find_one({"_id": "db.foo"})
+    assert entry["unsplittable"] is True
+    assert len(list(client.config.chunks.find({"uuid": entry["uuid"]}))) == 1
+    # Not sharded for the chunk commands, nor for resharding.
+    code, _ = _code(lambda: client.admin.command("moveChunk", "db.foo", find={"_id": 0},
+                                                 to="shard1"))
+    assert code == 118
+    code, _ = _code(lambda: client.admin.command("reshardCollection", "db.foo",
+                                                 key={"_id": 1}))
+    assert code == 118
+
+
+def _stream(client: pymongo.MongoClient, level: str, **options):
+    target = client[DB][COLL] if level == "collection" else client[DB]
+    return target.watch(
+        [{"$match": {"operationType": {"$nin": ["create", "createIndexes"]}}}],
+        show_expanded_events=True, max_await_time_ms=100, **options)
+
+
+def _next(stream, guard: int = 100):
+    for _ in range(guard):  # a guard against hanging, never a performance expectation
+        event = stream.try_next()
+        if event is not None:
+            return event
+    raise AssertionError("no event")
+
+
+def _collection_uuid(cluster: ShardedServer, holder: int) -> Binary:
+    with pymongo.MongoClient(cluster.shard_uris[holder]) as c:
+        return next(c[DB].list_collections(filter={"name": COLL}))["info"]["uuid"]
+
+
+@pytest.mark.parametrize("level", ["collection", "database"])
+def test_move_collection_is_a_reshard_collection_event(cluster, client, level):
+    client.admin.command("enableSharding", DB, primaryShard="shard0")
+    client[DB].create_collection(COLL)
+    old_uuid = _collection_uuid(cluster, 0)
+    with _stream(client, level) as stream:
+        client.admin.command({"moveCollection": NS, "toShard": "shard1"})
+        event = _next(stream)
+    new_uuid = _collection_uuid(cluster, 1)
+    assert new_uuid != old_uuid
+    assert event["operationType"] == "reshardCollection"
+    assert event["ns"] == {"db": DB, "coll": COLL}
+    assert event["collectionUUID"] == old_uuid
+    assert event["operationDescription"] == {
+        "reshardUUID": new_uuid, "shardKey": {"_id": 1}, "oldShardKey": {"_id": 1},
+        "unique": False, "numInitialChunks": 1, "provenance": "moveCollection",
+    }
+    client[DB][COLL].insert_one({"_id": 2})
+    with _stream(client, level, resume_after=event["_id"]) as stream:
+        event = _next(stream)
+    assert event["operationType"] == "insert" and event["documentKey"] == {"_id": 2}
+
+
+# -- unshardCollection --------------------------------------------------------------------------
+
+def test_unshard_collection_puts_a_sharded_collection_on_one_shard(cluster, client):
+    client.admin.command("enableSharding", DB, primaryShard="shard0")
+    code, _ = _code(lambda: client.admin.command({"unshardCollection": NS}))
+    assert code == 26  # no such collection
+    client[DB].plain.insert_one({"_id": 1})
+    code, message = _code(lambda: client.admin.command({"unshardCollection": f"{DB}.plain"}))
+    assert (code, message) == (118, "Namespace must be sharded to perform an "
+                                    "unshardCollection command")
+    client.admin.command("shardCollection", NS, key={"x": 1})
+    client[DB][COLL].insert_many([{"_id": i, "x": i} for i in range(20)])
+    client.admin.command("split", NS, middle={"x": 10})
+    client.admin.command("moveChunk", NS, find={"x": 10}, to="shard1")
+    assert _counts(cluster, DB, COLL) == [10, 10]
+    old_uuid = _collection_uuid(cluster, 0)
+    with _stream(client, "collection") as stream:
+        client.admin.command({"unshardCollection": NS, "toShard": "shard1"})
+        event = _next(stream)
+    assert _counts(cluster, DB, COLL) == [0, 20]
+    entry = client.config.collections.find_one({"_id": NS})
+    assert entry["unsplittable"] is True and entry["key"] == {"_id": 1}
+    assert [c["shard"] for c in client.config.chunks.find({"uuid": entry["uuid"]})] == ["shard1"]
+    assert event["operationType"] == "reshardCollection"
+    assert event["collectionUUID"] == old_uuid
+    assert event["operationDescription"] == {
+        "reshardUUID": entry["uuid"], "shardKey": {"_id": 1}, "oldShardKey": {"x": 1},
+        "unique": False, "numInitialChunks": 1, "provenance": "unshardCollection",
+    }
+    code, _ = _code(lambda: client.admin.command({"unshardCollection": NS}))
+    assert code == 118  # already unsharded
+    # Sharded again where it is.
+    client.admin.command("shardCollection", NS, key={"x": 1})
+    entry = client.config.collections.find_one({"_id": NS})
+    assert "unsplittable" not in entry and entry["key"] == {"x": 1}
+    assert [c["shard"] for c in client.config.chunks.find({"uuid": entry["uuid"]})] == ["shard1"]
+    assert client[DB][COLL].count_documents({}) == 20
+
+
+def test_unshard_collection_without_to_shard_picks_the_shard_with_least_data(cluster, client):
+    client.admin.command("enableSharding", DB, primaryShard="shard0")
+    client[DB].ballast.insert_many([{"_id": i} for i in range(30)])  # on shard0
+    client.admin.command("shardCollection", NS, key={"_id": 1})
+    client[DB][COLL].insert_many([{"_id": i} for i in range(5)])
+    client.admin.command({"unshardCollection": NS})
+    assert _counts(cluster, DB, COLL) == [0, 5]
