@@ -17,6 +17,7 @@ from cdcserver.sharding import cluster_parameters
 from cdcserver.sharding.cluster import ClusterLog, ShardedCluster
 from cdcserver.sharding.router import commands as router
 from cdcserver.sharding.router.routing import cluster_of, forward_default
+from cdcserver.sharding.router.transactions import in_session
 from pipeline_stages.image_source import ImageSource
 
 
@@ -69,7 +70,8 @@ def _front_table() -> dict[str, Handler]:
     for name in EMBEDDED:
         if not name.startswith("$"):
             table.setdefault(name, forward_default)
-    return {name: router.gossiping(holding_placement(handler)) for name, handler in table.items()}
+    return {name: router.gossiping(in_session(holding_placement(handler)))
+            for name, handler in table.items()}
 
 
 CLUSTER = CommandTable("sharded front", _front_table())
