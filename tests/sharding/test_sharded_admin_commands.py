@@ -7,7 +7,13 @@ jstests/sharding/change_streams/reshard_collection_event.js)."""
 
 from __future__ import annotations
 
+import random
+import threading
+import time
+
+import bson
 import pymongo
+import pymongo.errors
 import pytest
 from bson.binary import Binary
 from pymongo.errors import OperationFailure
@@ -222,3 +228,113 @@ def test_unshard_collection_without_to_shard_picks_the_shard_with_least_data(clu
     client[DB][COLL].insert_many([{"_id": i} for i in range(5)])
     client.admin.command({"unshardCollection": NS})
     assert _counts(cluster, DB, COLL) == [0, 5]
+
+
+# -- moveCollection under SIGKILL --------------------------------------------------------------
+
+KILLS = 6  # a handful: the protocol is resharding's, whose own crash test kills 25 times
+DOCS = 3000
+HANG_GUARD_S = 60.0  # a guard against hanging, never a performance expectation
+
+
+class _Mover(threading.Thread):
+    """moveCollection of crash.plain back and forth until the server dies."""
+
+    def __init__(self, uri: str) -> None:
+        super().__init__(daemon=True)
+        self.client = pymongo.MongoClient(uri, serverSelectionTimeoutMS=1000, retryWrites=False)
+        self.done = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while True:
+                _move_plain(self.client)
+                self.done += 1
+        except pymongo.errors.PyMongoError:
+            pass  # the server was killed
+        except BaseException as exc:  # noqa: BLE001 (reported by the test)
+            self.error = exc
+        finally:
+            self.client.close()
+
+
+def _owner(client: pymongo.MongoClient) -> str:
+    """The shard the catalog places crash.plain on."""
+    entry = client.config.collections.find_one({"_id": "crash.plain"})
+    if entry is None:
+        return client.config.databases.find_one({"_id": "crash"})["primary"]
+    return next(iter(client.config.chunks.find({"uuid": entry["uuid"]})))["shard"]
+
+
+def _move_plain(client: pymongo.MongoClient) -> None:
+    to = "shard1" if _owner(client) == "shard0" else "shard0"
+    client.admin.command({"moveCollection": "crash.plain", "toShard": to})
+
+
+def _check_after_restart(server, start) -> None:
+    with pymongo.MongoClient(server.uri, serverSelectionTimeoutMS=5000) as client:
+        ids = [d["_id"] for d in client.crash.plain.find({}, {"_id": 1})]
+        assert sorted(ids) == list(range(DOCS)), (len(ids), len(set(ids)))
+        owner = _owner(client)
+        held = {}
+        for shard in client.config.shards.find({}):
+            address = shard["host"].split("/", 1)[1]
+            with pymongo.MongoClient(f"mongodb://{address}/?directConnection=true") as direct:
+                held[shard["_id"]] = direct.crash.plain.count_documents({})
+        assert held == {n: DOCS if n == owner else 0 for n in held}, (owner, held)
+        # The zones outlive every restart.
+        assert _shard_tags(client) == {"shard0": [], "shard1": ["Z"]}
+        assert [t["tag"] for t in client.config.tags.find({"ns": "crash.zoned"})] == ["Z"]
+        inserts: dict[object, int] = {}
+        with client.crash.watch(start_at_operation_time=start, max_await_time_ms=50) as stream:
+            deadline = time.monotonic() + HANG_GUARD_S
+            while sum(inserts.values()) < DOCS and time.monotonic() < deadline:
+                event = stream.try_next()
+                if event is None:
+                    continue
+                assert event["operationType"] in ("insert", "create", "createIndexes"), event
+                key = (event["ns"]["coll"], event["documentKey"]["_id"])
+                inserts[key] = inserts.get(key, 0) + 1
+            for _ in range(5):  # a move's writes must not show
+                event = stream.try_next()
+                assert event is None or event["operationType"] != "insert", event
+        assert len(inserts) == DOCS and set(inserts.values()) == {1}
+
+
+def _shard_tags(client: pymongo.MongoClient) -> dict[str, list[str]]:
+    return {s["_id"]: s.get("tags", []) for s in client.admin.command("listShards")["shards"]}
+
+
+def test_killed_during_move_collection_loses_and_doubles_nothing(tmp_path):
+    from cdcserver.testing import SubprocessServer
+
+    rng = random.Random("moveCollection")
+    data = tmp_path / "data"
+    server = SubprocessServer(data_dir=data, extra_args=["--shards", "2"])
+    inside = 0
+    try:
+        with pymongo.MongoClient(server.uri, retryWrites=False) as client:
+            start = client.admin.command("ping")["operationTime"]
+            client.admin.command("enableSharding", "crash", primaryShard="shard0")
+            client.crash.plain.insert_many([{"_id": i, "pad": "x" * 32} for i in range(DOCS)])
+            client.admin.command({"addShardToZone": "shard1", "zone": "Z"})
+            client.admin.command({"updateZoneKeyRange": "crash.zoned", "min": {"x": 0},
+                                  "max": {"x": 10}, "zone": "Z"})
+        for _ in range(KILLS):
+            mover = _Mover(server.uri)
+            mover.start()
+            time.sleep(rng.uniform(0.05, 0.5))
+            server.kill()
+            mover.join(HANG_GUARD_S)
+            assert mover.error is None, mover.error
+            inside += bool(bson.decode((data / "config.bson").read_bytes()).get("operations"))
+            server.stop()
+            server = SubprocessServer(data_dir=data, extra_args=["--shards", "2"])
+            _check_after_restart(server, start)
+            with pymongo.MongoClient(server.uri, retryWrites=False) as client:
+                _move_plain(client)  # the next move works
+        _check_after_restart(server, start)
+    finally:
+        server.stop()
+    assert inside >= 1, "no kill landed inside a moveCollection"
