@@ -82,16 +82,6 @@ def watch_cluster(client: Any, pipeline: list[Any] | None = None, **options: Any
     return watch_db(client.admin, pipeline, allChangesForCluster=True, **options)
 
 
-# The jstests name shards by `st.rsN.getURL()` as often as by `st.shardN.shardName`; mongos
-# finds a shard by either (shard_registry.cpp `ShardRegistryData::findShard`: its id, then its
-# connection string, then a host).
-SHARD_BY_URL = (
-    "enableSharding's primaryShard and moveChunk's `to` take only a shard's name: "
-    "'shardN/host:port' is 70 ShardNotFound (cdcserver/sharding/router/admin.py:76, :249); "
-    "mongos finds a shard by its connection string too (shard_registry.cpp "
-    "ShardRegistryData::findShard)")
-
-
 class ShardingTest:
     def __init__(self, server: ShardedServer, s: pymongo.MongoClient) -> None:
         self.server = server

@@ -2,9 +2,7 @@
 `jstests/sharding/query/change_streams/change_stream_against_shard_mongod.js` @
 05a9f6fe335c104fb2184e56e4ae64f27487f011, on a one-shard cluster as the jstest: an
 `updateLookup` stream opened on the shard itself (not through mongos) on a collection sharded
-on `{a: 1}` sees the insert and the update, with the looked-up document (SERVER-44977). The
-shard is named by its name (the URL form is
-`test_lookup_change_stream_post_image_id_shard_key.py`'s strict xfail)."""
+on `{a: 1}` sees the insert and the update, with the looked-up document (SERVER-44977)."""
 
 from __future__ import annotations
 
@@ -29,7 +27,7 @@ def one_shard() -> Iterator[tuple[ShardedServer, pymongo.MongoClient, pymongo.Mo
 def test_change_stream_against_shard_mongod(one_shard):
     server, s, shard = one_shard
     coll = s[NAME].test
-    s.admin.command({"enableSharding": NAME, "primaryShard": server.cluster.shards[0].name})
+    s.admin.command({"enableSharding": NAME, "primaryShard": server.cluster.shards[0].host_string})
     s.admin.command("shardCollection", f"{NAME}.test", key={"a": 1})
     cs = watch(shard[NAME].test, fullDocument="updateLookup")
     coll.insert_one({"_id": 0, "a": -100})

@@ -21,10 +21,10 @@ COMMENT = "change stream sharded maxTimeMS test"
 def test_idle_shard_does_not_hold_back_a_long_get_more(st):
     s = st.s
     ns = f"{NAME}.{NAME}"
-    s.admin.command({"enableSharding": NAME, "primaryShard": st.shard0})
+    s.admin.command({"enableSharding": NAME, "primaryShard": st.rs_url(0)})
     s.admin.command("shardCollection", ns, key={"_id": 1})
     s.admin.command("split", ns, middle={"_id": 0})
-    s.admin.command("moveChunk", ns, find={"_id": 1}, to=st.shard1)
+    s.admin.command("moveChunk", ns, find={"_id": 1}, to=st.rs_url(1))
     with pymongo.MongoClient(st.server.uri, socketTimeoutMS=60_000) as client:
         db = client[NAME]
         reply = db.command({"aggregate": NAME, "pipeline": [{"$changeStream": {}}],

@@ -19,10 +19,10 @@ def test_change_stream_metadata_notifications(st):
     db = s[NAME]
     coll = db[NAME]
     ns = f"{NAME}.{NAME}"
-    s.admin.command({"enableSharding": NAME, "primaryShard": st.shard0})
+    s.admin.command({"enableSharding": NAME, "primaryShard": st.rs_url(0)})
     s.admin.command("shardCollection", ns, key={"shardKey": 1})
     s.admin.command("split", ns, middle={"shardKey": 0})
-    s.admin.command("moveChunk", ns, find={"shardKey": 1}, to=st.shard1)
+    s.admin.command("moveChunk", ns, find={"shardKey": 1}, to=st.rs_url(1))
     coll.insert_one({"shardKey": -1, "_id": -1})
     coll.insert_one({"shardKey": 1, "_id": 1})
 

@@ -24,20 +24,7 @@ def _check_events(cs, expected: list[tuple[int, str]]) -> None:
         assert (event["operationType"], event["documentKey"]) == (op, {"_id": id_}), event
 
 
-RANGE_DELETER_ORDER = (
-    "the donor's range deletion deletes in record (insertion) order "
-    "(cdcserver/sharding/migration.py:65 `_delete_unowned`); mongod's range deleter scans the "
-    "shard key index forward (range_deletion_util.cpp `deleteNextBatch`: "
-    "InternalPlanner::deleteWithShardKeyIndexScan, FORWARD), so the jstest expects the "
-    "deletes of -3, -2 and of 16, 20..25 in key order")
-
-
-@pytest.mark.parametrize("whole", [
-    False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=RANGE_DELETER_ORDER))],
-    ids=["to_second_migration", "whole"])
-def test_change_stream_show_migration_events(st, whole):
-    """`to_second_migration`: the script up to its second migration's events (the donor's
-    deletes there are in key order either way); `whole`: all of it."""
+def test_change_stream_show_migration_events(st):
     s = st.s
     coll = s.test.chunk_mig
     s.admin.command({"enableSharding": "test", "primaryShard": st.shard0})
@@ -74,8 +61,6 @@ def test_change_stream_show_migration_events(st, whole):
                         (22, "insert")])
     assert not cs0.has_next()
     assert not cs1.has_next()
-    if not whole:
-        return
 
     # The last chunk of shard0 moves to shard1: no invalidate.
     for id_ in (-3, 3, 23):

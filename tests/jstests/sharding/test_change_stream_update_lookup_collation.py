@@ -8,8 +8,7 @@ for a stream without a collation, and for one with a strength-1 collation whose 
 `fullDocument.shardKey` then also matches "ABC".
 
 Left out: the `$indexStats` `accesses.ops` counts of each shard's `_id` index (that the lookup
-used it); the shards are named by their names (the URL form is
-`test_lookup_change_stream_post_image_id_shard_key.py`'s strict xfail)."""
+used it)."""
 
 from __future__ import annotations
 
@@ -26,11 +25,11 @@ def test_change_stream_update_lookup_collation(st):
     db = s[NAME]
     coll = db[NAME]
     ns = f"{NAME}.{NAME}"
-    s.admin.command({"enableSharding": NAME, "primaryShard": st.shard0})
+    s.admin.command({"enableSharding": NAME, "primaryShard": st.rs_url(0)})
     db.command({"create": NAME, "collation": CASE_INSENSITIVE})
     s.admin.command({"shardCollection": ns, "key": {"shardKey": 1}, "collation": SIMPLE})
     s.admin.command("split", ns, middle={"shardKey": "aBC"})
-    s.admin.command("moveChunk", ns, find={"shardKey": "ABC"}, to=st.shard1)
+    s.admin.command("moveChunk", ns, find={"shardKey": "ABC"}, to=st.rs_url(1))
 
     for doc in ({"_id": "abc_1", "shardKey": "ABC"}, {"_id": "abc_2", "shardKey": "ABC"},
                 {"_id": "abc_1", "shardKey": "abc"}, {"_id": "abc_2", "shardKey": "abc"}):

@@ -22,7 +22,7 @@ NAME = "change_stream_update_lookup_sharded_insert_update"
 @pytest.fixture
 def coll(st):
     db = st.s[NAME]
-    st.s.admin.command({"enableSharding": NAME, "primaryShard": st.shard0})
+    st.s.admin.command({"enableSharding": NAME, "primaryShard": st.rs_url(0)})
     st.s.admin.command("shardCollection", f"{NAME}.{NAME}", key={"sk": 1})
     return db[NAME]
 
@@ -47,7 +47,7 @@ def test_dollar_prefixed_shard_key_field(st, coll, doc, remote):
     if remote:
         for split_point in (-1, 1):
             st.s.admin.command({"moveChunk": f"{NAME}.{NAME}",
-                                "find": {"sk": {"test": split_point}}, "to": st.shard1,
+                                "find": {"sk": {"test": split_point}}, "to": st.rs_url(1),
                                 "_waitForDelete": True})
     cs = watch(coll, startAtOperationTime=start, fullDocument="updateLookup")
     event = cs.soon_next()

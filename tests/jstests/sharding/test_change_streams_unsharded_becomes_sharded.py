@@ -54,9 +54,9 @@ def test_change_streams_unsharded_becomes_sharded(st, coll_to_watch):
         other.insert_one({"_id": 1, "y": 1})
         cst.assert_next_changes_equal(cursor, [post_shard[0]])
 
-        s.admin.command({"moveChunk": f"test.{NAME}", "find": {"x": -1}, "to": st.shard1,
+        s.admin.command({"moveChunk": f"test.{NAME}", "find": {"x": -1}, "to": st.rs_url(1),
                          "_waitForDelete": True})
-        s.admin.command({"moveChunk": f"test.{NAME}other", "find": {"y": -1}, "to": st.shard1,
+        s.admin.command({"moveChunk": f"test.{NAME}other", "find": {"y": -1}, "to": st.rs_url(1),
                          "_waitForDelete": True})
         coll.insert_one({"_id": -1, "x": -1})
         other.insert_one({"_id": -1, "y": -1})

@@ -4,8 +4,7 @@
 sharded on `{a, b, c}` (the upper chunk on shard1), read by a collection stream and a whole-db
 stream: each insert's and update's documentKey is the shard key then `_id`, each update's
 fullDocument the updated document, also after the upper chunk moved back to shard0. The
-jstest names the shards by their URLs (`st.rsN.getURL()`); here by their names (the URL form
-is `test_lookup_change_stream_post_image_id_shard_key.py`'s strict xfail)."""
+shards are named by their URLs (`st.rsN.getURL()`), as in the jstest."""
 
 from __future__ import annotations
 
@@ -28,11 +27,11 @@ def test_lookup_change_stream_post_image_compound_shard_key(st):
     coll = db.coll
     ns = f"{NAME}.coll"
     s.drop_database(NAME)
-    s.admin.command({"enableSharding": NAME, "primaryShard": st.shard0})
+    s.admin.command({"enableSharding": NAME, "primaryShard": st.rs_url(0)})
     s.admin.command("shardCollection", ns, key={"a": 1, "b": 1, "c": 1})
     middle = {"a": 1, "b": MinKey(), "c": MinKey()}
     s.admin.command("split", ns, middle=middle)
-    s.admin.command("moveChunk", ns, find=middle, to=st.shard1)
+    s.admin.command("moveChunk", ns, find=middle, to=st.rs_url(1))
 
     streams = [watch(coll, fullDocument="updateLookup"),
                watch_db(db, fullDocument="updateLookup")]
@@ -58,7 +57,7 @@ def test_lookup_change_stream_post_image_compound_shard_key(st):
 
     for id_ in range(N_DOCS):
         coll.update_one({"_id": id_, **_shard_key(id_)}, {"$set": {"updatedCount": 2}})
-    s.admin.command("moveChunk", ns, find=middle, to=st.shard0)
+    s.admin.command("moveChunk", ns, find=middle, to=st.rs_url(0))
     for cs in streams:
         for id_ in range(N_DOCS):
             expect_update(cs, id_, 2)

@@ -4,8 +4,7 @@
 sharded on `{shardKey: "hashed"}`, its negative chunk on shard0 and its positive one on shard1
 (`moveChunk` by `bounds`): for a thousand documents, each insert's documentKey is
 `{shardKey, _id}` and each update's fullDocument the updated document. The jstest's retry loop
-(a stepdown's QueryPlanKilled) has nothing to retry here; the shards are named by their names
-(see `test_lookup_change_stream_post_image_id_shard_key.py` for their URLs)."""
+(a stepdown's QueryPlanKilled) has nothing to retry here."""
 
 from __future__ import annotations
 
@@ -24,12 +23,12 @@ def test_lookup_change_stream_post_image_hashed_shard_key(st):
     coll = s[NAME].coll
     ns = f"{NAME}.coll"
     s.drop_database(NAME)
-    s.admin.command({"enableSharding": NAME, "primaryShard": st.shard0})
+    s.admin.command({"enableSharding": NAME, "primaryShard": st.rs_url(0)})
     s.admin.command("shardCollection", ns, key={"shardKey": "hashed"})
     s.admin.command({"moveChunk": ns, "bounds": [{"shardKey": MinKey()}, {"shardKey": Int64(0)}],
-                     "to": st.shard0})
+                     "to": st.rs_url(0)})
     s.admin.command({"moveChunk": ns, "bounds": [{"shardKey": Int64(0)}, {"shardKey": MaxKey()}],
-                     "to": st.shard1})
+                     "to": st.rs_url(1)})
 
     cs = watch(coll, fullDocument="updateLookup")
     for id_ in range(N_DOCS):

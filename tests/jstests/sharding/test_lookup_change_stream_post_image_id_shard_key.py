@@ -5,23 +5,22 @@ sharded on `_id` across two shards: each update's documentKey is `{_id}` alone a
 fullDocument the updated document, also once the updated document's chunk has moved to the
 other shard before the event is read.
 
-The jstest names the shards by their replica sets' URLs (`st.rsN.getURL()`); the case `by_url`
-does so too (a strict xfail: `sharding_util.SHARD_BY_URL`), `by_name` by their names."""
+The jstest names the shards by their replica sets' URLs (`st.rsN.getURL()`, which mongos
+resolves: `ShardRegistryData::findShard`); the case `by_url` does so too, `by_name` names them
+by their names."""
 
 from __future__ import annotations
 
 import bson
 import pytest
-from sharding_util import SHARD_BY_URL, watch
+from sharding_util import watch
 
 
 def _doc_eq(actual, expected) -> None:
     assert bson.encode(actual) == bson.encode(expected), (actual, expected)
 
 
-@pytest.mark.parametrize("by_url", [
-    False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=SHARD_BY_URL))],
-    ids=["by_name", "by_url"])
+@pytest.mark.parametrize("by_url", [False, True], ids=["by_name", "by_url"])
 def test_lookup_change_stream_post_image_id_shard_key(st, by_url):
     shard0, shard1 = (st.rs_url(0), st.rs_url(1)) if by_url else (st.shard0, st.shard1)
     name = "lookup_change_stream_post_image_id_shard_key"

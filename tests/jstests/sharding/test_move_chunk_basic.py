@@ -26,7 +26,8 @@ def _chunks(s, ns: str) -> dict:
 
 BOUNDS_UNCHECKED = (
     "moveChunk's `bounds` are not validated: only bounds[0] is read "
-    "(cdcserver/sharding/router/admin.py:191 `_chunk_at(catalog, ns, cmd['bounds'][0])`), so "
+    "(cdcserver/sharding/router/admin.py:186-187 `_find_chunk_arg`: "
+    "`_chunk_at(catalog, ns, cmd['bounds'][0])`), so "
     "`bounds: [min, NaN]` moves the chunk, and `bounds: [NaN, max]` is code 1 InternalError "
     "(an AttributeError); mongos parses both bounds as shard keys of the chunk and refuses "
     "(move_chunk_basic.js: 'Error if either of the bounds is not a valid shard key')")
@@ -34,7 +35,8 @@ BOUNDS_UNCHECKED = (
 
 FIND_WITHOUT_KEY = (
     "moveChunk with a `find` that holds no shard key field ({xxx: 1}) is accepted "
-    "(cdcserver/sharding/router/admin.py:190-197 `_chunk_at`); mongos refuses it: "
+    "(cdcserver/sharding/router/admin.py:190-191 `_find_chunk_arg`: `catalog.key_values` "
+    "of it, missing fields as null); mongos refuses it: "
     "cluster_move_chunk_cmd.cpp uassert(656450, 'no shard key found in chunk query ...')")
 
 

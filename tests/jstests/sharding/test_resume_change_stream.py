@@ -36,10 +36,10 @@ def test_resume_change_stream(st, coll_to_watch):
     cst = ChangeStreamTest(db)
     try:
         coll.drop()
-        s.admin.command({"enableSharding": NAME, "primaryShard": st.shard0})
+        s.admin.command({"enableSharding": NAME, "primaryShard": st.rs_url(0)})
         s.admin.command("shardCollection", ns, key={"_id": 1})
         s.admin.command("split", ns, middle={"_id": 0})
-        s.admin.command("moveChunk", ns, find={"_id": 1}, to=st.shard1)
+        s.admin.command("moveChunk", ns, find={"_id": 1}, to=st.rs_url(1))
         coll.insert_one({"_id": -1})
         coll.insert_one({"_id": 1})
 
@@ -85,7 +85,7 @@ def test_resume_change_stream(st, coll_to_watch):
         coll.drop()
         s.admin.command("shardCollection", ns, key={"shardKey": 1})
         s.admin.command("split", ns, middle={"shardKey": 50})
-        s.admin.command("moveChunk", ns, find={"shardKey": 51}, to=st.shard1)
+        s.admin.command("moveChunk", ns, find={"shardKey": 51}, to=st.rs_url(1))
         number_of_docs = 100
         for counter in range(number_of_docs // 5):
             for k, prefix in enumerate(("abcd", "Abcd", "aBcd", "abCd", "abcD")):

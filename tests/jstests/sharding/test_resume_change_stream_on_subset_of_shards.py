@@ -15,10 +15,10 @@ def test_resume_change_stream_on_subset_of_shards(st3):
     s = st3.s
     coll = s[NAME].test
     ns = f"{NAME}.test"
-    s.admin.command({"enableSharding": NAME, "primaryShard": st3.shard0})
+    s.admin.command({"enableSharding": NAME, "primaryShard": st3.rs_url(0)})
     s.admin.command("shardCollection", ns, key={"_id": 1})
     s.admin.command("split", ns, middle={"_id": 0})
-    s.admin.command("moveChunk", ns, find={"_id": 1}, to=st3.shard1)
+    s.admin.command("moveChunk", ns, find={"_id": 1}, to=st3.rs_url(1))
 
     cs = watch(coll)
     coll.insert_one({"_id": -2})
