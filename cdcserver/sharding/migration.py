@@ -195,7 +195,7 @@ def reshard(catalog: ShardingCatalog, stores: Stores, ns: str, key: dict[str, An
 
     moveCollection and unshardCollection are this too (their `provenance`), under `{_id: 1}`
     into one chunk on shard `to`: the collection becomes a tracked unsharded one
-    (`unsplittable`) that lives on `to` alone."""
+    (`unsplittable`) whose documents are on `to` alone."""
     db, coll = ns.split(".", 1)
     source = _holder(catalog, stores, ns, primary)
     old_uuid = bytes(source.uuid) if source is not None else new_uuid
@@ -212,9 +212,9 @@ def reshard(catalog: ShardingCatalog, stores: Stores, ns: str, key: dict[str, An
         catalog.shard_collection(temp, key, unique, new_uuid, primary)
     else:
         catalog.shard_collection(temp, key, unique, new_uuid, to, unsplittable=True)
-    owners = {c["shard"] for c in catalog.chunks[temp]}
-    if to is None:  # a sharded collection is on its primary shard too
-        owners.add(primary)
+    # The database's primary keeps a copy (empty when it owns no chunk), as of every
+    # sharded collection: the front's DDL of the collection reaches it first.
+    owners = {primary, *(c["shard"] for c in catalog.chunks[temp])}
     targets: dict[str, Collection] = {}
     for name in sorted(owners):
         store = stores[name]

@@ -114,11 +114,17 @@ def test_move_collection_moves_an_unsharded_collection_and_tracks_it(cluster, cl
     assert [c["shard"] for c in chunks] == ["shard1"]
     assert _counts(cluster, "db", "foo") == [0, 50]
     assert client.db.foo.count_documents({}) == 50
+    # The primary keeps an empty copy (as of a sharded collection), with the new UUID: DDL
+    # through the front reaches it first, listCollections there names the new UUID.
+    client.db.foo.create_index("late")
     with pymongo.MongoClient(cluster.shard_uris[0]) as shard0:
-        assert "foo" not in shard0.db.list_collection_names()  # the donor's copy dropped
+        primary_copy = next(shard0.db.list_collections(filter={"name": "foo"}))
+    assert primary_copy["info"]["uuid"] == entry["uuid"]
+    assert next(client.db.list_collections(filter={"name": "foo"}))["info"]["uuid"] == \
+        entry["uuid"]
     with pymongo.MongoClient(cluster.shard_uris[1]) as shard1:
         indexes = {i["name"] for i in shard1.db.foo.list_indexes()}
-        assert indexes == {"_id_", "oldKey_1"}  # the indexes went along
+        assert indexes == {"_id_", "oldKey_1", "late_1"}  # the indexes went along
     # Writes and reads are routed to where it is now.
     client.db.foo.insert_one({"_id": 100, "oldKey": 100})
     client.db.foo.update_one({"_id": 0}, {"$set": {"moved": True}})
@@ -180,6 +186,25 @@ def test_move_collection_is_a_reshard_collection_event(cluster, client, level):
     with _stream(client, level, resume_after=event["_id"]) as stream:
         event = _next(stream)
     assert event["operationType"] == "insert" and event["documentKey"] == {"_id": 2}
+
+
+def test_ddl_of_a_moved_collection_through_the_front_is_one_event(cluster, client):
+    client.admin.command("enableSharding", DB, primaryShard="shard0")
+    client[DB][COLL].insert_one({"_id": 1})
+    client.admin.command({"moveCollection": NS, "toShard": "shard1"})
+    uuid = client.config.collections.find_one({"_id": NS})["uuid"]
+    with client[DB][COLL].watch(show_expanded_events=True, max_await_time_ms=100) as stream:
+        client[DB][COLL].create_index("a")
+        client[DB][COLL].insert_one({"_id": 2})
+        events = [_next(stream), _next(stream)]
+    assert [e["operationType"] for e in events] == ["createIndexes", "insert"]
+    assert events[0]["collectionUUID"] == uuid
+    with pymongo.MongoClient(cluster.shard_uris[1]) as shard1:
+        assert "a_1" in {i["name"] for i in shard1[DB][COLL].list_indexes()}
+    assert _counts(cluster, DB, COLL) == [0, 2]
+    client[DB][COLL].drop()
+    assert client.config.collections.find_one({"_id": NS}) is None
+    assert _counts(cluster, DB, COLL) == [0, 0]
 
 
 # -- unshardCollection --------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from cdcserver.context import ConnectionState, Handler, ServerState
 from cdcserver.sharding import migration
 from cdcserver.sharding.catalog import ShardingCatalog, _key_bytes
 from cdcserver.sharding.cluster import ShardedCluster
-from cdcserver.sharding.router.moves import collection_like, ensure_collection_on, holder, migrate
+from cdcserver.sharding.router.moves import collection_like, ensure_collection_on, migrate
 from cdcserver.sharding.router.routing import cluster_of, forward
 from cdcserver.sharding.router.zones import balancer_round, initial_layout
 from pipeline_stages.errors import MongoError
@@ -130,7 +130,8 @@ async def shard_collection(
     unique = cmd.get("unique") is True
     primary = cluster.shard(catalog.ensure_database(dbname))
     # A tracked unsharded collection is sharded where it is (moveCollection put it there).
-    home = holder(cluster, ns) if catalog.is_unsplittable(ns) else primary
+    home = (cluster.shard(catalog.chunks[ns][0]["shard"]) if catalog.is_unsplittable(ns)
+            else primary)
     c = home.store.get(dbname, coll)
     if c is None:
         await forward(cluster, home, {"create": coll}, dbname)
@@ -146,6 +147,10 @@ async def shard_collection(
         if unique:
             index["unique"] = True
         await forward(cluster, home, {"createIndexes": coll, "indexes": [index]}, dbname)
+        if home is not primary and primary.store.get(dbname, coll) is not None:
+            with primary.store.migrating():  # the primary's (empty) copy: internal
+                await forward(cluster, primary, {"createIndexes": coll, "indexes": [index]},
+                              dbname)
     catalog.shard_collection(ns, key, unique, bytes(c.uuid), home.name, layout=layout)
     if not empty:  # only an empty collection is presplit
         catalog.chunks[ns] = catalog.chunks[ns][:1]

@@ -3,8 +3,10 @@
 `provenance: moveCollection | unshardCollection`, `shardDistribution: [toShard]`,
 `forceRedistribution: true`), so crash-safe as resharding is (`migration.reshard`). The
 collection gets a new UUID and becomes a tracked unsharded one: in config.collections with
-`unsplittable: true` and one chunk, on that shard alone (the others drop their copies); the
-shard it moved to writes the `reshardCollection` no-op of the move's provenance.
+`unsplittable: true` and one chunk; its documents are on that shard alone (the database's
+primary keeps an empty copy, as it does of every sharded collection, for the DDL the front
+sends it first; the other shards drop theirs); the shard it moved to writes the
+`reshardCollection` no-op of the move's provenance.
 """
 
 from __future__ import annotations
