@@ -245,6 +245,12 @@ class ShardingCatalog:
         """The member shards in `zone`, in the shard list's order."""
         return [n for n in self.shard_names if zone in self.shard_zones.get(n, [])]
 
+    def shard_required_by_zone(self, shard: str, zone: str) -> bool:
+        """_isShardRequiredByZoneStillInUse: `shard` is the zone's only shard and a key range
+        is assigned to the zone."""
+        return (self.zone_shards(zone) == [shard]
+                and any(t["tag"] == zone for t in self.tags))
+
     def zone_ranges(self, ns: str) -> list[dict[str, Any]]:
         """config.tags of `ns`, by their min."""
         return sorted((t for t in self.tags if t["ns"] == ns),

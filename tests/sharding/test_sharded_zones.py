@@ -173,3 +173,15 @@ def test_a_balancer_round_moves_chunks_into_their_zones(client):
         assert sorted(d["x"] for d in shard2.z.c.find({"x": {"$gte": 50, "$lt": 60}})) == \
             list(range(50, 60))
     # Zones outlive a restart of the catalog (config.bson): checked by the crash test.
+
+
+def test_the_only_shard_of_a_zone_with_ranges_cannot_be_removed(client):
+    _zone(client, "shard2", "HOT")
+    _range(client, "z.c", {"x": 0}, {"x": 10}, "HOT")
+    code, name, message = _error(lambda: client.admin.command("removeShard", "shard2"))
+    assert (code, name, message) == (
+        163, "ZoneStillInUse", "Operation not allowed because it would remove the only shard "
+        "for zone HOT which has a chunk range is associated with it")
+    assert "draining" not in _shard(client, "shard2")
+    _zone(client, "shard1", "HOT")  # another shard in the zone: allowed
+    assert client.admin.command("removeShard", "shard2")["state"] == "started"

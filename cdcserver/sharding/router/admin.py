@@ -346,6 +346,11 @@ async def remove_shard(
         raise MongoError(ShardNotFound, f"Shard {name} does not exist")
     if not any(n != name and n not in catalog.draining for n in catalog.shard_names):
         raise MongoError(20, "Operation not allowed because it would remove the last shard")
+    for zone in catalog.shard_zones.get(name, []):  # no zone with ranges left without shards
+        if catalog.shard_required_by_zone(name, zone):
+            raise MongoError(163, "Operation not allowed because it would remove the only "
+                             f"shard for zone {zone} which has a chunk range is associated "
+                             "with it")
     dbs = sorted(d for d, entry in catalog.databases.items() if entry["primary"] == name)
     db_info = {"note": "you need to drop or movePrimary these databases", "dbsToMove": dbs}
     if name not in catalog.draining:

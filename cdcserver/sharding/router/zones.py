@@ -95,8 +95,7 @@ async def remove_shard_from_zone(
     zone = _zone_field(cmd, "removeShardFromZone")
     if shard not in catalog.shard_names:
         raise MongoError(ShardNotFound, f"shard {shard} does not exist")
-    if (catalog.zone_shards(zone) == [shard]
-            and any(t["tag"] == zone for t in catalog.tags)):
+    if catalog.shard_required_by_zone(shard, zone):
         raise MongoError(ZoneStillInUse,
                          "cannot remove a shard from zone if a chunk range is associated with it")
     catalog.remove_shard_from_zone(shard, zone)
