@@ -122,6 +122,9 @@ def _commit_participant(store: ShardStore, record: Mapping[str, Any],
     from cdcserver.embedded.store import pack_transaction
 
     txn = store.begin_transaction(dict(part["lsid"]), int(record["txnNumber"]))
+    # The session's transaction: a commit retried by the client (its router asking this
+    # participant, the recovery shard) is answered by it, as the first commit would have.
+    store.session(dict(part["lsid"])).set_txn_number(int(record["txnNumber"]), txn)
     colls = {}
     for c in part["colls"]:
         coll = store.get(c["db"], c["coll"])
