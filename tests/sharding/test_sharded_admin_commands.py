@@ -207,6 +207,22 @@ def test_ddl_of_a_moved_collection_through_the_front_is_one_event(cluster, clien
     assert _counts(cluster, DB, COLL) == [0, 0]
 
 
+def test_after_move_primary_the_new_primary_has_a_copy_of_a_moved_collection(cluster, client):
+    client.admin.command("enableSharding", DB, primaryShard="shard0")
+    client[DB][COLL].insert_one({"_id": 1})
+    client.admin.command({"moveCollection": NS, "toShard": "shard0"})  # tracked, on shard0
+    client.admin.command("movePrimary", DB, to="shard1")
+    uuid = client.config.collections.find_one({"_id": NS})["uuid"]
+    with pymongo.MongoClient(cluster.shard_uris[1]) as shard1:
+        info = next(shard1[DB].list_collections(filter={"name": COLL}))
+    assert info["info"]["uuid"] == uuid
+    with client[DB][COLL].watch(show_expanded_events=True, max_await_time_ms=100) as stream:
+        client[DB][COLL].create_index("a")
+        event = _next(stream)
+    assert event["operationType"] == "createIndexes" and event["collectionUUID"] == uuid
+    assert _counts(cluster, DB, COLL) == [1, 0]
+
+
 # -- unshardCollection --------------------------------------------------------------------------
 
 def test_unshard_collection_puts_a_sharded_collection_on_one_shard(cluster, client):

@@ -404,6 +404,13 @@ async def move_primary(
             await held.enter_async_context(cluster.placement.critical_section(f"{name}.{coll}"))
         migration.move_primary(catalog, cluster.stores(), name, to, colls,
                                collection_like(cluster, old))
+    # The new primary gets a copy (empty unless it owns chunks) of each tracked collection,
+    # as the old one had: the front's DDL of a collection reaches the primary first.
+    new = cluster.shard(to)
+    for ns in [ns for ns in catalog.collections if ns.split(".", 1)[0] == name]:
+        coll = ns.split(".", 1)[1]
+        if old.store.get(name, coll) is not None:
+            ensure_collection_on(cluster, new, old, name, coll)
     return {}
 
 
