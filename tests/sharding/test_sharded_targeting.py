@@ -152,3 +152,24 @@ def test_count_distinct_aggregate_target_the_owning_shard(cluster, client):
             assert err.value.code == 2
     assert c.count_documents({"k": "a"}, collation=CASE_INSENSITIVE) == 2
     assert sorted(c.distinct("_id", {"k": "b"}, collation=CASE_INSENSITIVE)) == [2, 3]
+
+
+def test_writes_with_a_non_simple_collation_on_a_string_key_reach_every_shard(cluster, client):
+    """update_many, delete_many and findAndModify under a case-insensitive collation: the
+    documents it matches on both shards (targeted by the value, half were missed)."""
+    _split_by_case(client, cluster, "coll_w.c")
+    c = client.coll_w.c
+    c.insert_many([{"_id": i, "k": k} for i, k in enumerate(["a", "A", "b", "B", "c", "C"])])
+    result = c.update_many({"k": "a"}, {"$set": {"seen": True}}, collation=CASE_INSENSITIVE)
+    assert result.modified_count == 2
+    assert sorted(d["_id"] for d in c.find({"seen": True})) == [0, 1]
+    result = c.delete_many({"k": "b"}, collation=CASE_INSENSITIVE)
+    assert result.deleted_count == 2
+    # findAndModify: the first shard holds "C", the second "c"; either is a match.
+    found = c.find_one_and_update({"k": "C", "_id": 5}, {"$set": {"fam": 1}},
+                                  collation=CASE_INSENSITIVE)
+    assert found is not None and found["_id"] == 5
+    found = c.find_one_and_update({"k": "C", "_id": 4}, {"$set": {"fam": 1}},
+                                  collation=CASE_INSENSITIVE)
+    assert found is not None and found["_id"] == 4
+    assert sorted(d["_id"] for d in c.find({})) == [0, 1, 4, 5]

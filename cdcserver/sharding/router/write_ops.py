@@ -102,7 +102,9 @@ async def _routed_writes(
             if moved is not None:
                 replies.append(([i], moved))
                 continue
-        shard = targeted_shard(cluster, ns, stmt.get("q") if isinstance(stmt, Mapping) else None)
+        # Under the statement's collation (none given: the collection's default).
+        shard = (targeted_shard(cluster, ns, stmt.get("q"), stmt.get("collation"))
+                 if isinstance(stmt, Mapping) else None)
         if shard is None:
             broadcast.append(i)
         else:
@@ -202,7 +204,7 @@ async def _update_changing_shard_key(cluster: ShardedCluster, cmd: Mapping[str, 
     transaction; without a txnNumber it is refused (20 IllegalOperation). None: the document
     stays where it is (the update goes its usual way)."""
     coll = ns.split(".", 1)[1]
-    target = targeted_shard(cluster, ns, stmt.get("q"))
+    target = targeted_shard(cluster, ns, stmt.get("q"), stmt.get("collation"))
     shards = [target] if target is not None else owning_shards(cluster, ns)
     find = {"find": coll, "filter": stmt.get("q") or {}, "limit": 1, "singleBatch": True}
     for option in ("collation", "sort"):
@@ -287,7 +289,7 @@ async def find_and_modify(
             moved_reply = await _find_and_modify_changing_shard_key(cluster, cmd, db, ns, stmt)
             if moved_reply is not None:
                 return moved_reply
-    shard = targeted_shard(cluster, ns, cmd.get("query"))
+    shard = targeted_shard(cluster, ns, cmd.get("query"), cmd.get("collation"))
     if shard is not None:
         return await forward(cluster, shard, cmd, db)
     shards = owning_shards(cluster, ns)
