@@ -97,6 +97,8 @@ def migrate(catalog: ShardingCatalog, stores: Stores, ns: str, chunk: dict[str, 
     _delete_unowned(catalog, stores, to, ns, chunk)
     source = stores[donor].get(db, coll)
     target = ensure(to, db, coll)
+    if not any(c["shard"] == to for c in catalog.chunks.get(ns, [])):
+        _note_first_chunk_coming(recipient, ns, donor, to, source)
     docs = [] if source is None else [
         copy.deepcopy(d) for d in stores[donor].documents(source).values()
         if catalog.in_chunk(ns, chunk, d)
@@ -110,6 +112,19 @@ def migrate(catalog: ShardingCatalog, stores: Stores, ns: str, chunk: dict[str, 
         _note_last_chunk_moved(stores[donor], ns, donor, source)
     _delete_unowned(catalog, stores, donor, ns, chunk)
     catalog.end_operation(record)
+
+
+def _note_first_chunk_coming(store: ShardStore, ns: str, donor: str, recipient: str,
+                             c: Collection | None) -> None:
+    """The recipient's no-op before it clones its first chunk of `ns` (mongod's
+    notifyChangeStreamsOnRecipientFirstChunk): a router opens a cursor on the shard when it
+    reads it; streams that are not merged by a router never show it."""
+    with store.batch():
+        store.append_oplog("n", ns, {"msg": f"Migrating chunk from shard {donor} to shard "
+                                            f"{recipient} with no chunks for this collection"},
+                           ui=c.ui if c is not None else None,
+                           o2={"migrateChunkToNewShard": ns, "fromShardId": donor,
+                               "toShardId": recipient})
 
 
 def _note_last_chunk_moved(store: ShardStore, ns: str, donor: str, c: Collection | None

@@ -149,3 +149,30 @@ def test_the_donors_deletes_are_in_shard_key_order(cluster, client):
         deletes = [stream.next()["documentKey"]["x"] for _ in xs]
         stream.close()
     assert deletes == sorted(xs)
+
+
+def test_a_recipients_first_chunk_is_announced_in_its_oplog_not_to_streams(cluster, client):
+    """notifyChangeStreamsOnRecipientFirstChunk: the recipient's no-op before it clones its
+    first chunk of the collection (mongos opens a cursor on it then; no user sees it)."""
+    client.admin.command("enableSharding", DB, primaryShard="shard0")
+    client.admin.command("shardCollection", NS, key={"x": 1})
+    client[DB][COLL].insert_many([{"x": i} for i in range(10)])
+    client.admin.command("split", NS, middle={"x": 5})
+    stream = _stream(client, "database", True)
+    with pymongo.MongoClient(cluster.shard_uris[1]) as recipient:
+        start = recipient.admin.command("ping")["operationTime"]
+        client.admin.command("moveChunk", NS, find={"x": 0}, to="shard1")  # its first
+        client.admin.command("moveChunk", NS, find={"x": 7}, to="shard1")  # not its first
+        notes = list(recipient.local["oplog.rs"].find(
+            {"ts": {"$gt": start}, "o2.migrateChunkToNewShard": {"$exists": True}}))
+    assert len(notes) == 1
+    assert notes[0]["o"] == {"msg": "Migrating chunk from shard shard0 to shard shard1 with "
+                                    "no chunks for this collection"}
+    assert notes[0]["o2"] == {"migrateChunkToNewShard": NS, "fromShardId": "shard0",
+                              "toShardId": "shard1"}
+    assert "fromMigrate" not in notes[0]
+    client[DB][COLL].insert_one({"x": 100})
+    # The front's stream: the donor's last chunk, then the insert; no migrateChunkToNewShard.
+    events = [stream.next()["operationType"], stream.next()["operationType"]]
+    stream.close()
+    assert events == ["migrateLastChunkFromShard", "insert"]

@@ -57,7 +57,7 @@ def _string_parameter(cmd: Mapping[str, Any], command_name: str) -> str:
 
 def _zone_field(cmd: Mapping[str, Any], command_name: str) -> str:
     zone = cmd.get("zone")
-    if zone is None:
+    if "zone" not in cmd:
         raise MongoError(40414, f"BSON field '{command_name}.zone' is missing but a required "
                          "field")
     if not isinstance(zone, str):
