@@ -24,6 +24,7 @@ from cdcserver.sharding.catalog import _MISSING, _key_bytes
 from cdcserver.sharding.cluster import ShardedCluster
 from cdcserver.sharding.router.admin import shard_docs
 from cdcserver.sharding.router.change_streams import open_change_stream
+from cdcserver.sharding.router.merge import merge_pipeline
 from cdcserver.sharding.router.routing import (
     cluster_of,
     forward,
@@ -288,8 +289,7 @@ async def _sharded_aggregate(server: ServerState, cluster: ShardedCluster, cmd: 
     for shard in _match_shards(cluster, ns, pipeline, cmd.get("collation")):
         docs.extend(await _drain(cluster, shard, shard_part, db))
     if split < len(pipeline):
-        reply = await cluster.merge_pipeline(docs, pipeline[split:], cmd, ns)
-        docs = reply["cursor"]["firstBatch"]
+        docs = await merge_pipeline(cluster, docs, pipeline[split:], cmd, ns)
     cursor_doc = cmd.get("cursor")
     size = int_arg(cursor_doc, "batchSize", "aggregate.cursor") if isinstance(
         cursor_doc, Mapping) else None

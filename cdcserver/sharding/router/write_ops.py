@@ -14,6 +14,7 @@ from bson.objectid import ObjectId
 
 from cdcserver.commands.base import family
 from cdcserver.context import ConnectionState, Handler, ServerState
+from cdcserver.embedded import engine
 from cdcserver.embedded.store import id_key as _id_key
 from cdcserver.sharding.cluster import ShardedCluster
 from cdcserver.sharding.router.routing import (
@@ -317,6 +318,5 @@ async def _find_and_modify_changing_shard_key(
     value = post if cmd.get("new") is True else pre
     fields = cmd.get("fields")
     if isinstance(fields, Mapping) and fields:
-        projected = await cluster.merge_pipeline([value], [{"$project": fields}], {}, ns)
-        value = projected["cursor"]["firstBatch"][0]
+        value = engine.project(value, fields)  # (findAndModify's is a find projection)
     return {"lastErrorObject": {"n": 1, "updatedExisting": True}, "value": value}
