@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import os
 import pathlib
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,7 +45,7 @@ from pymongo import monitoring
 
 from cdcserver.sharding.testing import ShardedServer, ShardedSidecar
 from cdcserver.sources.mongo import UpstreamOplog, UpstreamOptions
-from cdcserver.testing import EmbeddedServer, ThreadServer
+from cdcserver.testing import EmbeddedServer, ThreadServer, die_with_parent, serving_port
 
 
 def _lags(uri: str, events: int, prepare=None) -> list[float]:
@@ -83,19 +82,14 @@ def _sidecar_lags(front_uri: str, sidecar_uri: str, events: int) -> list[float]:
 @contextlib.contextmanager
 def _upstream(*args: str) -> Iterator[str]:
     """`cdcserver serve --in-memory ARGS` in a process of its own; yields its URI."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     proc = subprocess.Popen(
         [str(pathlib.Path(sys.executable).parent / "cdcserver"), "serve", "--in-memory",
-         "--port", str(port), "--metrics-port", "0", *args],
+         "--port", "0", "--metrics-port", "0", *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=die_with_parent,
     )
     try:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            if "serving" in line:
-                break
+        port = serving_port(proc.stdout)  # type: ignore[arg-type]
         uri = f"mongodb://127.0.0.1:{port}/"
         with pymongo.MongoClient(uri, serverSelectionTimeoutMS=10_000) as client:
             client.admin.command("ping")

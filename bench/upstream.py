@@ -47,6 +47,8 @@ import time
 from pymongo import AsyncMongoClient, MongoClient
 from workload import document, p50_p99  # bench/ is the script's directory
 
+from cdcserver.testing import die_with_parent
+
 HOST = "127.0.0.1"
 NS_DB, NS_COLL = "bench", "items"
 
@@ -75,6 +77,7 @@ class Process:
                  "--port", str(self.port), "--metrics-port", "0", *args],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env={**os.environ, **(env or {})},
+                preexec_fn=die_with_parent,  # a bench killed midway leaves no server behind
             )
         deadline = time.monotonic() + 30
         while b"listening on" not in self.log_path.read_bytes():
