@@ -10,8 +10,8 @@ empty), and what `sh.shardCollection` sends (`unique`, `collation`, `numInitialC
 index it creates, the chunks).
 
 Left out, as 8.0 no longer behaves so: "Fail if db is not sharded / not sharding enabled"
-(since 7.0 shardCollection enables sharding of the database itself), the 100-byte namespace
-limit (255 since 4.4), `{x: "hashed", y: 1}` refused (compound hashed keys since 4.4). Its
+(8.0's shardCollection creates the database itself: enableSharding is optional), the 100-byte
+namespace limit (255 since 4.4), `{x: "hashed", y: 1}` refused (compound hashed keys since 4.4). Its
 `config.collections.count({dropped: false})` are `find({_id})`s (no `dropped` field since 5.0;
 count on `config.*` through the front: `test_move_range_basic.py`'s strict xfail), its
 `config.chunks.find({ns})` a find by the collection's `uuid`."""
