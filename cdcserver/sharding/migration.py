@@ -202,7 +202,7 @@ def temporary_namespace(db: str, old_uuid: bytes) -> str:
 def reshard(catalog: ShardingCatalog, stores: Stores, ns: str, key: dict[str, Any], unique: bool,
             new_uuid: bytes, primary: str, options: dict[str, Any],
             indexes: list[dict[str, Any]], *, provenance: str = RESHARD,
-            to: str | None = None) -> None:
+            to: str | None = None, details: Mapping[str, Any] | None = None) -> None:
     """Reshard `ns` under `key`: clone every document into the temporary collection (owned
     by its shard under the new key), commit, then swap it in on every shard; the primary
     shard's swap writes the `reshardCollection` no-op
@@ -210,7 +210,8 @@ def reshard(catalog: ShardingCatalog, stores: Stores, ns: str, key: dict[str, An
 
     moveCollection and unshardCollection are this too (their `provenance`), under `{_id: 1}`
     into one chunk on shard `to`: the collection becomes a tracked unsharded one
-    (`unsplittable`) whose documents are on `to` alone."""
+    (`unsplittable`) whose documents are on `to` alone. `details`: the request's
+    `numInitialChunks` / `collation`, which the no-op repeats."""
     db, coll = ns.split(".", 1)
     source = _holder(catalog, stores, ns, primary)
     old_uuid = bytes(source.uuid) if source is not None else new_uuid
@@ -221,7 +222,7 @@ def reshard(catalog: ShardingCatalog, stores: Stores, ns: str, key: dict[str, An
         "oldUuid": Binary(old_uuid, 4), "key": dict(key),
         "oldKey": catalog.key_pattern(ns) or {"_id": 1},
         "unique": unique, "primary": primary, "provenance": provenance, "to": to,
-        "committed": False,
+        "details": dict(details or {}), "committed": False,
     })
     if to is None:
         catalog.shard_collection(temp, key, unique, new_uuid, primary)
@@ -290,8 +291,13 @@ def _resharded_o2(record: Mapping[str, Any]) -> dict[str, Any]:
         "shardKey": record["key"], "oldShardKey": record["oldKey"],
         "unique": record["unique"],
     }
+    details = record.get("details") or {}
     if provenance != RESHARD:  # one chunk, on the shard it was moved to
         o2["numInitialChunks"] = Int64(1)
+    elif "numInitialChunks" in details:
+        o2["numInitialChunks"] = Int64(details["numInitialChunks"])
+    if "collation" in details:
+        o2["collation"] = details["collation"]
     o2["provenance"] = provenance
     return o2
 

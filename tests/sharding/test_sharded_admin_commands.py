@@ -223,6 +223,24 @@ def test_after_move_primary_the_new_primary_has_a_copy_of_a_moved_collection(clu
     assert _counts(cluster, DB, COLL) == [1, 0]
 
 
+def test_reshard_collection_event_repeats_the_requests_details(cluster, client):
+    """reshard_collection_event.js's reshardCollection case (without its zones)."""
+    client.admin.command("enableSharding", DB, primaryShard="shard0")
+    client.admin.command("shardCollection", NS, key={"_id": 1})
+    old_uuid = _collection_uuid(cluster, 0)
+    with _stream(client, "collection") as stream:
+        client.admin.command({"reshardCollection": NS, "key": {"newKey": 1}, "unique": False,
+                              "numInitialChunks": 1, "collation": {"locale": "simple"}})
+        event = _next(stream)
+    assert event["operationType"] == "reshardCollection"
+    assert event["collectionUUID"] == old_uuid
+    assert event["operationDescription"] == {
+        "reshardUUID": _collection_uuid(cluster, 0), "shardKey": {"newKey": 1},
+        "oldShardKey": {"_id": 1}, "unique": False, "numInitialChunks": 1,
+        "collation": {"locale": "simple"}, "provenance": "reshardCollection",
+    }
+
+
 # -- unshardCollection --------------------------------------------------------------------------
 
 def test_unshard_collection_puts_a_sharded_collection_on_one_shard(cluster, client):

@@ -447,9 +447,10 @@ async def reshard_collection(
         name = "_".join(f"{f}_{v}" for f, v in key.items())
         if all(i.get("name") != name for i in indexes):
             indexes.append({"v": 2, "key": dict(key), "name": name})
+    details = {name: cmd[name] for name in ("numInitialChunks", "collation") if name in cmd}
     async with cluster.placement.critical_section(ns):
         migration.reshard(catalog, cluster.stores(), ns, key, unique, uuid_module.uuid4().bytes,
-                          primary.name, options, indexes)
+                          primary.name, options, indexes, details=details)
     return {}
 
 
