@@ -161,3 +161,53 @@ def test_a_router_that_never_ran_the_transaction_asks_the_recovery_shard(tmp_pat
                                         recoveryToken={}))
         assert (empty["code"], empty["codeName"]) == (251, "NoSuchTransaction")
         assert sorted(d["_id"] for d in client.t.c.find()) == [1, 2]
+
+
+def _owned_counts(server: ShardedServer, db: str, coll: str) -> list[int]:
+    counts = []
+    for uri in server.shard_uris:
+        with pymongo.MongoClient(uri) as direct:
+            counts.append(direct[db][coll].count_documents({}))
+    return counts
+
+
+def test_a_commit_after_its_data_moved_aborts_with_stale_config():
+    """A transaction wrote on shard1, then its chunk moved to shard0 (another client): mongos
+    aborts it at commit (its writes would land on a shard that no longer owns them)."""
+    with ShardedServer(2) as server, pymongo.MongoClient(server.uri) as client:
+        _split(client, "t.c")
+        with client.start_session() as session:
+            session.start_transaction()
+            client.t.c.insert_one({"_id": 1, "x": 150}, session=session)
+            client.admin.command("moveChunk", "t.c", find={"x": 150}, to="shard0")
+            with pytest.raises(pymongo.errors.OperationFailure) as failed:
+                session.commit_transaction()
+        assert failed.value.code == 13388
+        assert failed.value.has_error_label("TransientTransactionError")
+        assert "an error from cluster data placement change" in str(failed.value)
+        assert client.t.c.count_documents({}) == 0
+        assert _owned_counts(server, "t", "c") == [0, 0]  # no orphan on the old owner
+
+
+def test_a_statement_after_its_data_moved_aborts_the_transaction():
+    with ShardedServer(2) as server, pymongo.MongoClient(server.uri) as client:
+        _split(client, "t.c")
+        client.t.c.insert_one({"_id": 1, "x": 150})
+        with client.start_session() as session:
+            session.start_transaction()
+            assert client.t.c.find_one({"x": 150}, session=session) is not None
+            client.admin.command("moveChunk", "t.c", find={"x": 150}, to="shard0")
+            with pytest.raises(pymongo.errors.OperationFailure) as failed:
+                client.t.c.update_one({"x": 150}, {"$set": {"y": 1}}, session=session)
+            assert failed.value.code == 13388
+            assert failed.value.has_error_label("TransientTransactionError")
+            session.abort_transaction()
+        assert client.t.c.find_one({"x": 150}) == {"_id": 1, "x": 150}
+        # a split alone moves nothing: a transaction goes on across it
+        with client.start_session() as session:
+            session.start_transaction()
+            client.t.c.find_one({"x": 150}, session=session)
+            client.admin.command("split", "t.c", middle={"x": 120})
+            client.t.c.update_one({"x": 150}, {"$set": {"y": 2}}, session=session)
+            session.commit_transaction()
+        assert client.t.c.find_one({"x": 150})["y"] == 2

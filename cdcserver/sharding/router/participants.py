@@ -15,8 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from cdcserver.commands.transactions import full_lsid
+from cdcserver.commands.transactions import full_lsid, lsid_str
 from cdcserver.embedded.sessions import Session
+from pipeline_stages.errors import MongoError
 
 
 class _Store(Protocol):
@@ -31,9 +32,19 @@ class _Shard(Protocol):
     def store(self) -> _Store: ...
 
 
+class _Catalog(Protocol):
+    collections: dict[str, dict[str, Any]]
+    chunks: dict[str, list[dict[str, Any]]]
+
+    def primary(self, db: str) -> str | None: ...
+
+
 class _Cluster(Protocol):
     @property
     def txn_routers(self) -> TransactionRouters: ...
+
+    @property
+    def catalog(self) -> _Catalog: ...
 
 
 @dataclass
@@ -48,6 +59,10 @@ class RouterTxn:
     commit_started: bool = False  # terminationInitiated: a commit was sent
     recovering: bool = False  # a commit of a transaction this router never ran
     committed: bool = False  # a commit answered ok (a retry is answered ok)
+    # each namespace it reached -> its placement then (`placement`): a statement or commit
+    # after a migration, movePrimary or resharding of one aborts the transaction
+    placements: dict[str, Any] = field(default_factory=dict)
+    statement: int = 0  # the client's statements so far (latestStmtId)
 
     def recovery_token(self) -> dict[str, Any]:
         """`recoveryToken` (appendRecoveryToken): empty while the transaction only read."""
@@ -89,6 +104,35 @@ class TransactionRouters:
         self.sessions.pop(session_key(lsid), None)
 
 
+def placement(catalog: _Catalog, ns: str) -> Any:
+    """Where namespace `ns`'s documents live: its database's primary, its collection's
+    incarnation (resharding makes a new one) and which shard owns each range (a split alone
+    changes nothing: adjacent chunks on one shard count as one range)."""
+    db = ns.split(".", 1)[0]
+    coll = catalog.collections.get(ns)
+    runs: list[tuple[Any, str]] = []
+    for chunk in catalog.chunks.get(ns, ()):
+        if not runs or runs[-1][1] != chunk["shard"]:
+            runs.append((tuple(chunk["min"].items()), chunk["shard"]))
+    return (catalog.primary(db), None if coll is None else coll.get("uuid"), tuple(runs))
+
+
+def placement_changed(txn: RouterTxn, cmd: Mapping[str, Any], ns: str, why: str) -> MongoError:
+    """StaleConfig as mongos answers a transaction whose data moved under it (it cannot
+    retry a statement of one): the transaction is aborted (`in_session`)."""
+    return MongoError(
+        13388, f"Transaction {lsid_str(full_lsid(cmd['lsid']))}:{txn.txn_number} was aborted "
+        f"on statement {txn.statement} due to: an error from cluster data placement change "
+        f":: caused by :: {why} for {ns}", labels=["TransientTransactionError"])
+
+
+def check_placements(cluster: _Cluster, txn: RouterTxn, cmd: Mapping[str, Any]) -> None:
+    """Every namespace the transaction reached is where it was then (commit's check)."""
+    for ns, seen in txn.placements.items():
+        if seen[0] is not None and placement(cluster.catalog, ns) != seen:
+            raise placement_changed(txn, cmd, ns, "migration commit in progress")
+
+
 def in_transaction(cmd: Mapping[str, Any]) -> bool:
     return (cmd.get("autocommit") is False and isinstance(cmd.get("lsid"), Mapping)
             and cmd.get("txnNumber") is not None)
@@ -106,12 +150,23 @@ def join_transaction(cluster: _Cluster, shard: _Shard, body: dict[str, Any]) -> 
         return
     routers = cluster.txn_routers
     txn = routers.of(body)
+    target, db = body.get(next(iter(body))), body.get("$db")
+    if txn is not None and isinstance(target, str) and isinstance(db, str):
+        ns = f"{db}.{target}"
+        now = placement(cluster.catalog, ns)
+        seen = txn.placements.setdefault(ns, now)
+        if seen[0] is None:  # its database did not exist: made since (maybe by this one)
+            txn.placements[ns] = seen = now
+        if seen != now:
+            raise placement_changed(txn, body, ns, "version mismatch detected")
     if body.get("startTransaction") is True:
         # The client's first statement (a txnNumber is never reused): it may reach several
         # shards; each starts the transaction once.
         if txn is None:
             txn = routers.begin(body)
             txn.read_concern = body.get("readConcern")
+            if isinstance(target, str) and isinstance(db, str):
+                txn.placements[f"{db}.{target}"] = placement(cluster.catalog, f"{db}.{target}")
         if shard.name in txn.participants:
             del body["startTransaction"]
             body.pop("readConcern", None)

@@ -15,7 +15,7 @@ from cdcserver.commands.base import family
 from cdcserver.commands.transactions import full_lsid, lsid_str, transaction_of
 from cdcserver.context import ConnectionState, Handler, ServerState
 from cdcserver.sharding.cluster import ShardedCluster
-from cdcserver.sharding.router.participants import RouterTxn, in_transaction
+from cdcserver.sharding.router.participants import RouterTxn, check_placements, in_transaction
 from cdcserver.sharding.router.routing import cluster_of, forward, route
 from pipeline_stages.errors import MongoError
 
@@ -38,12 +38,22 @@ def in_session(handler: Handler) -> Handler:
         lsid = cmd.get("lsid")
         if isinstance(lsid, Mapping) and "uid" not in lsid:
             cmd["lsid"] = full_lsid(lsid)
-        reply = await handler(server, conn, cmd, db)
-        if in_transaction(cmd):
-            txn = cluster_of(server).txn_routers.of(cmd)
+        if not in_transaction(cmd):
+            return await handler(server, conn, cmd, db)
+        cluster = cluster_of(server)
+        try:
+            reply = await handler(server, conn, cmd, db)
+        except MongoError as exc:
+            if exc.code == 13388:  # its data moved: mongos aborts it (implicitly)
+                await _abort_everywhere(cluster, cmd)
+            raise
+        finally:
+            txn = cluster.txn_routers.of(cmd)
             if txn is not None:
-                reply["ok"] = 1.0  # (its place: the token follows it)
-                reply["recoveryToken"] = txn.recovery_token()
+                txn.statement += 1
+        if txn is not None:
+            reply["ok"] = 1.0  # (its place: the token follows it)
+            reply["recoveryToken"] = txn.recovery_token()
         return reply
 
     run.__name__ = getattr(handler, "__name__", "run")
@@ -76,6 +86,8 @@ async def commit_transaction(
         reply = {}
     else:
         first_attempt = not txn.commit_started
+        if first_attempt:
+            check_placements(cluster, txn, cmd)  # 13388: aborted (`in_session`)
         txn.commit_started = True
         writers = [n for n in txn.participants if n in txn.writers]
         readers = [n for n in txn.participants if n not in txn.writers]
@@ -121,6 +133,21 @@ async def abort_transaction(
     if len(errors) == len(txn.participants):
         raise errors[0]
     return reply
+
+
+async def _abort_everywhere(cluster: ShardedCluster, cmd: Mapping[str, Any]) -> None:
+    """implicitlyAbortTransaction: every participant aborts, errors ignored."""
+    txn = cluster.txn_routers.of(cmd)
+    if txn is None:
+        return
+    abort = {"abortTransaction": 1, "lsid": cmd["lsid"], "txnNumber": cmd["txnNumber"],
+             "autocommit": False}
+    for name in txn.participants:
+        try:
+            await forward(cluster, cluster.shard(name), abort, "admin")
+        except MongoError:
+            pass
+    txn.commit_started = True
 
 
 def _router_txn(cluster: ShardedCluster, cmd: Mapping[str, Any], *, for_commit: bool
