@@ -38,10 +38,13 @@ class Stream(ShellCursor):
         self._take(self.db.command(command)["cursor"], "nextBatch")
         return bool(self.batch)
 
-    def soon_next(self) -> dict[str, Any]:
-        """`assert.soon(() => cs.hasNext()); cs.next()`."""
-        self.soon_has_next()
-        return self.next()
+    def soon_next(self, tries: int = SOON_TRIES) -> dict[str, Any]:
+        """`assert.soon(() => cs.hasNext()); cs.next()`, within `tries` getMores (a hang
+        guard: each waits at most AWAIT_MS)."""
+        for _ in range(tries):
+            if self.has_next():
+                return self.next()
+        raise AssertionError("no event")
 
     def soon_exhausted(self) -> None:
         """`assert.soon(() => { assert(!cs.hasNext()); return cs.isExhausted(); })`."""
