@@ -5,13 +5,24 @@
 change stream's getMore fails with it and the `ResumableChangeStreamError` label; with a
 non-resumable one (FailedToParse), without any label.
 
-Left out: the rest, an outage of shard0 (`st.rs0.stopSet()`) and the errors of the change
-stream, find and aggregate cursors then: the embedded cluster's front reaches its shards in
-process, so closing a shard's listener (`ShardedServer.restart_shard`) is no outage for it."""
+Its outage part runs through a second mongos, a sidecar of the front (`ShardedSidecar`, `serve
+--upstream`), cut off from shard0 by closing shard0's listener (`ShardedServer.restart_shard`)
+where the jstest stops shard0 (`st.rs0.stopSet()`): the stream's getMore fails with one of the
+jstest's expected codes and the `ResumableChangeStreamError` label, and so does a new stream's
+first getMore or aggregate, with FailedToSatisfyReadPreference (133) in the jstest (a strict
+xfail: the sidecar answers 6 HostUnreachable). Left out of it: the `find` and non-stream
+`aggregate` cursors (no label expected): a sidecar forwards them to the front, which reaches
+its shards in process, so there is no outage for them."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+
+import pymongo
 import pytest
+
+from cdcserver.sharding.testing import ShardedSidecar
 
 NAME = "change_stream_error_label"
 
@@ -36,3 +47,78 @@ def test_fail_get_more_after_cursor_checkout(st, code, expected_label):
     finally:
         st.s.admin.command({"configureFailPoint": "failGetMoreAfterCursorCheckout",
                             "mode": "off"})
+
+
+# The codes the jstest accepts from a getMore once shard0 is stopped.
+EXPECTED_STOP_SHARD_ERRORS = {6, 7, 89, 9001, 91, 189, 10107, 11600, 11602, 13435, 13436}
+HANG_GUARD_S = 90  # a failure's budget, never an expectation of speed
+NEW_STREAM_CODE = (
+    "a new stream through the sidecar while a shard is unreachable is 6 HostUnreachable "
+    "(cdcserver/sharding/sidecar.py:266-269 `check_shards`, the same error as a running "
+    "stream's getMore); mongos cannot establish its cursor on the shard and answers 133 "
+    "FailedToSatisfyReadPreference, labeled ResumableChangeStreamError "
+    "(change_stream_error_label.js: 'attempting to open a new stream fails on the initial "
+    "aggregate')")
+
+
+@pytest.fixture
+def s1(st) -> Iterator[pymongo.MongoClient]:
+    with ShardedSidecar(st.server.uri) as sidecar, pymongo.MongoClient(sidecar.uri) as client:
+        yield client
+
+
+def _until_error(db, cursor_id: int) -> dict:
+    start = time.monotonic()
+    while time.monotonic() - start < HANG_GUARD_S:
+        reply = db.command({"getMore": cursor_id, "collection": "test", "maxTimeMS": 500},
+                           check=False)
+        if reply["ok"] != 1:
+            return reply
+    raise AssertionError("the getMore never failed")
+
+
+def _setup(st, s1):
+    st.s.admin.command({"enableSharding": NAME, "primaryShard": st.shard0})
+    st.shard_coll(st.s[NAME].test, {"_id": 1}, {"_id": 0}, {"_id": 0})
+    cs = s1[NAME].command({"aggregate": "test", "pipeline": [{"$changeStream": {}}],
+                           "cursor": {}})["cursor"]
+    for i in range(1, 11):
+        st.s[NAME].test.insert_many([{"_id": -i}, {"_id": i}])
+    seen = []
+    for _ in range(200):
+        batch = s1[NAME].command({"getMore": cs["id"], "collection": "test",
+                                  "maxTimeMS": 100})["cursor"]["nextBatch"]
+        seen += [e["documentKey"]["_id"] for e in batch]
+        if 10 in seen:
+            break
+    assert 10 in seen, seen
+    return cs["id"]
+
+
+def test_outage_fails_the_stream_with_the_label(st, s1):
+    cursor_id = _setup(st, s1)
+    replies = {}
+    st.server.restart_shard(0, lambda: replies.update(
+        running=_until_error(s1[NAME], cursor_id)))
+    reply = replies["running"]
+    assert reply["code"] in EXPECTED_STOP_SHARD_ERRORS, reply
+    assert "ResumableChangeStreamError" in reply.get("errorLabels", []), reply
+
+
+@pytest.mark.xfail(strict=True, reason=NEW_STREAM_CODE)
+def test_outage_fails_a_new_stream_with_133(st, s1):
+    cursor_id = _setup(st, s1)
+    replies = {}
+
+    def while_down() -> None:
+        _until_error(s1[NAME], cursor_id)
+        reply = s1[NAME].command({"aggregate": "test", "pipeline": [{"$changeStream": {}}],
+                                  "cursor": {}}, check=False)
+        if reply["ok"] == 1:
+            reply = _until_error(s1[NAME], reply["cursor"]["id"])
+        replies["new"] = reply
+
+    st.server.restart_shard(0, while_down)
+    reply = replies["new"]
+    assert reply["code"] == 133, reply
+    assert "ResumableChangeStreamError" in reply.get("errorLabels", []), reply
