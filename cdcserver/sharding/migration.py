@@ -35,6 +35,7 @@ from typing import Any
 
 from bson.binary import Binary
 from bson.int64 import Int64
+from bson.objectid import ObjectId
 
 from cdcserver.embedded.store import Collection
 from cdcserver.sharding.catalog import ShardingCatalog, _key_bytes
@@ -202,7 +203,9 @@ def temporary_namespace(db: str, old_uuid: bytes) -> str:
 def reshard(catalog: ShardingCatalog, stores: Stores, ns: str, key: dict[str, Any], unique: bool,
             new_uuid: bytes, primary: str, options: dict[str, Any],
             indexes: list[dict[str, Any]], *, provenance: str = RESHARD,
-            to: str | None = None, details: Mapping[str, Any] | None = None) -> None:
+            to: str | None = None, details: Mapping[str, Any] | None = None,
+            zones: list[dict[str, Any]] | None = None,
+            layout: list[tuple[dict[str, Any], dict[str, Any], str]] | None = None) -> None:
     """Reshard `ns` under `key`: clone every document into the temporary collection (owned
     by its shard under the new key), commit, then swap it in on every shard; the primary
     shard's swap writes the `reshardCollection` no-op
@@ -211,7 +214,9 @@ def reshard(catalog: ShardingCatalog, stores: Stores, ns: str, key: dict[str, An
     moveCollection and unshardCollection are this too (their `provenance`), under `{_id: 1}`
     into one chunk on shard `to`: the collection becomes a tracked unsharded one
     (`unsplittable`) whose documents are on `to` alone. `details`: the request's
-    `numInitialChunks` / `collation`, which the no-op repeats."""
+    `numInitialChunks` / `collation`, which the no-op repeats. `zones`: the collection's
+    zone ranges under the new key ({tag, min, max}; its old ones go at the commit), `layout`
+    the new chunks they make."""
     db, coll = ns.split(".", 1)
     source = _holder(catalog, stores, ns, primary)
     old_uuid = bytes(source.uuid) if source is not None else new_uuid
@@ -225,7 +230,7 @@ def reshard(catalog: ShardingCatalog, stores: Stores, ns: str, key: dict[str, An
         "details": dict(details or {}), "committed": False,
     })
     if to is None:
-        catalog.shard_collection(temp, key, unique, new_uuid, primary)
+        catalog.shard_collection(temp, key, unique, new_uuid, primary, layout=layout)
     else:
         catalog.shard_collection(temp, key, unique, new_uuid, to, unsplittable=True)
     # The database's primary keeps a copy (empty when it owns no chunk), as of every
@@ -253,6 +258,10 @@ def reshard(catalog: ShardingCatalog, stores: Stores, ns: str, key: dict[str, An
             for doc in owned:
                 store.insert_document(targets[name], doc)
     record["committed"] = True
+    # The zone ranges of the new key replace the old key's, in the commit's save.
+    catalog.tags = [t for t in catalog.tags if t["ns"] != ns] + [
+        {"_id": ObjectId(), "ns": ns, "min": z["min"], "max": z["max"], "tag": z["tag"]}
+        for z in zones or []]
     catalog.rename_collection(temp, ns)  # one save: the new key, chunks and UUID, committed
     _swap_in(catalog, stores, record)
     catalog.end_operation(record)
@@ -280,10 +289,10 @@ def _swap_in(catalog: ShardingCatalog, stores: Stores, record: Mapping[str, Any]
             if name == (record.get("to") or record["primary"]):
                 store.append_oplog("n", ns, {"msg": f"Reshard collection {ns} with shard key "
                                                     f"{bson_string(record['key'])}"},
-                                   ui=record["oldUuid"], o2=_resharded_o2(record))
+                                   ui=record["oldUuid"], o2=_resharded_o2(catalog, record))
 
 
-def _resharded_o2(record: Mapping[str, Any]) -> dict[str, Any]:
+def _resharded_o2(catalog: ShardingCatalog, record: Mapping[str, Any]) -> dict[str, Any]:
     """The `reshardCollection` no-op's o2 (its event's operationDescription)."""
     provenance = record.get("provenance", RESHARD)
     o2: dict[str, Any] = {
@@ -299,6 +308,9 @@ def _resharded_o2(record: Mapping[str, Any]) -> dict[str, Any]:
     if "collation" in details:
         o2["collation"] = details["collation"]
     o2["provenance"] = provenance
+    zones = catalog.zone_ranges(record["ns"])  # the collection's, after the commit
+    if zones:
+        o2["zones"] = [{"zone": t["tag"], "min": t["min"], "max": t["max"]} for t in zones]
     return o2
 
 

@@ -16,6 +16,8 @@ import pymongo
 import pymongo.errors
 import pytest
 from bson.binary import Binary
+from bson.max_key import MaxKey
+from bson.min_key import MinKey
 from pymongo.errors import OperationFailure
 
 from cdcserver.sharding.testing import ShardedServer
@@ -223,22 +225,50 @@ def test_after_move_primary_the_new_primary_has_a_copy_of_a_moved_collection(clu
     assert _counts(cluster, DB, COLL) == [1, 0]
 
 
-def test_reshard_collection_event_repeats_the_requests_details(cluster, client):
-    """reshard_collection_event.js's reshardCollection case (without its zones)."""
+@pytest.mark.parametrize("level", ["collection", "database"])
+def test_reshard_collection_event_repeats_the_requests_details(cluster, client, level):
+    """reshard_collection_event.js's reshardCollection case."""
     client.admin.command("enableSharding", DB, primaryShard="shard0")
     client.admin.command("shardCollection", NS, key={"_id": 1})
+    client.admin.command({"addShardToZone": "shard1", "zone": "zone1"})
     old_uuid = _collection_uuid(cluster, 0)
-    with _stream(client, "collection") as stream:
+    zones = [{"zone": "zone1", "min": {"newKey": MinKey()}, "max": {"newKey": MaxKey()}}]
+    with _stream(client, level) as stream:
         client.admin.command({"reshardCollection": NS, "key": {"newKey": 1}, "unique": False,
-                              "numInitialChunks": 1, "collation": {"locale": "simple"}})
+                              "numInitialChunks": 1, "collation": {"locale": "simple"},
+                              "zones": zones})
         event = _next(stream)
+    new_uuid = _collection_uuid(cluster, 0)
     assert event["operationType"] == "reshardCollection"
     assert event["collectionUUID"] == old_uuid
     assert event["operationDescription"] == {
-        "reshardUUID": _collection_uuid(cluster, 0), "shardKey": {"newKey": 1},
+        "reshardUUID": new_uuid, "shardKey": {"newKey": 1},
         "oldShardKey": {"_id": 1}, "unique": False, "numInitialChunks": 1,
-        "collation": {"locale": "simple"}, "provenance": "reshardCollection",
+        "collation": {"locale": "simple"}, "provenance": "reshardCollection", "zones": zones,
     }
+    # The zone's range is the collection's now, and its one chunk is on the zone's shard.
+    tags = list(client.config.tags.find({"ns": NS}))
+    assert [(t["min"], t["max"], t["tag"]) for t in tags] == [
+        ({"newKey": MinKey()}, {"newKey": MaxKey()}, "zone1")]
+    assert [c["shard"] for c in client.config.chunks.find({"uuid": new_uuid})] == ["shard1"]
+    client[DB][COLL].insert_one({"_id": 2})
+    with _stream(client, level, resume_after=event["_id"]) as stream:
+        event = _next(stream)
+    assert event["operationType"] == "insert" and event["documentKey"] == {"_id": 2}
+
+
+def test_reshard_collection_zones_must_exist_and_not_overlap(client):
+    client.admin.command("shardCollection", NS, key={"_id": 1})
+    code, message = _code(lambda: client.admin.command({
+        "reshardCollection": NS, "key": {"k": 1},
+        "zones": [{"zone": "nowhere", "min": {"k": MinKey()}, "max": {"k": 0}}]}))
+    assert (code, message) == (2, "Zone must already exist")
+    client.admin.command({"addShardToZone": "shard1", "zone": "A"})
+    code, message = _code(lambda: client.admin.command({
+        "reshardCollection": NS, "key": {"k": 1},
+        "zones": [{"zone": "A", "min": {"k": 0}, "max": {"k": 10}},
+                  {"zone": "A", "min": {"k": 5}, "max": {"k": 20}}]}))
+    assert (code, message) == (2, "Zone ranges must not overlap")
 
 
 # -- unshardCollection --------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from cdcserver.sharding.catalog import ShardingCatalog, _key_bytes
 from cdcserver.sharding.cluster import ShardedCluster
 from cdcserver.sharding.router.moves import collection_like, ensure_collection_on, migrate
 from cdcserver.sharding.router.routing import cluster_of, forward
-from cdcserver.sharding.router.zones import balancer_round, initial_layout
+from cdcserver.sharding.router.zones import balancer_round, initial_layout, reshard_zones
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import document_string
 
@@ -447,10 +447,13 @@ async def reshard_collection(
         name = "_".join(f"{f}_{v}" for f, v in key.items())
         if all(i.get("name") != name for i in indexes):
             indexes.append({"v": 2, "key": dict(key), "name": name})
-    details = {name: cmd[name] for name in ("numInitialChunks", "collation") if name in cmd}
+    details: dict[str, Any] = {n: cmd[n] for n in ("numInitialChunks", "collation") if n in cmd}
+    zones = reshard_zones(catalog, cmd["zones"], key) if cmd.get("zones") is not None else []
+    layout = initial_layout(catalog, ns, key, zones) if zones else None
     async with cluster.placement.critical_section(ns):
         migration.reshard(catalog, cluster.stores(), ns, key, unique, uuid_module.uuid4().bytes,
-                          primary.name, options, indexes, details=details)
+                          primary.name, options, indexes, details=details, zones=zones,
+                          layout=layout)
     return {}
 
 

@@ -212,12 +212,15 @@ async def update_zone_key_range(
     return {}
 
 
-def initial_layout(catalog: ShardingCatalog, ns: str, key: Mapping[str, Any]
+def initial_layout(catalog: ShardingCatalog, ns: str, key: Mapping[str, Any],
+                   ranges: list[dict[str, Any]] | None = None,
                    ) -> list[tuple[dict[str, Any], dict[str, Any], str]] | None:
     """The first chunks of an empty collection with zone ranges (SingleChunkPerTagSplitPolicy):
-    one per range, on the shards of its zone in turn; the gaps between them spread over every
-    shard. None: no range."""
-    ranges = catalog.zone_ranges(ns)
+    one per range (`ranges`, by their min: {tag, min, max}; else its config.tags), on the
+    shards of its zone in turn; the gaps between them spread over every shard. None: no
+    range."""
+    if ranges is None:
+        ranges = catalog.zone_ranges(ns)
     if not ranges:
         return None
     fields = list(key)
@@ -257,6 +260,31 @@ def initial_layout(catalog: ShardingCatalog, ns: str, key: Mapping[str, Any]
             shard = min(shards, key=lambda n: (counts[n], shards.index(n)))
             counts[shard] += 1
         out.append((lo, hi, shard))
+    return out
+
+
+def reshard_zones(catalog: ShardingCatalog, zones: Any, key: Mapping[str, Any]
+                  ) -> list[dict[str, Any]]:
+    """reshardCollection's `zones` ({zone, min, max} each; resharding_util's validateZones):
+    each a zone some shard is in (else 2), the ranges not overlapping (else 2); as
+    config.tags ranges of the new key, by their min."""
+    if not isinstance(zones, list):
+        raise MongoError(14, "BSON field 'reshardCollection.zones' is the wrong type "
+                         f"'{type_name(zones)}', expected type 'array'")
+    fields = list(key)
+    out = []
+    for zone in zones:
+        if not isinstance(zone, Mapping) or not isinstance(zone.get("zone"), str) or not all(
+                isinstance(zone.get(b), Mapping) for b in ("min", "max")):
+            raise MongoError(9, "a zone is {zone: <string>, min: <object>, max: <object>}")
+        if not catalog.zone_shards(zone["zone"]):
+            raise MongoError(2, "Zone must already exist")
+        out.append({"tag": zone["zone"], "min": _extended(zone["min"], fields),
+                    "max": _extended(zone["max"], fields)})
+    out.sort(key=lambda t: bound_bytes(t["min"]))
+    for prev, nxt in zip(out, out[1:], strict=False):
+        if bound_bytes(prev["max"]) > bound_bytes(nxt["min"]):
+            raise MongoError(2, "Zone ranges must not overlap")
     return out
 
 
