@@ -52,6 +52,7 @@ MOVE_PRIMARY = "movePrimary"
 RESHARD = "reshardCollection"
 MOVE_COLLECTION = "moveCollection"
 UNSHARD_COLLECTION = "unshardCollection"
+BALANCER_MOVE_COLLECTION = "balancerMoveCollection"  # off a draining shard
 
 
 def _range(record: Mapping[str, Any]) -> dict[str, Any]:

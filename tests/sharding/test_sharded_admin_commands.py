@@ -271,6 +271,21 @@ def test_reshard_collection_zones_must_exist_and_not_overlap(client):
     assert (code, message) == (2, "Zone ranges must not overlap")
 
 
+def test_draining_moves_a_moved_collection_off_the_shard(cluster, client):
+    client.admin.command("enableSharding", DB, primaryShard="shard0")
+    client[DB][COLL].insert_many([{"_id": i} for i in range(5)])
+    client.admin.command({"moveCollection": NS, "toShard": "shard1"})
+    with _stream(client, "collection") as stream:
+        assert client.admin.command("removeShard", "shard1")["state"] == "started"
+        event = _next(stream)
+    assert event["operationType"] == "reshardCollection"
+    assert event["operationDescription"]["provenance"] == "balancerMoveCollection"
+    entry = client.config.collections.find_one({"_id": NS})
+    assert [c["shard"] for c in client.config.chunks.find({"uuid": entry["uuid"]})] == ["shard0"]
+    assert client.admin.command("removeShard", "shard1")["state"] == "completed"
+    assert sorted(d["_id"] for d in client[DB][COLL].find({})) == list(range(5))
+
+
 # -- unshardCollection --------------------------------------------------------------------------
 
 def test_unshard_collection_puts_a_sharded_collection_on_one_shard(cluster, client):

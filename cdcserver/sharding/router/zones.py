@@ -23,7 +23,7 @@ from cdcserver.commands.base import family
 from cdcserver.context import ConnectionState, Handler, ServerState
 from cdcserver.sharding.catalog import ShardingCatalog, bound_bytes
 from cdcserver.sharding.cluster import ShardedCluster
-from cdcserver.sharding.migration import MOVE_COLLECTION, bson_string
+from cdcserver.sharding.migration import BALANCER_MOVE_COLLECTION, bson_string
 from cdcserver.sharding.router.collection_moves import move_to
 from cdcserver.sharding.router.moves import migrate
 from cdcserver.sharding.router.routing import cluster_of
@@ -356,7 +356,7 @@ async def balancer_round(cluster: ShardedCluster) -> int:
                 counts = {n: sum(c["shard"] == n for cs in catalog.chunks.values() for c in cs)
                           for n in targets}
                 await move_to(cluster, ns, min(targets, key=lambda n: counts[n]),
-                              MOVE_COLLECTION)
+                              BALANCER_MOVE_COLLECTION)
                 moved += 1
             continue
         _split_at_zone_bounds(catalog, ns)
