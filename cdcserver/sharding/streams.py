@@ -361,12 +361,29 @@ class MergedChangeStream(HeldHere):
                     self.silent_invalidate) > resume_token.sort_key(self.pbrt):
                     self.pbrt = dict(self.silent_invalidate)
                 return Batch(out, self.pbrt, True)
-            high = self.merge.post_batch_resume_token
+            high = self._written_high(self.merge.post_batch_resume_token)
             if high is not None and resume_token.sort_key(high) > resume_token.sort_key(
                 self.pbrt
             ):
                 self.pbrt = dict(high)
         return Batch(out, self.pbrt, False)
+
+    def _written_high(self, high: Any) -> Any:
+        """The merge's high-water mark as a token reports it: no later than the newest entry
+        any shard's oplog holds (idle shards promise the cluster's next time, so events need
+        not wait; mongod's shards report their latest entry, so a stream started after an
+        invalidate keeps the invalidate's token until something is written)."""
+        if high is None:
+            return None
+        latest = None
+        for shard in self.cluster.shards:
+            ts = shard.log.latest_ts()
+            if ts is not None and (latest is None or ts > latest):
+                latest = ts
+        data = resume_token.decode(high)
+        if latest is None or not data.is_high_water_mark or data.cluster_time <= latest:
+            return high
+        return ResumeTokenData.high_water_mark(latest, data.version).to_document()
 
     async def first_batch(self, batch_size: int | None) -> Batch:
         """Empty, whatever `batch_size`: mongos opens each shard's stream with `batchSize: 0`

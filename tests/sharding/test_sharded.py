@@ -203,7 +203,11 @@ def test_an_idle_shard_does_not_hold_events_back(cluster, client):
             event = stream.try_next()
             assert event is not None and event["documentKey"]["_id"] == i
         assert stream.try_next() is None
-        # Its post-batch token is a high-water mark past the last event.
+        # Its post-batch token stays the last event's: nothing was written after it (as
+        # mongos's, the minimum of its shards' tokens, each at its oplog's newest entry).
+        assert stream.resume_token == event["_id"]
+        client.busy.other.insert_one({"after": 1})  # written later (not watched): a later mark
+        assert stream.try_next() is None
         assert stream.resume_token["_data"] > event["_id"]["_data"]
     idle_latest = [cluster.call(s.log.latest_ts) for s in cluster.cluster.shards[1:]]
     assert all(ts < event["clusterTime"] for ts in idle_latest)
