@@ -23,6 +23,7 @@ from cdcserver.context import ConnectionState, Handler, ServerState
 from cdcserver.sharding import migration
 from cdcserver.sharding.catalog import ShardingCatalog, _key_bytes
 from cdcserver.sharding.cluster import ShardedCluster
+from cdcserver.sharding.router import config_reads
 from cdcserver.sharding.router.moves import collection_like, ensure_collection_on, migrate
 from cdcserver.sharding.router.routing import cluster_of, forward
 from cdcserver.sharding.router.zones import balancer_round, initial_layout, reshard_zones
@@ -47,19 +48,7 @@ async def list_shards(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
 ) -> dict[str, Any]:
     _admin_only("listShards", db)
-    return {"shards": shard_docs(cluster_of(server))}
-
-
-def shard_docs(cluster: ShardedCluster) -> list[dict[str, Any]]:
-    catalog = cluster.catalog
-    return [
-        {"_id": s.name, "host": s.host_string, "state": 1,
-         "topologyTime": catalog.topology_time[s.name],
-         **({"draining": True} if s.name in catalog.draining else {}),
-         **({"tags": list(catalog.shard_zones[s.name])} if s.name in catalog.shard_zones
-            else {})}
-        for s in cluster.shards
-    ]
+    return {"shards": config_reads.shard_docs(cluster_of(server))}
 
 
 @command("enableSharding", "enablesharding")

@@ -13,7 +13,7 @@ from typing import Any
 
 from bson.timestamp import Timestamp
 
-from cdcserver.commands.tables import merge, without
+from cdcserver.commands.tables import merge
 from cdcserver.context import ConnectionState, Handler, ServerState
 from cdcserver.sharding.router import (
     admin,
@@ -32,11 +32,10 @@ from cdcserver.sharding.router.routing import cluster_of
 TABLE: dict[str, Handler] = merge(
     handshake.TABLE,  # hello, isMaster, isdbgrid, ping, serverStatus
     admin.TABLE,  # listShards, enableSharding, shardCollection, chunks, shards, resharding
-    zones.TABLE,  # addShardToZone, removeShardFromZone, updateZoneKeyRange, the balancer,
-    #               find (config.tags; every other find is query's)
+    zones.TABLE,  # addShardToZone, removeShardFromZone, updateZoneKeyRange, the balancer
     collection_moves.TABLE,  # moveCollection, unshardCollection
     write_ops.TABLE,  # insert, update, delete, findAndModify
-    without(query.TABLE, "find"),  # count, distinct, aggregate (and change streams)
+    query.TABLE,  # find, count, distinct, aggregate (config.* reads, change streams)
     ddl.TABLE,  # create, createIndexes, collMod, renameCollection, drops, listDatabases
     transactions.TABLE,  # commitTransaction, abortTransaction, the session commands
 )

@@ -22,7 +22,7 @@ from cdcserver.context import ConnectionState, Handler, ServerState
 from cdcserver.cursors import FORWARDED, QUERY_RESULT, GetMore, HeldHere
 from cdcserver.sharding.catalog import _MISSING, _key_bytes
 from cdcserver.sharding.cluster import ShardedCluster
-from cdcserver.sharding.router.admin import shard_docs
+from cdcserver.sharding.router import config_reads
 from cdcserver.sharding.router.change_streams import open_change_stream
 from cdcserver.sharding.router.merge import merge_pipeline
 from cdcserver.sharding.router.routing import (
@@ -82,8 +82,8 @@ async def find(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
 ) -> dict[str, Any]:
     cluster = cluster_of(server)
-    if db == "config" and cmd.get("find") in ("shards", "databases", "collections", "chunks"):
-        return _config_find(cluster, cmd)
+    if config_reads.is_config_read(cmd, db):
+        return await config_reads.find(cluster, cmd)
     ns = sharded_ns(cluster, cmd, db)
     if ns is None:
         return await forward(cluster, primary_shard(cluster, db, create=False), cmd, db)
@@ -213,29 +213,13 @@ def _results_reply(server: ServerState, cluster: ShardedCluster, docs: list[Any]
     return {"cursor": {"firstBatch": first, "id": Int64(cursor_id), "ns": ns}}
 
 
-def _config_find(cluster: ShardedCluster, cmd: Mapping[str, Any]) -> dict[str, Any]:
-    catalog = cluster.catalog
-    name = cmd["find"]
-    if name == "shards":
-        docs = shard_docs(cluster)
-    elif name == "databases":
-        docs = list(catalog.databases.values())
-    elif name == "collections":
-        docs = list(catalog.collections.values())
-    else:
-        docs = [c for cs in catalog.chunks.values() for c in cs]
-    flt = cmd.get("filter") or {}
-    docs = [d for d in docs if all(d.get(k) == v for k, v in flt.items())]
-    if name == "chunks":
-        docs = [{k: v for k, v in d.items() if k != "ns"} for d in docs]
-    return {"cursor": {"firstBatch": docs, "id": Int64(0), "ns": f"config.{name}"}}
-
-
 @command("count")
 async def count(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
 ) -> dict[str, Any]:
     """Summed over the shards owning the collection's chunks (a sharded collection's)."""
+    if config_reads.is_config_read(cmd, db):
+        return await config_reads.count(cluster_of(server), cmd)
     return await route(server, cmd, db)  # its policy: routing.POLICIES
 
 
@@ -253,6 +237,8 @@ async def aggregate(
 ) -> dict[str, Any]:
     cluster = cluster_of(server)
     if not is_change_stream_aggregate(cmd):
+        if config_reads.is_config_read(cmd, db):
+            return await config_reads.aggregate(cluster, cmd)
         ns = sharded_ns(cluster, cmd, db)
         if ns is None:
             return await forward(cluster, primary_shard(cluster, db, create=False), cmd, db)

@@ -288,25 +288,6 @@ def reshard_zones(catalog: ShardingCatalog, zones: Any, key: Mapping[str, Any]
     return out
 
 
-# -- config.tags --------------------------------------------------------------------------------
-
-@command("find")
-async def find(
-    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
-) -> dict[str, Any]:
-    """`config.tags` from the catalog (every other find routed as `query.find` does)."""
-    if db != "config" or cmd.get("find") != "tags":
-        from cdcserver.sharding.router import query  # (query imports this package's admin)
-
-        return await query.find(server, conn, cmd, db)
-    catalog = cluster_of(server).catalog
-    flt = cmd.get("filter") or {}
-    docs = [t for t in catalog.tags if all(t.get(k) == v for k, v in flt.items())]
-    if isinstance(cmd.get("sort"), Mapping) and list(cmd["sort"]) in (["min"], ["ns", "min"]):
-        docs.sort(key=lambda t: (t["ns"], bound_bytes(t["min"])))
-    return {"cursor": {"firstBatch": docs, "id": Int64(0), "ns": "config.tags"}}
-
-
 # -- the balancer ---------------------------------------------------------------------------------
 
 @command("balancerStart", "balancerStop", "balancerStatus")

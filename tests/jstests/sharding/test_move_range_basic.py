@@ -8,9 +8,8 @@ fresh cluster here (the jstest moves one chunk back and forth).
 Left out: its big chunks (`chunkSize: 1` MB and 20 MB of documents, so that `moveRange` with
 one bound splits the chunk it moves: the embedded cluster splits by bounds, not by size); its
 case on an unsplittable collection (`createUnsplittableCollection`, a test-only command); its
-8.3-only case (11089203). Its `config.chunks.countDocuments` are `find`s here: count and
-aggregate on `config.*` through the front are `test_config_chunks_count_documents`'s strict
-xfail."""
+8.3-only case (11089203). Its `config.chunks.countDocuments` are `find`s here, but for
+`test_config_chunks_count_documents`, which counts as the jstest does."""
 
 from __future__ import annotations
 
@@ -78,15 +77,6 @@ def _on(st, chunk: dict, shard: str) -> int:
     return len(list(st.s.config.chunks.find({"_id": chunk["_id"], "shard": shard})))
 
 
-CONFIG_COUNT = (
-    "count and aggregate (countDocuments) on config.chunks through the front find nothing: "
-    "only `find` is answered from the catalog (cdcserver/sharding/router/query.py:84, "
-    "`_config_find` :215); `count` (:233) and `aggregate` (:250) go to the shards, which have "
-    "no config.chunks; mongos runs them on the config server (move_range_basic.js counts "
-    "chunks with config.chunks.countDocuments)")
-
-
-@pytest.mark.xfail(strict=True, reason=CONFIG_COUNT)
 def test_config_chunks_count_documents(st):
     ns, chunk = _setup(st, "nonHashedShardKey", {"a": 1})
     assert st.s.config.chunks.count_documents({"_id": chunk["_id"], "shard": st.shard0}) == 1
