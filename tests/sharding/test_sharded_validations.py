@@ -79,7 +79,6 @@ def test_router_refusals_come_in_mongod_order(client):
     assert err.code == 50865
 
 
-@pytest.mark.xfail(strict=True, reason="admin.py's shardCollection no-op has no capped field")
 def test_shard_collection_event_as_mongod_8_writes_it(cluster, client):
     first = cluster.cluster.shards[0].name
     client.admin.command("enableSharding", "sce", primaryShard=first)

@@ -155,7 +155,7 @@ async def shard_collection(
     with store.batch():
         store.append_oplog("n", ns, {"msg": {"shardCollection": ns}}, ui=c.ui, o2={
             "shardCollection": ns, "shardKey": key, "unique": unique,
-            "presplitHashedZones": False,
+            "presplitHashedZones": False, "capped": False,  # (8.0 writes capped too)
         })
     return {"collectionsharded": ns}
 
