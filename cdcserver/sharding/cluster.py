@@ -14,7 +14,6 @@ import ssl
 from dataclasses import dataclass, field
 from typing import Any
 
-from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
 from cdcserver.auth import SYSTEM_USER, ConnectionAuth, ServerAuth
@@ -28,7 +27,6 @@ from cdcserver.sharding.catalog import ShardingCatalog
 from cdcserver.sharding.coordinator import CoordinatorLog
 from cdcserver.sharding.lookups import RoutedImages
 from cdcserver.sharding.router.participants import TransactionRouters
-from cdcserver.sharding.shard_error import ShardError
 from cdcserver.sharding.shard_store import ClusterClock, ShardStore
 from cdcserver.sources.embedded import EmbeddedOplog
 from cdcserver.sources.merged import MergedOplog
@@ -227,41 +225,6 @@ class ShardedCluster:
             self._merger = (server_state(EmbeddedDeployment(store)),
                             ConnectionState(-1000, "mongos merger"))
         return self._merger
-
-    async def merge_pipeline(
-        self, docs: list[Any], stages: list[Any], cmd: Any, ns: str
-    ) -> dict[str, Any]:
-        """The merging half of an aggregation on a sharded collection ($group, $sort...), run
-        over the shards' results by an in-memory store of the front's own (no client sees
-        it)."""
-        from cdcserver.commands.registry import run_command
-
-        state, conn = self._merger_state()
-        self._merges += 1
-        db = f"__merge{self._merges}"
-        try:
-            if docs:
-                await run_command(state, conn, {"insert": "docs", "documents": docs,
-                                                "$db": db})
-            options = {k: v for k, v in cmd.items()
-                       if k in ("collation", "let", "allowDiskUse", "maxTimeMS")}
-            reply = await run_command(state, conn, {
-                "aggregate": "docs", "pipeline": stages, "cursor": {}, **options, "$db": db,
-            })
-            if reply.get("ok") != 1:
-                raise ShardError(reply)
-            out = list(reply["cursor"]["firstBatch"])
-            cursor_id = int(reply["cursor"]["id"])
-            while cursor_id:
-                more = await run_command(state, conn, {
-                    "getMore": Int64(cursor_id), "collection": "docs", "$db": db})
-                if more.get("ok") != 1:
-                    raise ShardError(more)
-                out.extend(more["cursor"]["nextBatch"])
-                cursor_id = int(more["cursor"]["id"])
-        finally:
-            await run_command(state, conn, {"dropDatabase": 1, "$db": db})
-        return {"cursor": {"firstBatch": out, "id": Int64(0), "ns": ns}}
 
     def shard(self, name: str) -> Shard:
         return self._by_name[name]
