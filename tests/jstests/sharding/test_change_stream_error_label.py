@@ -65,6 +65,31 @@ NEW_STREAM_CODE = (
 def s1(st) -> Iterator[pymongo.MongoClient]:
     with ShardedSidecar(st.server.uri) as sidecar, pymongo.MongoClient(sidecar.uri) as client:
         yield client
+        _recovered(st, client)
+
+
+def _recovered(st, s1) -> None:
+    """Once shard0 listens again, wait until a stream through the sidecar delivers an event
+    (its tail of shard0 has reconnected) before the sidecar stops: stopping it while that
+    tail is still reconnecting can outlast ThreadServer's 30 s stop guard (a sidecar shutdown
+    defect, see README.md)."""
+    start = time.monotonic()
+    while time.monotonic() - start < HANG_GUARD_S:
+        reply = s1[NAME].command({"aggregate": "test", "pipeline": [{"$changeStream": {}}],
+                                  "cursor": {}}, check=False)
+        if reply["ok"] == 1:
+            st.s[NAME].test.insert_one({"_id": -100})
+            st.s[NAME].test.delete_one({"_id": -100})
+            for _ in range(50):
+                more = s1[NAME].command({"getMore": reply["cursor"]["id"], "collection": "test",
+                                         "maxTimeMS": 200}, check=False)
+                if more["ok"] != 1:
+                    break
+                if more["cursor"]["nextBatch"]:
+                    s1[NAME].command({"killCursors": "test",
+                                      "cursors": [reply["cursor"]["id"]]})
+                    return
+        time.sleep(0.2)
 
 
 def _until_error(db, cursor_id: int) -> dict:
