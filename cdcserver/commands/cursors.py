@@ -17,7 +17,14 @@ from bson.int64 import Int64
 from cdcserver.commands.arguments import is_string, wrong_type
 from cdcserver.commands.base import Handler, family, int_arg
 from cdcserver.context import ConnectionState, ServerState
-from cdcserver.cursors import CHANGE_STREAM, ChangeStreamCursor, GetMore, cursor_reply
+from cdcserver.cursors import (
+    CHANGE_STREAM,
+    FORWARDED,
+    ChangeStreamCursor,
+    Cursor,
+    GetMore,
+    cursor_reply,
+)
 from cdcserver.cursors.change_stream import prefetch_after
 from pipeline_stages.errors import MongoError
 from pipeline_stages.pipeline import ChangeStreamPipeline
@@ -84,9 +91,43 @@ async def aggregate(
     return {"cursor": cursor_reply(cursor.id, ns, batch, first=True)}
 
 
+def awaits_data(cursor: Cursor) -> bool | None:
+    """Whether a getMore on `cursor` may wait for results (mongod's ClientCursor::isAwaitData):
+    a change stream's always, a tailable awaitData find's (a capped collection's, the
+    oplog's); None for a cursor held elsewhere, whose holder decides."""
+    if cursor.kind == CHANGE_STREAM:
+        return True
+    if cursor.kind == FORWARDED:
+        return None
+    return getattr(cursor, "await_data", False) is True
+
+
+# getmore_cmd.cpp validateMaxTimeMS (a pin check: the cursor stays open); mongos's
+# cluster_find.cpp answers with its own text, and its failed pin kills the cursor.
+MAX_TIME_NOT_AWAIT_DATA = "cannot set maxTimeMS on getMore command for a non-awaitData cursor"
+ROUTER_MAX_TIME_NOT_AWAIT_DATA = (
+    "maxTimeMS can only be used with getMore for tailable, awaitData cursors"
+)
+
+
 @command("getMore")
 async def get_more(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
+    """mongod's getMore, for a cursor of any kind."""
+    return await _get_more(server, conn, cmd, db, router=False)
+
+
+async def router_get_more(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
+    """mongos's getMore (the sharded front's): as mongod's, but `maxTimeMS` on a cursor that
+    is not awaitData is refused with mongos's text, and the cursor is gone after it."""
+    return await _get_more(server, conn, cmd, db, router=True)
+
+
+async def _get_more(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str, router: bool
 ) -> dict[str, Any]:
     cursor_id = cmd.get("getMore")
     if not isinstance(cursor_id, int) or isinstance(cursor_id, bool):
@@ -105,10 +146,19 @@ async def get_more(
     more = GetMore(int_arg(cmd, "batchSize", "getMore"), int_arg(cmd, "maxTimeMS", "getMore"),
                    cmd, db, lambda: server.shutting_down)
     cursor = server.cursors.check_out(int(cursor_id), f"{db}.{coll}")  # 43, 13, 143
+    if more.max_time_ms is not None and awaits_data(cursor) is False:
+        server.cursors.check_in(cursor)
+        if router:
+            server.cursors.kill(cursor.id)
+            raise MongoError(2, ROUTER_MAX_TIME_NOT_AWAIT_DATA)
+        raise MongoError(2, MAX_TIME_NOT_AWAIT_DATA)
     try:
         reply = await cursor.get_more_reply(more)
-    except MongoError:
+    except MongoError as e:
         server.cursors.kill(cursor.id)  # getMore's cursorDeleter: a failed cursor is closed
+        if router and e.code == 2 and e.errmsg == MAX_TIME_NOT_AWAIT_DATA:
+            # a shard's cursor read through the front: mongos checks its own cursor
+            raise MongoError(2, ROUTER_MAX_TIME_NOT_AWAIT_DATA) from None
         raise
     finally:
         server.cursors.check_in(cursor)

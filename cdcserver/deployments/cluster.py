@@ -61,7 +61,7 @@ def _front_table() -> dict[str, Handler]:
         **auth.TABLE,
         "configureFailPoint": failpoints.configure_fail_point,
         # Every cursor's, whatever holds it: a merged stream, merged results, a shard's.
-        "getMore": cursors.get_more,
+        "getMore": cursors.router_get_more,  # mongos's maxTimeMS check
         "killCursors": cursors.kill_cursors,
         # Set on every shard at one time, as the config server does; read from one.
         "setClusterParameter": cluster_parameters.set_cluster_parameter,

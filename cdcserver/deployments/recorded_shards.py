@@ -4,6 +4,7 @@ clients, its change streams each shard's recording merged as mongos merges them
 
 from __future__ import annotations
 
+from cdcserver.commands import cursors
 from cdcserver.context import CommandTable, Handler, Route
 from cdcserver.deployment import Standalone
 from cdcserver.deployments.recorded import RECORDED
@@ -18,6 +19,7 @@ _OWN: dict[str, Handler] = {
     "isMaster": handshake.is_master,
     "ismaster": handshake.is_master,
     "aggregate": recorded._aggregate,  # a change stream merged from every shard's recording
+    "getMore": cursors.router_get_more,  # mongos's maxTimeMS check
 }
 _RECORDED: dict[str, Handler | Route] = {
     k: v for k, v in RECORDED.items() if not k.startswith("$")
