@@ -123,7 +123,7 @@ class ShardedCluster:
         if self.data_dir is not None:
             shard_dir = os.path.join(self.data_dir, name)
             os.makedirs(shard_dir, exist_ok=True)
-        store = ShardStore(shard_dir, clock=self.clock, catalog=self.catalog,
+        store = ShardStore(shard_dir, clock=self.clock, catalog=self.catalog, shard_name=name,
                            **self._store_options)
         log = EmbeddedOplog(store, noop_interval_s=self._noop_interval_s)
         store.listeners.append(self.oplog.notify)

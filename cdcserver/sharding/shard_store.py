@@ -10,6 +10,14 @@ For a sharded collection the oplog carries the documentKey as mongod writes it: 
 key's fields, then `_id` (insert and update `o2`, delete `o`). Chunk migrations and the
 non-primary shards' part of a sharded DDL write their entries with `fromMigrate: true`, which
 change streams skip.
+
+So does a write on an orphan, as mongod's PreWriteFilter (`write_stage_common.cpp`,
+featureFlagNoChangeStreamEventsDueToOrphans, on since 6.0) marks it: an insert of a document,
+an update or a delete of a document (its pre-image) of a sharded collection whose shard key
+falls in a chunk this shard does not own is logged `fromMigrate: true` (in a transaction, its
+operation in `applyOps`), whoever sent it (a client on the shard's own port, the TTL monitor);
+the write itself is done. (mongod skips an update or delete of an orphan that a router sent,
+`kSkip`; the front here routes by the same catalog, so it targets owned documents.)
 """
 
 from __future__ import annotations
@@ -20,11 +28,16 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import bson
+from bson.codec_options import CodecOptions
 from bson.int64 import Int64
+from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 from cdcserver.embedded.store import Collection, Store, _now_ms
 from cdcserver.sharding.catalog import ShardingCatalog
+
+# Decodes a logged entry for re-encoding as it was: sub-documents kept as their bytes.
+_RAW = CodecOptions(document_class=RawBSONDocument)
 
 
 class ClusterClock:
@@ -53,11 +66,13 @@ class ClusterClock:
 class ShardStore(Store):
     def __init__(
         self, data_dir: str | None, *, clock: ClusterClock, catalog: ShardingCatalog,
-        **options: Any,
+        shard_name: str | None = None, **options: Any,
     ) -> None:
         self.clock = clock
         self.sharding = catalog
+        self.shard_name = shard_name  # None: no ownership check (every write is a user's)
         self._key_doc: Mapping[str, Any] | None = None  # the document of the update/delete
+        self._pre_doc: Mapping[str, Any] | None = None  # the update's document before it
         self.from_migrate = False
         self._pinned: Timestamp | None = None
         self._prepare: tuple[Timestamp, Timestamp] | None = None
@@ -117,11 +132,11 @@ class ShardStore(Store):
 
     def update_document(self, c: Any, pre: dict[str, Any], post: dict[str, Any],
                         **kwargs: Any) -> bool:
-        self._key_doc = post
+        self._key_doc, self._pre_doc = post, pre
         try:
             return super().update_document(c, pre, post, **kwargs)
         finally:
-            self._key_doc = None
+            self._key_doc = self._pre_doc = None
 
     def delete_document(self, c: Any, pre: dict[str, Any], *args: Any, **kwargs: Any) -> None:
         self._key_doc = pre
@@ -132,12 +147,16 @@ class ShardStore(Store):
 
     def append_oplog(self, op: str, ns: str, o: Mapping[str, Any], **kwargs: Any
             ) -> tuple[Timestamp, Any]:
+        orphan = False
         if op in ("i", "u", "d") and self.sharding.is_sharded(ns):
             if op == "i":
                 kwargs["o2"] = self.sharding.document_key(ns, o)
+                orphan = self._is_orphan(ns, o)
             elif op == "u" and self._key_doc is not None:
                 kwargs["o2"] = self.sharding.document_key(ns, self._key_doc)
+                orphan = self._is_orphan(ns, self._pre_doc or self._key_doc)
             elif op == "d" and self._key_doc is not None:
+                orphan = self._is_orphan(ns, self._key_doc)
                 o = self.sharding.document_key(ns, self._key_doc) or o
         prepare = self._prepare
         if (prepare is not None and op == "c" and self.txn is None and isinstance(o, Mapping)
@@ -153,7 +172,39 @@ class ShardStore(Store):
             return ts, wall  # the applyOps entry's: pre-images are keyed by it
         if self.from_migrate and self.txn is None:
             return self._log_from_migrate(op, ns, o, kwargs.get("ui"), kwargs.get("o2"))
+        if orphan and not self.from_migrate:
+            return self._log_orphan_write(op, ns, o, **kwargs)
         return super().append_oplog(op, ns, o, **kwargs)
+
+    def _is_orphan(self, ns: str, doc: Mapping[str, Any]) -> bool:
+        """`doc` (of sharded `ns`) falls in a chunk another shard owns (PreWriteFilter's
+        `_documentBelongsToMe` is false)."""
+        name = self.shard_name
+        return name is not None and self.sharding.shard_for(ns, doc) != name
+
+    def _log_orphan_write(self, op: str, ns: str, o: Mapping[str, Any], **kwargs: Any
+                          ) -> tuple[Timestamp, Any]:
+        """The write logged as a user's is (its session fields, its retry image, its place in a
+        transaction), with `fromMigrate: true` after its `o2` (or `o`), where a migration's
+        entry has it."""
+        txn = self.txn
+        if txn is not None:
+            before = len(txn.ops)
+            ts, wall = super().append_oplog(op, ns, o, **kwargs)
+            if len(txn.ops) > before:
+                txn.ops[-1]["fromMigrate"] = True
+            return ts, wall
+        persist, self.persist = self.persist, None  # persisted once marked, below
+        try:
+            ts, wall = super().append_oplog(op, ns, o, **kwargs)
+        finally:
+            self.persist = persist
+        at, raw = self._pending[-1]
+        raw = _marked_from_migrate(raw)
+        self._pending[-1] = (at, raw)
+        if persist is not None:
+            persist.append_oplog(at, raw)
+        return ts, wall
 
     def _log_from_migrate(
         self, op: str, ns: str, o: Mapping[str, Any], ui: Any, o2: Mapping[str, Any] | None
@@ -176,3 +227,16 @@ class ShardStore(Store):
         if self.persist is not None:
             self.persist.append_oplog(ts, raw)
         return ts, wall
+
+
+def _marked_from_migrate(raw: bytes) -> bytes:
+    """The encoded oplog entry `raw` with `fromMigrate: true` after its `o2` (else its `o`);
+    every other field's bytes as they were."""
+    entry = bson.decode(raw, _RAW)
+    after = "o2" if "o2" in entry else "o"
+    out: dict[str, Any] = {}
+    for key, value in entry.items():
+        out[key] = value
+        if key == after:
+            out["fromMigrate"] = True
+    return bson.encode(out)
