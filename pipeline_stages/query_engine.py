@@ -53,6 +53,7 @@ __all__ = [
     "filter_applies",
     "filter_function",
     "normalize",
+    "ordered_filter",
     "process_pipeline",
     "project",
     "upsert_seed",
@@ -123,6 +124,7 @@ def _install_mongomock_types() -> None:
     _install_missing_comparison()
     _install_scalar_path_missing()
     _install_match_operators()
+    _install_ordered_group()
     expressions.install(_mm_aggregate._Parser)  # $getField/$setField/$unsetField, 16410
     _mm_aggregate._GROUPING_OPERATOR_MAP["$sum"] = group_sum
     _INSTALLED = True
@@ -205,6 +207,10 @@ def _install_match_operators() -> None:
         return type_of(dv, sv)
 
     operators["$type"] = type_any
+    operators["$all"] = _all_op
+    # apply() calls its own `_all_op` for a top-level `$all` (an instance attribute wins)
+    inst: Any = _mm_filtering._filterer_inst
+    inst._all_op = _all_op
 
 
 def _is_number(v: Any) -> bool:
@@ -276,6 +282,162 @@ def _install_missing_comparison() -> None:
         return _mm_filtering.SORTING_OPERATOR_MAP[operator_name](cmp, 0)
 
     parser._handle_comparison_operator = handle_comparison
+
+
+# -- BSON equality of documents: field by field, in order ------------------------------------
+
+
+def _leaf_equal(a: Any, b: Any) -> bool:
+    """Scalars as BSON compares them: a boolean is never equal to a number."""
+    if isinstance(a, bool) != isinstance(b, bool):
+        return False
+    return bool(a == b)
+
+
+class _OrderedDoc(dict):  # type: ignore[type-arg]
+    """A document operand of a query's equality (`{a: {x: 1, y: 2}}`, `$eq`, `$in`...): equal
+    only to a document with the same fields in the same order (mongod compares BSON objects
+    field by field), where Python's dict equality ignores the order. A dict subclass, so
+    Python asks its `__eq__` first when the other side is a plain dict."""
+
+    __slots__ = ()
+    __hash__ = None
+
+    def __eq__(self, other: object) -> bool:
+        return _ordered_equal(self, other, _leaf_equal)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+
+class _OrderedList(list):  # type: ignore[type-arg]
+    """An array operand of a query's equality: element by element, documents in order."""
+
+    __slots__ = ()
+    __hash__ = None
+
+    def __eq__(self, other: object) -> bool:
+        return _ordered_equal(self, other, _leaf_equal)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+
+def _ordered_value(value: Any) -> Any:
+    if isinstance(value, (_OrderedDoc, _OrderedList)):
+        return value
+    if isinstance(value, Mapping):
+        return _OrderedDoc(value)
+    if isinstance(value, list):
+        return _OrderedList(value)
+    return value
+
+
+def _is_operators(value: Any) -> bool:
+    return isinstance(value, Mapping) and bool(value) and all(
+        isinstance(k, str) and k.startswith("$") for k in value)
+
+
+def _ordered_condition(value: Any) -> Any:
+    if not _is_operators(value):
+        return _ordered_value(value)
+    out: dict[str, Any] = {}
+    for op, arg in value.items():
+        if op in ("$eq", "$ne"):
+            out[op] = _ordered_value(arg)
+        elif op in ("$in", "$nin", "$all") and isinstance(arg, list):
+            out[op] = [_regex_operand(v) if op == "$all" else _ordered_value(v) for v in arg]
+        elif op == "$not" and _is_operators(arg):
+            out[op] = _ordered_condition(arg)
+        elif op == "$elemMatch" and isinstance(arg, Mapping):
+            out[op] = _ordered_condition(arg) if _is_operators(arg) and not any(
+                k in ("$and", "$or", "$nor", "$expr", "$where") for k in arg
+            ) else ordered_filter(arg)
+        else:
+            out[op] = arg
+    return out
+
+
+def _regex_operand(value: Any) -> Any:
+    """An `$all` element: a regex compiled as `$regex` operands are, anything else ordered."""
+    if isinstance(value, (Regex, re.Pattern)):
+        from pipeline_stages.regex import as_match_regex
+
+        return as_match_regex(value)
+    if isinstance(value, Mapping) and "$elemMatch" in value:
+        return value
+    return _ordered_value(value)
+
+
+def ordered_filter(filter_doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A (compiled) filter whose equality operands compare documents field by field in order,
+    as mongod's BSON comparison does, also inside arrays, `$in`, `$ne`, `$nin`, `$all` and
+    `$elemMatch` (mongomock compares them as Python dicts, ignoring the order)."""
+    out: dict[str, Any] = {}
+    for key, value in filter_doc.items():
+        if key in ("$and", "$or", "$nor") and isinstance(value, list):
+            out[key] = [ordered_filter(c) if isinstance(c, Mapping) else c for c in value]
+        elif key.startswith("$"):
+            out[key] = value
+        else:
+            out[key] = _ordered_condition(value)
+    return out
+
+
+def _all_op(doc_val: Any, search_val: Any) -> bool:
+    """`$all`: every operand matches an element (a regex one matching a string element, as
+    mongod's `$all: [/re/]` is an `$and` of regexes); an empty `$all` matches nothing."""
+    if not isinstance(search_val, list) or not search_val:
+        return False
+    if isinstance(doc_val, list) and doc_val and isinstance(doc_val[0], list):
+        doc_val = [v for sub in doc_val for v in (sub if isinstance(sub, list) else [sub])]
+    values = doc_val if isinstance(doc_val, (list, tuple)) else [doc_val]
+    inst: Any = _mm_filtering._filterer_inst
+    for operand in search_val:
+        if isinstance(operand, Mapping) and "$elemMatch" in operand:
+            if not inst._elem_match_op(doc_val, operand["$elemMatch"]):
+                return False
+        elif isinstance(operand, (Regex, re.Pattern)):
+            if not _mm_filtering._regex(list(values), operand):
+                return False
+        elif operand not in values:
+            return False
+    return True
+
+
+def _install_ordered_group() -> None:
+    """`$group` keys compared as mongod compares values (documents field by field in order,
+    1 and 1.0 alike): grouped by their KeyString, groups in the BSON order of their keys."""
+    from pipeline_stages import keystring
+
+    handlers: dict[str, Any] = _mm_aggregate._PIPELINE_HANDLERS
+    original: Callable[[Any, Any, Any], Any] = handlers["$group"]
+    parse: Callable[..., Any] = _mm_aggregate._parse_expression
+
+    def group(in_collection: Any, database: Any, options: Any) -> Any:
+        _id = options.get("_id") if isinstance(options, Mapping) else None
+        if not _id:
+            return original(in_collection, database, options)
+        keyed: dict[bytes, tuple[Any, list[Any]]] = {}
+        for doc in in_collection:
+            try:
+                key = parse(_id, doc, ignore_missing_keys=True)
+            except KeyError:
+                key = None
+            try:
+                encoded = keystring.encode_values((key,))[0]
+            except Exception:  # noqa: BLE001 - a key KeyString cannot encode: mongomock's way
+                return original(in_collection, database, options)
+            keyed.setdefault(encoded, (key, []))[1].append(doc)
+        out = []
+        for encoded in sorted(keyed):
+            key, docs = keyed[encoded]
+            doc_dict = _mm_aggregate._accumulate_group(options, docs)
+            doc_dict["_id"] = key
+            out.append(doc_dict)
+        return out
+
+    handlers["$group"] = group
 
 
 def _has_document(*values: Any) -> bool:

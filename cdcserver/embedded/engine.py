@@ -215,7 +215,7 @@ def _compiled_filter(filter_doc: Mapping[str, Any]) -> dict[str, Any]:
     known, compiled = _compiled
     if known is not filter_doc:
         validate_filter(filter_doc)
-        compiled = compile_filter(filter_doc)
+        compiled = query_engine.ordered_filter(compile_filter(filter_doc))
         _compiled = (filter_doc, compiled)
     return compiled
 
@@ -308,7 +308,8 @@ def rewrite_pipeline(pipeline: list[Any]) -> list[dict[str, Any]]:
         elif name == "$facet" and isinstance(arg, Mapping):
             out.append({"$facet": {k: rewrite_pipeline(v) for k, v in arg.items()}})
         elif name == "$match" and isinstance(arg, Mapping):
-            out.append({"$match": compile_filter(arg)})  # regexes: regex.py's matcher
+            # regexes: regex.py's matcher; documents compared in field order
+            out.append({"$match": query_engine.ordered_filter(compile_filter(arg))})
         else:
             out.append(dict(stage))
     return out
