@@ -31,7 +31,7 @@ from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 from cdcserver.auth import User
-from cdcserver.commands import oplog_find, profiler
+from cdcserver.commands import oplog_find, profiler, search
 from cdcserver.commands.failpoints import FailPoints
 from cdcserver.config import unix_socket_mode
 from cdcserver.context import ConnectionState, Handler, Route, ServerState
@@ -1465,6 +1465,7 @@ async def explain_aggregate(
     if not isinstance(pipeline, list):
         raise MongoError(14, f"BSON field 'aggregate.pipeline' is the wrong type "
                          f"'{type_name(pipeline)}', expected type 'array'")
+    search.check_search_stages(pipeline)  # 31082 when the pipeline is parsed
     stages = [dict(s) for s in pipeline if isinstance(s, Mapping)]
     ns = f"{db}.{target}" if isinstance(target, str) else f"{db}.$cmd.aggregate"
     filter_doc: dict[str, Any] = {}

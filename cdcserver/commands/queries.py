@@ -17,7 +17,7 @@ from typing import Any
 import bson
 from bson.int64 import Int64
 
-from cdcserver.commands import admin, capped_find, oplog_find
+from cdcserver.commands import admin, capped_find, oplog_find, search
 from cdcserver.commands import cursors as change_streams
 from cdcserver.commands.arguments import is_number, is_string
 from cdcserver.commands.base import Handler, family
@@ -558,6 +558,7 @@ async def _aggregate(
     server: ServerState, conn: ConnectionState, cmd: Mapping[str, Any], db: str
 ) -> dict[str, Any]:
     """aggregate without `$changeStream`, its `let` bound."""
+    search.check_search_stages(cmd.get("pipeline"))  # 31082: no search service here
     check_requires_change_stream(cmd.get("pipeline"))
     target = cmd.get("aggregate")
     if cmd.get("explain") is True:

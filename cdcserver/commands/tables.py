@@ -26,6 +26,7 @@ from cdcserver.commands import (
     failpoints,
     handshake,
     queries,
+    search,
     transactions,
     user_management,
     writes,
@@ -66,6 +67,7 @@ OWN = merge(
     transactions.TABLE,  # commitTransaction, abortTransaction, endSessions, killSessions...
     user_management.TABLE,  # createUser, updateUser, dropUser, dropAllUsersFromDatabase
     cluster_parameters.TABLE,  # setClusterParameter, getClusterParameter (the store's; else 115)
+    search.TABLE,  # createSearchIndexes, ... (31082: no search service)
 )
 
 # The embedded store's commands whose handlers need the store before anything else: with a
