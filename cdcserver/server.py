@@ -25,11 +25,12 @@ from bson.codec_options import CodecOptions, DatetimeConversion
 from cdcserver import wire
 from cdcserver.auth import ServerAuth
 from cdcserver.commands import failpoints
-from cdcserver.commands.registry import run_command
+from cdcserver.commands.registry import error_reply, run_command
 from cdcserver.config import Config, unix_socket_mode
 from cdcserver.context import ConnectionState, ServerState
 from cdcserver.deployment import Deployment, server_state
 from cdcserver.logs import log_slow_command, serving_summary, slow_log
+from pipeline_stages.errors import MongoError
 
 log = logging.getLogger(__name__)
 
@@ -257,8 +258,11 @@ class Server:
         read = reader.read
         write = writer.write
         transport = writer.transport
+        pending = b""  # what the client sent while an awaitable hello watched its socket
         while True:
-            if watch is not None:
+            if pending:
+                data, pending = pending, b""
+            elif watch is not None:
                 try:
                     data = await watch.read(read)
                 except asyncio.CancelledError:
@@ -300,7 +304,15 @@ class Server:
                 conn.awaited_s = 0.0
                 started = time.perf_counter()
                 try:
-                    reply = await run_command(state, conn, cmd)
+                    if awaitable:
+                        reply, sent = await _run_watching(state, conn, cmd, read)
+                        pending += sent
+                        if reply is None:
+                            return  # the client closed the connection: nobody to answer
+                    else:
+                        reply = await run_command(state, conn, cmd)
+                    if name in _HELLO:
+                        reply = _check_exhaust_hello(state, name, cmd, request, reply)
                     # Like mongod's durationMillis: the awaitData wait for events is left out.
                     took = time.perf_counter() - started - conn.awaited_s
                     if name == "getMore" and state.metrics is not None:
@@ -311,7 +323,7 @@ class Server:
                         log_slow_command(took, conn.id, name, ns, reply)
                     if getattr(request, "more_to_come", False):
                         continue  # the client asked for no reply
-                    more = name == "getMore" and _exhaust_goes_on(request, reply)
+                    more = _exhaust_goes_on(name, cmd, request, reply)
                     reply_id = next(_request_ids)
                     # Like mongod, a compressed request gets a reply in its own compressor.
                     write(
@@ -329,7 +341,12 @@ class Server:
                         await writer.drain()
                     # (more is only ever an OP_MSG's: _exhaust_goes_on)
                     if more and isinstance(request, wire.OpMsg):
-                        await _stream_exhaust(state, conn, cmd, request, reply_id, writer)
+                        rest = await _stream_exhaust(
+                            state, conn, name, cmd, reply, request, reply_id, writer, read
+                        )
+                        if rest is None:
+                            return  # the client closed the connection during the stream
+                        pending += rest
                 finally:
                     conn.command = None
             if frames.error is not None:
@@ -374,27 +391,114 @@ class _IdleWatch:
             self.timer = self.loop.call_at(due, self._check)
 
 
-def _exhaust_goes_on(request: wire.Request, reply: Mapping[str, Any]) -> bool:
-    """mongod's exhaust getMore: an OP_MSG with exhaustAllowed whose reply succeeded with an
-    open cursor is answered with moreToCome, and the server runs the same getMore again."""
+def _exhaust_goes_on(
+    name: str, cmd: Mapping[str, Any], request: wire.Request, reply: Mapping[str, Any]
+) -> bool:
+    """Whether mongod would answer this request with moreToCome and run it again on its own
+    (the command set its reply builder's next invocation, and the reply succeeded): an OP_MSG
+    with exhaustAllowed that is a getMore whose cursor is still open, or an awaitable hello
+    (topologyVersion + maxAwaitTimeMS: replication_info.cpp, cluster_hello_cmd.cpp)."""
     if not isinstance(request, wire.OpMsg) or not request.exhaust_allowed:
         return False
     if not isinstance(reply, dict) or reply.get("ok", 1) != 1:
+        return False
+    if name in _HELLO:
+        return "maxAwaitTimeMS" in cmd and "topologyVersion" in reply
+    if name != "getMore":
         return False
     cursor = reply.get("cursor")
     return isinstance(cursor, dict) and bool(cursor.get("id"))
 
 
+def _check_exhaust_hello(
+    state: ServerState, name: str, cmd: Mapping[str, Any], request: wire.Request,
+    reply: Mapping[str, Any],
+) -> Mapping[str, Any]:
+    """mongod's CmdHello under exhaust (opCtx->isExhaust(): the OP_MSG's exhaustAllowed) with
+    no maxAwaitTimeMS fails with 51756 once the rest of hello has run."""
+    if (
+        name in _HELLO and isinstance(request, wire.OpMsg) and request.exhaust_allowed
+        and reply.get("ok", 1) == 1 and "maxAwaitTimeMS" not in cmd
+    ):
+        err = MongoError(
+            51756, "An isMaster or hello request with exhaust must specify 'maxAwaitTimeMS'"
+        )
+        return error_reply(state, err, False)
+    return reply
+
+
+async def _run_watching(
+    state: ServerState, conn: ConnectionState, cmd: dict[str, Any],
+    read: Callable[[int], Awaitable[bytes]],
+) -> tuple[Mapping[str, Any] | None, bytes]:
+    """Run an awaitable hello (it waits up to maxAwaitTimeMS) while watching the connection,
+    as mongod's hello marks itself killed on client disconnect: (its reply, what the client
+    sent meanwhile, to be read next), or (None, b"") when the client closed the connection
+    (a driver closing its monitor): then no task lingers on it for the rest of the wait."""
+    run = asyncio.ensure_future(run_command(state, conn, cmd))
+    peek = asyncio.ensure_future(read(256 * 1024))
+    try:
+        await asyncio.wait((run, peek), return_when=asyncio.FIRST_COMPLETED)
+        if not run.done():
+            sent = _read_result(peek)
+            if not sent:
+                return None, b""
+            return await run, sent  # a request sent early: read once this one is answered
+        if not peek.done():
+            peek.cancel()  # (a read waiting for data takes none when cancelled)
+            await asyncio.wait((peek,))
+        return run.result(), _read_result(peek)
+    finally:
+        for task in (run, peek):
+            if not task.done():
+                task.cancel()
+                await asyncio.wait((task,))  # (our own cancellation still propagates)
+
+
+def _read_result(task: asyncio.Future[bytes]) -> bytes:
+    """What a finished read got: b"" when it was cancelled, or the connection failed (the
+    next read or write notices that)."""
+    if task.cancelled() or task.exception() is not None:
+        return b""
+    return task.result()
+
+
+def _next_invocation(
+    name: str, cmd: dict[str, Any], reply: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The command an exhaust stream runs next (mongod's setNextInvocation): a getMore the
+    same; a hello the same with the reply's topologyVersion, the one its next wait uses."""
+    if name in _HELLO and reply.get("topologyVersion") != cmd.get("topologyVersion"):
+        return {**cmd, "topologyVersion": reply["topologyVersion"]}
+    return cmd
+
+
 async def _stream_exhaust(
-    state: ServerState, conn: ConnectionState, cmd: dict[str, Any], request: wire.OpMsg,
-    reply_id: int, writer: asyncio.StreamWriter,
-) -> None:
-    """The rest of an exhaust stream: the getMore run again, each reply a response to the one
-    before it, with moreToCome until the cursor is exhausted or fails (that reply without)."""
+    state: ServerState, conn: ConnectionState, name: str, cmd: dict[str, Any],
+    reply: Mapping[str, Any], request: wire.OpMsg, reply_id: int,
+    writer: asyncio.StreamWriter,
+    read: Callable[[int], Awaitable[bytes]],
+) -> bytes | None:
+    """The rest of an exhaust stream: the command run again, each reply a response to the one
+    before it, with moreToCome until it ends (a getMore's cursor exhausted, or a reply that
+    failed: that one without). A hello's stream goes on while the client reads it, one reply
+    per topology change or maxAwaitTimeMS, and ends when the client closes the connection
+    (None); otherwise what the client sent meanwhile, to be read next."""
+    awaitable = name in _HELLO
+    pending = b""
     while True:
-        conn.command = "getMore"
-        reply = await run_command(state, conn, cmd)
-        more = _exhaust_goes_on(request, reply)
+        cmd = _next_invocation(name, cmd, reply)
+        if awaitable:
+            conn.command = None  # a monitor's wait: not work in flight
+            got, sent = await _run_watching(state, conn, cmd, read)
+            pending += sent
+            if got is None:
+                return None
+            reply = got
+        else:
+            conn.command = name
+            reply = await run_command(state, conn, cmd)
+        more = _exhaust_goes_on(name, cmd, request, reply)
         previous, reply_id = reply_id, next(_request_ids)
         msg = wire.encode_op_msg(
             reply, request_id=reply_id, response_to=previous,
@@ -405,7 +509,7 @@ async def _stream_exhaust(
         writer.write(msg)
         await writer.drain()  # the client reads at its own pace: each reply waits for room
         if not more:
-            return
+            return pending
 
 
 def _parse_error_reply(frame: wire.Frame, exc: wire.ProtocolError) -> bytes:

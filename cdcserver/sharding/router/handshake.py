@@ -3,7 +3,9 @@ replica-set fields), isdbgrid, ping, and serverStatus (a shard's, as the router'
 
 mongos: src/mongo/s/commands/cluster_hello_cmd.cpp. `_front_hello` also answers for the
 modes that are a mongos to their clients without being this cluster (sharding/sidecar.py,
-sharding/recorded.py).
+sharding/recorded.py). Its awaitable form is mongos's (MongosTopologyCoordinator): the
+router's own process's topologyVersion (a sidecar's too: `handshake.topology_version`),
+51761 for a counter ahead of it; exhaust (moreToCome) is the service layer's (server.py).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ _HELLO_KEEP = ("maxBsonObjectSize", "maxMessageSizeBytes", "maxWriteBatchSize", 
 async def _front_hello(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str, legacy: bool
 ) -> dict[str, Any]:
-    base = await handshake._hello(server, conn, cmd, db, legacy)
+    base = await handshake._hello(server, conn, cmd, db, legacy, router=True)
     reply: dict[str, Any] = {}
     if cmd.get("helloOk") is True:
         reply["helloOk"] = True
