@@ -32,7 +32,9 @@ from bson.timestamp import Timestamp
 
 from cdcserver.auth import User
 from cdcserver.commands import oplog_find, profiler, search
+from cdcserver.commands.arguments import is_number, is_string, safe_long
 from cdcserver.commands.failpoints import FailPoints
+from cdcserver.commands.write_parsing import GENERIC_ARGUMENTS
 from cdcserver.config import unix_socket_mode
 from cdcserver.context import ConnectionState, Handler, Route, ServerState
 from cdcserver.cursors import ChangeStreamCursor
@@ -42,7 +44,7 @@ from cdcserver.embedded.store import Store
 from cdcserver.sources.base import EntryList
 from cdcserver.sources.mongo import UpstreamOplog
 from pipeline_stages.errors import MongoError
-from pipeline_stages.value_string import type_name
+from pipeline_stages.value_string import type_name, value_string
 
 MAX_WIRE_VERSION = 25  # MongoDB 8.0
 SERVER_VERSION = "8.0.12"
@@ -342,10 +344,11 @@ def server_parameters(server: ServerState) -> dict[str, Any]:
         "tlsMode": "requireTLS" if (
             server.config is not None and server.config.tls.enabled) else "disabled",
     }
+    params.update(server.part(SetParameters).values)  # set at runtime (setParameter)
     if store is not None:
         lifetime = store.transaction_lifetime_limit_seconds
         params["transactionLifetimeLimitSeconds"] = int(lifetime) if lifetime > 0 else 2**31 - 1
-        params["ttlMonitorEnabled"] = store.ttl_monitor_sleep_secs > 0
+        params.setdefault("ttlMonitorEnabled", store.ttl_monitor_sleep_secs > 0)
         params["ttlMonitorSleepSecs"] = int(store.ttl_monitor_sleep_secs)
     return dict(sorted(params.items()))  # mongod walks its parameter map in name order
 
@@ -382,6 +385,90 @@ async def get_parameter(
             reply[name] = value
     if not reply:
         raise MongoError(72, "no option found to get")
+    return reply
+
+
+_SET_HELP = ", use help:true to see options "
+
+
+def _element(name: str, value: Any) -> str:
+    """A BSON element as mongod prints it (`name: value`)."""
+    return f"{name}: {value_string(value)}"
+
+
+def _coerced_long(name: str, value: Any, least: int) -> int:
+    """An IDL long / int server parameter's new value (BSONElement::coerce, then its `gte`)."""
+    if not is_number(value):
+        raise MongoError(2, f"Invalid value for parameter {name}: {_element(name, value)}")
+    n = safe_long(value)
+    if n < least:
+        raise MongoError(2, f"Invalid value for parameter {name}: {n} is not greater than or "
+                         f"equal to {least}")
+    return n
+
+
+def _set_server_parameter(server: ServerState, name: str, value: Any) -> None:
+    """Set one runtime-settable parameter (parameters.cpp CmdSet's ServerParameter::set)."""
+    store = _store(server)
+    if name == "cursorTimeoutMillis":
+        server.cursors.idle_timeout_s = _coerced_long(name, value, 0) / 1000
+    elif name == "transactionLifetimeLimitSeconds" and store is not None:
+        store.transaction_lifetime_limit_seconds = _coerced_long(name, value, 1)
+    elif name == "ttlMonitorSleepSecs" and store is not None:
+        store.ttl_monitor_sleep_secs = _coerced_long(name, value, 1)
+    elif name == "tlsMode":
+        current = server_parameters(server)["tlsMode"]
+        if not is_string(value):
+            raise MongoError(14, "Value for parameter tlsMode must be of type 'string'")
+        if value != current:
+            raise MongoError(2, f"Illegal state transition for tlsMode, attempt to change from "
+                             f"{current} to {value}")
+    else:  # a bool (BSONElement::coerce<bool>: any value, its truth)
+        server.part(SetParameters).values[name] = _truth(value)
+
+
+def _truth(value: Any) -> bool:
+    """BSONElement::trueValue."""
+    if value is None or value is False:
+        return False
+    if is_number(value):
+        return bool(value)
+    return True
+
+
+class SetParameters:
+    """The parameters set at runtime that no other part of the server keeps (by name)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+
+
+@_command("setParameter")
+async def set_parameter(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
+    """parameters.cpp CmdSet: every name checked (72 unknown, 20 not settable at runtime)
+    before any is set; they are set in name order, `was` the first one's old value."""
+    _admin_only("setParameter", db)
+    known = server_parameters(server)
+    wanted: dict[str, Any] = {}
+    for name, value in itertools.islice(cmd.items(), 1, None):
+        if name in GENERIC_ARGUMENTS:
+            continue
+        if name not in known:
+            raise MongoError(72, f"attempted to set unrecognized parameter [{name}]{_SET_HELP}")
+        if name not in _SETTABLE_AT_RUNTIME or (
+                name in ("transactionLifetimeLimitSeconds", "ttlMonitorEnabled",
+                         "ttlMonitorSleepSecs") and _store(server) is None):
+            raise MongoError(20, f"not allowed to change [{name}] at runtime")
+        wanted[name] = value
+    reply: dict[str, Any] = {}
+    for name in sorted(wanted):  # a std::map
+        if not reply:
+            reply["was"] = known[name]
+        _set_server_parameter(server, name, wanted[name])
+    if not reply:
+        raise MongoError(72, f"no option found to set{_SET_HELP}")
     return reply
 
 
@@ -689,7 +776,7 @@ _API_V1_STAGES = frozenset(
 )
 # Alias -> the name mongod reports the command by.
 _CANONICAL = {"findandmodify": "findAndModify", "ismaster": "isMaster", "buildinfo": "buildInfo",
-              "deleteIndexes": "dropIndexes"}
+              "deleteIndexes": "dropIndexes", "dbstats": "dbStats"}
 
 
 def check_api_parameters(name: str, cmd: Mapping[str, Any]) -> None:
@@ -964,7 +1051,7 @@ def _index_sizes(c: Collection, count: int) -> dict[str, int]:
     return {ix["name"]: 4096 + 32 * count for ix in c.indexes}
 
 
-@_command("dbStats")
+@_command("dbStats", "dbstats")
 async def db_stats(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
 ) -> dict[str, Any]:
