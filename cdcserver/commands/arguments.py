@@ -33,6 +33,7 @@ __all__ = [
     "LONG_MIN",
     "array_arg",
     "bool_arg",
+    "check_read_concern",
     "check_session_arguments",
     "cursor_batch_size",
     "is_number",
@@ -205,6 +206,28 @@ def check_session_arguments(cmd: Mapping[str, Any]) -> None:
     long_arg(cmd, "txnNumber", where)
     bool_arg(cmd, "autocommit", where)
     bool_arg(cmd, "startTransaction", where)
+
+
+READ_CONCERN_LEVELS = ("local", "majority", "linearizable", "available", "snapshot")
+
+
+def check_read_concern(cmd: Mapping[str, Any]) -> None:
+    """The `readConcern` of any command, parsed as mongod 8.0 parses it (read_concern_args.cpp
+    `initialize`, then its IDL `ReadConcernIdl`): 9 FailedToParse when it is not a document,
+    14 for a level that is not a string, 2 BadValue for a level that is not one of mongod's."""
+    if "readConcern" not in cmd:
+        return
+    rc = cmd["readConcern"]
+    if not isinstance(rc, Mapping):
+        raise MongoError(9, "readConcern field should be an object")
+    level = rc.get("level")
+    if level is None:
+        return
+    if not is_string(level):
+        raise wrong_type("readConcern.level", level, "string")
+    if level not in READ_CONCERN_LEVELS:
+        raise MongoError(2, f"Enumeration value '{level}' for field 'readConcern.level' is not "
+                         "a valid value.")
 
 
 def cursor_batch_size(cmd: Mapping[str, Any], where: str) -> int | None:

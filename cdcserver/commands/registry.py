@@ -198,6 +198,7 @@ async def run_command(
                 admin.check_api_parameters(name, cmd)  # apiVersion / apiStrict (322, 323)
             arguments.check_session_arguments(cmd)  # lsid, txnNumber...: typed for every one
             if not forwarded:
+                arguments.check_read_concern(cmd)  # 9, 14, 2 (an unknown level)
                 txn_rules.check_allowed(name, cmd)  # 263, before the session is checked out
                 check_snapshot_read_concern(name, cmd)  # 72 outside a transaction
                 checked_out = True
