@@ -26,6 +26,8 @@ def coll_arg(cmd: Mapping[str, Any], name: str) -> str:
         )
     if not value:
         raise MongoError(73, f"Invalid namespace specified '{cmd.get('$db')}.'")
+    if "\0" in value:  # NamespaceString's constructor: the whole command fails
+        raise MongoError(73, "namespaces cannot have embedded null characters")
     coll: str = value
     return coll
 
