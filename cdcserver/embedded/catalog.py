@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import bson
+from bson.int64 import Int64
 
 from cdcserver.embedded import engine
 from cdcserver.embedded.store_types import ID_INDEX as ID_INDEX
@@ -49,7 +50,23 @@ def ordered_options(options: Mapping[str, Any]) -> dict[str, Any]:
     out = {k: options[k] for k in OPTION_ORDER if k in options}
     if out.get("changeStreamPreAndPostImages", {}).get("enabled") is False:
         del out["changeStreamPreAndPostImages"]  # toBSON leaves out a disabled option
+    if out.get("capped") and "size" in out:
+        out["size"] = capped_size(out["size"])
     return out
+
+
+def capped_size(value: Any) -> Any:
+    """A capped collection's `size` as mongod keeps it: CollectionOptions::parse rounds it up
+    to a multiple of 256 (`size += 0xff; size &= ~0xff`), and toBSON appends it with
+    appendNumber (an int up to 2^30, else a long)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value  # the create's own checks answer
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return value
+        value = int(value)  # safeNumberLong truncates
+    size = (int(value) + 0xFF) & ~0xFF
+    return size if -(1 << 30) <= size <= 1 << 30 else Int64(size)
 
 
 def _since(c: Collection) -> int:
