@@ -555,7 +555,40 @@ def _fix_text_spec(spec: dict[str, Any]) -> None:
 
 
 def _comparable(spec: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in spec.items() if k not in ("v", "name", "background", "hidden")}
+    out = {k: v for k, v in spec.items() if k not in ("v", "name", "background", "hidden")}
+    out["key"] = list(spec["key"].items())  # a key pattern's field order counts
+    return out
+
+
+def _index_collation(spec: Mapping[str, Any]) -> Any:
+    """An index's collation as indexes compare it: None for the simple one, else the spec
+    with ICU's defaults (`{locale: "en_US"}` is the same collation written out in full)."""
+    collation = spec.get("collation")
+    if not isinstance(collation, Mapping) or collation.get("locale") in (None, "simple"):
+        return None
+    return {"locale": collation["locale"],
+            **{k: collation.get(k, v) for k, v in _COLLATION_DEFAULTS.items()}}
+
+
+def _collation_defaults(spec: dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+    """CollectionImpl::addCollationDefaultsToIndexSpecsForCreate: the simple collation is
+    stored as none, and an index given none takes the collection's default collation."""
+    collation = spec.get("collation")
+    if isinstance(collation, Mapping) and collation.get("locale") == "simple":
+        return {k: v for k, v in spec.items() if k != "collation"}
+    default = options.get("collation")
+    if ("collation" not in spec and isinstance(default, Mapping)
+            and default.get("locale") not in (None, "simple")):
+        return {**spec, "collation": dict(default)}
+    return spec
+
+
+def _same_index(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """IndexDescriptor's identity: the same key pattern (fields in the same order) and the
+    same collation; `{a: 1, b: 1}` and `{b: 1, a: 1}` are two indexes, and so are `{a: 1}`
+    with a collation and without."""
+    return (list(a["key"].items()) == list(b["key"].items())
+            and _index_collation(a) == _index_collation(b))
 
 
 @command("createIndexes")
@@ -587,7 +620,7 @@ async def create_indexes(
             c = store.create_collection(db, coll)
         before = len(c.indexes)
         new: list[dict[str, Any]] = []
-        for spec in specs:
+        for spec in [_collation_defaults(spec, c.options) for spec in specs]:
             if dict(spec["key"]) == {"_id": 1} and spec["name"] != "_id_":
                 # mongod corrects an _id index's name to "_id_" (createIndex({_id: 1}) is
                 # "all indexes already exist", as the jstests' createShardedCollection needs)
@@ -595,13 +628,11 @@ async def create_indexes(
             same_name = c.index(spec["name"]) or next(
                 (s for s in new if s["name"] == spec["name"]), None
             )
-            same_key = next(
-                (s for s in [*c.indexes, *new] if dict(s["key"]) == dict(spec["key"])), None
-            )
+            same_key = next((s for s in [*c.indexes, *new] if _same_index(s, spec)), None)
             if same_name is not None:
                 if _comparable(same_name) == _comparable(spec):
                     continue
-                if dict(same_name["key"]) != dict(spec["key"]):
+                if list(same_name["key"].items()) != list(spec["key"].items()):
                     raise MongoError(
                         86,
                         "An existing index has the same name as the requested index. When index "
