@@ -170,10 +170,12 @@ def test_stale_process_id_is_answered_at_once(server) -> None:
     assert body["topologyVersion"] == current_version(server.port)
 
 
-def test_own_version_waits_and_others_are_answered_meanwhile(server) -> None:
+def test_own_version_waits_and_streams_only_with_exhaust_allowed(server) -> None:
     """The server's own version: the reply waits (maxAwaitTimeMS) while requests on other
-    connections are answered; without exhaustAllowed it has no moreToCome and nothing else
-    comes unasked (the next reply on the connection is the ping's)."""
+    connections are answered. Without exhaustAllowed it has no moreToCome and nothing else
+    comes unasked (the next reply on the connection is the ping's); with exhaustAllowed each
+    reply has moreToCome, and the next one comes without a request, answering the one
+    before."""
     ours = current_version(server.port)
     with connect(server.port) as waiting, connect(server.port) as other:
         waiting.sendall(op_msg(3, {"hello": 1, "topologyVersion": ours,
@@ -190,12 +192,6 @@ def test_own_version_waits_and_others_are_answered_meanwhile(server) -> None:
         assert body["topologyVersion"] == ours
         waiting.sendall(op_msg(5, {"ping": 1, "$db": "admin"}))
         assert read_reply(waiting)[1] == 5  # no unasked reply came before the ping's
-
-
-def test_exhaust_hello_with_own_version_streams(server) -> None:
-    """With exhaustAllowed each reply (after its wait) has moreToCome, and the next one comes
-    without a request, answering the one before."""
-    ours = current_version(server.port)
     with connect(server.port) as sock:
         sock.sendall(op_msg(11, {"hello": 1, "topologyVersion": ours,
                                  "maxAwaitTimeMS": SHORT_WAIT_MS, "$db": "admin"},
