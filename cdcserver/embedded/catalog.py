@@ -55,6 +55,11 @@ def ordered_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _index_version(spec: Mapping[str, Any]) -> int:
+    v = spec.get("v", 2)
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 2
+
+
 def capped_size(value: Any) -> Any:
     """A capped collection's `size` as mongod keeps it: CollectionOptions::parse rounds it up
     to a multiple of 256 (`size += 0xff; size &= ~0xff`), and toBSON appends it with
@@ -196,9 +201,11 @@ class CatalogMixin(StoreState):
             c.created_seq = self._seq
             self.catalog[(db, coll)] = c
         self._save_meta(c)
-        self.append_oplog("c", f"{db}.$cmd",
-                          {"create": coll, **options, **({"idIndex": id_spec} if id_spec else {})},
-                          ui=c.ui)
+        # makeCreateCollCmdObj: the _id index spec goes into the entry for versions >= 2 only
+        entry: dict[str, Any] = {"create": coll, **options}
+        if id_spec is not None and _index_version(id_spec) >= 2:
+            entry["idIndex"] = id_spec
+        self.append_oplog("c", f"{db}.$cmd", entry, ui=c.ui)
         return c
 
     def cap_collection(self, c: Collection, inserted: bytes) -> None:
