@@ -203,6 +203,7 @@ class MergedChangeStream(HeldHere):
         # The merged stream ends there too (as a replica set's does: closed, its last token
         # the invalidate's) once everything before it has left the merge.
         self.silent_invalidate: dict[str, Any] | None = None
+        self._written_cache: tuple[Any, Any] | None = None  # (merge mark, token reported)
         if spec.resume_token is not None:
             self.pbrt: dict[str, Any] = spec.resume_token.to_document()
         else:
@@ -375,6 +376,9 @@ class MergedChangeStream(HeldHere):
         invalidate keeps the invalidate's token until something is written)."""
         if high is None:
             return None
+        cached = self._written_cache
+        if cached is not None and cached[0] is high:
+            return cached[1]  # the same mark as the last batch's (most getMores)
         latest = None
         for shard in self.cluster.shards:
             ts = shard.log.latest_ts()
@@ -382,7 +386,9 @@ class MergedChangeStream(HeldHere):
                 latest = ts
         data = resume_token.decode(high)
         if latest is None or not data.is_high_water_mark or data.cluster_time <= latest:
+            self._written_cache = (high, high)
             return high
+        # (not cached: the newest entry may move on while the mark stays)
         return ResumeTokenData.high_water_mark(latest, data.version).to_document()
 
     async def first_batch(self, batch_size: int | None) -> Batch:
