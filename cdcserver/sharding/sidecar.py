@@ -245,12 +245,15 @@ class ShardedUpstream(MergedOplog):
         clients = [s.log._client for s in self.shards + self.retired]
         return heard_cluster_time([*clients, self.mongos._client])
 
-    def check_shards(self, names: Iterable[str] | None = None) -> None:
+    def check_shards(self, names: Iterable[str] | None = None, *, opening: bool = False
+                     ) -> None:
         """A shard whose tail has been lost for `down_grace_s` fails the merged streams with a
         resumable error (6 HostUnreachable): they cannot go on without its events, and a
         driver resumes from its last token once the shard is back. `names`: the shards a
         stream still reads (a removed one included until its part has ended); else the
-        cluster's."""
+        cluster's. `opening`: a new stream's aggregate, which mongos cannot establish on the
+        shard: 133 FailedToSatisfyReadPreference, as its replica set monitor answers
+        (`establish_cursors.cpp` passes it on unchanged; resumable too)."""
         now = time.monotonic()
         since = self.topology.down_since
         if since is not None and now - since >= self.down_grace_s:
@@ -264,6 +267,8 @@ class ShardedUpstream(MergedOplog):
         for shard in shards:
             since = shard.log.down_since
             if since is not None and now - since >= self.down_grace_s:
+                if opening:
+                    raise no_primary_error(shard)
                 raise MongoError(
                     6, f"Unable to reach shard {shard.name}: its oplog cannot be read "
                     f"({now - since:.1f}s)",
@@ -337,11 +342,22 @@ async def _aggregate(
 
     upstream = _upstream(server)
     upstream.hear(cmd)
-    upstream.check_shards()
-    if any(not s.log.connected and s.log.latest_ts() is None for s in upstream.shards):
-        # A shard whose tail has never read: its stream could not start where it must.
-        raise MongoError(6, "a shard of the cluster cannot be reached yet")
+    upstream.check_shards(opening=True)
+    for shard in upstream.shards:
+        if not shard.log.connected and shard.log.latest_ts() is None:
+            # A shard whose tail has never read: its stream could not start where it must.
+            raise no_primary_error(shard)
     return await open_change_stream(server, upstream, cmd, db)
+
+
+def no_primary_error(shard: SidecarShard) -> MongoError:
+    """mongos's answer when no host of shard's replica set can be targeted (its replica set
+    monitor's, `ReplicaSetMonitor::getHostOrRefresh`): 133 for the set's name."""
+    set_name = shard_seeds(shard.host)[0] or shard.name
+    return MongoError(
+        133, 'Could not find host matching read preference { mode: "primary" } for set '
+        f"{set_name}",
+    )
 
 
 def _upstream(server: ServerState) -> ShardedUpstream:

@@ -9,10 +9,9 @@ Its outage part runs through a second mongos, a sidecar of the front (`ShardedSi
 --upstream`), cut off from shard0 by closing shard0's listener (`ShardedServer.restart_shard`)
 where the jstest stops shard0 (`st.rs0.stopSet()`): the stream's getMore fails with one of the
 jstest's expected codes and the `ResumableChangeStreamError` label, and so does a new stream's
-first getMore or aggregate, with FailedToSatisfyReadPreference (133) in the jstest (a strict
-xfail: the sidecar answers 6 HostUnreachable). Left out of it: the `find` and non-stream
-`aggregate` cursors (no label expected): a sidecar forwards them to the front, which reaches
-its shards in process, so there is no outage for them."""
+first getMore or aggregate, with FailedToSatisfyReadPreference (133). Left out of it: the
+`find` and non-stream `aggregate` cursors (no label expected): a sidecar forwards them to the
+front, which reaches its shards in process, so there is no outage for them."""
 
 from __future__ import annotations
 
@@ -52,13 +51,6 @@ def test_fail_get_more_after_cursor_checkout(st, code, expected_label):
 # The codes the jstest accepts from a getMore once shard0 is stopped.
 EXPECTED_STOP_SHARD_ERRORS = {6, 7, 89, 9001, 91, 189, 10107, 11600, 11602, 13435, 13436}
 HANG_GUARD_S = 90  # a failure's budget, never an expectation of speed
-NEW_STREAM_CODE = (
-    "a new stream through the sidecar while a shard is unreachable is 6 HostUnreachable "
-    "(cdcserver/sharding/sidecar.py:266-269 `check_shards`, the same error as a running "
-    "stream's getMore); mongos cannot establish its cursor on the shard and answers 133 "
-    "FailedToSatisfyReadPreference, labeled ResumableChangeStreamError "
-    "(change_stream_error_label.js: 'attempting to open a new stream fails on the initial "
-    "aggregate')")
 
 
 @pytest.fixture
@@ -130,7 +122,6 @@ def test_outage_fails_the_stream_with_the_label(st, s1):
     assert "ResumableChangeStreamError" in reply.get("errorLabels", []), reply
 
 
-@pytest.mark.xfail(strict=True, reason=NEW_STREAM_CODE)
 def test_outage_fails_a_new_stream_with_133(st, s1):
     cursor_id = _setup(st, s1)
     replies = {}
