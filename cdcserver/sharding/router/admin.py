@@ -21,11 +21,22 @@ from bson.min_key import MinKey
 from cdcserver.commands.base import family
 from cdcserver.context import ConnectionState, Handler, ServerState
 from cdcserver.sharding import migration
-from cdcserver.sharding.catalog import ShardingCatalog, _key_bytes
+from cdcserver.sharding.catalog import ShardingCatalog, _key_bytes, bound_bytes
 from cdcserver.sharding.cluster import ShardedCluster
 from cdcserver.sharding.router import config_reads
-from cdcserver.sharding.router.moves import collection_like, ensure_collection_on, migrate
+from cdcserver.sharding.router.moves import (
+    collection_like,
+    ensure_collection_on,
+    holder,
+    migrate,
+)
 from cdcserver.sharding.router.routing import cluster_of, forward
+from cdcserver.sharding.router.shard_key import (
+    PLEASE_CREATE,
+    check_key_pattern,
+    simple_collation,
+    useful_index,
+)
 from cdcserver.sharding.router.zones import balancer_round, initial_layout, reshard_zones
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import document_string
@@ -83,40 +94,65 @@ def _namespace_arg(cmd: Mapping[str, Any], name: str) -> tuple[str, str, str]:
     return ns, db, coll
 
 
-def _check_key_pattern(key: Any) -> dict[str, Any]:
-    if not isinstance(key, Mapping) or not key:
-        raise MongoError(2, "Shard key cannot be empty")
-    hashed = 0
-    for value in key.values():
-        if value == "hashed":
-            hashed += 1
-        elif value != 1 or isinstance(value, bool):
-            raise MongoError(
-                2, f"Shard key {dict(key)} must be a pattern with values 1 or 'hashed'"
-            )
-    if hashed > 1:
-        raise MongoError(31303, "A shard key pattern cannot contain more than 1 hashed field")
-    return dict(key)
+def _presplit_hashed(catalog: ShardingCatalog, count: Any
+                     ) -> list[tuple[Any, Any, str]] | None:
+    """`numInitialChunks` of an empty collection with a hashed key: that many chunks over
+    the hash space, dealt out to the shards in turn (None: the default layout)."""
+    if isinstance(count, bool) or not isinstance(count, (int, float)) or int(count) < 1:
+        return None
+    n = int(count)
+    names = catalog.placement_shards()
+    # calculateHashedSplitPoints: points symmetric about 0, an interval apart.
+    interval = ((2**63 - 1) // n) * 2
+    points: list[int] = []
+    current = 0
+    if n % 2 == 0:
+        points.append(0)
+        current += interval
+    else:
+        current += interval // 2
+    for _ in range((n - 1) // 2):
+        points += [current, -current]
+        current += interval
+    bounds: list[Any] = [MinKey(), *(Int64(p) for p in sorted(points)), MaxKey()]
+    per = -(-n // len(names))  # contiguous runs, as mongod's presplit
+    return [(bounds[i], bounds[i + 1], names[min(i // per, len(names) - 1)])
+            for i in range(n)]
 
 
 @command("shardCollection", "shardcollection")
 async def shard_collection(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
 ) -> dict[str, Any]:
+    """shardCollection (create_collection_coordinator.cpp, shard_key_util.cpp): the key's
+    collation must be simple (given, or the collection's default), a hashed key cannot be
+    unique, an index must support the key (created only on an empty collection), and a
+    collection sharded already answers ok only for the same key and options."""
     _admin_only("shardCollection", db)
     cluster = cluster_of(server)
     ns, dbname, coll = _namespace_arg(cmd, next(iter(cmd)))
-    key = _check_key_pattern(cmd.get("key"))
+    key = check_key_pattern(cmd.get("key"))
+    collation = cmd.get("collation")
+    if collation is not None:
+        _check_object("shardCollection", "collation", collation)
+        if not simple_collation(collation):
+            raise MongoError(2, "The collation for shardCollection must be {locale: 'simple'}, "
+                             f"but found: {document_string(collation)}")
+    unique = cmd.get("unique") is True
+    if unique and "hashed" in key.values():
+        raise MongoError(72, "Hashed shard keys cannot be declared unique. It's possible to "
+                         "ensure uniqueness on the hashed field by declaring an additional "
+                         "(non-hashed) unique index on the field.")
     catalog = cluster.catalog
     existing = catalog.key_pattern(ns)
     if existing is not None and not catalog.is_unsplittable(ns):
-        if existing != key:
+        if existing != key or list(existing) != list(key) or (
+                catalog.collections[ns].get("unique") is True) != unique:
             raise MongoError(
                 20, f"sharding already enabled for collection {ns} with options "
                 f"{{ shardKey: {existing} }}",
             )
         return {"collectionsharded": ns}
-    unique = cmd.get("unique") is True
     primary = cluster.shard(catalog.ensure_database(dbname))
     # A tracked unsharded collection is sharded where it is (moveCollection put it there).
     home = (cluster.shard(catalog.chunks[ns][0]["shard"]) if catalog.is_unsplittable(ns)
@@ -127,14 +163,27 @@ async def shard_collection(
         c = home.store.get(dbname, coll)
         if c is None:  # (the shard's create raises when it makes no collection)
             raise MongoError(26, f"Collection {ns} not found")  # NamespaceNotFound
-    empty = not home.store.documents(c)
+    default_collation = c.options.get("collation")
+    if collation is None and not simple_collation(default_collation):
+        raise MongoError(2, f"Collection has default collation: "
+                         f"{document_string(default_collation or {})}. Must specify collation "
+                         "{locale: 'simple'}")
+    docs = list(home.store.documents(c).values())
+    empty = not docs
+    found, why = useful_index(ns, key, [dict(i) for i in c.indexes], docs, unique)
+    if not found and not empty:
+        raise MongoError(72, PLEASE_CREATE + why)
     # An empty collection with zone ranges: a chunk per range, on its zone's shards.
     layout = initial_layout(catalog, ns, key) if empty else None
-    if list(key) != ["_id"] or key["_id"] == "hashed":
+    if empty and not layout and "hashed" in key.values() and "numInitialChunks" in cmd:
+        layout = _presplit_hashed(catalog, cmd["numInitialChunks"])
+    if not found:
         name = "_".join(f"{f}_{v}" for f, v in key.items())
         index: dict[str, Any] = {"key": key, "name": name}
         if unique:
             index["unique"] = True
+        if not simple_collation(default_collation):
+            index["collation"] = {"locale": "simple"}
         await forward(cluster, home, {"createIndexes": coll, "indexes": [index]}, dbname)
         if home is not primary and primary.store.get(dbname, coll) is not None:
             with primary.store.migrating():  # the primary's (empty) copy: internal
@@ -187,6 +236,63 @@ def _find_chunk_arg(cluster: ShardedCluster, ns: str, cmd: Mapping[str, Any]) ->
                      "bounds.")
 
 
+def _is_shard_key(pattern: Mapping[str, Any], bound: Any) -> bool:
+    """ShardKeyPattern::isShardKey: exactly the pattern's fields, none an array."""
+    return (isinstance(bound, Mapping) and len(bound) == len(pattern)
+            and all(f in bound and not isinstance(bound[f], list) for f in pattern))
+
+
+def _normalized(pattern: Mapping[str, Any], bound: Mapping[str, Any]) -> dict[str, Any]:
+    """normalizeShardKey: the bound's fields in the pattern's order."""
+    return {f: bound[f] for f in pattern}
+
+
+def _shard_key_from_query(pattern: Mapping[str, Any], query: Mapping[str, Any]
+                          ) -> list[Any] | None:
+    """extractShardKeyFromQuery: each field of the key an equality of the query (hashed
+    fields hashed), else None (no shard key in the query)."""
+    from cdcserver.sharding.catalog import hashed_value
+
+    values = []
+    for field, kind in pattern.items():
+        if field not in query:
+            return None
+        value = query[field]
+        if isinstance(value, Mapping) and any(str(k).startswith("$") for k in value):
+            if list(value) != ["$eq"]:
+                return None
+            value = value["$eq"]
+        if isinstance(value, list):
+            return None
+        values.append(hashed_value(value) if kind == "hashed" else value)
+    return values
+
+
+def _move_chunk_target(catalog: ShardingCatalog, ns: str, cmd: Mapping[str, Any]
+                       ) -> dict[str, Any]:
+    """cluster_move_chunk_cmd.cpp: the chunk a moveChunk names, by `find` or `bounds`."""
+    pattern = catalog.key_pattern(ns) or {}
+    find, bounds = cmd.get("find"), cmd.get("bounds")
+    if find is not None:
+        values = _shard_key_from_query(pattern, find)
+        if values is None:
+            raise MongoError(656450, f"no shard key found in chunk query {document_string(find)}")
+        return catalog.chunk_for_values(ns, values)
+    assert isinstance(bounds, list)
+    low, high = bounds[0], bounds[-1]
+    if not (_is_shard_key(pattern, low) and _is_shard_key(pattern, high)):
+        raise MongoError(
+            656451, f"shard key bounds [{document_string(low)},{document_string(high)}) are "
+            f"not valid for shard key pattern {document_string(pattern)}")
+    low, high = _normalized(pattern, low), _normalized(pattern, high)
+    chunk = catalog.chunk_for_values(ns, list(low.values()))
+    if bound_bytes(chunk["min"]) != bound_bytes(low) or bound_bytes(
+            chunk["max"]) != bound_bytes(high):
+        raise MongoError(656452, "no chunk found with the shard key bounds "
+                         f"[{document_string(low)}, {document_string(high)})")
+    return chunk
+
+
 @command("split")
 async def split(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
@@ -224,6 +330,13 @@ def _median(cluster: ShardedCluster, ns: str, chunk: Mapping[str, Any]
     return dict(zip(pattern, mid, strict=True))
 
 
+def _check_object(command: str, field: str, value: Any) -> None:
+    """An IDL `object` field: 14 TypeMismatch for anything else."""
+    if not isinstance(value, Mapping):
+        raise MongoError(14, f"BSON field '{command}.{field}' is the wrong type "
+                         f"'{_type_name(value)}', expected type 'object'")
+
+
 @command("moveChunk", "movechunk")
 async def move_chunk(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
@@ -231,34 +344,89 @@ async def move_chunk(
     _admin_only("moveChunk", db)
     cluster = cluster_of(server)
     ns, _, _ = _namespace_arg(cmd, next(iter(cmd)))
+    # The IDL (ClusterMoveChunkRequest): `find` an object, `bounds` an array of objects.
+    if cmd.get("find") is not None:
+        _check_object("moveChunk", "find", cmd["find"])
+    bounds = cmd.get("bounds")
+    if bounds is not None:
+        if not isinstance(bounds, list):
+            raise MongoError(14, "BSON field 'moveChunk.bounds' is the wrong type "
+                             f"'{_type_name(bounds)}', expected type 'array'")
+        for i, bound in enumerate(bounds):
+            _check_object("moveChunk", f"bounds.{i}", bound)
     _check_sharded(cluster.catalog, ns)
+    if bounds is not None and len(bounds) != 2:
+        raise MongoError(72, "bounds can only have exactly 2 elements")
+    if cmd.get("find") is not None and bounds is not None:
+        raise MongoError(72, "cannot specify bounds and query at the same time")
+    if cmd.get("find") is None and bounds is None:
+        raise MongoError(72, "need to specify query or bounds")
     to = cluster.find_shard(cmd.get("to"))  # a name, connection string or host
     if to is None:
         raise MongoError(ShardNotFound, f"Could not find shard {cmd.get('to')}")
-    await migrate(cluster, ns, _find_chunk_arg(cluster, ns, cmd), to)
+    await migrate(cluster, ns, _move_chunk_target(cluster.catalog, ns, cmd), to)
     return {"millis": 0}
+
+
+def _chunk_ending_at(catalog: ShardingCatalog, ns: str, max_bound: Mapping[str, Any]
+                     ) -> dict[str, Any]:
+    """balancer.cpp getChunkForMaxBound: the chunk whose max is `max_bound`, else the one
+    holding it."""
+    for chunk in catalog.chunks.get(ns, []):
+        if bound_bytes(chunk["max"]) == bound_bytes(max_bound):
+            return chunk
+    return _chunk_at(catalog, ns, max_bound)
+
+
+def _inside(chunk: Mapping[str, Any], point: Mapping[str, Any]) -> bool:
+    """`point` strictly between the chunk's bounds (a split point of it)."""
+    return bound_bytes(chunk["min"]) < bound_bytes(point) < bound_bytes(chunk["max"])
 
 
 @command("moveRange")
 async def move_range(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
 ) -> dict[str, Any]:
+    """moveRange: [min, max) moves, split off its chunk first where a bound is inside it;
+    either bound may be left out (since 7.0): the other one's chunk end (min given) or start
+    (max given: the chunk ending at max, balancer.cpp getChunkForMaxBound)."""
     _admin_only("moveRange", db)
     cluster = cluster_of(server)
     ns, _, _ = _namespace_arg(cmd, "moveRange")
+    for field in ("min", "max"):
+        if cmd.get(field) is not None:
+            _check_object("moveRange", field, cmd[field])
     _check_sharded(cluster.catalog, ns)
     to = cluster.find_shard(cmd.get("toShard"))  # a name, connection string or host
     if to is None:
         raise MongoError(ShardNotFound, f"Could not find shard {cmd.get('toShard')}")
-    if "min" not in cmd:
-        raise MongoError(40414, "BSON field 'moveRange.min' is missing but a required field")
+    low, high = cmd.get("min"), cmd.get("max")
+    if low is None and high is None:
+        raise MongoError(72, "Missing required bound: min or max")
     catalog = cluster.catalog
-    chunk = _chunk_at(catalog, ns, cmd["min"])
-    if "max" in cmd:
-        catalog.split(ns, cmd["max"])  # moves only [min, max)
-    if _key_bytes(list(chunk["min"].values())) != _key_bytes(list(cmd["min"].values())):
-        catalog.split(ns, cmd["min"])
-        chunk = _chunk_at(catalog, ns, cmd["min"])
+    pattern = catalog.key_pattern(ns) or {}
+    for bound in (low, high):
+        if bound is not None and not _is_shard_key(pattern, bound):
+            raise MongoError(
+                72, f"Range bound {document_string(bound)} is not valid for collection {ns} "
+                f"with key pattern {document_string(pattern)}")
+    if low is not None:
+        low = _normalized(pattern, low)
+        chunk = _chunk_at(catalog, ns, low)
+    else:
+        assert high is not None
+        chunk = _chunk_ending_at(catalog, ns, _normalized(pattern, high))
+        low = dict(chunk["min"])
+    if high is not None:
+        high = _normalized(pattern, high)
+        if bound_bytes(high) <= bound_bytes(low):
+            raise MongoError(72, f"Range min {document_string(low)} must be less than max "
+                             f"{document_string(high)}")
+        if _inside(chunk, high):
+            catalog.split(ns, high)  # moves only [min, max)
+    if bound_bytes(chunk["min"]) != bound_bytes(low):
+        catalog.split(ns, low)
+        chunk = _chunk_at(catalog, ns, low)
     await migrate(cluster, ns, chunk, to)
     return {}
 
@@ -425,7 +593,7 @@ async def reshard_collection(
     ns, dbname, coll = _namespace_arg(cmd, "reshardCollection")
     catalog = cluster.catalog
     _current_key_pattern(catalog, ns, "reshardCollection")  # 118 unless sharded
-    key = _check_key_pattern(cmd.get("key"))
+    key = check_key_pattern(cmd.get("key"))
     unique = cmd.get("unique") is True
     primary = cluster.shard(catalog.primary(dbname) or cluster.shards[0].name)
     source = primary.store.get(dbname, coll)
@@ -446,23 +614,79 @@ async def reshard_collection(
     return {}
 
 
+def _string_arg(cmd: Mapping[str, Any], command: str, field: str) -> None:
+    """An IDL `string` (or namespace) field: 14 TypeMismatch for anything else."""
+    value = cmd.get(field)
+    if not isinstance(value, str):
+        raise MongoError(14, f"BSON field '{command}.{field}' is the wrong type "
+                         f"'{_type_name(value)}', expected type 'string'")
+
+
+def _shard_docs(cluster: ShardedCluster, ns: str) -> list[Mapping[str, Any]]:
+    """The documents of `ns` on the shards owning its chunks."""
+    db, coll = ns.split(".", 1)
+    docs: list[Mapping[str, Any]] = []
+    for name in sorted({c["shard"] for c in cluster.catalog.chunks.get(ns, [])}):
+        store = cluster.shard(name).store
+        c = store.get(db, coll)
+        if c is not None:
+            docs.extend(store.documents(c).values())
+    return docs
+
+
 @command("refineCollectionShardKey")
 async def refine_collection_shard_key(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
 ) -> dict[str, Any]:
+    """refineCollectionShardKey: mongos parses the command (its IDL: 14, 40414), the
+    database must exist (26) and not be `config` (203), the collection be sharded (118), the
+    new key extend the old one (72) and an index support it (72, with each index's reasons:
+    it is not created); the collection then gets a new epoch and timestamp."""
+    import datetime
+
+    from bson.objectid import ObjectId
+    from bson.timestamp import Timestamp
+
     _admin_only("refineCollectionShardKey", db)
     cluster = cluster_of(server)
+    _string_arg(cmd, "refineCollectionShardKey", "refineCollectionShardKey")
+    if "key" not in cmd:
+        raise MongoError(40414, "BSON field 'refineCollectionShardKey.key' is missing but a "
+                         "required field")
+    _check_object("refineCollectionShardKey", "key", cmd["key"])
     ns, dbname, coll = _namespace_arg(cmd, "refineCollectionShardKey")
     catalog = cluster.catalog
+    if dbname == "config":
+        raise MongoError(203, f"sharding not enabled for db {dbname}")  # NoShardingEnabled
+    if catalog.primary(dbname) is None:
+        raise MongoError(26, f"Database {dbname} not found")  # NamespaceNotFound
     old = _current_key_pattern(catalog, ns, "refineCollectionShardKey")
-    key = _check_key_pattern(cmd.get("key"))
+    key = check_key_pattern(cmd.get("key"), two_hashed_code=2)
     if list(key)[: len(old)] != list(old) or any(key[f] != old[f] for f in old):
         raise MongoError(
             72, f"refineCollectionShardKey: the proposed shard key {document_string(key)} does "
             f"not extend the current shard key {document_string(old)}",
         )
     entry = catalog.collections[ns]
+    home = holder(cluster, ns)
+    source = home.store.get(dbname, coll)
+    indexes = [dict(i) for i in (source.indexes if source is not None else [])]
+    found, why = useful_index(ns, key, indexes, _shard_docs(cluster, ns),
+                              entry.get("unique") is True
+                              and cmd.get("enforceUniquenessCheck") is not False,
+                              check_unique_indexes=False)
+    if not found:
+        raise MongoError(72, PLEASE_CREATE + why)
     entry["key"] = dict(key)
+    # A refine is a new version of the routing table: a new epoch and timestamp.
+    entry["lastmodEpoch"] = ObjectId()
+    entry["lastmod"] = datetime.datetime.now(datetime.UTC)
+    previous = entry.get("timestamp")
+    now = Timestamp(int(datetime.datetime.now(datetime.UTC).timestamp()), 1)
+    if isinstance(previous, Timestamp) and (now.time, now.inc) <= (previous.time,
+                                                                   previous.inc):
+        now = Timestamp(previous.time, previous.inc + 1)
+    entry["timestamp"] = now
     for chunk in catalog.chunks[ns]:  # the new fields start at MinKey in every bound
         for bound in ("min", "max"):
             first = next(iter(chunk[bound].values()))
@@ -479,4 +703,3 @@ async def refine_collection_shard_key(
                            o2={"refineCollectionShardKey": ns, "shardKey": key,
                                "oldShardKey": old})
     return {}
-

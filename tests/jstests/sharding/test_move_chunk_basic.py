@@ -24,22 +24,6 @@ def _chunks(s, ns: str) -> dict:
     return {"uuid": s.config.collections.find_one({"_id": ns})["uuid"]}
 
 
-BOUNDS_UNCHECKED = (
-    "moveChunk's `bounds` are not validated: only bounds[0] is read "
-    "(cdcserver/sharding/router/admin.py:186-187 `_find_chunk_arg`: "
-    "`_chunk_at(catalog, ns, cmd['bounds'][0])`), so "
-    "`bounds: [min, NaN]` moves the chunk, and `bounds: [NaN, max]` is code 1 InternalError "
-    "(an AttributeError); mongos parses both bounds as shard keys of the chunk and refuses "
-    "(move_chunk_basic.js: 'Error if either of the bounds is not a valid shard key')")
-
-
-FIND_WITHOUT_KEY = (
-    "moveChunk with a `find` that holds no shard key field ({xxx: 1}) is accepted "
-    "(cdcserver/sharding/router/admin.py:190-191 `_find_chunk_arg`: `catalog.key_values` "
-    "of it, missing fields as null); mongos refuses it: "
-    "cluster_move_chunk_cmd.cpp uassert(656450, 'no shard key found in chunk query ...')")
-
-
 def _setup(st) -> None:
     s = st.s
     s.admin.command({"enableSharding": DB, "primaryShard": st.shard0})
@@ -48,7 +32,6 @@ def _setup(st) -> None:
     _fails(s, {"moveChunk": f"{DB}.xxx", "find": {"_id": 1}, "to": st.shard1})
 
 
-@pytest.mark.xfail(strict=True, reason=BOUNDS_UNCHECKED)
 def test_move_chunk_basic_hashed(st):
     s = st.s
     shard0, shard1 = st.shard0, st.shard1
@@ -70,7 +53,6 @@ def test_move_chunk_basic_hashed(st):
     s[DB].fooHashed.drop()
 
 
-@pytest.mark.xfail(strict=True, reason=FIND_WITHOUT_KEY)
 @pytest.mark.parametrize("key", [{"a": 1}, {"a": 1, "b": 1}], ids=["a", "a_b"])
 def test_move_chunk_basic_not_hashed(st, key):
     s = st.s

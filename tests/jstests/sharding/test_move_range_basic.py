@@ -19,16 +19,6 @@ from pymongo.errors import OperationFailure
 DB = "db"
 
 
-INVALID_MAX = (
-    "moveRange with a `max` that is not a shard key ({invalidShardKey: 10}) is accepted "
-    "(cdcserver/sharding/router/admin.py:263-264 splits at it unchecked); mongos refuses it "
-    "with 72 InvalidOptions (move_range_basic.js: 'Fail if one of the bounds is not a valid "
-    "shard key')")
-ONLY_MAX = (
-    "moveRange with only `max` is 40414 'moveRange.min is missing' "
-    "(cdcserver/sharding/router/admin.py:259-260); since 7.0 (SERVER-74536) `min` is optional: "
-    "mongos moves the chunk ending at `max` (move_range_basic.js: 'Testing moveRange with only "
-    "max bound')")
 KEYS = pytest.mark.parametrize(("coll_name", "key"), [
     ("nonHashedShardKey", {"a": 1}), ("nonHashedCompundShardKey", {"a": 1, "b": 1}),
     ("hashedShardKey", {"a": "hashed"})], ids=["range", "compound", "hashed"])
@@ -45,7 +35,6 @@ def _setup(st, coll_name: str, key: dict) -> tuple[str, dict]:
     return ns, chunk
 
 
-@pytest.mark.xfail(strict=True, reason=INVALID_MAX)
 @KEYS
 def test_move_range_invalid_bound(st, coll_name, key):
     ns, chunk = _setup(st, coll_name, key)
@@ -64,14 +53,6 @@ def test_move_range_unknown_shard(st, coll_name, key):
     assert err.value.code == 70, err.value.details
 
 
-MAX_AT_BOUND = (
-    "moveRange with `max` at MaxKey (the upper bound of the collection's last chunk) splits "
-    "there (cdcserver/sharding/router/admin.py:263-264 `catalog.split(ns, cmd['max'])`): an "
-    "empty [MaxKey, MaxKey) chunk is left on the donor; mongos moves the chunk as it is, and "
-    "the collection keeps its chunks (move_range_basic.js: 'Test that moveRange with min & max "
-    "bounds works')")
-
-
 def _on(st, chunk: dict, shard: str) -> int:
     """`config.chunks.countDocuments({_id, shard})`, as a `find` (see CONFIG_COUNT)."""
     return len(list(st.s.config.chunks.find({"_id": chunk["_id"], "shard": shard})))
@@ -83,10 +64,8 @@ def test_config_chunks_count_documents(st):
 
 
 @pytest.mark.parametrize(("coll_name", "key"), [
-    pytest.param("nonHashedShardKey", {"a": 1},
-                 marks=pytest.mark.xfail(strict=True, reason=MAX_AT_BOUND)),
-    pytest.param("nonHashedCompundShardKey", {"a": 1, "b": 1},
-                 marks=pytest.mark.xfail(strict=True, reason=MAX_AT_BOUND)),
+    pytest.param("nonHashedShardKey", {"a": 1}),
+    pytest.param("nonHashedCompundShardKey", {"a": 1, "b": 1}),
     ("hashedShardKey", {"a": "hashed"})], ids=["range", "compound", "hashed"])
 def test_move_range_with_both_bounds(st, coll_name, key):
     """(For the hashed key, shard0's chunk ends at 0, not at MaxKey.)"""
@@ -108,7 +87,6 @@ def test_move_range_with_min_only(st, coll_name, key):
     assert (_on(st, chunk, st.shard0), _on(st, chunk, st.shard1)) == (0, 1)
 
 
-@pytest.mark.xfail(strict=True, reason=ONLY_MAX)
 @KEYS
 def test_move_range_with_max_only(st, coll_name, key):
     ns, chunk = _setup(st, coll_name, key)

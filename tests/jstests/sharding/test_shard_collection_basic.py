@@ -260,44 +260,7 @@ def shell_helper_num_initial_chunks(c: Case) -> None:
     assert len(list(c.s.config.chunks.find({"uuid": uuid}))) == 5
 
 
-ADMIN = "cdcserver/sharding/router/admin.py"
-COLLATION_IGNORED = (
-    f"shardCollection never reads `collation` ({ADMIN}:113-172 `shard_collection`): "
-    "`collation: true`, an unknown locale, en_US, and a collection whose default collation is "
-    "not simple are all sharded; mongos refuses them (14 for a non-object, a bad locale, and "
-    "BadValue: the shard key must use the simple collation, given or the collection's)")
-XFAIL = {
-    "idempotency": (
-        f"shardCollection of a collection sharded on the same key answers ok whatever its "
-        f"other options ({ADMIN}:123-128 compares only the key); mongos refuses `unique: true` "
-        "for a collection sharded without it ('Fail if the collection is already sharded "
-        "with different options')"),
-    "data_needs_an_index": (
-        f"the router creates the shard key's index for any collection ({ADMIN}:145-152), so a "
-        "non-empty one without it is sharded; mongos creates it only on an empty collection "
-        "and otherwise refuses (72 'Please create an index that starts with the proposed "
-        "shard key before sharding the collection', shard_key_util.cpp)"),
-    "multikey": (
-        f"no check of the index or the documents ({ADMIN}:145-152): a multikey shard key "
-        "index, parallel arrays, and a non-empty collection without the index are sharded; "
-        "mongos refuses each"),
-    "unique": (
-        f"`unique: true` with a hashed key, and with only a non-unique index on the key, is "
-        f"accepted ({ADMIN}:129, 145-152); mongos refuses both"),
-    "collation_not_an_object": COLLATION_IGNORED,
-    "collation_not_simple": COLLATION_IGNORED,
-    "collation_option": COLLATION_IGNORED,
-    "collation_of_the_collection_or_index": COLLATION_IGNORED,
-    "shell_helper_collation": COLLATION_IGNORED,
-    "collation_simple_index_found_or_made": (
-        "createIndex({a: 1}, {collation: en_US, name: 'a_1_en_US'}) beside 'a_1_simple' is 85 "
-        "'Index already exists with a different name' (cdcserver/commands/ddl.py:598-620: the "
-        "same key found, the collation not compared); mongod: two indexes, the collation "
-        "tells them apart (and shardCollection then uses the simple one)"),
-    "shell_helper_num_initial_chunks": (
-        f"`numInitialChunks` is ignored ({ADMIN}:113-172: an empty hashed collection gets one "
-        "chunk per shard); mongos presplits it into that many chunks (5 here)"),
-}
+XFAIL: dict[str, str] = {}
 
 
 def _param(name: str) -> Any:
