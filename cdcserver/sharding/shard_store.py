@@ -30,11 +30,13 @@ from typing import Any
 import bson
 from bson.codec_options import CodecOptions
 from bson.int64 import Int64
+from bson.max_key import MaxKey
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 from cdcserver.embedded.store import Collection, Store, _now_ms
-from cdcserver.sharding.catalog import ShardingCatalog
+from cdcserver.sharding.catalog import ShardingCatalog, bound_bytes
+from pipeline_stages.keystring import encode_values
 
 # Decodes a logged entry for re-encoding as it was: sub-documents kept as their bytes.
 _RAW = CodecOptions(document_class=RawBSONDocument)
@@ -73,6 +75,9 @@ class ShardStore(Store):
         self.shard_name = shard_name  # None: no ownership check (every write is a user's)
         self._key_doc: Mapping[str, Any] | None = None  # the document of the update/delete
         self._pre_doc: Mapping[str, Any] | None = None  # the update's document before it
+        # Per sharded collection, its chunk map as last seen (key pattern; each chunk's shard,
+        # min, max: copies) and the chunks' bounds encoded as bounds compare.
+        self._chunk_maps: dict[str, tuple[Any, list[tuple[str, bytes, bytes | None]]]] = {}
         self.from_migrate = False
         self._pinned: Timestamp | None = None
         self._prepare: tuple[Timestamp, Timestamp] | None = None
@@ -178,9 +183,31 @@ class ShardStore(Store):
 
     def _is_orphan(self, ns: str, doc: Mapping[str, Any]) -> bool:
         """`doc` (of sharded `ns`) falls in a chunk another shard owns (PreWriteFilter's
-        `_documentBelongsToMe` is false)."""
+        `_documentBelongsToMe` is false); the chunk found as `ShardingCatalog.shard_for`
+        finds it, from bounds encoded once per chunk map."""
         name = self.shard_name
-        return name is not None and self.sharding.shard_for(ns, doc) != name
+        if name is None:
+            return False
+        chunks = self.sharding.chunks.get(ns)
+        if not chunks:
+            return False
+        pattern = self.sharding.key_pattern(ns)
+        seen = (pattern, [(c["shard"], c["min"], c["max"]) for c in chunks])
+        cached = self._chunk_maps.get(ns)
+        if cached is None or cached[0] != seen:
+            snapshot = (dict(pattern or {}), [(c["shard"], dict(c["min"]), dict(c["max"]))
+                                              for c in chunks])
+            ranges = [(c["shard"], bound_bytes(c["min"]),
+                       None if isinstance(next(iter(c["max"].values())), MaxKey)
+                       else bound_bytes(c["max"])) for c in chunks]
+            cached = self._chunk_maps[ns] = (snapshot, ranges)
+        key = encode_values(self.sharding.key_values(ns, doc))[0]
+        owner = cached[1][-1][0]
+        for shard, low, high in cached[1]:
+            if low <= key and (high is None or key < high):
+                owner = shard
+                break
+        return owner != name
 
     def _log_orphan_write(self, op: str, ns: str, o: Mapping[str, Any], **kwargs: Any
                           ) -> tuple[Timestamp, Any]:
