@@ -16,8 +16,9 @@ featureFlagNoChangeStreamEventsDueToOrphans, on since 6.0) marks it: an insert o
 an update or a delete of a document (its pre-image) of a sharded collection whose shard key
 falls in a chunk this shard does not own is logged `fromMigrate: true` (in a transaction, its
 operation in `applyOps`), whoever sent it (a client on the shard's own port, the TTL monitor);
-the write itself is done. (mongod skips an update or delete of an orphan that a router sent,
-`kSkip`; the front here routes by the same catalog, so it targets owned documents.)
+the write itself is done. (mongod's shards skip an orphan in an update or delete a router
+sent, `kSkip`, and filter orphans out of a router's reads; the front's broadcast writes and
+reads here still reach them: the orphan is written, logged fromMigrate, and read.)
 """
 
 from __future__ import annotations
