@@ -1,7 +1,7 @@
 """The front's sharding commands, as mongos hands them to the config server: the shards
-(listShards, addShard, removeShard), databases (enableSharding, movePrimary), sharded
-collections (shardCollection, reshardCollection, refineCollectionShardKey) and their chunks
-(split, moveChunk, moveRange, the balancer).
+(listShards, addShard, removeShard), databases (enableSharding, movePrimary) and sharded
+collections (shardCollection, reshardCollection, refineCollectionShardKey); their chunks
+are `chunks.py`'s, zones and the balancer `zones.py`'s.
 
 A data move (a chunk migration, movePrimary, resharding) is `sharding/migration.py`'s
 crash-safe protocol, run once the routed operations of its collections under way have ended
@@ -21,14 +21,20 @@ from bson.min_key import MinKey
 from cdcserver.commands.base import family
 from cdcserver.context import ConnectionState, Handler, ServerState
 from cdcserver.sharding import migration
-from cdcserver.sharding.catalog import ShardingCatalog, _key_bytes, bound_bytes
+from cdcserver.sharding.catalog import ShardingCatalog
 from cdcserver.sharding.cluster import ShardedCluster
 from cdcserver.sharding.router import config_reads
+from cdcserver.sharding.router.arguments import (
+    ShardNotFound,
+    admin_only,
+    check_object,
+    namespace_arg,
+    type_name,
+)
 from cdcserver.sharding.router.moves import (
     collection_like,
     ensure_collection_on,
     holder,
-    migrate,
 )
 from cdcserver.sharding.router.routing import cluster_of, forward
 from cdcserver.sharding.router.shard_key import (
@@ -46,19 +52,13 @@ TABLE: dict[str, Handler] = {}
 command = family(TABLE)
 
 
-ShardNotFound = 70  # error code
-
-
-def _admin_only(name: str, db: str) -> None:
-    if db != "admin":
-        raise MongoError(13, f"{name} may only be run against the admin database.")
 
 
 @command("listShards")
 async def list_shards(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
 ) -> dict[str, Any]:
-    _admin_only("listShards", db)
+    admin_only("listShards", db)
     return {"shards": config_reads.shard_docs(cluster_of(server))}
 
 
@@ -66,7 +66,7 @@ async def list_shards(
 async def enable_sharding(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
 ) -> dict[str, Any]:
-    _admin_only("enableSharding", db)
+    admin_only("enableSharding", db)
     cluster = cluster_of(server)
     name = cmd[next(iter(cmd))]
     if not isinstance(name, str) or not name:
@@ -84,14 +84,6 @@ async def enable_sharding(
         )
     cluster.catalog.ensure_database(name, primary)
     return {}
-
-
-def _namespace_arg(cmd: Mapping[str, Any], name: str) -> tuple[str, str, str]:
-    ns = cmd.get(name)
-    if not isinstance(ns, str) or "." not in ns or ns.startswith(".") or ns.endswith("."):
-        raise MongoError(73, f"Invalid namespace specified '{ns}'")
-    db, coll = ns.split(".", 1)
-    return ns, db, coll
 
 
 def _presplit_hashed(catalog: ShardingCatalog, count: Any
@@ -128,13 +120,13 @@ async def shard_collection(
     collation must be simple (given, or the collection's default), a hashed key cannot be
     unique, an index must support the key (created only on an empty collection), and a
     collection sharded already answers ok only for the same key and options."""
-    _admin_only("shardCollection", db)
+    admin_only("shardCollection", db)
     cluster = cluster_of(server)
-    ns, dbname, coll = _namespace_arg(cmd, next(iter(cmd)))
+    ns, dbname, coll = namespace_arg(cmd, next(iter(cmd)))
     key = check_key_pattern(cmd.get("key"))
     collation = cmd.get("collation")
     if collation is not None:
-        _check_object("shardCollection", "collation", collation)
+        check_object("shardCollection", "collation", collation)
         if not simple_collation(collation):
             raise MongoError(2, "The collation for shardCollection must be {locale: 'simple'}, "
                              f"but found: {document_string(collation)}")
@@ -209,228 +201,6 @@ async def shard_collection(
     return {"collectionsharded": ns}
 
 
-def _check_sharded(catalog: ShardingCatalog, ns: str) -> None:
-    """118 NamespaceNotSharded unless `ns` is sharded (a tracked unsharded collection is
-    not: its one chunk moves with moveCollection)."""
-    if not catalog.is_sharded(ns) or catalog.is_unsplittable(ns):
-        raise MongoError(118, f"ns {ns} is not sharded")
-
-
-def _chunk_at(catalog: ShardingCatalog, ns: str, point: Mapping[str, Any]) -> dict[str, Any]:
-    """The chunk starting at (else holding) `point`; 61 if `ns` has no chunks."""
-    chunk = catalog.find_chunk(ns, point)
-    if chunk is None:
-        raise MongoError(61, f"no chunk found for {ns}")
-    return chunk
-
-
-def _find_chunk_arg(cluster: ShardedCluster, ns: str, cmd: Mapping[str, Any]) -> dict[str, Any]:
-    catalog = cluster.catalog
-    if "bounds" in cmd:
-        return _chunk_at(catalog, ns, cmd["bounds"][0])
-    if "min" in cmd:
-        return _chunk_at(catalog, ns, cmd["min"])
-    if "find" in cmd:
-        return catalog.chunk_for_values(ns, catalog.key_values(ns, cmd["find"]))
-    raise MongoError(72, "need to specify either a find query, or both lower and upper "
-                     "bounds.")
-
-
-def _is_shard_key(pattern: Mapping[str, Any], bound: Any) -> bool:
-    """ShardKeyPattern::isShardKey: exactly the pattern's fields, none an array."""
-    return (isinstance(bound, Mapping) and len(bound) == len(pattern)
-            and all(f in bound and not isinstance(bound[f], list) for f in pattern))
-
-
-def _normalized(pattern: Mapping[str, Any], bound: Mapping[str, Any]) -> dict[str, Any]:
-    """normalizeShardKey: the bound's fields in the pattern's order."""
-    return {f: bound[f] for f in pattern}
-
-
-def _shard_key_from_query(pattern: Mapping[str, Any], query: Mapping[str, Any]
-                          ) -> list[Any] | None:
-    """extractShardKeyFromQuery: each field of the key an equality of the query (hashed
-    fields hashed), else None (no shard key in the query)."""
-    from cdcserver.sharding.catalog import hashed_value
-
-    values = []
-    for field, kind in pattern.items():
-        if field not in query:
-            return None
-        value = query[field]
-        if isinstance(value, Mapping) and any(str(k).startswith("$") for k in value):
-            if list(value) != ["$eq"]:
-                return None
-            value = value["$eq"]
-        if isinstance(value, list):
-            return None
-        values.append(hashed_value(value) if kind == "hashed" else value)
-    return values
-
-
-def _move_chunk_target(catalog: ShardingCatalog, ns: str, cmd: Mapping[str, Any]
-                       ) -> dict[str, Any]:
-    """cluster_move_chunk_cmd.cpp: the chunk a moveChunk names, by `find` or `bounds`."""
-    pattern = catalog.key_pattern(ns) or {}
-    find, bounds = cmd.get("find"), cmd.get("bounds")
-    if find is not None:
-        values = _shard_key_from_query(pattern, find)
-        if values is None:
-            raise MongoError(656450, f"no shard key found in chunk query {document_string(find)}")
-        return catalog.chunk_for_values(ns, values)
-    assert isinstance(bounds, list)
-    low, high = bounds[0], bounds[-1]
-    if not (_is_shard_key(pattern, low) and _is_shard_key(pattern, high)):
-        raise MongoError(
-            656451, f"shard key bounds [{document_string(low)},{document_string(high)}) are "
-            f"not valid for shard key pattern {document_string(pattern)}")
-    low, high = _normalized(pattern, low), _normalized(pattern, high)
-    chunk = catalog.chunk_for_values(ns, list(low.values()))
-    if bound_bytes(chunk["min"]) != bound_bytes(low) or bound_bytes(
-            chunk["max"]) != bound_bytes(high):
-        raise MongoError(656452, "no chunk found with the shard key bounds "
-                         f"[{document_string(low)}, {document_string(high)})")
-    return chunk
-
-
-@command("split")
-async def split(
-    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
-) -> dict[str, Any]:
-    _admin_only("split", db)
-    cluster = cluster_of(server)
-    ns, _, _ = _namespace_arg(cmd, "split")
-    catalog = cluster.catalog
-    _check_sharded(catalog, ns)
-    if "middle" in cmd:
-        catalog.split(ns, cmd["middle"])
-    else:
-        chunk = _find_chunk_arg(cluster, ns, cmd)
-        values = _median(cluster, ns, chunk)
-        if values is not None:
-            catalog.split(ns, values)
-    if catalog.balancer:  # switched on: a round after every split
-        await balancer_round(cluster)
-    return {}
-
-
-def _median(cluster: ShardedCluster, ns: str, chunk: Mapping[str, Any]
-            ) -> dict[str, Any] | None:
-    db, coll = ns.split(".", 1)
-    store = cluster.shard(chunk["shard"]).store
-    c = store.get(db, coll)
-    if c is None:  # no documents to split at
-        return None
-    pattern = cluster.catalog.key_pattern(ns) or {}
-    docs = [d for d in store.documents(c).values() if cluster.catalog.in_chunk(ns, chunk, d)]
-    if len(docs) < 2:
-        return None
-    keys = sorted((cluster.catalog.key_values(ns, d) for d in docs), key=_key_bytes)
-    mid = keys[len(keys) // 2]
-    return dict(zip(pattern, mid, strict=True))
-
-
-def _check_object(command: str, field: str, value: Any) -> None:
-    """An IDL `object` field: 14 TypeMismatch for anything else."""
-    if not isinstance(value, Mapping):
-        raise MongoError(14, f"BSON field '{command}.{field}' is the wrong type "
-                         f"'{_type_name(value)}', expected type 'object'")
-
-
-@command("moveChunk", "movechunk")
-async def move_chunk(
-    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
-) -> dict[str, Any]:
-    _admin_only("moveChunk", db)
-    cluster = cluster_of(server)
-    ns, _, _ = _namespace_arg(cmd, next(iter(cmd)))
-    # The IDL (ClusterMoveChunkRequest): `find` an object, `bounds` an array of objects.
-    if cmd.get("find") is not None:
-        _check_object("moveChunk", "find", cmd["find"])
-    bounds = cmd.get("bounds")
-    if bounds is not None:
-        if not isinstance(bounds, list):
-            raise MongoError(14, "BSON field 'moveChunk.bounds' is the wrong type "
-                             f"'{_type_name(bounds)}', expected type 'array'")
-        for i, bound in enumerate(bounds):
-            _check_object("moveChunk", f"bounds.{i}", bound)
-    _check_sharded(cluster.catalog, ns)
-    if bounds is not None and len(bounds) != 2:
-        raise MongoError(72, "bounds can only have exactly 2 elements")
-    if cmd.get("find") is not None and bounds is not None:
-        raise MongoError(72, "cannot specify bounds and query at the same time")
-    if cmd.get("find") is None and bounds is None:
-        raise MongoError(72, "need to specify query or bounds")
-    to = cluster.find_shard(cmd.get("to"))  # a name, connection string or host
-    if to is None:
-        raise MongoError(ShardNotFound, f"Could not find shard {cmd.get('to')}")
-    await migrate(cluster, ns, _move_chunk_target(cluster.catalog, ns, cmd), to)
-    return {"millis": 0}
-
-
-def _chunk_ending_at(catalog: ShardingCatalog, ns: str, max_bound: Mapping[str, Any]
-                     ) -> dict[str, Any]:
-    """balancer.cpp getChunkForMaxBound: the chunk whose max is `max_bound`, else the one
-    holding it."""
-    for chunk in catalog.chunks.get(ns, []):
-        if bound_bytes(chunk["max"]) == bound_bytes(max_bound):
-            return chunk
-    return _chunk_at(catalog, ns, max_bound)
-
-
-def _inside(chunk: Mapping[str, Any], point: Mapping[str, Any]) -> bool:
-    """`point` strictly between the chunk's bounds (a split point of it)."""
-    return bound_bytes(chunk["min"]) < bound_bytes(point) < bound_bytes(chunk["max"])
-
-
-@command("moveRange")
-async def move_range(
-    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
-) -> dict[str, Any]:
-    """moveRange: [min, max) moves, split off its chunk first where a bound is inside it;
-    either bound may be left out (since 7.0): the other one's chunk end (min given) or start
-    (max given: the chunk ending at max, balancer.cpp getChunkForMaxBound)."""
-    _admin_only("moveRange", db)
-    cluster = cluster_of(server)
-    ns, _, _ = _namespace_arg(cmd, "moveRange")
-    for field in ("min", "max"):
-        if cmd.get(field) is not None:
-            _check_object("moveRange", field, cmd[field])
-    _check_sharded(cluster.catalog, ns)
-    to = cluster.find_shard(cmd.get("toShard"))  # a name, connection string or host
-    if to is None:
-        raise MongoError(ShardNotFound, f"Could not find shard {cmd.get('toShard')}")
-    low, high = cmd.get("min"), cmd.get("max")
-    if low is None and high is None:
-        raise MongoError(72, "Missing required bound: min or max")
-    catalog = cluster.catalog
-    pattern = catalog.key_pattern(ns) or {}
-    for bound in (low, high):
-        if bound is not None and not _is_shard_key(pattern, bound):
-            raise MongoError(
-                72, f"Range bound {document_string(bound)} is not valid for collection {ns} "
-                f"with key pattern {document_string(pattern)}")
-    if low is not None:
-        low = _normalized(pattern, low)
-        chunk = _chunk_at(catalog, ns, low)
-    else:
-        assert high is not None
-        chunk = _chunk_ending_at(catalog, ns, _normalized(pattern, high))
-        low = dict(chunk["min"])
-    if high is not None:
-        high = _normalized(pattern, high)
-        if bound_bytes(high) <= bound_bytes(low):
-            raise MongoError(72, f"Range min {document_string(low)} must be less than max "
-                             f"{document_string(high)}")
-        if _inside(chunk, high):
-            catalog.split(ns, high)  # moves only [min, max)
-    if bound_bytes(chunk["min"]) != bound_bytes(low):
-        catalog.split(ns, low)
-        chunk = _chunk_at(catalog, ns, low)
-    await migrate(cluster, ns, chunk, to)
-    return {}
-
-
 # -- adding and removing shards -------------------------------------------------------------------
 
 @command("addShard", "addshard")
@@ -440,12 +210,12 @@ async def add_shard(
     """addShard: the embedded cluster can only add a shard of its own (a new embedded replica
     set, on a new loopback port); the connection string gives its name (the replica set's, as
     mongod takes it, unless `name` says otherwise)."""
-    _admin_only("addShard", db)
+    admin_only("addShard", db)
     cluster = cluster_of(server)
     target = cmd[next(iter(cmd))]
     if not isinstance(target, str):
         raise MongoError(14, "BSON field 'addShard.addShard' is the wrong type "
-                         f"'{_type_name(target)}', expected type 'string'")
+                         f"'{type_name(target)}', expected type 'string'")
     set_name, sep, hosts = target.partition("/")
     if not sep:
         set_name, hosts = "", target
@@ -470,11 +240,6 @@ async def add_shard(
     return {"shardAdded": name}
 
 
-def _type_name(value: Any) -> str:
-    return {str: "string", int: "int", float: "double", bool: "bool", dict: "object",
-            list: "array"}.get(type(value), type(value).__name__)
-
-
 def _generated_shard_name(members: set[str], existing: set[str]) -> str:
     """mongod's generated names: shard0000, shard0001... after the highest of the members
     (skipping a removed shard's, whose oplog is still kept under its name)."""
@@ -492,13 +257,13 @@ async def remove_shard(
     """removeShard as the config server runs it: the first call marks the shard draining
     (the balancer then moves its chunks off: here at once, as migrations), later calls report
     what is left (databases whose primary it is: `movePrimary` them), the last one removes it."""
-    _admin_only("removeShard", db)
+    admin_only("removeShard", db)
     cluster = cluster_of(server)
     catalog = cluster.catalog
     name = cmd[next(iter(cmd))]
     if not isinstance(name, str):
         raise MongoError(14, "BSON field 'removeShard.removeShard' is the wrong type "
-                         f"'{_type_name(name)}', expected type 'string'")
+                         f"'{type_name(name)}', expected type 'string'")
     if name not in catalog.shard_names:
         raise MongoError(ShardNotFound, f"Shard {name} does not exist")
     if not any(n != name and n not in catalog.draining for n in catalog.shard_names):
@@ -533,7 +298,7 @@ async def move_primary(
 ) -> dict[str, Any]:
     """movePrimary: the database's unsharded collections are cloned to the new primary and
     dropped on the old one, as migrations (fromMigrate: no change-stream events)."""
-    _admin_only("movePrimary", db)
+    admin_only("movePrimary", db)
     cluster = cluster_of(server)
     catalog = cluster.catalog
     name = cmd[next(iter(cmd))]
@@ -588,9 +353,9 @@ async def reshard_collection(
     no-op)."""
     import uuid as uuid_module
 
-    _admin_only("reshardCollection", db)
+    admin_only("reshardCollection", db)
     cluster = cluster_of(server)
-    ns, dbname, coll = _namespace_arg(cmd, "reshardCollection")
+    ns, dbname, coll = namespace_arg(cmd, "reshardCollection")
     catalog = cluster.catalog
     _current_key_pattern(catalog, ns, "reshardCollection")  # 118 unless sharded
     key = check_key_pattern(cmd.get("key"))
@@ -619,7 +384,7 @@ def _string_arg(cmd: Mapping[str, Any], command: str, field: str) -> None:
     value = cmd.get(field)
     if not isinstance(value, str):
         raise MongoError(14, f"BSON field '{command}.{field}' is the wrong type "
-                         f"'{_type_name(value)}', expected type 'string'")
+                         f"'{type_name(value)}', expected type 'string'")
 
 
 def _shard_docs(cluster: ShardedCluster, ns: str) -> list[Mapping[str, Any]]:
@@ -647,14 +412,14 @@ async def refine_collection_shard_key(
     from bson.objectid import ObjectId
     from bson.timestamp import Timestamp
 
-    _admin_only("refineCollectionShardKey", db)
+    admin_only("refineCollectionShardKey", db)
     cluster = cluster_of(server)
     _string_arg(cmd, "refineCollectionShardKey", "refineCollectionShardKey")
     if "key" not in cmd:
         raise MongoError(40414, "BSON field 'refineCollectionShardKey.key' is missing but a "
                          "required field")
-    _check_object("refineCollectionShardKey", "key", cmd["key"])
-    ns, dbname, coll = _namespace_arg(cmd, "refineCollectionShardKey")
+    check_object("refineCollectionShardKey", "key", cmd["key"])
+    ns, dbname, coll = namespace_arg(cmd, "refineCollectionShardKey")
     catalog = cluster.catalog
     if dbname == "config":
         raise MongoError(203, f"sharding not enabled for db {dbname}")  # NoShardingEnabled

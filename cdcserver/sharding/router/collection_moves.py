@@ -19,6 +19,7 @@ from cdcserver.commands.base import family
 from cdcserver.context import ConnectionState, Handler, ServerState
 from cdcserver.sharding import migration
 from cdcserver.sharding.cluster import ShardedCluster
+from cdcserver.sharding.router.arguments import admin_only
 from cdcserver.sharding.router.moves import holder
 from cdcserver.sharding.router.routing import cluster_of
 from pipeline_stages.errors import MongoError
@@ -31,11 +32,6 @@ command = family(TABLE)
 NamespaceNotFound = 26
 ShardNotFound = 70
 NamespaceNotSharded = 118
-
-
-def _admin_only(name: str, db: str) -> None:
-    if db != "admin":
-        raise MongoError(13, f"{name} may only be run against the admin database.")
 
 
 def _namespace(cmd: Mapping[str, Any], name: str) -> tuple[str, str, str]:
@@ -93,7 +89,7 @@ async def move_collection(
 ) -> dict[str, Any]:
     """An unsharded collection (tracked or not) to shard `toShard`; 26 for a sharded or
     missing one."""
-    _admin_only("moveCollection", db)
+    admin_only("moveCollection", db)
     cluster = cluster_of(server)
     catalog = cluster.catalog
     ns, dbname, coll = _namespace(cmd, "moveCollection")
@@ -117,7 +113,7 @@ async def unshard_collection(
 ) -> dict[str, Any]:
     """A sharded collection onto one shard (`toShard`, else the one with the least data):
     afterwards a tracked unsharded collection there."""
-    _admin_only("unshardCollection", db)
+    admin_only("unshardCollection", db)
     cluster = cluster_of(server)
     catalog = cluster.catalog
     ns, dbname, coll = _namespace(cmd, "unshardCollection")

@@ -17,6 +17,7 @@ from cdcserver.commands.tables import merge
 from cdcserver.context import ConnectionState, Handler, ServerState
 from cdcserver.sharding.router import (
     admin,
+    chunks,
     collection_moves,
     ddl,
     handshake,
@@ -31,7 +32,8 @@ from cdcserver.sharding.router.routing import cluster_of
 # The families do not overlap (`merge` says so if they come to).
 TABLE: dict[str, Handler] = merge(
     handshake.TABLE,  # hello, isMaster, isdbgrid, ping, serverStatus
-    admin.TABLE,  # listShards, enableSharding, shardCollection, chunks, shards, resharding
+    admin.TABLE,  # listShards, enableSharding, shardCollection, shards, resharding, refine
+    chunks.TABLE,  # split, moveChunk, moveRange
     zones.TABLE,  # addShardToZone, removeShardFromZone, updateZoneKeyRange, the balancer
     collection_moves.TABLE,  # moveCollection, unshardCollection
     write_ops.TABLE,  # insert, update, delete, findAndModify

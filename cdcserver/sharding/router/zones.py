@@ -24,6 +24,7 @@ from cdcserver.context import ConnectionState, Handler, ServerState
 from cdcserver.sharding.catalog import ShardingCatalog, bound_bytes
 from cdcserver.sharding.cluster import ShardedCluster
 from cdcserver.sharding.migration import BALANCER_MOVE_COLLECTION, bson_string
+from cdcserver.sharding.router.arguments import admin_only
 from cdcserver.sharding.router.collection_moves import move_to
 from cdcserver.sharding.router.moves import migrate
 from cdcserver.sharding.router.routing import cluster_of
@@ -39,11 +40,6 @@ ZoneStillInUse = 163
 ZoneNotFound = 177
 RangeOverlapConflict = 178
 CannotCreateChunkDistribution = 405
-
-
-def _admin_only(name: str, db: str) -> None:
-    if db != "admin":
-        raise MongoError(13, f"{name} may only be run against the admin database.")
 
 
 def _string_parameter(cmd: Mapping[str, Any], command_name: str) -> str:
@@ -73,7 +69,7 @@ async def add_shard_to_zone(
     """The config server's `$addToSet` of the zone to the shard's `tags`, found by its
     `_id` only (ShardingCatalogManager::addShardToZone: a host or connection string names
     no shard there)."""
-    _admin_only("addShardToZone", db)
+    admin_only("addShardToZone", db)
     catalog = cluster_of(server).catalog
     shard = _string_parameter(cmd, "addShardToZone")
     zone = _zone_field(cmd, "addShardToZone")
@@ -89,7 +85,7 @@ async def remove_shard_from_zone(
 ) -> dict[str, Any]:
     """The zone `$pull`ed from the shard's `tags`; refused (163) when the shard is the
     zone's last and a key range is assigned to the zone."""
-    _admin_only("removeShardFromZone", db)
+    admin_only("removeShardFromZone", db)
     catalog = cluster_of(server).catalog
     shard = _string_parameter(cmd, "removeShardFromZone")
     zone = _zone_field(cmd, "removeShardFromZone")
@@ -178,7 +174,7 @@ async def update_zone_key_range(
 ) -> dict[str, Any]:
     """A key range of `ns` assigned to a zone (an upsert of config.tags by `{ns, min}`), or,
     with `zone: null`, the range's document removed."""
-    _admin_only("updateZoneKeyRange", db)
+    admin_only("updateZoneKeyRange", db)
     cluster = cluster_of(server)
     catalog = cluster.catalog
     ns = cmd[next(iter(cmd))]
@@ -294,7 +290,7 @@ def reshard_zones(catalog: ShardingCatalog, zones: Any, key: Mapping[str, Any]
 async def balancer(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
 ) -> dict[str, Any]:
-    _admin_only(next(iter(cmd)), db)
+    admin_only(next(iter(cmd)), db)
     cluster = cluster_of(server)
     catalog = cluster.catalog
     name = next(iter(cmd))
