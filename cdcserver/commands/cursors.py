@@ -14,6 +14,7 @@ from typing import Any, cast
 
 from bson.int64 import Int64
 
+from cdcserver.commands import search
 from cdcserver.commands.arguments import is_string, wrong_type
 from cdcserver.commands.base import Handler, family, int_arg
 from cdcserver.context import ConnectionState, ServerState
@@ -44,6 +45,7 @@ async def aggregate(
 ) -> dict[str, Any]:
     """aggregate with a `$changeStream` first stage (queries.aggregate answers the others)."""
     if not is_change_stream_aggregate(cmd):
+        search.check_search_stages(cmd.get("pipeline"))  # 31082, as the pipeline is parsed
         check_requires_change_stream(cmd.get("pipeline"))
         raise MongoError(
             40324 if cmd.get("pipeline") else 2,

@@ -124,3 +124,13 @@ def test_other_pipelines_still_run(coll) -> None:
     assert list(coll.aggregate([{"$match": {"_id": 1}}, {"$project": {"_id": 1}}])) == [
         {"_id": 1}]
     assert isinstance(coll.database.client, pymongo.MongoClient)
+
+
+def test_recorded_oplog_parses_search_stages_too(cdcserver_sample) -> None:
+    with pymongo.MongoClient(cdcserver_sample.uri) as recorded:
+        with pytest.raises(OperationFailure) as info:
+            list(recorded.test.c.aggregate([{"$vectorSearch": {}}]))
+        _not_enabled(info, MONGOT_TEXT)
+        with pytest.raises(OperationFailure) as info:
+            recorded.test.command({"createSearchIndexes": "c", "indexes": [{"definition": {}}]})
+        _not_enabled(info, INDEX_TEXT)
