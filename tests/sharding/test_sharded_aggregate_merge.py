@@ -7,21 +7,6 @@ found nothing and `$out` wrote into a database the front then dropped."""
 from __future__ import annotations
 
 import pymongo
-import pytest
-
-from cdcserver.sharding.testing import ShardedServer
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with ShardedServer(2) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def client(cluster):
-    with pymongo.MongoClient(cluster.uri) as c:
-        yield c
 
 
 def _spread(client: pymongo.MongoClient, ns: str) -> None:

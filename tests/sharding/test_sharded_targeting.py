@@ -14,18 +14,6 @@ from cdcserver.sharding.testing import ShardedServer
 CASE_INSENSITIVE = Collation(locale="en_US", strength=2)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with ShardedServer(2) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def client(cluster):
-    with pymongo.MongoClient(cluster.uri) as c:
-        yield c
-
-
 def _split_by_case(client: pymongo.MongoClient, cluster: ShardedServer, ns: str) -> None:
     """Sharded on {k: 1}, split at "a": upper-case strings (they sort first, binary) on the
     first shard, lower-case ones on the second."""

@@ -8,20 +8,6 @@ import pymongo
 import pytest
 from pymongo.errors import OperationFailure
 
-from cdcserver.sharding.testing import ShardedServer
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with ShardedServer(2) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def client(cluster):
-    with pymongo.MongoClient(cluster.uri) as c:
-        yield c
-
 
 def _open(client: pymongo.MongoClient, db: str, coll: str | int, **options) -> dict:
     return client[db].command({"aggregate": coll, "pipeline": [{"$changeStream": options}],
