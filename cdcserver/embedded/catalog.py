@@ -46,11 +46,11 @@ OPTION_ORDER = (
 bson_string = bson_obj_string
 
 
-def ordered_options(options: Mapping[str, Any]) -> dict[str, Any]:
+def ordered_options(options: Mapping[str, Any], *, as_stored: bool = True) -> dict[str, Any]:
     out = {k: options[k] for k in OPTION_ORDER if k in options}
     if out.get("changeStreamPreAndPostImages", {}).get("enabled") is False:
         del out["changeStreamPreAndPostImages"]  # toBSON leaves out a disabled option
-    if out.get("capped") and "size" in out:
+    if as_stored and out.get("capped") and "size" in out:
         out["size"] = capped_size(out["size"])
     return out
 
@@ -175,6 +175,9 @@ class CatalogMixin(StoreState):
         id_index: Mapping[str, Any] | None = None,
     ) -> Collection:
         validate_collection_name(db, coll)
+        # The oplog entry has the options the command gave (a capped size as given: the
+        # create event shows it, ddl_create_event.js); the catalog keeps them as parsed.
+        given = ordered_options(options or {}, as_stored=False)
         options = ordered_options(options or {})
         c = Collection(db, coll, uuid_module.uuid4().bytes, options)
         # The _id index as mongod builds it: the requested version, its own name and key, and
@@ -202,7 +205,7 @@ class CatalogMixin(StoreState):
             self.catalog[(db, coll)] = c
         self._save_meta(c)
         # makeCreateCollCmdObj: the _id index spec goes into the entry for versions >= 2 only
-        entry: dict[str, Any] = {"create": coll, **options}
+        entry: dict[str, Any] = {"create": coll, **given}
         if id_spec is not None and _index_version(id_spec) >= 2:
             entry["idIndex"] = id_spec
         self.append_oplog("c", f"{db}.$cmd", entry, ui=c.ui)

@@ -1,7 +1,8 @@
 """A capped collection's `size` as mongod 8.0 keeps it: CollectionOptions::parse rounds it up to
-a multiple of 256, so listCollections' options, collStats' maxSize and the oplog's create entry
-show the rounded size, and a second create with the size as first given is the same collection
-(no 48)."""
+a multiple of 256, so listCollections' options and collStats' maxSize show the rounded size,
+and a second create with the size as first given is the same collection (no 48). The oplog's
+create entry keeps the size the command gave: mongod's ddl_create_event.js expects the create
+event of `size: 1000` to say 1000 ("the options specified on the original user command")."""
 
 from __future__ import annotations
 
@@ -32,8 +33,10 @@ def test_same_create_again_is_the_same_collection(db) -> None:
     assert db.command({"create": "c", "capped": True, "size": 1000})["ok"] == 1.0
 
 
-def test_create_entry_has_the_rounded_size(server, db) -> None:
+def test_create_entry_has_the_size_as_given(server, db) -> None:
     db.create_collection("logged", capped=True, size=5000, max=10)
     entry = next(e for e in reversed(server.entries())
                  if e.get("op") == "c" and e["o"].get("create") == "logged")
-    assert (entry["o"]["capped"], entry["o"]["size"], entry["o"]["max"]) == (True, 5120, 10)
+    assert (entry["o"]["capped"], entry["o"]["size"], entry["o"]["max"]) == (True, 5000, 10)
+    info = db.list_collections(filter={"name": "logged"}).next()
+    assert info["options"]["size"] == 5120
