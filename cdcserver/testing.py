@@ -416,14 +416,15 @@ class SubprocessServer(RunningServer):
         *,
         follow: bool = True,
         data_dir: PathLike | None = None,
+        upstream: str | None = None,
         log_path: PathLike | None = None,
         extra_args: Iterable[str] = (),
         env: Mapping[str, str] | None = None,
     ) -> None:
         self.oplog_paths = [pathlib.Path(p) for p in oplog_paths]
         self.data_dir = pathlib.Path(data_dir) if data_dir is not None else None
-        if self.oplog_paths and self.data_dir is not None:
-            raise ValueError("give oplog files or a data directory, not both")
+        if sum((bool(self.oplog_paths), self.data_dir is not None, upstream is not None)) > 1:
+            raise ValueError("give oplog files, a data directory or an upstream, only one")
         self._own_log = log_path is None
         if log_path is None:
             fd, log_path = tempfile.mkstemp(prefix="cdcserver-", suffix=".log")
@@ -439,6 +440,8 @@ class SubprocessServer(RunningServer):
                 args.append("--follow")
         elif self.data_dir is not None:  # the embedded store, durable
             args += ["--data-dir", str(self.data_dir)]
+        elif upstream is not None:  # a sidecar of a live replica set or cluster
+            args += ["--upstream", upstream]
         else:  # the embedded store, in memory
             args.append("--in-memory")
         args += list(extra_args)
