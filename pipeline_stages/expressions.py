@@ -7,7 +7,12 @@ store's pipelines run on:
 - `$indexOfCP`, `$indexOfBytes` (mongomock: NotImplemented); a BSON regex literal in
   `$regexMatch` / `$regexFind` / `$regexFindAll` (mongomock: TypeError without flags);
 - an object literal with a `$`-prefixed field after its first (`{_id: 1, $v: 2}`): 16410, as
-  ExpressionObject::parse checks each field name (mongomock: code 2).
+  ExpressionObject::parse checks each field name (mongomock: code 2);
+- `$dateAdd`, `$dateSubtract`, `$dateDiff`, `$dateTrunc`, `$reduce` (date_expressions.py);
+- the system variables `$$NOW` (a date) and `$$CLUSTER_TIME` (a timestamp), which mongomock
+  reads as undefined user variables (a `$project` of them yielded no field): a command binds
+  them once (cdcserver/embedded/engine.py `bind_system_variables`); unbound, they read the
+  clock (`system_variable`).
 
 `install(parser_class)` is idempotent; the query engine's installation of its mongomock
 patches runs it.
@@ -15,16 +20,20 @@ patches runs it.
 
 from __future__ import annotations
 
+import datetime
 import re
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from bson.regex import Regex
+from bson.timestamp import Timestamp
 
+from pipeline_stages import date_expressions
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
 
-__all__ = ["DOLLAR_FIELD_MESSAGE", "install"]
+__all__ = ["DOLLAR_FIELD_MESSAGE", "SYSTEM_VARIABLES", "install", "now", "system_variable"]
 
 DOLLAR_FIELD_MESSAGE = (
     "FieldPath field names may not start with '$'. Consider using $getField or $setField."
@@ -46,13 +55,19 @@ def install(parser: Any) -> None:
     original_parse: Callable[[Any, Any], Any] = parser.parse
 
     def parse(self: Any, expression: Any) -> Any:
+        if isinstance(expression, str) and expression.startswith("$$"):
+            name, _, path = expression[2:].partition(".")
+            if name in SYSTEM_VARIABLES and name not in (self._user_vars or {}):
+                if path:  # neither a date nor a timestamp has fields
+                    raise KeyError(expression)
+                return system_variable(name)
         if isinstance(expression, dict) and expression:
             first = next(iter(expression))
             if len(expression) == 1 and first in _REGEX_OPERATORS:
                 expression = _regex_as_string(first, expression[first]) or expression
             if len(expression) == 1 and first in _FIELD_OPERATORS:
                 result = _FIELD_OPERATORS[first](self, expression[first])
-                if result is _MISSING:
+                if result is _MISSING or result is date_expressions.MISSING:
                     raise KeyError(first)  # mongomock's way of saying "missing"
                 return result
             if not first.startswith("$") and any(k.startswith("$") for k in expression):
@@ -64,6 +79,20 @@ def install(parser: Any) -> None:
 
 
 _REGEX_OPERATORS = ("$regexMatch", "$regexFind", "$regexFindAll")
+SYSTEM_VARIABLES = ("NOW", "CLUSTER_TIME")
+
+
+def now() -> datetime.datetime:
+    """`$$NOW`: the wall clock as a BSON date holds it (UTC, whole milliseconds)."""
+    moment = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
+    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+
+
+def system_variable(name: str) -> Any:
+    """The value of `$$NOW` or `$$CLUSTER_TIME` when no command bound it."""
+    if name == "NOW":
+        return now()
+    return Timestamp(int(time.time()), 1)
 
 
 def _regex_as_string(name: str, spec: Any) -> dict[str, Any] | None:
@@ -204,4 +233,5 @@ _FIELD_OPERATORS: dict[str, Callable[[Any, Any], Any]] = {
     "$getField": _get_field,
     "$setField": _set_field,
     "$unsetField": lambda parser, args: _set_field(parser, args, "$unsetField"),
+    **date_expressions.OPERATORS,
 }

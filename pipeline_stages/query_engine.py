@@ -56,6 +56,7 @@ __all__ = [
     "ordered_filter",
     "process_pipeline",
     "project",
+    "set_stage_handler",
     "upsert_seed",
 ]
 
@@ -128,6 +129,7 @@ def _install_mongomock_types() -> None:
     expressions.install(_mm_aggregate._Parser)  # $getField/$setField/$unsetField, 16410
     _mm_aggregate._GROUPING_OPERATOR_MAP["$sum"] = group_sum
     _INSTALLED = True
+    _install_stage_handlers()
 
 
 def group_sum(values: Any) -> Any:
@@ -416,7 +418,7 @@ def _install_ordered_group() -> None:
 
     def group(in_collection: Any, database: Any, options: Any) -> Any:
         _id = options.get("_id") if isinstance(options, Mapping) else None
-        if not _id:
+        if _id is None:  # one group (a constant such as 0 or "" is a key of its own)
             return original(in_collection, database, options)
         keyed: dict[bytes, tuple[Any, list[Any]]] = {}
         for doc in in_collection:
@@ -509,6 +511,38 @@ class Database:
 
     def __getitem__(self, name: str) -> Any:
         return self.get_collection(name)
+
+    def documents(self, name: str) -> list[Any]:
+        """Collection `name`'s documents in natural order (shared: copy before changing)."""
+        docs = self._resolve(name) if self._resolve is not None else None
+        return list(docs.values()) if docs is not None else []
+
+
+_STAGE_HANDLERS: dict[str, Callable[[list[Any], Any, Any], list[Any]]] = {}
+
+
+def set_stage_handler(
+    name: str, handler: Callable[[list[Any], Any, Any, Callable[..., Any]], list[Any]]
+) -> None:
+    """Run stage `name` with `handler(docs, database, spec, engine_handler)` instead of the
+    engine's own (which the handler may call for the forms it leaves to it). Installed on the
+    engine's first use; idempotent per name."""
+    def run(docs: list[Any], database: Any, spec: Any) -> list[Any]:
+        return handler(docs, database, spec, _ENGINE_HANDLERS[name])
+
+    _STAGE_HANDLERS[name] = run
+    if _INSTALLED:
+        _install_stage_handlers()
+
+
+_ENGINE_HANDLERS: dict[str, Any] = {}
+
+
+def _install_stage_handlers() -> None:
+    handlers: dict[str, Any] = _mm_aggregate._PIPELINE_HANDLERS
+    for name, run in _STAGE_HANDLERS.items():
+        _ENGINE_HANDLERS.setdefault(name, handlers.get(name))
+        handlers[name] = run
 
 
 def process_pipeline(docs: list[Any], database: Database | None, pipeline: list[Any]) -> list[Any]:

@@ -20,10 +20,11 @@ from typing import Any
 
 from bson.code import Code
 from bson.decimal128 import Decimal128
+from bson.int64 import Int64
 from bson.objectid import ObjectId
 
 from cdcserver.embedded import json_schema, modifiers, oplog_update, regex
-from pipeline_stages import keystring, query_engine
+from pipeline_stages import expressions, keystring, query_engine
 from pipeline_stages.dotted_path import document_value, has_path_with_positions
 from pipeline_stages.errors import MongoError
 from pipeline_stages.expressions import DOLLAR_FIELD_MESSAGE
@@ -55,6 +56,8 @@ def engine_error(exc: Exception) -> MongoError:
         return MongoError(2, f"not supported by cdcserver's embedded store: {msg}")
     if isinstance(code, int) and code > 0:
         return MongoError(code, msg)
+    if msg.startswith("Unrecognized expression '"):  # ExpressionParser's, as mongod words it
+        return MongoError(168, msg)
     return MongoError(2, msg)
 
 
@@ -307,6 +310,9 @@ def rewrite_pipeline(pipeline: list[Any]) -> list[dict[str, Any]]:
             out.append({"$sort": {"count": -1}})
         elif name == "$facet" and isinstance(arg, Mapping):
             out.append({"$facet": {k: rewrite_pipeline(v) for k, v in arg.items()}})
+        elif name == "$project":
+            _check_project_stage(arg)
+            out.append(dict(stage))
         elif name == "$match" and isinstance(arg, Mapping):
             # regexes: regex.py's matcher; documents compared in field order
             out.append({"$match": query_engine.ordered_filter(compile_filter(arg))})
@@ -338,14 +344,218 @@ def query_database(name: str, resolve: Any = None) -> Database:
     return Database(name, resolve)
 
 
+# ---------------------------------------------------------------------------------------------
+# Projections (projection_parser.cpp): inclusion or exclusion, never both; a find projection
+# may compute fields with aggregation expressions and literals, as mongod 4.4+ does.
+
+_FLAG_TYPES = (bool, int, float, Int64, Decimal128)
+
+
+def _truthy(value: Any) -> bool:
+    if isinstance(value, Decimal128):
+        return bool(value.to_decimal())
+    return bool(value)
+
+
+class _ProjectionKind:
+    __slots__ = ("computed", "type")
+
+    def __init__(self) -> None:
+        self.type: str | None = None  # "inclusion" / "exclusion"
+        self.computed = False  # an expression or a literal: evaluated as $project does
+
+
+def _parse_projection(spec: Mapping[str, Any], kind: _ProjectionKind, root: bool,
+                      find: bool) -> None:
+    """mongod's checks of a projection, in its order (31253, 31254, 31252, 31310)."""
+    for name, value in spec.items():
+        top_id = root and name == "_id"
+        if isinstance(value, Mapping):
+            first = next(iter(value), "")
+            if len(value) == 1 and isinstance(first, str) and first.startswith("$"):
+                if find and first in ("$slice", "$elemMatch"):
+                    continue  # find-only forms: they leave the type open
+                if not find and first == "$elemMatch":
+                    raise MongoError(168, "Cannot use $elemMatch in this context")
+                if first != "$meta":
+                    if kind.type == "exclusion":
+                        raise MongoError(31252, "Cannot use expression other than $meta in "
+                                         "exclusion projection")
+                    kind.type = "inclusion"
+                    kind.computed = True
+                continue
+            _parse_projection(value, kind, False, find)
+        elif isinstance(value, _FLAG_TYPES):
+            if _truthy(value):
+                if not top_id:
+                    if kind.type == "exclusion":
+                        raise MongoError(31253, f"Cannot do inclusion on field {name} in "
+                                         "exclusion projection")
+                    kind.type = "inclusion"
+            elif not top_id:
+                if kind.type == "inclusion":
+                    raise MongoError(31254, f"Cannot do exclusion on field {name} in "
+                                     "inclusion projection")
+                kind.type = "exclusion"
+        else:
+            if kind.type == "exclusion":
+                raise MongoError(31310, f"Cannot use an expression {name}: "
+                                 f"{_short(value)} in an exclusion projection")
+            kind.type = "inclusion"
+            kind.computed = True
+
+
+def _as_aggregation(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A find projection with computed fields as the `$project` that evaluates it: literals
+    as `$literal` (a find projection's `{a: "x"}` is the string)."""
+    out: dict[str, Any] = {}
+    for name, value in spec.items():
+        if isinstance(value, Mapping):
+            first = next(iter(value), "")
+            if len(value) == 1 and isinstance(first, str) and first.startswith("$"):
+                out[name] = value
+            else:
+                out[name] = _as_aggregation(value)
+        elif isinstance(value, _FLAG_TYPES) or (
+            isinstance(value, str) and value.startswith("$")
+        ) or isinstance(value, list):
+            out[name] = value
+        else:
+            out[name] = {"$literal": value}
+    return out
+
+
+# projection object -> (it, its $project when it computes fields, else None); one command's
+# projection is one object, so its $$NOW is bound once for all its documents
+_projections: dict[int, tuple[Mapping[str, Any], dict[str, Any] | None]] = {}
+
+
+def _projection_plan(fields: Mapping[str, Any]) -> dict[str, Any] | None:
+    known = _projections.get(id(fields))
+    if known is not None and known[0] is fields:
+        return known[1]
+    kind = _ProjectionKind()
+    _parse_projection(fields, kind, True, True)
+    plan = bind_system_variables(_as_aggregation(fields)) if kind.computed else None
+    if len(_projections) >= 256:
+        _projections.clear()
+    _projections[id(fields)] = (fields, plan)
+    return plan
+
+
+def validate_projection(fields: Mapping[str, Any]) -> None:
+    """A find projection's parse errors (mongod's, before any document)."""
+    _projection_plan(fields)
+
+
 def project(doc: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, Any]:
     """`doc` with a find projection applied."""
     try:
-        return query_engine.project(doc, dict(fields))
+        plan = _projection_plan(fields)
+        if plan is not None:
+            out = query_engine.process_pipeline([dict(doc)], None, [{"$project": plan}])
+            return _fit_longs(out[0])  # type: ignore[no-any-return]
+        return query_engine.project(doc, _dotted(fields))
     except MongoError:
         raise
     except Exception as exc:  # noqa: BLE001
         raise engine_error(exc) from None
+
+
+def _dotted(spec: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Sub-projections as dotted paths (`{a: {b: 1}}` is `{"a.b": 1}`), which the engine's
+    find projection takes."""
+    out: dict[str, Any] = {}
+    for name, value in spec.items():
+        first = next(iter(value), "") if isinstance(value, Mapping) else ""
+        if isinstance(value, Mapping) and value and not (
+            isinstance(first, str) and first.startswith("$")
+        ):
+            out.update(_dotted(value, f"{prefix}{name}."))
+        else:
+            out[prefix + name] = value
+    return out
+
+
+def _check_project_stage(spec: Any) -> None:
+    if isinstance(spec, Mapping):
+        try:
+            _parse_projection(spec, _ProjectionKind(), True, False)
+        except MongoError as exc:
+            raise MongoError(exc.code, f"Invalid $project :: caused by :: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# System variables ($$NOW, $$CLUSTER_TIME): one value for the whole command
+
+
+def cluster_time() -> Any:
+    """`$$CLUSTER_TIME`: the cluster time as a single-member replica set's (its clock's second)."""
+    return expressions.system_variable("CLUSTER_TIME")
+
+
+def _mentions_system_variable(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.startswith(("$$NOW", "$$CLUSTER_TIME"))
+    if isinstance(value, Mapping):
+        return any(_mentions_system_variable(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_mentions_system_variable(v) for v in value)
+    return False
+
+
+def bind_system_variables(stages: Any) -> Any:
+    """`$$NOW` and `$$CLUSTER_TIME` in a pipeline (or a projection) as their values, taken
+    once, so every document of the command sees the same (Variables::kNowId...)."""
+    if not _mentions_system_variable(stages):
+        return stages
+    values = {"NOW": expressions.now(), "CLUSTER_TIME": cluster_time()}
+    if isinstance(stages, list):
+        return bind_pipeline(stages, values)
+    return bind_expression(stages, values)
+
+
+# ---------------------------------------------------------------------------------------------
+# $lookup with `let` / `pipeline` (mongomock has only localField / foreignField)
+
+
+def _lookup(docs: list[Any], database: Any, spec: Any, engine_lookup: Any) -> list[Any]:
+    if not isinstance(spec, Mapping) or "pipeline" not in spec:
+        return engine_lookup(docs, database, spec)  # type: ignore[no-any-return]
+    pipeline = spec["pipeline"]
+    if not isinstance(pipeline, list):
+        raise MongoError(14, "'pipeline' option must be specified as an array")
+    as_field = spec.get("as")
+    if not isinstance(as_field, str):
+        raise MongoError(9, "must specify 'as' field for a $lookup")
+    let = spec.get("let") or {}
+    if not isinstance(let, Mapping):
+        raise MongoError(9, "$lookup argument 'let' must be an object, is type "
+                         f"{_type_name(let)}")
+    local, foreign = spec.get("localField"), spec.get("foreignField")
+    source = spec.get("from")
+    foreign_docs = (database.documents(source)
+                    if database is not None and isinstance(source, str) else [])
+    for doc in docs:
+        variables: dict[str, Any] = {}
+        for var, expr in let.items():
+            _check_let_name(var)
+            _bind_variable(variables, var, normalize(expr), doc)
+        candidates = foreign_docs
+        if isinstance(local, str) and isinstance(foreign, str):
+            value = document_value(doc, local, None)
+            condition = {foreign: {"$in": value} if isinstance(value, list) else value}
+            candidates = [d for d in foreign_docs if matches(condition, d)]
+        stages = bind_pipeline(pipeline, variables) if variables else pipeline
+        joined = run_pipeline([copy_document(d) for d in candidates], database, stages)
+        if "." in as_field:
+            modifiers.set_path(doc, as_field, joined)
+        else:
+            doc[as_field] = joined
+    return docs
+
+
+query_engine.set_stage_handler("$lookup", _lookup)
 
 
 def run_pipeline(

@@ -220,6 +220,7 @@ def pipeline(docs: list[Any], database: Any, stages: list[Any], out: list[Any],
     if not stages:
         out.extend(engine.run_pipeline(current, database, []))
         return
+    stages = engine.bind_system_variables(stages)  # one $$NOW for the whole command
     i = 0
     while i < len(stages):
         j = i
