@@ -14,6 +14,7 @@ older than that: mongod's pre-image remover (ChangeStreamExpiredPreImagesRemover
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from bson.timestamp import Timestamp
 
 from cdcserver.embedded.sessions import OpSession, session_key
 from cdcserver.embedded.store_types import id_key
+from pipeline_stages.errors import MongoError
 from pipeline_stages.image_source import (
     _pre_image_key,
     pre_image_id,
@@ -90,7 +92,8 @@ class ImagesMixin(StoreState):
         The server runs it among its background tasks, as the TTL monitor."""
         while True:
             await asyncio.sleep(self.pre_image_removal_sleep_secs)
-            self.remove_expired_pre_images()
+            with contextlib.suppress(MongoError):  # a failed commit (logged): next pass
+                self.remove_expired_pre_images()
 
     def _save_pre_image(
         self, c: Collection, ts: Timestamp, wall: datetime.datetime, pre: dict[str, Any],

@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import datetime
+import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,8 @@ from bson.binary import Binary
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
+from cdcserver.embedded.persist import CommitFailed
+from cdcserver.embedded.rollback import commit_error, restore_committed
 from cdcserver.embedded.sessions import OpSession, session_key
 from cdcserver.embedded.update_diff import modifier_update_diff, pipeline_update_diff
 from pipeline_stages.oplog_entry import decode_entry
@@ -36,6 +39,8 @@ _BSON_ARRAY_ELEMENT_OVERHEAD = 8  # TransactionOperations::ApplyOpsInfo
 _REPL_OPERATION_OVERHEAD = 256  # ~sizeof(DurableReplOperation) + its stmtId vector
 NULL_OP_TIME = {"ts": Timestamp(0, 0), "t": Int64(-1)}
 MAX_BSON = 16 * 1024 * 1024
+
+log = logging.getLogger(__name__)
 
 
 def _now_ms() -> datetime.datetime:
@@ -68,9 +73,20 @@ class OplogWriterMixin(StoreState):
 
     def _commit(self) -> None:
         if self.persist is not None:
-            for key, record in self._session_records.items():  # same SQLite transaction
-                self.persist.put_transaction(key, bson.encode(record))
-            self.persist.commit()
+            try:
+                for key, record in self._session_records.items():  # same SQLite transaction
+                    self.persist.put_transaction(key, bson.encode(record))
+            except CommitFailed:
+                pass  # commit() rolls it back and raises, with what the batch changed
+            try:
+                self.persist.commit()
+            except CommitFailed as failure:
+                self._roll_back(failure)
+                raise commit_error(failure, self.persist.path) from None
+            if self.commit_failing:
+                self.commit_failing = False
+                log.warning("writes to %s succeed again", self.persist.path)
+        self._session_undo.clear()
         self.transaction_records.update(self._session_records)
         self._session_records.clear()
         if not self._pending:
@@ -83,6 +99,30 @@ class OplogWriterMixin(StoreState):
         self._truncate()
         for listener in list(self.listeners):
             listener()
+
+    def _roll_back(self, failure: CommitFailed) -> None:
+        """SQLite refused the batch: every layer back to what it committed (rollback.py), its
+        oplog entries never published, its sessions as they were before it, a transaction it
+        committed aborted instead."""
+        assert self.persist is not None
+        if not self.commit_failing:
+            self.commit_failing = True
+            log.error("writes to %s fail: %s; they are refused until it can be written again",
+                      self.persist.path, failure.error)
+        restore_committed(self, failure.journal)
+        self._pending.clear()
+        for key, record in self._session_records.items():
+            session = self.sessions.get(key)
+            if record.get("state") == "committed" and session is not None and (
+                session.txn is not None and session.txn.state == "committed"
+            ):
+                session.txn.state = "aborted"
+        for session, op_session, prev_ts, stmts, last_write in self._session_undo.values():
+            op_session.prev_ts = prev_ts
+            if session is not None:
+                session.stmts, session.last_write = stmts, last_write
+        self._session_undo.clear()
+        self._session_records.clear()
 
     def _truncate(self) -> None:
         """Capped oplog: drop the oldest entries beyond the size (never the newest one), but
@@ -109,8 +149,11 @@ class OplogWriterMixin(StoreState):
             self._pre_image_meta.pop(key, None)
             del self._pre_image_ts[key]
         if self.persist is not None:
-            self.persist.truncate_oplog(oldest)
-            self.persist.commit()
+            try:
+                self.persist.truncate_oplog(oldest)
+                self.persist.commit()
+            except CommitFailed:
+                pass  # SQLite keeps the older entries until a later truncation removes them
 
     # -- the oplog --------------------------------------------------------------------------------
 
@@ -170,9 +213,17 @@ class OplogWriterMixin(StoreState):
             entry["prevOpTime"] = (
                 dict(NULL_OP_TIME) if prev is None else {"ts": prev, "t": Int64(1)}
             )
+            key = session_key(session.lsid)
+            if key not in self._session_undo:  # as it was before this batch (_roll_back)
+                owner = self.sessions.get(key)
+                self._session_undo[key] = (
+                    owner, session, prev,
+                    dict(owner.stmts) if owner is not None else {},
+                    owner.last_write if owner is not None else None,
+                )
             session.prev_ts = ts
             # config.transactions: the session's txnNumber and last write, durable with it
-            self._session_records[session_key(session.lsid)] = {
+            self._session_records[key] = {
                 "_id": session.lsid, "txnNum": Int64(session.txn_number),
                 "lastWriteOpTime": {"ts": ts, "t": Int64(1)}, "lastWriteDate": wall,
             }

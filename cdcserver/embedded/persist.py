@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 try:
@@ -147,9 +148,39 @@ def open_database(
     return db, held
 
 
+@dataclass
+class Journal:
+    """What the open SQLite transaction changed, by key: after a failed commit (a full disk,
+    a read-only file) the store puts exactly these back as SQLite still has them
+    (`rollback.py`), so the working set never holds a write that is not durable."""
+
+    documents: set[tuple[bytes, bytes]] = field(default_factory=set)  # (uuid, key)
+    emptied: set[bytes] = field(default_factory=set)  # uuids whose documents were all deleted
+    namespaces: set[tuple[str, str]] = field(default_factory=set)  # catalog entries
+    pre_images: set[bytes] = field(default_factory=set)
+    retry_images: set[bytes] = field(default_factory=set)
+
+
+class CommitFailed(Exception):
+    """SQLite refused the batch (at a write or at COMMIT); its transaction is rolled back.
+    `journal` says what it had changed; `error` is SQLite's."""
+
+    def __init__(self, error: sqlite3.Error, journal: Journal) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.journal = journal
+
+    @property
+    def disk_full(self) -> bool:
+        return getattr(self.error, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+
+
 class Persistence:
     """The SQLite side of the store. Writes are buffered into the open transaction; `commit()`
-    makes them durable (`synchronous` = SQLite's PRAGMA synchronous)."""
+    makes them durable (`synchronous` = SQLite's PRAGMA synchronous). A write SQLite refuses
+    poisons the transaction: later writes of the batch are not sent (SQLite may already have
+    rolled it back, and would then autocommit them one by one) and `commit()` rolls it back
+    and raises CommitFailed."""
 
     FILE_NAME = "cdcserver.sqlite3"
 
@@ -160,6 +191,8 @@ class Persistence:
         self.path = os.path.join(data_dir, self.FILE_NAME)
         self.db, self._lock = open_database(data_dir, self.FILE_NAME, SCHEMA, synchronous)
         self._in_tx = False
+        self.journal = Journal()
+        self._failed: sqlite3.Error | None = None  # the error that poisoned the transaction
 
     def _unlock(self) -> None:
         if self._lock is not None:
@@ -169,18 +202,46 @@ class Persistence:
     # -- transactions ---------------------------------------------------------------------------
 
     def begin(self) -> None:
+        if self._failed is not None:
+            raise CommitFailed(self._failed, self.journal)
         if not self._in_tx:
-            self.db.execute("BEGIN")
+            self._run("BEGIN")
             self._in_tx = True
 
+    def _run(self, sql: str, params: Sequence[Any] = ()) -> None:
+        try:
+            self.db.execute(sql, params)
+        except sqlite3.Error as exc:
+            self._failed = exc
+            raise CommitFailed(exc, self.journal) from None
+
     def commit(self) -> None:
-        if self._in_tx:
-            self._in_tx = False
-            self.db.execute("COMMIT")
+        """Make the transaction durable; on SQLite's refusal (now or at an earlier write of
+        it) roll it back and raise CommitFailed with what it had changed."""
+        if not self._in_tx and self._failed is None:
+            return
+        self._in_tx = False
+        journal, self.journal = self.journal, Journal()
+        error, self._failed = self._failed, None
+        if error is None:
+            try:
+                self.db.execute("COMMIT")
+                return
+            except sqlite3.Error as exc:
+                error = exc
+        if self.db.in_transaction:  # SQLite rolls some failures back itself
+            try:
+                self.db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+        raise CommitFailed(error, journal)
 
     def close(self) -> None:
         try:
-            self.commit()
+            try:
+                self.commit()
+            except CommitFailed:
+                pass  # what was not committed is not durable: nothing was acknowledged
             self.db.close()
         finally:
             self._unlock()
@@ -189,7 +250,8 @@ class Persistence:
 
     def put_collection(self, db: str, coll: str, uuid: bytes, meta: bytes) -> None:
         self.begin()
-        self.db.execute(
+        self.journal.namespaces.add((db, coll))
+        self._run(
             "INSERT INTO collections (db, coll, uuid, meta) VALUES (?, ?, ?, ?) "
             "ON CONFLICT (db, coll) DO UPDATE SET uuid = excluded.uuid, meta = excluded.meta",
             (db, coll, uuid, meta),
@@ -197,20 +259,24 @@ class Persistence:
 
     def delete_collection(self, db: str, coll: str, uuid: bytes) -> None:
         self.begin()
-        self.db.execute("DELETE FROM collections WHERE db = ? AND coll = ?", (db, coll))
-        self.db.execute("DELETE FROM documents WHERE uuid = ?", (uuid,))
+        self.journal.namespaces.add((db, coll))
+        self.journal.emptied.add(uuid)
+        self._run("DELETE FROM collections WHERE db = ? AND coll = ?", (db, coll))
+        self._run("DELETE FROM documents WHERE uuid = ?", (uuid,))
 
     def rename_collection(self, db: str, coll: str, to_db: str, to_coll: str) -> None:
         self.begin()
-        self.db.execute(
+        self.journal.namespaces.update(((db, coll), (to_db, to_coll)))
+        self._run(
             "UPDATE collections SET db = ?, coll = ? WHERE db = ? AND coll = ?",
             (to_db, to_coll, db, coll),
         )
 
     def put_document(self, uuid: bytes, key: bytes, doc: bytes) -> None:
         self.begin()
+        self.journal.documents.add((uuid, key))
         # An upsert that keeps the row id, so natural order survives updates and restarts.
-        self.db.execute(
+        self._run(
             "INSERT INTO documents (uuid, id, doc) VALUES (?, ?, ?) "
             "ON CONFLICT (uuid, id) DO UPDATE SET doc = excluded.doc",
             (uuid, key, doc),
@@ -218,37 +284,42 @@ class Persistence:
 
     def delete_document(self, uuid: bytes, key: bytes) -> None:
         self.begin()
-        self.db.execute("DELETE FROM documents WHERE uuid = ? AND id = ?", (uuid, key))
+        self.journal.documents.add((uuid, key))
+        self._run("DELETE FROM documents WHERE uuid = ? AND id = ?", (uuid, key))
 
     def append_oplog(self, ts: Timestamp, entry: bytes) -> None:
         self.begin()
-        self.db.execute("INSERT INTO oplog (ts, entry) VALUES (?, ?)", (ts_int(ts), entry))
+        self._run("INSERT INTO oplog (ts, entry) VALUES (?, ?)", (ts_int(ts), entry))
 
     def truncate_oplog(self, before: Timestamp) -> None:
         self.begin()
-        self.db.execute("DELETE FROM oplog WHERE ts < ?", (ts_int(before),))
-        self.db.execute("DELETE FROM preimages WHERE ts < ?", (ts_int(before),))
+        self._run("DELETE FROM oplog WHERE ts < ?", (ts_int(before),))
+        self._run("DELETE FROM preimages WHERE ts < ?", (ts_int(before),))
 
     def put_pre_image(self, key: bytes, ts: Timestamp, doc: bytes) -> None:
         self.begin()
-        self.db.execute(
+        self.journal.pre_images.add(key)
+        self._run(
             "INSERT OR REPLACE INTO preimages (key, ts, doc) VALUES (?, ?, ?)",
             (key, ts_int(ts), doc),
         )
 
     def delete_pre_images(self, keys: Sequence[bytes]) -> None:
         self.begin()
-        self.db.executemany("DELETE FROM preimages WHERE key = ?", [(k,) for k in keys])
+        self.journal.pre_images.update(keys)
+        for k in keys:
+            self._run("DELETE FROM preimages WHERE key = ?", (k,))
 
     def put_retry_image(self, session_key: bytes, doc: bytes) -> None:
         self.begin()
-        self.db.execute(
+        self.journal.retry_images.add(session_key)
+        self._run(
             "INSERT OR REPLACE INTO retry_images (lsid, doc) VALUES (?, ?)", (session_key, doc)
         )
 
     def put_transaction(self, session_key: bytes, doc: bytes) -> None:
         self.begin()
-        self.db.execute(
+        self._run(
             "INSERT OR REPLACE INTO transactions (lsid, doc) VALUES (?, ?)", (session_key, doc)
         )
 
@@ -256,6 +327,35 @@ class Persistence:
 
     def collections(self) -> list[tuple[str, str, bytes, bytes]]:
         return list(self.db.execute("SELECT db, coll, uuid, meta FROM collections"))
+
+    def collection(self, db: str, coll: str) -> tuple[bytes, bytes] | None:
+        """(uuid, meta) of the committed catalog entry `db.coll`, if any."""
+        row = self.db.execute(
+            "SELECT uuid, meta FROM collections WHERE db = ? AND coll = ?", (db, coll)
+        ).fetchone()
+        return None if row is None else (bytes(row[0]), bytes(row[1]))
+
+    def document(self, uuid: bytes, key: bytes) -> bytes | None:
+        row = self.db.execute(
+            "SELECT doc FROM documents WHERE uuid = ? AND id = ?", (uuid, key)
+        ).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def document_keys(self, uuid: bytes) -> list[bytes]:
+        """The collection's committed document keys in natural (row) order."""
+        return [bytes(r[0]) for r in self.db.execute(
+            "SELECT id FROM documents WHERE uuid = ? ORDER BY rowid", (uuid,)
+        )]
+
+    def pre_image(self, key: bytes) -> tuple[int, bytes] | None:
+        row = self.db.execute("SELECT ts, doc FROM preimages WHERE key = ?", (key,)).fetchone()
+        return None if row is None else (int(row[0]), bytes(row[1]))
+
+    def retry_image(self, session_key: bytes) -> bytes | None:
+        row = self.db.execute(
+            "SELECT doc FROM retry_images WHERE lsid = ?", (session_key,)
+        ).fetchone()
+        return None if row is None else bytes(row[0])
 
     def documents(self, uuid: bytes) -> Iterator[tuple[bytes, bytes]]:
         yield from self.db.execute(

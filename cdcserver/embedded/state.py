@@ -47,6 +47,12 @@ class StoreState(EntryList):
     listeners: list[Callable[[], None]]
     sessions: dict[bytes, Session]
     _session_records: dict[bytes, dict[str, Any]]
+    # each session this batch logged for, as it was before: (its Session, the OpSession,
+    # prevOpTime, executed statements, last write), put back if the batch's commit fails
+    _session_undo: dict[
+        bytes, tuple[Session | None, OpSession, Timestamp | None, dict[int, Any], Timestamp | None]
+    ]
+    commit_failing: bool  # the last commit failed (logged once until one succeeds)
     transaction_records: dict[bytes, dict[str, Any]]
     _pre_image_ts: dict[bytes, Timestamp]
     _pre_image_meta: dict[bytes, tuple[dict[str, Any], datetime.datetime]]
@@ -77,6 +83,10 @@ class StoreState(EntryList):
 
     # indexes.py
     def _build_unique(self, c: Collection, spec: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    # indexes.py
+    def _rebuild_unique(self, c: Collection) -> None:
         raise NotImplementedError
 
     # indexes.py

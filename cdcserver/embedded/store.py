@@ -145,6 +145,8 @@ class Store(
         self.sessions: dict[bytes, Session] = {}
         # config.transactions documents this batch wrote, made durable with its oplog entries
         self._session_records: dict[bytes, dict[str, Any]] = {}
+        self._session_undo: dict[bytes, Any] = {}  # see StoreState
+        self.commit_failing = False
         # config.transactions: session_key -> its document (what `find` on it reads)
         self.transaction_records: dict[bytes, dict[str, Any]] = {}
         self._pre_image_ts: dict[bytes, Timestamp] = {}

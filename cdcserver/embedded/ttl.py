@@ -6,12 +6,14 @@ A mixin of `Store` (`store.py`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from cdcserver.embedded.indexes import _path_values
 from cdcserver.embedded.store_types import Txn
+from pipeline_stages.errors import MongoError
 
 if TYPE_CHECKING:
     from cdcserver.embedded.state import StoreState
@@ -41,7 +43,8 @@ class TTLMixin(StoreState):
             return
         while True:
             await asyncio.sleep(self.ttl_monitor_sleep_secs)
-            self.ttl_pass()
+            with contextlib.suppress(MongoError):  # a failed commit (logged): next pass
+                self.ttl_pass()
 
     def ttl_pass(self, now: datetime.datetime | None = None) -> int:
         """One TTL monitor pass: delete the documents whose TTL index date is past

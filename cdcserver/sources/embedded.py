@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 from bson.timestamp import Timestamp
 
 from cdcserver.embedded.store import Store
 from cdcserver.sources.base import OplogLog, begins_the_set
+from pipeline_stages.errors import MongoError
 from pipeline_stages.oplog_entry import Entry
 
 
@@ -33,7 +35,8 @@ class EmbeddedOplog(OplogLog):
             await asyncio.sleep(interval / 4)
             latest = self.store.latest_ts()
             if latest is None or time.time() - latest.time >= interval:
-                self.store.noop()
+                with contextlib.suppress(MongoError):  # a failed commit (logged): retried
+                    self.store.noop()
 
     def latest_ts(self) -> Timestamp | None:
         return self.store.latest_ts()
