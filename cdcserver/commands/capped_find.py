@@ -4,13 +4,18 @@ that stays open at the end of the collection; each getMore goes on after the las
 returned, an awaitData one waiting up to its maxTimeMS (1 s by default) for new documents. A
 cursor whose last seen record was deleted (the collection capped past it) fails with 136
 CappedPositionLost, as mongod's CollectionScan does.
+
+The scan counts the records it examines against the operation's deadline (the find's
+`maxTimeMS`; a getMore without awaitData has what is left of it, as on mongod) and a getMore
+gives the loop a turn every 5 ms of work (cdcserver/scan_deadline.py); the find's first batch is
+read at once (its caller does not await it), within its deadline.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +25,7 @@ from bson.timestamp import Timestamp
 
 from cdcserver.cursors import QUERY_RESULT, GetMore, HeldHere
 from cdcserver.embedded import engine
+from cdcserver.scan_deadline import ScanBudget
 from pipeline_stages.errors import MongoError
 
 DEFAULT_AWAIT_MS = 1000  # mongod's getMore on an awaitData cursor without maxTimeMS
@@ -49,11 +55,14 @@ class CappedCursor(HeldHere):
     remaining: int | None  # the limit still to return; None: no limit
     await_data: bool
     last_id: int = 0  # the RecordId of the last record scanned (0: none yet)
+    last_key: bytes = b""  # that record's key (its RecordId found again in O(1))
     exhausted: bool = False
     busy: bool = False
     last_used: float = field(default_factory=time.monotonic)
     awaited_s: float = 0.0
     max_time_ms: int | None = None
+    # What the find's maxTimeMS left for getMores without awaitData (None: no deadline).
+    leftover_s: float | None = None
     kind = QUERY_RESULT
     owner = None
 
@@ -68,24 +77,47 @@ class CappedCursor(HeldHere):
             raise MongoError(175, f"collection dropped. UUID {uuid.UUID(bytes=self.uuid)}")
         return c
 
-    def fill(self, want: int | None) -> list[Any]:
-        """The records after the last one scanned that match, up to `want` and 16 MiB."""
-        c = self._collection()
-        records = self.store.documents(c)
-        ids = self.store.record_ids(c)
-        if self.last_id and self.last_id not in self._live(ids):
+    def _check_position(self) -> dict[bytes, int]:
+        """The collection's record ids, once the last record scanned is known to be there."""
+        ids: dict[bytes, int] = self.store.record_ids(self._collection())
+        if self.last_id and ids.get(self.last_key) != self.last_id:
             self.exhausted = True
             raise MongoError(
                 136, "CollectionScan died due to position in capped collection being deleted. "
                 f"Last seen record id: RecordId({self.last_id})",
             )
+        return ids
+
+    def fill(self, want: int | None, budget: ScanBudget) -> list[Any]:
+        """The records after the last one scanned that match, up to `want` and 16 MiB, read
+        at once within `budget`'s deadline."""
+        out: list[Any] = []
+        for _ in self._filling(want, out, budget):
+            pass  # (the deadline was checked: a caller that does not await cannot pause)
+        return out
+
+    async def fill_async(self, want: int | None, budget: ScanBudget) -> list[Any]:
+        """`fill`, giving the loop a turn when `budget` says so."""
+        out: list[Any] = []
+        for _ in self._filling(want, out, budget):
+            await budget.pause()
+            self._check_position()  # the collection may have been capped past it meanwhile
+        return out
+
+    def _filling(self, want: int | None, out: list[Any], budget: ScanBudget) -> Iterator[None]:
+        """The scan, step by step: each `next` is a point where it may pause."""
+        ids = self._check_position()
+        # The records as they are now: a pause cannot change what this pass reads (the
+        # store replaces a record on write, never changes one in place).
+        records = list(self.store.documents(self._collection()).items())
         if self.remaining is not None:
             want = self.remaining if want is None else min(want, self.remaining)
-        out: list[Any] = []
         size = 0
-        for key, doc in records.items():
+        for key, doc in records:
             rid = ids.get(key, 0)
             if rid <= self.last_id:
+                if budget.examined():
+                    yield
                 continue
             if want is not None and len(out) >= want:
                 break
@@ -101,18 +133,23 @@ class CappedCursor(HeldHere):
                     size += n
                     if self.remaining is not None:
                         self.remaining -= 1
-            self.last_id = rid
-        return out
-
-    @staticmethod
-    def _live(ids: dict[bytes, int]) -> set[int]:
-        return set(ids.values())
+            self.last_id, self.last_key = rid, key
+            if budget.examined():
+                yield
 
     async def get_more_reply(self, more: GetMore) -> dict[str, Any]:
         batch_size, max_time_ms = more.batch_size, more.max_time_ms
         self.awaited_s = 0.0
-        batch = self.fill(batch_size or None)
-        if not batch and self.await_data and not self.done:
+        if not self.await_data:  # what the find's maxTimeMS left (getLeftoverMaxTimeMicros)
+            budget = ScanBudget(remaining_s=self.leftover_s)
+            try:
+                batch = await self.fill_async(batch_size or None, budget)
+            finally:
+                self.leftover_s = budget.remaining_s()
+            return self._reply(batch)
+        budget = ScanBudget()  # an awaitData getMore's maxTimeMS is how long it waits
+        batch = await self.fill_async(batch_size or None, budget)
+        if not batch and not self.done:
             wait_s = (DEFAULT_AWAIT_MS if max_time_ms is None else max_time_ms) / 1000
             deadline = time.monotonic() + wait_s
             while not batch and not self.done:
@@ -124,7 +161,10 @@ class CappedCursor(HeldHere):
                 waited_from = time.monotonic()
                 await self.log.wait_for_entries(start, remaining)
                 self.awaited_s += time.monotonic() - waited_from
-                batch = self.fill(batch_size or None)
+                batch = await self.fill_async(batch_size or None, budget)
+        return self._reply(batch)
+
+    def _reply(self, batch: list[Any]) -> dict[str, Any]:
         return {"cursor": {"nextBatch": batch, "id": Int64(0 if self.done else self.id),
                            "ns": self.ns}}
 
@@ -150,7 +190,9 @@ def open_tailable(
     max_time_ms = cmd.get("maxTimeMS")
     if isinstance(max_time_ms, int) and max_time_ms > 0:
         cursor.max_time_ms = max_time_ms
-    batch = cursor.fill(default_batch if batch_size is None else batch_size)
+    budget = ScanBudget(max_time_ms)
+    batch = cursor.fill(default_batch if batch_size is None else batch_size, budget)
+    cursor.leftover_s = budget.remaining_s()
     keep = bool(store.documents(c)) and not cursor.done
     if keep:
         server.cursors.add(cursor)

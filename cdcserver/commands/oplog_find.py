@@ -13,13 +13,16 @@ server's oplog: a capped collection in `ts` order. Supported as on mongod:
   oplog, and a `getMore` on an awaitData cursor waits for new entries (up to its `maxTimeMS`,
   1 s by default) before answering with an empty batch; a cursor whose position was truncated
   off the capped oplog fails with CappedPositionLost (136), as on mongod.
+* `maxTimeMS`: the scan counts the entries it examines against the find's deadline (50
+  MaxTimeMSExpired) and gives the loop a turn every 5 ms of work (cdcserver/scan_deadline.py);
+  a getMore of a cursor without awaitData has what is left of it, as on mongod (an awaitData
+  getMore's maxTimeMS is its wait, not a deadline).
 
 Entries are sent as their stored BSON bytes (never decoded and re-encoded).
 """
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import time
 from collections.abc import Callable, Mapping
@@ -33,6 +36,7 @@ from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 from cdcserver.cursors import OPLOG_FIND, GetMore, HeldHere
+from cdcserver.scan_deadline import ScanBudget
 from cdcserver.sources.base import CappedPositionLost, EntryList, OplogLog
 from cdcserver.sources.embedded import EmbeddedOplog
 from pipeline_stages.errors import MongoError
@@ -44,7 +48,7 @@ OPLOG_NS = f"{OPLOG_DB}.{OPLOG_COLL}"
 DEFAULT_BATCH = 101
 MAX_BATCH_BYTES = 16 * 1024 * 1024
 DEFAULT_AWAIT_MS = 1000  # mongod's await on an awaitData getMore without maxTimeMS
-SCAN_CHUNK = 1024  # entries read per step (the loop yields between steps)
+SCAN_CHUNK = 1024  # entries read per step
 _RAW = CodecOptions(document_class=RawBSONDocument)
 _DECODE: CodecOptions[dict[str, Any]] = CodecOptions()
 _TS_OPS = ("$eq", "$gt", "$gte", "$lt", "$lte")
@@ -77,8 +81,11 @@ def _lists(log: OplogLog) -> tuple[list[Timestamp], list[bytes]] | None:
     return holder.parallel_lists() if isinstance(holder, EntryList) else None
 
 
-def _slice(log: OplogLog, lo: Timestamp, hi: Timestamp, n: int, reverse: bool) -> list[bytes]:
-    """Up to `n` stored entries with `lo <= ts <= hi`, ascending (descending if `reverse`)."""
+def _slice(
+    log: OplogLog, lo: Timestamp, hi: Timestamp, n: int, reverse: bool, budget: ScanBudget,
+) -> list[bytes]:
+    """Up to `n` stored entries with `lo <= ts <= hi`, ascending (descending if `reverse`);
+    a read that must go through more entries than it returns counts them in `budget`."""
     lists = _lists(log)
     ts_list, raw_list = lists if lists is not None else (None, None)
     if ts_list is not None and raw_list is not None:  # an EntryList: bisect its parallel lists
@@ -92,6 +99,7 @@ def _slice(log: OplogLog, lo: Timestamp, hi: Timestamp, n: int, reverse: bool) -
         pos = lo
         while True:
             entries = log.read_from(pos, SCAN_CHUNK)
+            budget.examined(len(entries))  # its deadline holds here too (this read never pauses)
             entries = [e for e in entries if e["ts"] <= hi]
             if not entries:
                 break
@@ -226,6 +234,9 @@ class OplogCursor(HeldHere):
     busy: bool = False
     last_used: float = field(default_factory=time.monotonic)
     awaited_s: float = 0.0  # the last getMore's wait for entries
+    find_max_time_ms: Any = None  # the find's maxTimeMS: its first batch's deadline
+    # What is left of it for the getMores of a cursor without awaitData (None: no deadline).
+    leftover_s: float | None = None
     kind = OPLOG_FIND  # a cursor of the registry (cdcserver/cursors/)
     owner = None
 
@@ -248,9 +259,19 @@ class OplogCursor(HeldHere):
         if oldest is not None and oldest > self.last_seen:
             raise CappedPositionLost(self.last_seen)
 
-    async def fill(self, want: int | None) -> list[Any]:
+    async def fill(self, want: int | None, budget: ScanBudget | None = None) -> list[Any]:
         """Scan from the position until `want` documents (None: no count limit), 16 MiB, or
-        the end of the oplog."""
+        the end of the oplog, within `budget` (None: the find's first batch, within the
+        find's maxTimeMS; what is left of it is kept for getMores)."""
+        if budget is None:
+            budget = ScanBudget(self.find_max_time_ms)
+            try:
+                return await self._fill(want, budget)
+            finally:
+                self.leftover_s = budget.remaining_s()
+        return await self._fill(want, budget)
+
+    async def _fill(self, want: int | None, budget: ScanBudget) -> list[Any]:
         self._check_position()
         if self.remaining is not None:
             want = self.remaining if want is None else min(want, self.remaining)
@@ -265,9 +286,9 @@ class OplogCursor(HeldHere):
                 break
             self._check_position()  # also after each yield: writes may have truncated meanwhile
             if self.reverse:
-                chunk = _slice(self.log, bounds.lo, self.position, SCAN_CHUNK, True)
+                chunk = _slice(self.log, bounds.lo, self.position, SCAN_CHUNK, True, budget)
             else:
-                chunk = _slice(self.log, self.position, bounds.hi, SCAN_CHUNK, False)
+                chunk = _slice(self.log, self.position, bounds.hi, SCAN_CHUNK, False, budget)
             if not chunk:
                 # The end; a tailable cursor waits there for what is written next.
                 if not self.tailable or bounds.hi != MAX_TS:
@@ -305,13 +326,25 @@ class OplogCursor(HeldHere):
                     self.position = _next(ts)
                 if want is not None and len(out) >= want:
                     return out
-            await asyncio.sleep(0)  # a long scan lets other connections run
+                if budget.examined():
+                    # A long scan lets other connections run; it goes on from its position
+                    # (the capped oplog may have been truncated meanwhile: checked above).
+                    await budget.pause()
+                    break
         return out
 
     async def get_more(self, batch_size: int | None, max_time_ms: int | None) -> list[Any]:
         self.awaited_s = 0.0  # this getMore's wait for entries: not its work (slow log)
-        batch = await self.fill(batch_size)
-        if batch or not (self.tailable and self.await_data) or self.done:
+        if self.await_data:  # its maxTimeMS is how long it waits for entries
+            budget = ScanBudget()
+        else:  # what the find's maxTimeMS left (mongod: getLeftoverMaxTimeMicros)
+            budget = ScanBudget(remaining_s=self.leftover_s)
+            try:
+                return await self.fill(batch_size, budget)
+            finally:
+                self.leftover_s = budget.remaining_s()
+        batch = await self.fill(batch_size, budget)
+        if batch or not self.tailable or self.done:
             return batch
         wait_s = (DEFAULT_AWAIT_MS if max_time_ms is None else max_time_ms) / 1000
         deadline = time.monotonic() + wait_s
@@ -322,7 +355,7 @@ class OplogCursor(HeldHere):
             waited_from = time.monotonic()
             await self.log.wait_for_entries(self.position, remaining)
             self.awaited_s += time.monotonic() - waited_from
-            batch = await self.fill(batch_size)
+            batch = await self.fill(batch_size, budget)
             if batch or self.done:
                 return batch
 
@@ -400,17 +433,21 @@ def open_cursor(
         remaining=limit or None,
         tailable=tailable,
         await_data=await_data,
+        find_max_time_ms=cmd.get("maxTimeMS"),
     )
 
 
 async def scan(
-    log: OplogLog, filter_doc: Mapping[str, Any] | None, skip: int = 0, limit: int = 0
+    log: OplogLog, filter_doc: Mapping[str, Any] | None, skip: int = 0, limit: int = 0,
+    max_time_ms: Any = None,
 ) -> list[RawBSONDocument]:
-    """Every entry matching the filter (for `count` and `aggregate` on the oplog)."""
+    """Every entry matching the filter (for `count` and `aggregate` on the oplog), within the
+    command's `max_time_ms`."""
     cursor = open_cursor(log, 0, {}, filter_doc, None, skip, limit)
+    budget = ScanBudget(max_time_ms)
     out: list[RawBSONDocument] = []
     while not cursor.done:
-        out.extend(await cursor.fill(None))
+        out.extend(await cursor.fill(None, budget))
     return out
 
 
