@@ -425,8 +425,15 @@ def before_command(
     """Consult the fail points before a command runs: close the connection
     (`CloseConnection`) or fail (`FailPointError`) now, or return what to await first (a
     `blockConnection`, then maybe one of those). None (no fail point on): run the command."""
-    if name in _HELLO and isinstance(cmd.get("internalClient"), Mapping):
-        conn.internal_client = True
+    if name in _HELLO:
+        if isinstance(cmd.get("internalClient"), Mapping):
+            conn.internal_client = True
+        # mongod takes the first hello's client metadata before it evaluates failCommand
+        # (ExecCommandDatabase::_initiateCommand): an `appName` filter applies to the
+        # handshake itself (drivers' pool tests time a handshake out this way).
+        client = cmd.get("client")
+        if conn.client_metadata is None and isinstance(client, dict):
+            conn.client_metadata = client
     _CONNECTION.set(conn)
     points = server.part_if_made(FailPoints)
     if points is None or not points.enabled:

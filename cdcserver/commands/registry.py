@@ -23,6 +23,7 @@ from bson.raw_bson import RawBSONDocument
 from cdcserver.commands import (
     admin,
     arguments,
+    cluster_time,
     failpoints,
     transactions,
     txn_rules,
@@ -184,6 +185,8 @@ async def run_command(
     try:
         if server.shutting_down:
             raise shutdown_error(name, cmd, change_stream)
+        if handler is not None:  # parsed with the command's generic arguments: before auth
+            cluster_time.check_gossiped_cluster_time(server, conn, name, cmd)
         if server.auth is not None and handler is not None:
             server.auth.check(conn, name, cmd, db)  # 13 Unauthorized (cdcserver/auth.py)
         opid = admin.op_started(server, conn, name, cmd, db)  # currentOp shows it meanwhile
