@@ -129,3 +129,11 @@ def project(
     if doc is None or not fields:
         return doc
     return engine.project(doc, fields)
+
+
+def check_explain_write_concern(cmd: Mapping[str, Any]) -> None:
+    """aggregation_request_helper's refusal of a write concern on an aggregate with
+    `explain: true` (the explain command's inner aggregate too), before its pipeline is
+    parsed: an explain writes nothing, even with `$out` / `$merge`."""
+    if cmd.get("explain") is True and cmd.get("writeConcern") is not None:
+        raise MongoError(9, "Aggregation explain does not support the'writeConcern' option")

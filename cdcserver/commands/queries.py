@@ -17,7 +17,7 @@ from typing import Any
 import bson
 from bson.int64 import Int64
 
-from cdcserver.commands import admin, capped_find, oplog_find, search
+from cdcserver.commands import admin, capped_find, crud_common, oplog_find, search
 from cdcserver.commands import cursors as change_streams
 from cdcserver.commands.arguments import is_number, is_string
 from cdcserver.commands.base import Handler, family
@@ -485,12 +485,14 @@ async def count(
     if c is None:  # a view's (an aggregation), or nothing
         return {"n": len(run_find(store, db, coll, predicate, {"_id": 1}, None, skip, limit))}
     engine.validate_filter(predicate or {})
-    engine.hinted_index(c.indexes, cmd.get("hint"), c.ns)  # 2 BadValue for an unknown index
+    hinted = engine.hinted_index(c.indexes, cmd.get("hint"), c.ns)  # 2: an unknown index
     normalized = engine.normalize(dict(predicate or {}))
     with engine_errors():
         engine.matcher(normalized)
     collation = query.collation_of(cmd.get("collation"), c.options.get("collation"), "count")
     docs = list(store.documents(c).values())
+    if hinted is not None and hinted.get("sparse"):  # counts what the hinted index holds
+        docs = [d for d in docs if engine.in_sparse_index(hinted, d)]
     if not normalized:
         n = len(docs)
     else:  # counted without copying a document
@@ -558,6 +560,7 @@ async def _aggregate(
     server: ServerState, conn: ConnectionState, cmd: Mapping[str, Any], db: str
 ) -> dict[str, Any]:
     """aggregate without `$changeStream`, its `let` bound."""
+    crud_common.check_explain_write_concern(cmd)
     search.check_search_stages(cmd.get("pipeline"))  # 31082: no search service here
     check_requires_change_stream(cmd.get("pipeline"))
     target = cmd.get("aggregate")

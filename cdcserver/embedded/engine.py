@@ -25,7 +25,11 @@ from bson.objectid import ObjectId
 
 from cdcserver.embedded import json_schema, modifiers, oplog_update, regex
 from pipeline_stages import expressions, keystring, query_engine
-from pipeline_stages.dotted_path import document_value, has_path_with_positions
+from pipeline_stages.dotted_path import (
+    document_value,
+    has_document_path,
+    has_path_with_positions,
+)
 from pipeline_stages.errors import MongoError
 from pipeline_stages.expressions import DOLLAR_FIELD_MESSAGE
 from pipeline_stages.query_engine import Database
@@ -1174,6 +1178,13 @@ def _direction(value: Any) -> bool:
     return not isinstance(value, str) and isinstance(value, (int, float)) and value < 0
 
 
+def in_sparse_index(index: Mapping[str, Any], doc: Mapping[str, Any]) -> bool:
+    """Whether a sparse index holds `doc`: it has at least one of the key's fields (null
+    counts), as indexes.index_entries keys it."""
+    return any(has_document_path(doc, f) or _path_values(doc, f) != [None]
+               for f in index.get("key", {}))
+
+
 def index_scan(
     docs: list[dict[str, Any]], index: dict[str, Any] | None, hint: Any,
     min_doc: Mapping[str, Any] | None, max_doc: Mapping[str, Any] | None, ns: str,
@@ -1193,6 +1204,8 @@ def index_scan(
         if isinstance(hint, Mapping) and _direction(hint.get("$natural")):
             return docs[::-1]
         return docs
+    if index.get("sparse"):  # the hinted scan reads only the documents the index holds
+        docs = [d for d in docs if in_sparse_index(index, d)]
     key = index.get("key", {})
     if any(isinstance(v, str) for v in key.values()):  # hashed, text, 2d...: natural order
         return docs

@@ -1,6 +1,8 @@
 """Index options mongod checks, through pymongo: a 2d index's `min` / `max` / `bits` (72 at
-createIndexes, 13027 and the other key-generation errors on writes and builds), and the
-partial filters a partial index refuses (67, with the offending node as mongod prints it)."""
+createIndexes, 13027 and the other key-generation errors on writes and builds), the partial
+filters a partial index refuses (67, with the offending node as mongod prints it), a sparse
+index's hint counting only the documents it holds, and an explained aggregate's writeConcern
+(9)."""
 
 from __future__ import annotations
 
@@ -138,3 +140,34 @@ def test_a_partial_filter_too_deep_or_with_sparse_and_those_it_takes(db: Databas
     ]):
         db.p.create_index(f"k{i}", partialFilterExpression=pfe)
     assert len(db.p.index_information()) == 8
+
+
+# -- a sparse index's hint --------------------------------------------------------------------
+
+
+def test_a_sparse_hint_counts_what_the_index_holds(db: Database) -> None:
+    db.c.insert_many([{"i": 1}, {"i": 2, "x": None}, {"i": 1, "x": 3}])
+    db.c.create_index("i")
+    db.c.create_index("x", sparse=True)
+    assert db.command("count", "c", query={"i": 1}, hint="_id_")["n"] == 2
+    assert db.command("count", "c", query={"i": 1}, hint="x_1")["n"] == 1
+    assert db.command("count", "c", hint="x_1")["n"] == 2
+    assert db.command("count", "c", hint="i_1")["n"] == 3
+    assert db.c.count_documents({}, hint="x_1") == 2
+    assert sorted(d["i"] for d in db.c.find({}, {"_id": 0}).hint("x_1")) == [1, 2]
+
+
+# -- explain and writeConcern -----------------------------------------------------------------
+
+
+def test_an_explained_aggregate_refuses_a_write_concern(db: Database) -> None:
+    db.c.insert_one({"a": 1})
+    for pipeline in ([{"$project": {"_id": 0}}, {"$out": "bar"}], []):
+        with pytest.raises(errors.OperationFailure) as info:
+            db.command("aggregate", "c", pipeline=pipeline, explain=True,
+                       writeConcern={"j": True})
+        assert info.value.code == 9
+        assert info.value.details["errmsg"] == (
+            "Aggregation explain does not support the'writeConcern' option")
+    assert "bar" not in db.list_collection_names()
+    assert "stages" in db.command("aggregate", "c", pipeline=[{"$out": "bar"}], explain=True)
