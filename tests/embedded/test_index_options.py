@@ -71,7 +71,7 @@ def test_bad_bounds_are_refused_at_create(db: Database) -> None:
     with pytest.raises(errors.OperationFailure) as info:
         db.g.create_index([("a", 1), ("loc", "2d")])
     assert info.value.code == 16801
-    assert list(db.g.index_information()) == ["_id_"]
+    assert list(db.g.index_information()) in ([], ["_id_"])  # (no collection: as mongod)
 
 
 def test_a_build_over_a_point_outside_fails(db: Database) -> None:
