@@ -3,6 +3,7 @@ createIndexes, dropIndexes, listIndexes, collMod, listCollections, listDatabases
 
 from __future__ import annotations
 
+import uuid as uuid_module
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,9 +19,10 @@ from cdcserver.commands.queries import cursor_first_batch
 from cdcserver.commands.transactions import get_store, snapshot_reads
 from cdcserver.commands.writes import _run_writes
 from cdcserver.context import ConnectionState, ServerState
-from cdcserver.embedded import engine
+from cdcserver.embedded import engine, timeseries
 from cdcserver.embedded.store import (
     ID_INDEX,
+    OPTION_ORDER,
     SYSTEM_VIEWS,
     VIEW_MAX_DEPTH,
     Collection,
@@ -101,6 +103,8 @@ async def create(
 ) -> dict[str, Any]:
     store = get_store(server)
     coll = coll_arg(cmd, "create")
+    if "timeseries" in cmd and not timeseries.is_buckets(coll):
+        return _create_timeseries(store, cmd, db, coll)
     if "viewOn" in cmd or "pipeline" in cmd:
         if _in_txn(cmd):
             raise MongoError(263, "Cannot create a view in a multi-document transaction.")
@@ -110,9 +114,12 @@ async def create(
     for k, v in cmd.items():
         if k == "create" or k in _GENERIC:
             continue
-        if k in ("timeseries", "encryptedFields"):
-            raise MongoError(2, f"'{k}' (time series, queryable encryption) is not "
-                             "supported by cdcserver's embedded store yet")
+        if k == "encryptedFields":
+            raise MongoError(2, f"'{k}' (queryable encryption) is not supported by "
+                             "cdcserver's embedded store yet")
+        if k == "timeseries":  # a buckets collection created as such (a restore)
+            options[k] = timeseries.set_bucketing(timeseries.parse_options(v))
+            continue
         if k == "idIndex":
             if not isinstance(v, Mapping):
                 raise MongoError(14, "BSON field 'create.idIndex' is the wrong type "
@@ -148,6 +155,91 @@ async def create(
                              f"{db}.{view['viewOn']} rather than {db}")
         store.create_collection(db, coll, options, id_index=id_index)
     return {}
+
+
+def _create_timeseries(
+    store: Store, cmd: Mapping[str, Any], db: str, coll: str
+) -> dict[str, Any]:
+    """create with `timeseries` (create_command.cpp, then create_collection.cpp's
+    _createTimeseries): the buckets collection `system.buckets.<coll>` (clustered, with its
+    validator, the time-series options and mongod's default index on meta and time), then
+    the view `<coll>` on it. A create that finds the same time-series collection answers ok."""
+    ns = f"{db}.{coll}"
+    for k in cmd:  # the IDL's unknown fields first
+        if k in ("create", "timeseries", "viewOn", "pipeline", "idIndex", "encryptedFields"):
+            continue
+        if k not in _GENERIC and k not in _CREATE_OPTIONS:
+            raise MongoError(40415, f"BSON field 'create.{k}' is an unknown field.")
+    if "encryptedFields" in cmd:
+        raise MongoError(6346401, "Encrypted fields cannot be used with views or timeseries "
+                         "collections")
+    ts = timeseries.parse_options(cmd["timeseries"])
+    timeseries.check_create(ns, cmd, ts, _GENERIC)
+    if "expireAfterSeconds" in cmd:
+        _check_expire_after_seconds(cmd["expireAfterSeconds"])
+    if _in_txn(cmd):
+        raise MongoError(263, "Cannot create a time-series collection in a multi-document "
+                         "transaction.")
+    validate_collection_name(db, coll)
+    ts = timeseries.set_bucketing(ts)
+    collation = _full_collation(cmd.get("collation"))
+    options: dict[str, Any] = {
+        "clusteredIndex": True,  # the legacy form mongod keeps for buckets collections
+        "validator": timeseries.bucket_validator(ts["timeField"]),
+        "timeseries": ts,
+    }
+    for k in ("storageEngine", "indexOptionDefaults", "temp"):
+        if k in cmd:
+            options[k] = cmd[k]
+    if collation is not None:
+        options["collation"] = collation
+    if "expireAfterSeconds" in cmd:
+        options["expireAfterSeconds"] = timeseries.expire_after_seconds(
+            cmd["expireAfterSeconds"])
+    buckets = timeseries.buckets_name(coll)
+    with store.batch():
+        existing = store.get(db, coll)
+        if existing is not None:
+            raise MongoError(48, f"Collection {ns} already exists.")
+        view = store.view(db, coll)
+        found = store.get(db, buckets)
+        if view is not None:
+            if timeseries.is_timeseries_view(view) and found is not None and _same_timeseries(
+                found.options, options
+            ):
+                return {}
+            if timeseries.is_timeseries_view(view):
+                raise MongoError(48, f"A timeseries collection already exists. NS: {ns}")
+            raise MongoError(48, f"A view already exists. NS: {ns}")
+        if found is not None:
+            if not _same_timeseries(found.options, options):
+                raise MongoError(48, f"Bucket Collection already exists. NS: {db}.{buckets}. "
+                                 f"UUID: {uuid_module.UUID(bytes=found.uuid)}")
+        else:
+            found = store.create_collection(db, buckets, options)
+            index = timeseries.default_index_spec(ts, collation)
+            if index is not None:
+                store.create_indexes(found, [index])
+        store.put_view(db, coll, buckets, timeseries.view_pipeline(ts), collation)
+    return {}
+
+
+def _same_timeseries(existing: Mapping[str, Any], requested: Mapping[str, Any]) -> bool:
+    """Whether an existing buckets collection is the one a create asks for (its time-series
+    options, and the other options the create may give)."""
+    if not timeseries.same_options(existing.get("timeseries") or {}, requested["timeseries"]):
+        return False
+    return all(existing.get(k) == requested.get(k) for k in timeseries.ALLOWED_CREATE_OPTIONS
+               if k != "timeseries")
+
+
+def _check_expire_after_seconds(value: Any) -> None:
+    """expireAfterSeconds of a clustered collection (validateExpireAfterSeconds)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise MongoError(14, "BSON field 'create.expireAfterSeconds' is the wrong type "
+                         f"'{type_name(value)}', expected types '[long, int, decimal, double]'")
+    if value < 0:
+        raise MongoError(72, "TTL index 'expireAfterSeconds' option cannot be less than 0")
 
 
 def _exists_with_other_options(existing: Collection) -> MongoError:
@@ -367,6 +459,9 @@ def _create_view(store: Store, cmd: Mapping[str, Any], db: str, coll: str) -> di
             if pre_post["enabled"]:
                 raise MongoError(72, "option not supported on a view: "
                                  "changeStreamPreAndPostImages")
+        if timeseries.is_buckets(view_on):
+            raise MongoError(73, "Cannot create view on a system.buckets namespace except by "
+                             "creating a time-series collection")
         validate_collection_name(db, coll)
         _validate_view_pipeline(db, coll, pipeline)
         _validate_view_graph(store, db, coll, view_on, pipeline)
@@ -395,12 +490,55 @@ async def drop(
     coll = coll_arg(cmd, "drop")
     await _exclusive_lock(store, cmd, lambda: [store.get(db, coll)])
     with store.batch():
+        view = store.view(db, coll) if store.get(db, coll) is None else None
+        if view is not None and timeseries.is_timeseries_view(view):
+            return _drop_timeseries(store, db, coll, view["viewOn"])
         c = store.drop_collection(db, coll)
         if c is None and store.drop_view(db, coll):
             return {"ns": f"{db}.{coll}"}  # mongod's _dropView: no nIndexesWas
     if c is None:
         return {}
     return {"nIndexesWas": len(c.indexes), "ns": f"{db}.{coll}"}
+
+
+def _drop_timeseries(store: Store, db: str, coll: str, buckets: str) -> dict[str, Any]:
+    """drop of a time-series collection (drop_collection.cpp): its view, then its buckets
+    collection; nIndexesWas counts the buckets collection's indexes (not its clustered one)."""
+    store.drop_view(db, coll)
+    c = store.drop_collection(db, buckets)
+    if c is None:
+        return {"ns": f"{db}.{coll}"}
+    timeseries.forget(c.uuid)
+    return {"nIndexesWas": len(_secondary_indexes(c)), "ns": f"{db}.{coll}"}
+
+
+def _secondary_indexes(c: Collection) -> list[dict[str, Any]]:
+    """The index catalog of `c`: a clustered collection's _id placeholder left out (its
+    clustered index is an option, not an index)."""
+    if "clusteredIndex" not in c.options:
+        return list(c.indexes)
+    return [s for i, s in enumerate(c.indexes)
+            if not (i == 0 and s.get("name") == "_id_" and dict(s["key"]) == {"_id": 1})]
+
+
+def clustered_index_spec(c: Collection) -> dict[str, Any] | None:
+    """A clustered collection's index as listIndexes shows it
+    (clustered_util::formatClusterKeyForListIndexes): its spec (the legacy `true` form: `_id`,
+    named "_id_", unique), the collection's collation, expireAfterSeconds, `clustered: true`."""
+    option = c.options.get("clusteredIndex")
+    if not option:
+        return None
+    if isinstance(option, Mapping):
+        spec = {k: option[k] for k in ("v", "key", "name", "unique") if k in option}
+    else:
+        spec = {"v": 2, "key": {"_id": 1}, "name": "_id_", "unique": True}
+    collation = c.options.get("collation")
+    if isinstance(collation, Mapping) and collation.get("locale") != "simple":
+        spec["collation"] = dict(collation)
+    if "expireAfterSeconds" in c.options:
+        spec["expireAfterSeconds"] = c.options["expireAfterSeconds"]
+    spec["clustered"] = True
+    return spec
 
 
 @command("dropDatabase")
@@ -734,10 +872,34 @@ async def list_indexes(
     batch_size = cursor_batch_size(cmd, "listIndexes")  # parsed (IDL) before the lookup
     c = store.get(db, coll)
     if c is None:
+        view = store.view(db, coll)
+        if timeseries.is_timeseries_view(view):
+            assert view is not None
+            return cursor_first_batch(server, f"{db}.$cmd.listIndexes.{coll}",
+                                      _timeseries_indexes(store, db, view), batch_size)
         store.check_not_view(db, coll)
         raise _ns_not_found(f"{db}.{coll}")
-    return cursor_first_batch(server, f"{db}.$cmd.listIndexes.{coll}",
-                              [dict(s) for s in c.indexes], batch_size)
+    specs = [dict(s) for s in _secondary_indexes(c)]
+    clustered = clustered_index_spec(c)
+    if clustered is not None:  # listed first (list_indexes.cpp)
+        specs.insert(0, clustered)
+    return cursor_first_batch(server, f"{db}.$cmd.listIndexes.{coll}", specs, batch_size)
+
+
+def _timeseries_indexes(store: Store, db: str, view: Mapping[str, Any]) -> list[Any]:
+    """listIndexes of a time-series collection: its buckets collection's indexes as indexes on
+    the measurements (timeseries::createTimeseriesIndexesFromBucketsIndexes); 26 when the
+    buckets collection is gone."""
+    c = store.get(db, view["viewOn"])
+    if c is None:
+        raise _ns_not_found(str(view["_id"]))
+    options = c.options.get("timeseries") or {}
+    out = []
+    for spec in _secondary_indexes(c):
+        shown = timeseries.user_index_spec(spec, options)
+        if shown is not None:
+            out.append(shown)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -873,9 +1035,16 @@ def collection_info(c: Collection) -> dict[str, Any]:
     return info
 
 
-def view_info(view: Mapping[str, Any]) -> dict[str, Any]:
-    """A view as listCollections shows it: its definition, read-only, no uuid, no idIndex."""
-    _, _, name = str(view["_id"]).partition(".")
+def view_info(view: Mapping[str, Any], store: Store | None = None) -> dict[str, Any]:
+    """A view as listCollections shows it: its definition, read-only, no uuid, no idIndex; a
+    time-series collection's (type "timeseries", its buckets collection's creation options,
+    not read-only: list_collections.cpp's buildTimeseriesBson)."""
+    db, _, name = str(view["_id"]).partition(".")
+    if store is not None and timeseries.is_timeseries_view(view):
+        buckets = store.get(db, str(view["viewOn"]))
+        options = timeseries.listing_options(buckets.options, OPTION_ORDER) if buckets else {}
+        return {"name": name, "type": "timeseries", "options": options,
+                "info": {"readOnly": False}}
     options = {k: view[k] for k in ("viewOn", "pipeline", "collation") if k in view}
     return {"name": name, "type": "view", "options": options, "info": {"readOnly": True}}
 
@@ -904,7 +1073,8 @@ async def list_collections(
     out = []
     infos = [collection_info(c) for c in store.collections_of(db)]
     # mongod lists the collections, then the views (list_collections.cpp)
-    infos.extend(view_info(v) for v in sorted(store.views_of(db), key=lambda v: v["_id"]))
+    infos.extend(view_info(v, store)
+                 for v in sorted(store.views_of(db), key=lambda v: v["_id"]))
     if db == oplog_find.OPLOG_DB:
         infos.append(oplog_find.collection_info(server.oplog))
     for info in infos:

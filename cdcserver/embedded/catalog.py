@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import bson
 from bson.int64 import Int64
 
-from cdcserver.embedded import engine
+from cdcserver.embedded import engine, timeseries
 from cdcserver.embedded.store_types import ID_INDEX as ID_INDEX
 from cdcserver.embedded.store_types import Collection as Collection
 from cdcserver.embedded.store_types import DocumentValidationError as DocumentValidationError
@@ -257,9 +257,18 @@ class CatalogMixin(StoreState):
         return ids
 
     def ensure_collection(self, db: str, coll: str) -> Collection:
+        """The collection an insert writes to (created when missing); for a time-series
+        collection, a `TimeseriesView` whose inserts go into its buckets."""
         c = self.get(db, coll)
         if c is not None:
             return c
+        view = self.view(db, coll)
+        if timeseries.is_timeseries_view(view):
+            assert view is not None
+            buckets = self.get(db, str(view["viewOn"]))
+            if buckets is not None and "timeseries" in buckets.options:
+                return timeseries.TimeseriesView(db, coll, buckets.uuid, buckets.options,
+                                                 buckets=buckets)
         self.check_not_view(db, coll)
         return self.create_collection(db, coll)
 

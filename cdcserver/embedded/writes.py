@@ -16,6 +16,7 @@ from cdcserver.embedded.bson_depth import check_insert_depth, check_update_depth
 from cdcserver.embedded.indexes import DuplicateKeyError
 from cdcserver.embedded.oplog_writer import MAX_BSON
 from cdcserver.embedded.store_types import id_key
+from cdcserver.embedded.timeseries import TimeseriesView, insert_measurement
 from pipeline_stages.errors import MongoError
 
 if TYPE_CHECKING:
@@ -34,6 +35,9 @@ class WritesMixin(StoreState):
         stmt_id: int | None = None, validate: bool = False,
     ) -> None:
         """Insert one document (`_id` first, normalized). Raises DuplicateKeyError."""
+        if isinstance(c, TimeseriesView):  # a measurement: into a bucket (catalog.py)
+            insert_measurement(self, c, doc, session, stmt_id)
+            return
         raw = bson.encode(doc)
         check_insert_depth(doc, raw)  # first, as mongod's fixDocumentForInsert
         key = id_key(doc["_id"])
@@ -92,7 +96,9 @@ class WritesMixin(StoreState):
             c.check_valid(post, pre)
         key = id_key(pre["_id"])
         edits = self._check_unique(c, key, pre, post)
-        o = self._update_o(pre, post, kind, update, array_filters)
+        # "delta": `update` is the `$v: 2` diff itself (a time-series bucket's update)
+        o = ({"$v": 2, "diff": update} if kind == "delta"
+             else self._update_o(pre, post, kind, update, array_filters))
         image = self._retry_image_kind(session, retry_image)
         ts, wall = self.append_oplog("u", c.ns, o, ui=c.ui, o2={"_id": post["_id"]},
                                      session=session, stmt_id=stmt_id, needs_retry_image=image)
