@@ -249,7 +249,11 @@ class ChangeStreamReader(SimpleDataSourceStreamReader):
 def read_range(
     spec: StreamSpec, start: Mapping[str, Any], end: Mapping[str, Any]
 ) -> Iterator[tuple[Any, ...]]:
-    """The rows of the events after `start` up to and including the one whose token is `end`."""
+    """The rows of the events after `start` up to and including the one whose token is `end`
+    (none when `end` is `start`: a batch that found no events, as a stream started on an idle
+    server reads first)."""
+    if dict(end) == dict(start):
+        return
     target = end["_data"].upper()
     deadline = time.monotonic() + spec.read_timeout_s
     position = dict(start)
