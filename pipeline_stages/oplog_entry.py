@@ -15,6 +15,7 @@ from typing import Any
 
 import bson
 from bson.codec_options import CodecOptions
+from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
@@ -121,3 +122,33 @@ def encode_many_in_order(docs: list[Any]) -> list[bytes]:
         out.append(data[pos:end])
         pos = end
     return out
+
+
+# Fields mongod writes as NumberLong: relaxed Extended JSON (mongoexport's and mongosh's
+# default) writes them as plain numbers, which read back as int32 when they fit.
+_LONG_FIELDS = ("t", "v", "h", "txnNumber")
+_OP_TIME_FIELDS = ("prevOpTime", "preImageOpTime", "postImageOpTime")
+
+
+def with_oplog_types(entry: dict[str, Any]) -> dict[str, Any]:
+    """An entry read from Extended JSON with the types mongod gives its own fields (`t`, `v`,
+    `txnNumber`, the op times' `t`, an applyOps' `count` are longs), changed in place: relaxed
+    JSON loses them, and the change-stream stages check them (40532). User data in `o` stays
+    as read (relaxed JSON cannot say whether a number was an int or a long)."""
+    for key in _LONG_FIELDS:
+        if type(entry.get(key)) is int:
+            entry[key] = Int64(entry[key])
+    for key in _OP_TIME_FIELDS:
+        op_time = entry.get(key)
+        if isinstance(op_time, dict) and type(op_time.get("t")) is int:
+            op_time["t"] = Int64(op_time["t"])
+    o = entry.get("o")
+    if entry.get("op") == "c" and isinstance(o, dict):
+        if type(o.get("count")) is int:
+            o["count"] = Int64(o["count"])
+        ops = o.get("applyOps")
+        if isinstance(ops, list):
+            for op in ops:
+                if isinstance(op, dict):
+                    with_oplog_types(op)
+    return entry

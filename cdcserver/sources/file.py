@@ -28,7 +28,8 @@ from bson.errors import BSONError
 from bson.timestamp import Timestamp
 
 from cdcserver.sources.base import EntryList, OplogLog
-from pipeline_stages.oplog_entry import Entry, decode_entry
+from pipeline_stages.oplog_entry import Entry, decode_entry, with_oplog_types
+from pipeline_stages.value_string import type_name
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ def _entries_in(
                 doc = json_util.loads(text, json_options=_JSON_OPTIONS)
             except ValueError as exc:
                 raise OplogFileError(f"{where}: invalid JSON ({exc})") from None
-            yield bson.encode(doc), where, offset, cur.line
+            yield bson.encode(with_oplog_types(doc)), where, offset, cur.line
         return
     while True:
         pos = cur.offset
@@ -133,7 +134,30 @@ def _checked_entry(raw: bytes, where: str, prev: Timestamp | None) -> Entry:
         raise OplogFileError(
             f"{where}: entries are not in timestamp order ({ts} after {prev})"
         )
+    _check_field_types(entry, where)
     return entry
+
+
+# The fields whose type the change-stream stages check (mongod's 40532), checked when the file
+# is read so that a bad file is refused at start, not at the first watch().
+_FIELD_TYPES = (("txnNumber", "long"), ("lsid", "object"), ("wall", "date"), ("t", "long"))
+
+
+def _check_field_types(entry: Entry, where: str) -> None:
+    for field, expected in _FIELD_TYPES:
+        if field in entry and type_name(entry[field]) != expected:
+            raise OplogFileError(
+                f"{where}: field {field} should be {expected}, found: "
+                f"{type_name(entry[field])} (mongod writes it as {expected}; re-export the "
+                "oplog as BSON with mongodump, or as canonical Extended JSON)"
+            )
+    o = entry.get("o")
+    if entry.get("op") == "c" and isinstance(o, Mapping) and "applyOps" in o and (
+        type_name(o["applyOps"]) != "array"
+    ):
+        raise OplogFileError(
+            f"{where}: field applyOps should be array, found: {type_name(o['applyOps'])}"
+        )
 
 
 class FileOplog(EntryList, OplogLog):

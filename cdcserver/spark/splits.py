@@ -44,7 +44,7 @@ from bson import json_util
 from bson.errors import BSONError
 from bson.timestamp import Timestamp
 
-from pipeline_stages.oplog_entry import Entry, decode_entry
+from pipeline_stages.oplog_entry import Entry, decode_entry, with_oplog_types
 
 # mongod's BSONObjMaxInternalSize: an oplog entry may exceed the 16 MiB user limit by 16 KiB.
 MAX_ENTRY_BYTES = 16 * 1024 * 1024 + 16 * 1024
@@ -342,7 +342,7 @@ def iter_split(
                 doc = json_util.loads(text, json_options=_CANONICAL)
             except ValueError as exc:
                 raise SplitError(f"{where}: invalid JSON ({exc})", line) from None
-            raw = bson.encode(doc)
+            raw = bson.encode(with_oplog_types(doc))
             entry = entry_of(raw, where, line)
             ts = entry["ts"]
             if prev is not None and ts <= prev:
