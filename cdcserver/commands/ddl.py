@@ -233,10 +233,10 @@ def _same_timeseries(existing: Mapping[str, Any], requested: Mapping[str, Any]) 
                if k != "timeseries")
 
 
-def _check_expire_after_seconds(value: Any) -> None:
+def _check_expire_after_seconds(value: Any, command: str = "create") -> None:
     """expireAfterSeconds of a clustered collection (validateExpireAfterSeconds)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise MongoError(14, "BSON field 'create.expireAfterSeconds' is the wrong type "
+        raise MongoError(14, f"BSON field '{command}.expireAfterSeconds' is the wrong type "
                          f"'{type_name(value)}', expected types '[long, int, decimal, double]'")
     if value < 0:
         raise MongoError(72, "TTL index 'expireAfterSeconds' option cannot be less than 0")
@@ -939,6 +939,10 @@ async def coll_mod(
         c = store.get(db, coll)
         if c is None:
             if store.view(db, coll) is not None:
+                view = store.view(db, coll)
+                if timeseries.is_timeseries_view(view):
+                    assert view is not None
+                    return _coll_mod_timeseries(store, cmd, db, coll, view)
                 return _coll_mod_view(store, cmd, db, coll)
             raise _ns_not_found(f"{db}.{coll}")
         for k in ("pipeline", "viewOn"):
@@ -951,6 +955,9 @@ async def coll_mod(
         for k, v in cmd.items():
             if k == "collMod" or k in _GENERIC:
                 continue
+            if k == "timeseries":
+                raise MongoError(72, "option only supported on a time-series collection: "
+                                 "timeseries")
             if k not in _COLLMOD_OPTIONS:
                 raise MongoError(40415, f"BSON field 'collMod.{k}' is an unknown field.")
             if k == "index":
@@ -992,6 +999,47 @@ async def coll_mod(
                     new_options[k] = default
         store.coll_mod(c, o, new_options, index_change)
     return reply
+
+
+def _coll_mod_timeseries(
+    store: Store, cmd: Mapping[str, Any], db: str, coll: str, view: Mapping[str, Any]
+) -> dict[str, Any]:
+    """collMod of a time-series collection (processCollModCommandWithTimeSeriesTranslation):
+    `timeseries` (granularity, custom bucketing) and `expireAfterSeconds` go to the buckets
+    collection's collMod; when the bucketing changes, the view's pipeline is redefined first."""
+    buckets = store.get(db, str(view["viewOn"]))
+    if buckets is None:
+        raise _ns_not_found(f"{db}.{coll}")
+    current = buckets.options.get("timeseries") or {}
+    o: dict[str, Any] = {"collMod": buckets.name}
+    new_options: dict[str, Any] = {}
+    new_ts: dict[str, Any] | None = None
+    for k, v in cmd.items():
+        if k == "collMod" or k in _GENERIC:
+            continue
+        if k == "timeseries":
+            mod = timeseries.parse_coll_mod(v)
+            o[k] = mod
+            options, changed = timeseries.apply_coll_mod(current, mod)
+            if changed:
+                new_ts = options
+        elif k == "expireAfterSeconds":
+            if v != "off":
+                _check_expire_after_seconds(v, "collMod")
+            o[k] = v
+            new_options[k] = None if v == "off" else timeseries.expire_after_seconds(v)
+        elif k in _COLLMOD_OPTIONS or k in ("viewOn", "pipeline"):
+            raise MongoError(72, f"option not supported on a time-series collection by "
+                             f"cdcserver's embedded store: {k}")
+        else:
+            raise MongoError(40415, f"BSON field 'collMod.{k}' is an unknown field.")
+    if new_ts is not None:
+        store.put_view(db, coll, buckets.name, timeseries.view_pipeline(new_ts),
+                       view.get("collation"))
+        new_options["timeseries"] = new_ts
+    if len(o) > 1:
+        store.coll_mod(buckets, o, new_options, None)
+    return {}
 
 
 def _coll_mod_view(store: Store, cmd: Mapping[str, Any], db: str, coll: str) -> dict[str, Any]:

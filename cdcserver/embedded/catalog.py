@@ -435,6 +435,8 @@ class CatalogMixin(StoreState):
                     spec.pop("prepareUnique", None)
                 else:
                     spec[k] = v
-        c.options = ordered_options({**c.options, **new_options})
+        # (an option set to None is removed: a time-series expireAfterSeconds: "off")
+        c.options = ordered_options({k: v for k, v in {**c.options, **new_options}.items()
+                                     if v is not None})
         self._save_meta(c)
         self.append_oplog("c", f"{c.db}.$cmd", o, ui=c.ui, o2=o2)

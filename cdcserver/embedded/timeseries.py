@@ -71,10 +71,10 @@ def is_timeseries_view(view: Mapping[str, Any] | None) -> bool:
 # Options (timeseries.idl's TimeseriesOptions, create_command.cpp, timeseries_options.cpp)
 
 
-def _safe_int(value: Any, field: str) -> int:
+def _safe_int(value: Any, field: str, command: str = "create") -> int:
     """An IDL `safeInt` field: a number (int, long, double, decimal) taken as an int, >= 1."""
     if isinstance(value, bool) or not isinstance(value, (int, float, bson.decimal128.Decimal128)):
-        raise MongoError(14, f"BSON field 'create.timeseries.{field}' is the wrong type "
+        raise MongoError(14, f"BSON field '{command}.timeseries.{field}' is the wrong type "
                          f"'{type_name(value)}', expected types '[long, int, decimal, double]'")
     number = int(value.to_decimal()) if isinstance(value, bson.decimal128.Decimal128) else int(
         value)
@@ -184,6 +184,84 @@ def same_options(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
                 o.get("bucketRoundingSeconds", _GRANULARITY_ROUNDING[granularity]))
 
     return normal(a) == normal(b)
+
+
+def parse_coll_mod(value: Any) -> dict[str, Any]:
+    """collMod's `timeseries` (CollModTimeseries: granularity, bucketMaxSpanSeconds,
+    bucketRoundingSeconds; strict)."""
+    if not isinstance(value, Mapping):
+        raise MongoError(14, "BSON field 'collMod.timeseries' is the wrong type "
+                         f"'{type_name(value)}', expected type 'object'")
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        if k == "granularity":
+            if not isinstance(v, str):
+                raise MongoError(14, "BSON field 'collMod.timeseries.granularity' is the wrong "
+                                 f"type '{type_name(v)}', expected type 'string'")
+            if v not in _GRANULARITY_SPAN:
+                raise MongoError(2, f"Enumeration value '{v}' for field "
+                                 "'collMod.timeseries.granularity' is not a valid value.")
+            out[k] = v
+        elif k in ("bucketMaxSpanSeconds", "bucketRoundingSeconds"):
+            out[k] = _safe_int(v, k, "collMod")
+        else:
+            raise MongoError(40415, f"BSON field 'collMod.timeseries.{k}' is an unknown field.")
+    return out
+
+
+def apply_coll_mod(current: Mapping[str, Any],
+                   mod: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """(the options after collMod's `timeseries`, whether they changed):
+    isTimeseriesGranularityValidAndUnchanged's checks (granularity only from seconds to
+    minutes or hours and from minutes to hours; custom bucketing given whole, equal, and never
+    smaller), then applyTimeseriesOptionsModifications."""
+    target = mod.get("granularity")
+    span, rounding = mod.get("bucketMaxSpanSeconds"), mod.get("bucketRoundingSeconds")
+    if target is None and span is None and rounding is None:
+        return dict(current), False
+    granularity = current.get("granularity")
+    if target is not None:
+        if span is not None and span != _GRANULARITY_SPAN[target]:
+            raise MongoError(72, "Timeseries 'bucketMaxSpanSeconds' is not configurable to a "
+                             "value other than the default for the provided granularity")
+        if rounding is not None:
+            raise MongoError(72, "Timeseries 'bucketRoundingSeconds' is not configurable "
+                             "alongside the granularity parameter")
+        if granularity is not None:
+            if granularity == target:
+                return dict(current), False
+            if granularity == "hours" or (granularity == "minutes" and target != "hours"):
+                raise MongoError(72, "Invalid transition for timeseries.granularity. Can only "
+                                 "transition from 'seconds' to 'minutes' or 'minutes' to "
+                                 "'hours'.")
+        new_span, new_rounding = _GRANULARITY_SPAN[target], _GRANULARITY_ROUNDING[target]
+    else:
+        if span is None or rounding is None:
+            raise MongoError(72, "Timeseries 'bucketMaxSpanSeconds' and "
+                             "'bucketRoundingSeconds' need to be set alongside each other")
+        if span != rounding:
+            raise MongoError(72, "Timeseries 'bucketRoundingSeconds' needs to be equal to "
+                             "'bucketMaxSpanSeconds'")
+        new_span, new_rounding = span, rounding
+    old_span = max_span_seconds(current)
+    old_rounding = int(current.get("bucketRoundingSeconds")
+                       or _GRANULARITY_ROUNDING[granularity or "seconds"])
+    if old_span == new_span and old_rounding == new_rounding:
+        return dict(current), False
+    if old_span > new_span:
+        raise MongoError(72, "Timeseries 'bucketMaxSpanSeconds' needs to be equal or greater "
+                         "to transition")
+    if old_rounding > new_rounding:
+        raise MongoError(72, "Timeseries 'bucketRoundingSeconds' needs to be equal or greater "
+                         "to transition")
+    out = {k: v for k, v in current.items()
+           if k not in ("granularity", "bucketRoundingSeconds", "bucketMaxSpanSeconds")}
+    if target is not None:
+        out["granularity"] = target
+    else:
+        out["bucketRoundingSeconds"] = rounding
+    out["bucketMaxSpanSeconds"] = new_span
+    return {k: out[k] for k in _OPTION_FIELDS if k in out}, True
 
 
 def rounding_seconds(options: Mapping[str, Any]) -> int:

@@ -374,3 +374,59 @@ def test_a_database_stream_sees_the_create_but_no_bucket_writes(db):
     assert created["operationDescription"]["viewOn"] == "system.buckets.c"
     assert [(e["operationType"], e["ns"]["coll"]) for e in events[1:]] == [
         ("create", "after"), ("insert", "after")]
+
+
+# -- collMod --------------------------------------------------------------------------------------
+
+
+def test_coll_mod_changes_the_bucketing_and_the_view(server, db):
+    db.command("create", "c", timeseries={"timeField": "time"})
+    db.command("collMod", "c", timeseries={"granularity": "minutes"})
+    assert _listing(db)["c"]["options"]["timeseries"] == {
+        "timeField": "time", "granularity": "minutes", "bucketMaxSpanSeconds": 86400}
+    view_update, coll_mod = _entries(server, db.name)[-2:]
+    assert (view_update["op"], view_update["ns"]) == ("u", f"{db.name}.system.views")
+    assert view_update["o"]["pipeline"] == [
+        {"$_internalUnpackBucket": {"timeField": "time", "bucketMaxSpanSeconds": 86400}}]
+    assert coll_mod["o"] == {"collMod": "system.buckets.c",
+                             "timeseries": {"granularity": "minutes"}}
+    assert coll_mod["o2"]["collectionOptions_old"]["timeseries"]["granularity"] == "seconds"
+    # the same granularity again changes nothing; back to seconds is refused
+    db.command("collMod", "c", timeseries={"granularity": "minutes"})
+    assert _failure(lambda: db.command("collMod", "c", timeseries={"granularity": "seconds"})) == (
+        72, "Invalid transition for timeseries.granularity. Can only transition from 'seconds' "
+        "to 'minutes' or 'minutes' to 'hours'.")
+    db.command("collMod", "c", expireAfterSeconds=3600)
+    assert _listing(db)["c"]["options"]["expireAfterSeconds"] == 3600
+    db.command("collMod", "c", expireAfterSeconds="off")
+    assert "expireAfterSeconds" not in _listing(db)["c"]["options"]
+    db.plain.insert_one({})
+    assert _failure(lambda: db.command("collMod", "plain",
+                                       timeseries={"granularity": "hours"})) == (
+        72, "option only supported on a time-series collection: timeseries")
+
+
+def test_a_database_stream_sees_create_modify_drop_of_a_timeseries_collection(db):
+    # jstests/change_streams/ddl_view_events.js, its time-series segment
+    with db.watch(show_expanded_events=True) as stream:
+        db.command("create", "tc", timeseries={"timeField": "time"})
+        db.command("collMod", "tc", timeseries={"granularity": "minutes"})
+        db.drop_collection("tc")
+        db.after.insert_one({"_id": 1})
+        events = []
+        while len(events) < 5:
+            event = stream.try_next()
+            if event is not None:
+                events.append(event)
+    assert [(e["operationType"], e["ns"]["coll"]) for e in events] == [
+        ("create", "tc"), ("modify", "tc"), ("drop", "tc"), ("create", "after"),
+        ("insert", "after")]
+    assert events[0]["operationDescription"] == {
+        "viewOn": "system.buckets.tc",
+        "pipeline": [{"$_internalUnpackBucket": {"timeField": "time",
+                                                 "bucketMaxSpanSeconds": 3600}}]}
+    assert events[0]["nsType"] == "timeseries"
+    assert events[1]["operationDescription"] == {
+        "viewOn": "system.buckets.tc",
+        "pipeline": [{"$_internalUnpackBucket": {"timeField": "time",
+                                                 "bucketMaxSpanSeconds": 86400}}]}
