@@ -31,7 +31,7 @@ from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 from cdcserver.auth import User
-from cdcserver.commands import oplog_find, profiler, search
+from cdcserver.commands import idle_ops, oplog_find, profiler, search
 from cdcserver.commands.arguments import is_number, is_string, safe_long
 from cdcserver.commands.failpoints import FailPoints
 from cdcserver.commands.write_parsing import GENERIC_ARGUMENTS
@@ -113,6 +113,7 @@ def op_started(
     lsid = cmd.get("lsid")
     if isinstance(lsid, Mapping) and isinstance(lsid.get("id"), bytes):
         _note_session(table, conn, lsid["id"])
+        idle_ops.note_started(server, conn, cmd)  # a transaction's start (currentOp)
     return opid
 
 
@@ -199,9 +200,14 @@ def op_finished(
     """Count a finished command as mongod's opcounters and metrics do (and profile it)."""
     table = counters(server)
     running = table.in_progress.pop(opid, None)
-    if running is not None and server.profile_levels:
+    if running is not None:
         conn, db, _, started = running
-        profiler.record(server, conn, db, name, cmd, reply, error, time.monotonic() - started)
+        if server.profile_levels:
+            profiler.record(server, conn, db, name, cmd, reply, error,
+                            time.monotonic() - started)
+        # the cursor it opened or moved, its transaction's time (currentOp's idle ones)
+        noted = reply if error is None and not isinstance(reply, RawBSONDocument) else None
+        idle_ops.note_finished(server, conn, name, cmd, noted, started)
     # mongod counts the commands it does not know under one name.
     # The names the server's table knows (run_command has set it).
     counts = table.commands.setdefault(
@@ -900,6 +906,8 @@ async def current_op(
     _admin_only("currentOp", db)
     filters = {k: v for k, v in cmd.items() if k not in _CURRENT_OP_OPTIONS}
     ops = current_ops(server, conn, for_agg=False)
+    # the command's $currentOp: idleSessions on (its default), idleCursors off
+    ops.extend(_idle_sessions(server, conn, all_users=cmd.get("$ownOps") is not True))
     if filters:
         ops = [op for op in ops if engine.matches(filters, op)]
     return {"inprog": ops}
@@ -924,19 +932,23 @@ def current_op_stage(server: ServerState, conn: ConnectionState, spec: Any, db: 
                              f"The '{key}' parameter of the $currentOp stage must be a boolean "
                              f"value, but found: {type_name(value)}")
     ops = current_ops(server, conn, for_agg=True)
-    if spec.get("idleCursors"):
-        ops.extend(_idle_cursors(server))
+    all_users = spec.get("allUsers") is True
+    # mongod's order: the clients' operations, the idle cursors, then the idle sessions
+    if spec.get("idleCursors") is True:
+        ops.extend(idle_ops.idle_cursors(server, _pretty_host(server), conn, all_users))
+    if spec.get("idleSessions", True) is True:
+        ops.extend(_idle_sessions(server, conn, all_users))
     return ops
 
 
-def _idle_cursors(server: ServerState) -> list[dict[str, Any]]:
-    host = _pretty_host(server)
-    out = []
-    for cursor_id, cursor in list(server.cursors.cursors.items()):
-        out.append({"type": "idleCursor", "host": host, "ns": getattr(cursor, "ns", ""),
-                    "cursor": {"cursorId": Int64(cursor_id), "tailable": True,
-                               "awaitData": True, "noCursorTimeout": False}})
-    return out
+def _idle_sessions(
+    server: ServerState, conn: ConnectionState, all_users: bool
+) -> list[dict[str, Any]]:
+    running = [
+        bytes(cmd["lsid"]["id"]) for _, _, cmd, _ in list(counters(server).in_progress.values())
+        if isinstance(cmd.get("lsid"), Mapping) and isinstance(cmd["lsid"].get("id"), bytes)
+    ]
+    return idle_ops.idle_sessions(server, _pretty_host(server), conn, all_users, running)
 
 
 # -- usersInfo ------------------------------------------------------------------------------------

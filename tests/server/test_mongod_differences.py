@@ -145,3 +145,81 @@ def _run_on(db: pymongo.database.Database, cmd: dict) -> OperationFailure:
     with pytest.raises(OperationFailure) as excinfo:
         db.command(cmd)
     return excinfo.value
+
+
+# -- currentOp: idle sessions and idle cursors ---------------------------------------------------
+
+
+def _idle(client: pymongo.MongoClient, kind: str, **spec: bool) -> list[dict]:
+    return [op for op in client.admin.aggregate([{"$currentOp": spec}])
+            if op.get("type") == kind]
+
+
+def test_current_op_lists_a_transaction_between_its_commands_as_an_idle_session(server, client):
+    # The Node.js driver's client_close test: a transaction left open is an idleSession in
+    # currentOp; ended (the client closes), it is not.
+    client.admin_tests.drop_collection("idle_txn")
+    client.admin_tests.create_collection("idle_txn")
+    with pymongo.MongoClient(server.direct_uri, appname="idleTxnApp") as other:
+        session = other.start_session()
+        session.start_transaction()
+        other.admin_tests.idle_txn.insert_one({"x": 1}, session=session)
+        ops = [op for op in client.admin.command("currentOp")["inprog"]
+               if op.get("type") == "idleSession"]
+        assert len(ops) == 1, ops
+        op = ops[0]
+        assert list(op) == [
+            "type", "host", "desc", "client", "connectionId", "appName", "clientMetadata",
+            "lsid", "transaction", "waitingForLock", "active", "locks", "lockStats"]
+        assert (op["desc"], op["appName"], op["active"]) == (
+            "inactive transaction", "idleTxnApp", False)
+        assert op["clientMetadata"]["application"] == {"name": "idleTxnApp"}
+        assert op["lsid"]["id"] == session.session_id["id"]
+        txn = op["transaction"]
+        assert list(txn) == ["parameters", "readTimestamp", "startWallClockTime",
+                             "timeOpenMicros", "timeActiveMicros", "timeInactiveMicros",
+                             "expiryTime"]
+        assert txn["parameters"]["txnNumber"] == 1
+        assert txn["parameters"]["autocommit"] is False
+        assert txn["timeOpenMicros"] == txn["timeActiveMicros"] + txn["timeInactiveMicros"]
+        # the stage's idleSessions (on by default) says whether they are listed
+        assert len(_idle(client, "idleSession")) == 1
+        assert _idle(client, "idleSession", idleSessions=False) == []
+        session.abort_transaction()
+        assert _idle(client, "idleSession") == []
+        session.end_session()
+
+
+def test_current_op_lists_idle_cursors_with_mongods_fields(client):
+    coll = client.admin_tests.idle_cursors
+    coll.drop()
+    coll.insert_many([{"v": i} for i in range(5)])
+    cursor = coll.find({}, batch_size=2)
+    next(cursor)
+    cursor_id = cursor.cursor_id
+
+    def listed(**spec: bool) -> list[dict]:
+        return [op for op in _idle(client, "idleCursor", **spec)
+                if op["cursor"]["cursorId"] == cursor_id]
+
+    (op,) = listed(idleCursors=True)
+    assert list(op) == ["type", "host", "ns", "lsid", "planSummary", "cursor"]
+    assert (op["ns"], op["planSummary"]) == ("admin_tests.idle_cursors", "COLLSCAN")
+    assert set(op["lsid"]) == {"id", "uid"}
+    idle = op["cursor"]
+    assert list(idle) == [
+        "cursorId", "createdDate", "lastAccessDate", "nDocsReturned", "nBatchesReturned",
+        "noCursorTimeout", "tailable", "awaitData", "originatingCommand"]
+    assert (idle["nDocsReturned"], idle["nBatchesReturned"]) == (2, 1)
+    assert (idle["tailable"], idle["awaitData"], idle["noCursorTimeout"]) == (
+        False, False, False)
+    assert idle["originatingCommand"]["find"] == "idle_cursors"
+    assert idle["originatingCommand"]["batchSize"] == 2
+    assert idle["createdDate"] <= idle["lastAccessDate"]
+    for _ in range(2):  # the third document comes with a getMore
+        next(cursor)
+    idle = listed(idleCursors=True)[0]["cursor"]
+    assert (idle["nDocsReturned"], idle["nBatchesReturned"]) == (4, 2)
+    assert listed(idleCursors=False) == [] and listed() == []
+    cursor.close()
+    assert listed(idleCursors=True) == []
