@@ -444,8 +444,19 @@ def new_bucket(doc: Mapping[str, Any], options: Mapping[str, Any]) -> dict[str, 
     return bucket
 
 
-def bucket_count(bucket: Mapping[str, Any]) -> int:
-    return len(bucket["data"].get(next(iter(bucket["control"]["min"]), ""), {}))
+def bucket_count(bucket: Mapping[str, Any], options: Mapping[str, Any]) -> int | None:
+    """The number of measurements of a version 1 bucket (its time column's), or None for a
+    bucket this store does not add to (another version, or not a bucket)."""
+    control, data = bucket.get("control"), bucket.get("data")
+    if not isinstance(control, Mapping) or control.get("version") != 1:
+        return None
+    times = data.get(options["timeField"]) if isinstance(data, Mapping) else None
+    low = control.get("min")
+    if not isinstance(times, Mapping) or not isinstance(low, Mapping) or not isinstance(
+        low.get(options["timeField"]), datetime.datetime
+    ):
+        return None
+    return len(times)
 
 
 def fits(bucket: Mapping[str, Any], doc: Mapping[str, Any], options: Mapping[str, Any],
@@ -557,9 +568,11 @@ def insert_measurement(
     size = len(bson.encode(doc))
     current = open_bucket(buckets.uuid, series)
     if current is not None:
-        bucket_id, count, used = current
+        bucket_id, _, used = current
         pre = store.documents(buckets).get(id_key(bucket_id))
-        if pre is not None and fits(pre, doc, options, count, used):
+        # its measurements as the bucket has them (direct writes to it may have changed it)
+        count = bucket_count(pre, options) if pre is not None else None
+        if pre is not None and count is not None and fits(pre, doc, options, count, used):
             post, delta = add_measurement(pre, doc, options, count)
             store.update_document(buckets, pre, post, kind="delta", update=delta,
                                   session=session, stmt_id=stmt_id)

@@ -430,3 +430,15 @@ def test_a_database_stream_sees_create_modify_drop_of_a_timeseries_collection(db
         "viewOn": "system.buckets.tc",
         "pipeline": [{"$_internalUnpackBucket": {"timeField": "time",
                                                  "bucketMaxSpanSeconds": 86400}}]}
+
+
+def test_a_bucket_written_directly_is_not_added_to(server, db):
+    db.command("create", "c", timeseries={"timeField": "t"})
+    db.c.insert_one({"t": _at(0), "v": 1})
+    db["system.buckets.c"].delete_many({})  # the open bucket is gone
+    db.c.insert_one({"t": _at(1), "v": 2})
+    db["system.buckets.c"].update_many({}, {"$set": {"control.version": 2}})
+    db.c.insert_one({"t": _at(2), "v": 3})  # not a bucket this store adds to
+    ops = [e["op"] for e in _entries(server, db.name) if e["ns"].endswith("system.buckets.c")]
+    assert ops == ["i", "d", "i", "u", "i"]
+    assert db["system.buckets.c"].count_documents({}) == 2
