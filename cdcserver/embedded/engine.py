@@ -23,7 +23,7 @@ from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 from bson.objectid import ObjectId
 
-from cdcserver.embedded import json_schema, modifiers, oplog_update, regex
+from cdcserver.embedded import doc_validation_error, json_schema, modifiers, oplog_update, regex
 from pipeline_stages import expressions, keystring, query_engine
 from pipeline_stages.dotted_path import (
     document_value,
@@ -278,17 +278,24 @@ def validator_failure(
     validator: Mapping[str, Any], doc: Mapping[str, Any]
 ) -> tuple[bool, dict[str, Any] | None]:
     """(failed, errInfo `details`) of a collection validator on `doc`: `$jsonSchema` is
-    evaluated by json_schema.py (with mongod's details), the rest of the validator by the
-    query engine (without details)."""
+    evaluated by json_schema.py, the rest of the validator by the query engine, and the
+    details are mongod's (doc_validation_error.py)."""
     schema = validator.get("$jsonSchema")
     rest = {k: v for k, v in validator.items() if k != "$jsonSchema"}
     rules = json_schema.validate(schema, doc) if isinstance(schema, Mapping) else []
     rest_ok = matches(rest, doc) if rest else True
     if not rules and rest_ok:
         return False, None
-    if rules and not rest:
-        return True, {"operatorName": "$jsonSchema", "schemaRulesNotSatisfied": rules}
-    return True, None
+    try:
+        return True, doc_validation_error.details(validator, doc, matches, _expression_result)
+    except (MongoError, TypeError, ValueError, KeyError, AttributeError, IndexError):
+        return True, None  # the failure stands; only its explanation could not be made
+
+
+def _expression_result(expression: Any, doc: Mapping[str, Any]) -> Any:
+    """What a validator's `$expr` evaluates to on `doc` (its `expressionResult`)."""
+    out = run_pipeline([dict(doc)], None, [{"$project": {"_id": 0, "r": expression}}])
+    return out[0].get("r") if out else None
 
 
 # ---------------------------------------------------------------------------------------------

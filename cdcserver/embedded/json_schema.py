@@ -5,8 +5,8 @@ mongod's error details (`schemaRulesNotSatisfied`, `propertiesNotSatisfied`, ...
 what a driver user sees on a 121 DocumentValidationFailure. So the keywords MongoDB supports
 are evaluated here, each reporting a failure in mongod's shape.
 
-Left out: `dependencies`, `$ref`-free `definitions` reuse, `encrypt`, and the details of
-non-`$jsonSchema` query validators (their failures carry `failingDocumentId` only).
+Left out: `dependencies`, `$ref`-free `definitions` reuse, `encrypt`. The details of the
+query operators beside or around a `$jsonSchema` are doc_validation_error.py's.
 """
 
 from __future__ import annotations
