@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from bson import json_util
 from bson.raw_bson import RawBSONDocument
 
-from cdcserver.config import Config, ConfigError, load_config
+from cdcserver.config import Config, ConfigError, load_config, port_in_use
 from cdcserver.replay_command import add_stream_arguments, spec_command
 from cdcserver.sources.file import OplogFileError, OplogStream
 from pipeline_stages.errors import MongoError
@@ -76,12 +76,50 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"cdcserver serve: {conflict}", file=sys.stderr)
         return 2
     _setup_logging(config.log.level, config.log.format)
+    taken = ports_taken(config)
+    if taken:  # before the deployment opens: a failed start leaves nothing in the data dir
+        print(f"cdcserver: {taken}", file=sys.stderr)
+        return 48  # mongod's exit code when it cannot listen (ExitCode::netError)
     deployment = _open_deployment(args, config)
     if deployment is None:
         return 2
     from cdcserver.server import run_server
 
     return run_server(config, deployment)
+
+
+def _bind_fails(host: str, port: int) -> bool:
+    """True when `host:port` cannot be bound now (as the server binds: SO_REUSEADDR)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except OSError:
+        return False  # the listener reports a bad host itself
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                import errno
+
+                if exc.errno == errno.EADDRINUSE:
+                    return True
+    return False
+
+
+def ports_taken(config: Config) -> str | None:
+    """The message for the first fixed port `serve` would listen on that is taken (the wire
+    port, an explicit metrics port), checked before anything is opened; None if all are
+    free. Port 0 is never taken."""
+    sc, mc = config.server, config.metrics
+    if sc.port and _bind_fails(sc.host, sc.port):
+        return port_in_use("server.port", "--port", sc.host, sc.port)
+    if mc.enabled and mc.port and _bind_fails(mc.host, mc.port):
+        return port_in_use("metrics.port", "--metrics-port", mc.host, mc.port)
+    return None
 
 
 def _open_deployment(args: argparse.Namespace, config: Config) -> Deployment | None:

@@ -638,3 +638,13 @@ def load_config(
     if errors or config is None:
         raise ConfigError(errors, path)
     return config
+
+
+def port_in_use(setting: str, flag: str, host: str, port: int) -> str:
+    """What `serve` says when a port it was told to use is taken: which flag to change, and
+    that 0 takes any free port."""
+    return (
+        f"{setting}: cannot listen on {host}:{port}: address already in use (another server "
+        f"listens there): give a free port with {flag} N ({setting} in the config file), or "
+        f"{flag} 0 to take any free port (the URI to use is logged once it listens)"
+    )

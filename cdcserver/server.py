@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
 import itertools
 import logging
@@ -26,7 +27,7 @@ from cdcserver import wire
 from cdcserver.auth import ServerAuth
 from cdcserver.commands import failpoints
 from cdcserver.commands.registry import error_reply, run_command
-from cdcserver.config import Config, unix_socket_mode
+from cdcserver.config import Config, port_in_use, unix_socket_mode
 from cdcserver.context import ConnectionState, ServerState
 from cdcserver.deployment import Deployment, server_state
 from cdcserver.logs import log_slow_command, serving_summary, slow_log
@@ -584,14 +585,12 @@ async def serve_forever(config: Config, deployment: Deployment) -> None:
         state.metrics = metrics
         endpoint = MetricsEndpoint(metrics)
         try:
-            port = await endpoint.start(mc.host, mc.port)
+            await endpoint.start(mc.host, mc.port)
         except OSError as exc:
             raise StartupError(
                 f"metrics.port: cannot listen on {mc.host}:{endpoint.port}: "
                 f"{exc.strerror or exc}"
             ) from None
-        log.info("metrics on http://%s:%d/metrics", mc.host, port,
-                 extra={"host": mc.host, "port": port})
     sc = config.server
     # What startup made (modules, a recorded oplog's index of bytes and timestamps) lives as
     # long as the process: frozen, the cyclic GC stops rescanning it on every full collection
@@ -609,9 +608,14 @@ async def serve_forever(config: Config, deployment: Deployment) -> None:
     except OSError as exc:
         if endpoint is not None:
             await endpoint.close()
+        if exc.errno == errno.EADDRINUSE:  # taken since `serve` checked it (cli.ports_taken)
+            raise StartupError(port_in_use("server.port", "--port", sc.host, sc.port)) from None
         raise StartupError(
             f"server.port: cannot listen on {sc.host}:{sc.port}: {exc.strerror or exc}"
         ) from None
+    if endpoint is not None:  # logged once both listen: no line for a server that never ran
+        log.info("metrics on http://%s:%d/metrics", mc.host, endpoint.port,
+                 extra={"host": mc.host, "port": endpoint.port})
     log.info("%s", serving_summary(config, deployment.oplog, state.port,
                                    endpoint.port if endpoint is not None else None))
     stop = asyncio.Event()

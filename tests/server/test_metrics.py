@@ -287,3 +287,24 @@ def test_taken_metrics_port_that_was_set_still_fails(default_metrics_port_held: 
         assert f"metrics.port: cannot listen on {HOST}:{default_metrics_port_held}" in out
         assert "listening on" not in out
 
+
+
+def test_taken_wire_port_names_the_flag_and_leaves_no_trace(tmp_path: pathlib.Path) -> None:
+    """27017 (here: any port) taken: exit 48 naming --port and --port 0, before anything is
+    opened (no data directory made, no metrics line for a server that never ran)."""
+    with socket.socket() as busy:
+        busy.bind((HOST, 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "cdcserver.cli", "serve", "--host", HOST,
+             "--port", str(port), "--metrics-port", "0"],
+            capture_output=True, timeout=60, cwd=tmp_path,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    out = result.stderr.decode() + result.stdout.decode()
+    assert result.returncode == 48, out
+    assert f"server.port: cannot listen on {HOST}:{port}: address already in use" in out
+    assert "--port N" in out and "--port 0" in out
+    assert "metrics on" not in out and "listening on" not in out
+    assert list(tmp_path.iterdir()) == []  # no ./cdcserver-data, nothing written
