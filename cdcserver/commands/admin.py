@@ -31,7 +31,7 @@ from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 from cdcserver.auth import User
-from cdcserver.commands import idle_ops, oplog_find, profiler, search
+from cdcserver.commands import crud_common, idle_ops, oplog_find, profiler, search
 from cdcserver.commands.arguments import is_number, is_string, safe_long
 from cdcserver.commands.failpoints import FailPoints
 from cdcserver.commands.write_parsing import GENERIC_ARGUMENTS
@@ -1559,6 +1559,7 @@ async def explain_aggregate(
 ) -> dict[str, Any]:
     """`aggregate` with `explain: true` (or under `explain`): the pipeline's stages over the
     collection scan that feeds them (mongod's `$cursor` stage)."""
+    crud_common.check_explain_write_concern(cmd)  # 9, as under `explain: true`
     target = cmd.get("aggregate")
     pipeline = cmd.get("pipeline")
     if not isinstance(pipeline, list):

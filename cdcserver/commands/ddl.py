@@ -19,7 +19,7 @@ from cdcserver.commands.queries import cursor_first_batch
 from cdcserver.commands.transactions import get_store, snapshot_reads
 from cdcserver.commands.writes import _run_writes
 from cdcserver.context import ConnectionState, ServerState
-from cdcserver.embedded import engine, timeseries
+from cdcserver.embedded import engine, indexes, timeseries
 from cdcserver.embedded.store import (
     ID_INDEX,
     OPTION_ORDER,
@@ -745,6 +745,8 @@ async def create_indexes(
     if not raw:
         raise MongoError(2, "Must specify at least one index to create")
     specs = [normalize_index_spec(r) for r in raw]
+    for given, spec in zip(raw, specs, strict=True):  # before the collection is created
+        indexes.check_index_spec(spec, given)
     in_txn = _in_txn(cmd)
     with store.batch(), snapshot_reads(store, cmd):
         _check_txn_read_concern(store, "createIndexes")

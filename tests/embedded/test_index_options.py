@@ -171,3 +171,25 @@ def test_an_explained_aggregate_refuses_a_write_concern(db: Database) -> None:
             "Aggregation explain does not support the'writeConcern' option")
     assert "bar" not in db.list_collection_names()
     assert "stages" in db.command("aggregate", "c", pipeline=[{"$out": "bar"}], explain=True)
+
+
+def test_the_explain_command_refuses_an_aggregate_with_a_write_concern(db: Database) -> None:
+    """The Node driver's way: `{explain: {aggregate, pipeline, writeConcern}}`."""
+    db.c.insert_one({"a": 1})
+    with pytest.raises(errors.OperationFailure) as info:
+        db.command("explain", {"aggregate": "c", "pipeline": [{"$out": "bar"}], "cursor": {},
+                               "writeConcern": {"w": 1}})
+    assert info.value.code == 9
+    assert "bar" not in db.list_collection_names()
+
+
+def test_a_refused_index_spec_creates_no_collection(db: Database) -> None:
+    """mongod rolls back the implicit create of a createIndexes it refuses; the spec in the
+    message is the one the client sent, in its order."""
+    with pytest.raises(errors.OperationFailure) as info:
+        db.command("createIndexes", "fresh", indexes=[
+            {"name": "k", "key": {"k": 1}, "partialFilterExpression": {"a": {"$ne": 1}}}])
+    assert info.value.code == 67
+    assert info.value.details["errmsg"].startswith(
+        'Error in specification { name: "k", key: { k: 1 }, ')
+    assert "fresh" not in db.list_collection_names()
