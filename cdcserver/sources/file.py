@@ -284,6 +284,9 @@ class OplogStream:
         self._index: list[tuple[int, int, int, int]] = []
         self._last: Timestamp | None = None  # the last entry read
         self._peeked: tuple[Entry, int] | None = None
+        # A bad entry met while a batch had entries: raised at the next read, so the batch
+        # (the events before it) is replayed first.
+        self._error: OplogFileError | None = None
         self._entries = self._read()
 
     # -- reading --------------------------------------------------------------------------------
@@ -317,6 +320,8 @@ class OplogStream:
         if self._peeked is not None:
             item, self._peeked = self._peeked, None
             return item
+        if self._error is not None:
+            raise self._error
         return next(self._entries, None)
 
     # -- what the replay asks -------------------------------------------------------------------
@@ -339,7 +344,13 @@ class OplogStream:
         out: list[Entry] = []
         size = 0
         while len(out) < limit and size < self.batch_bytes:
-            item = self._next()
+            try:
+                item = self._next()
+            except OplogFileError as exc:
+                if not out:
+                    raise
+                self._error = exc  # this batch first: the events before the bad entry
+                break
             if item is None:
                 break
             entry, n = item

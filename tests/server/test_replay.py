@@ -51,3 +51,30 @@ def test_what_an_offline_replay_can_and_cannot_look_up():
         with pytest.raises(MongoError) as error:
             _sample_events(options)
         assert (error.value.code, error.value.code_name) == (47, "NoMatchingDocument")
+
+
+def test_replay_writes_the_events_before_a_corrupt_line(tmp_path):
+    """A JSON oplog whose line 10 of 19 is corrupt: the 9 events before it are written, then
+    the command fails naming the file and the line (exit 1)."""
+    import json
+    import subprocess
+    import sys
+
+    from bson import json_util
+
+    uuid = bson.Binary(bytes(16), 4)
+    lines = [json_util.dumps(
+        {"op": "i", "ns": "db.c", "ui": uuid, "o": {"_id": i}, "o2": {"_id": i},
+         "ts": Timestamp(1_800_000_000, i + 1), "t": Int64(1), "v": Int64(2)},
+        json_options=json_util.CANONICAL_JSON_OPTIONS) for i in range(19)]
+    lines[9] = lines[9][:25]  # cut in the middle: not JSON
+    path = tmp_path / "oplog.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "cdcserver.cli", "replay", "--oplog", str(path), "--ns", "db.c"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert f"{path}: line 10: invalid JSON" in done.stderr
+    written = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [e["documentKey"]["_id"]["$numberInt"] for e in written] == [str(i) for i in range(9)]
