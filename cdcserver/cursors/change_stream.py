@@ -27,10 +27,11 @@ from cdcserver.cursors.cursor import (
     HeldHere,
 )
 from cdcserver.hub import READ_CHUNK, StreamGroup, step_answering, wants_more
+from cdcserver.scan_deadline import ScanBudget
 from cdcserver.sources.base import CappedPositionLost
 from pipeline_stages.check_resumability import HISTORY_LOST_MESSAGE
 from pipeline_stages.errors import MongoError
-from pipeline_stages.lookups import looks_up_images
+from pipeline_stages.lookups import NeedsLookup, looks_up_images
 from pipeline_stages.pipeline import Batch, ChangeStreamPipeline
 
 
@@ -71,7 +72,10 @@ class ChangeStreamCursor(HeldHere):
 
     async def pull(self, want: int | None) -> None:
         """`StreamGroup.pull` (`want` None: a reply's 16 MiB); a chunk that needs lookups has
-        them fetched (awaited) and is pushed again with the answers, then the pull goes on."""
+        them fetched (awaited) and is pushed again with the answers, then the pull goes on. A
+        long read (history its filter drops: the retained log, an old resume point) gives the
+        loop a turn every 5 ms (cdcserver/scan_deadline.py)."""
+        budget = ScanBudget()  # no deadline: a change stream's getMore maxTimeMS is its wait
         while (
             wants_more(self.pipeline, want)
             and not self.group.producer.invalidated
@@ -85,10 +89,15 @@ class ChangeStreamCursor(HeldHere):
                     return
                 await asyncio.sleep(0)
                 continue
-            if self.group.pull(want, self) is None:
-                return  # it has `want` events, or read all there is
-            if not await self.step_answering(READ_CHUNK):
-                return
+            # StreamGroup.pull's loop, a chunk at a time
+            stepped = self.group.step(self, READ_CHUNK)
+            if isinstance(stepped, NeedsLookup):
+                if not await self.step_answering(READ_CHUNK):
+                    return
+            elif not stepped:
+                self.group.caught_up(self)
+                return  # it read all there is
+            await budget.step(READ_CHUNK)
 
     async def step_answering(self, chunk: int, stop: Callable[[], bool] | None = None) -> bool:
         """hub.py `step_answering` for this cursor's group."""

@@ -1,5 +1,6 @@
 """`maxTimeMS` and the loop's fairness hold on the long scans outside the query engine: `find`
-on `local.oplog.rs` and tailable finds on capped collections (issue 28 item 3).
+on `local.oplog.rs` and tailable finds on capped collections; a change stream's read of old
+history lets other connections run (issue 28 item 3).
 
 Every such scan counts the documents it examines in a `ScanBudget` (cdcserver/scan_deadline.py),
 which reads its clock once per `CHECK_EVERY` of them. These tests replace that clock by one that
@@ -266,6 +267,23 @@ def test_a_long_oplog_scan_does_not_hold_other_connections(
     slow = Outside(lambda: _oplog_find(client, first)["cursor"]["firstBatch"])
     _served_while_held(server, gate, slow)
     assert slow.result == []
+
+
+def test_a_long_change_stream_read_does_not_hold_other_connections(
+    server: Any, client: Any, oplog_range: tuple[Timestamp, Timestamp], gate: Gate
+) -> None:
+    """A stream opened at an old point reads all the history its filter drops (on a sidecar:
+    the retained log) before it answers; other connections are served meanwhile."""
+    first, _ = oplog_range
+    db = client.scan_deadlines
+    slow = Outside(lambda: db.command({
+        "aggregate": "filler", "cursor": {"batchSize": 5},
+        "pipeline": [{"$changeStream": {"startAtOperationTime": first}},
+                     {"$match": {"operationType": "delete"}}],
+    }))
+    _served_while_held(server, gate, slow)
+    assert slow.result["cursor"]["firstBatch"] == []
+    db.command({"killCursors": "filler", "cursors": [slow.result["cursor"]["id"]]})
 
 
 def test_a_long_capped_get_more_does_not_hold_other_connections(
