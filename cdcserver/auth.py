@@ -373,7 +373,6 @@ _CLUSTER_ACTIONS: dict[str, tuple[str, ...]] = {
     "getParameter": ("getParameter",),
     "setParameter": ("setParameter",),
     "configureFailPoint": ("configureFailPoint",),
-    "currentOp": ("inprog",),
     "killOp": ("killop",),
     "top": ("top",),
     "getCmdLineOpts": ("getCmdLineOpts",),
@@ -406,12 +405,52 @@ def _stage_target(db: str, spec: Any, key: str) -> Resource | None:
     return None
 
 
-def _aggregate_requirements(cmd: Mapping[str, Any], db: str) -> list[Requirement]:
+def true_value(value: Any) -> bool:
+    """BSONElement::trueValue: false for a missing field, false, 0, null."""
+    return value is not None and value is not False and not (
+        isinstance(value, (int, float)) and value == 0)
+
+
+_LIST_SESSIONS: Requirement = (("cluster",), ("listSessions",))
+_INPROG: Requirement = (("cluster",), ("inprog",))
+
+
+def _source_requirements(stage: str, spec: Any, caller: str | None) -> list[Requirement]:
+    """The privileges of an initial source that reads no collection: $currentOp needs inprog
+    to show other users' operations (allUsers: true); $listLocalSessions / $listSessions need
+    listSessions to list other users' sessions (allUsers, or `users` naming anyone else). A
+    malformed spec needs nothing here: the stage's own parse error answers, as mongod's lite
+    parse answers before its authorization check."""
+    if not isinstance(spec, Mapping):
+        return []
+    if stage == "$currentOp":
+        return [_INPROG] if spec.get("allUsers") is True else []
+    if spec.get("allUsers") is True:
+        return [_LIST_SESSIONS]
+    users = spec.get("users")
+    if isinstance(users, list) and any(
+        not isinstance(u, Mapping) or f"{u.get('user')}@{u.get('db')}" != (caller or "@")
+        for u in users
+    ):
+        return [_LIST_SESSIONS]
+    return []
+
+
+_PRIVILEGED_SOURCES = ("$currentOp", "$listLocalSessions", "$listSessions")
+
+
+def _aggregate_requirements(
+    cmd: Mapping[str, Any], db: str, caller: str | None = None
+) -> list[Requirement]:
     pipeline = cmd.get("pipeline")
     stages = [s for s in pipeline if isinstance(s, Mapping)] if isinstance(pipeline, list) else []
     coll = cmd.get("aggregate")
     first = next(iter(stages[0]), "") if stages else ""
-    if first == "$changeStream":
+    if first in _PRIVILEGED_SOURCES:
+        # initial sources: no find on the namespace (getPrivilegesForAggregate)
+        reqs: list[Requirement] = _source_requirements(first, stages[0][first], caller)
+        stages = stages[1:]
+    elif first == "$changeStream":
         spec = stages[0]["$changeStream"]
         if db == "admin" and isinstance(spec, Mapping) and spec.get("allChangesForCluster"):
             resource: Resource = ("any",)
@@ -419,7 +458,7 @@ def _aggregate_requirements(cmd: Mapping[str, Any], db: str) -> list[Requirement
             resource = _ns(db, coll)
         else:
             resource = ("db", db)
-        reqs: list[Requirement] = [(resource, ("find", "changeStream"))]
+        reqs = [(resource, ("find", "changeStream"))]
     elif isinstance(coll, str):
         reqs = [(_ns(db, coll), ("find",))]
     else:
@@ -439,13 +478,34 @@ def _aggregate_requirements(cmd: Mapping[str, Any], db: str) -> list[Requirement
     return reqs
 
 
-def required_privileges(name: str, cmd: Mapping[str, Any], db: str) -> list[Requirement] | None:
+def _profile_requirements(cmd: Mapping[str, Any], db: str) -> list[Requirement]:
+    """ProfileCmdBase::checkAuthForOperation: reading the settings (a level < 0 changing
+    neither slowms nor sampleRate) needs find on <db>.system.profile or enableProfiler; any
+    change needs enableProfiler on the database."""
+    level = cmd.get("profile")
+    if isinstance(level, bool) or not isinstance(level, (int, float)):
+        return []  # the command's parse error (14) answers first, as mongod's does
+    reading = (isinstance(level, (int, float)) and not isinstance(level, bool) and level < 0
+               and "slowms" not in cmd and "sampleRate" not in cmd)
+    return [(("db", db), ("enableProfiler",))] if not reading else [
+        (_ns(db, "system.profile"), ("find",))]
+
+
+def required_privileges(
+    name: str, cmd: Mapping[str, Any], db: str, caller: str | None = None
+) -> list[Requirement] | None:
     """What `cmd` needs beyond authentication; None: a command cdcserver does not know
-    (forwarded with `--upstream`), which only `root` may run."""
+    (forwarded with `--upstream`), which only `root` may run. `caller`: the running user's
+    "user@db" (listing one's own sessions needs no privilege)."""
     if name in ANY_USER_COMMANDS:
         return []
     if name == "aggregate":
-        return _aggregate_requirements(cmd, db)
+        return _aggregate_requirements(cmd, db, caller)
+    if name == "currentOp":
+        # CurrentOpCommand::checkAuthForOperation: inprog, or `$ownOps` for one's own
+        return [] if true_value(cmd.get("$ownOps")) else [_INPROG]
+    if name == "profile":
+        return _profile_requirements(cmd, db)
     if name in _COLLECTION_ACTIONS:
         return [(_ns(db, cmd.get(name)), _COLLECTION_ACTIONS[name])]
     if name in ("findAndModify", "findandmodify"):
@@ -526,11 +586,16 @@ class ServerAuth:
             raise unauthenticated(name)
         SESSION_USER_DIGEST.set(user_digest(users[0]))
         lsid = cmd.get("lsid")
-        if isinstance(lsid, Mapping) and "uid" in lsid and not is_authorized(
+        if isinstance(lsid, Mapping) and "uid" in lsid and lsid["uid"] != user_digest(
+            users[0]
+        ) and not is_authorized(
             users, [(("cluster",), ("impersonate",))]
         ):  # initializeOperationSessionInfo: only an impersonator may name another user
             raise AuthError(13, "Unauthorized to set user digest in LogicalSessionId")
-        if is_authorized(users, required_privileges(name, cmd, db)):
+        required = required_privileges(name, cmd, db, users[0].full_name)
+        if name == "profile" and required and not is_authorized(users, required):
+            required = [(("db", db), ("enableProfiler",))]  # enableProfiler reads them too
+        if is_authorized(users, required):
             if name == "getMore":
                 cursor_id = cmd.get("getMore")
                 if isinstance(cursor_id, int) and not self._owns(users, cursor_id):
@@ -539,7 +604,9 @@ class ServerAuth:
                     )
             elif name == "killCursors":
                 ids = cmd.get("cursors")
-                any_cursor = is_authorized(users, [(("cluster",), ("killAnyCursor",))])
+                # checkAuthForKillCursors: killAnyCursor on the cluster or the namespace
+                any_cursor = is_authorized(users, [(("cluster",), ("killAnyCursor",))]) or \
+                    is_authorized(users, [(_ns(db, cmd.get("killCursors")), ("killAnyCursor",))])
                 if isinstance(ids, list) and not any_cursor and not all(
                     self._owns(users, i) for i in ids if isinstance(i, int)
                 ):

@@ -26,19 +26,28 @@ DB_ADMIN = frozenset(
 USER_ADMIN = frozenset({"createUser", "dropUser", "grantRole", "revokeRole", "viewUser"})
 CLUSTER_MONITOR = frozenset(
     {"serverStatus", "listDatabases", "getParameter", "connPoolStats", "replSetGetStatus",
-     "top", "hostInfo", "getCmdLineOpts", "inprog", "listSessions"}
+     "top", "hostInfo", "getCmdLineOpts", "inprog", "listSessions", "replSetGetConfig"}
 )
-CLUSTER_MANAGER = frozenset(
-    {"killAnyCursor", "killop", "killAnySession", "setParameter", "configureFailPoint",
-     "listDatabases"}
+# mongod's builtin_roles.yml: killing others' cursors, sessions and operations is hostManager's
+# (clusterAdmin has it through hostManager), not clusterManager's.
+HOST_MANAGER = frozenset(
+    {"killAnyCursor", "killop", "killAnySession", "setParameter", "fsync", "logRotate",
+     "dropConnections", "shutdown"}
 )
+CLUSTER_MANAGER = frozenset({"listSessions", "replSetGetConfig", "replSetGetStatus"})
+# <db>.system.profile: dbAdmin may read and recreate it, clusterMonitor read it (everywhere).
+PROFILE = "system.profile"
+DB_ADMIN_PROFILE = READ | {"convertToCapped", "createCollection", "dropCollection"}
 
 
 @dataclass(frozen=True)
 class Grant:
-    kind: str  # "any" (normal databases), "db", "cluster", "anyResource" (root)
+    # "any" (normal databases), "db", "cluster", "anyResource" (root), "exact" (db.coll),
+    # "collection" (coll in every database)
+    kind: str
     db: str
     actions: frozenset[str]
+    coll: str = ""
 
     def covers(self, resource: Resource, action: str) -> bool:
         if self.kind == "anyResource":
@@ -46,6 +55,9 @@ class Grant:
         if action not in self.actions:
             return False
         what = resource[0]
+        if self.kind in ("exact", "collection"):
+            return what == "ns" and resource[2] == self.coll and (
+                self.kind == "collection" or resource[1] == self.db)
         if self.kind == "cluster":
             return what == "cluster"
         if what in ("cluster", "any"):
@@ -61,7 +73,7 @@ class Grant:
 
 _ADMIN_ROLES = frozenset(
     {"readAnyDatabase", "readWriteAnyDatabase", "dbAdminAnyDatabase", "userAdminAnyDatabase",
-     "clusterMonitor", "clusterManager", "clusterAdmin", "root"}
+     "clusterMonitor", "clusterManager", "hostManager", "clusterAdmin", "root"}
 )
 
 
@@ -75,7 +87,10 @@ def role_grants(role: str, db: str) -> list[Grant]:
         "dbOwner": READ_WRITE | DB_ADMIN | USER_ADMIN,
     }
     if role in on_db:
-        return [Grant("db", db, on_db[role])]
+        grants = [Grant("db", db, on_db[role])]
+        if role in ("dbAdmin", "dbOwner"):
+            grants.append(Grant("exact", db, DB_ADMIN_PROFILE, PROFILE))
+        return grants
     if role not in _ADMIN_ROLES:
         raise ValueError(f"unknown role {role!r}")
     if db != "admin":
@@ -87,17 +102,30 @@ def role_grants(role: str, db: str) -> list[Grant]:
         "userAdminAnyDatabase": USER_ADMIN,
     }
     if role in any_db:
-        return [Grant("any", "", any_db[role]), Grant("cluster", "", frozenset({"listDatabases"}))]
-    cluster = {
-        "clusterMonitor": CLUSTER_MONITOR,
-        "clusterManager": CLUSTER_MANAGER,
-        "clusterAdmin": CLUSTER_MONITOR | CLUSTER_MANAGER,
-    }
-    if role in cluster:
-        return [Grant("cluster", "", cluster[role])]
+        grants = [Grant("any", "", any_db[role]),
+                  Grant("cluster", "", frozenset({"listDatabases"}))]
+        if role == "dbAdminAnyDatabase":
+            grants.append(Grant("collection", "", DB_ADMIN_PROFILE, PROFILE))
+        return grants
+    if role == "clusterMonitor":
+        return _cluster_monitor()
+    if role == "clusterManager":
+        return [Grant("cluster", "", CLUSTER_MANAGER), Grant("db", "config", READ)]
+    if role == "hostManager":
+        return [Grant("cluster", "", HOST_MANAGER), Grant("any", "", frozenset({"killCursors"}))]
+    if role == "clusterAdmin":
+        return [*_cluster_monitor(), Grant("cluster", "", CLUSTER_MANAGER | HOST_MANAGER),
+                Grant("any", "", frozenset({"killCursors", "dropDatabase"}))]
     if role == "root":
         return [Grant("anyResource", "", frozenset())]
     raise ValueError(f"unknown role {role!r}")
+
+
+def _cluster_monitor() -> list[Grant]:
+    stats = frozenset({"collStats", "dbStats", "indexStats"})
+    return [Grant("cluster", "", CLUSTER_MONITOR), Grant("any", "", stats),
+            Grant("db", "config", READ | stats), Grant("db", "local", READ | stats),
+            Grant("collection", "", frozenset({"find"}), PROFILE)]
 
 
 def parse_role(text: str) -> tuple[str, str]:

@@ -30,7 +30,7 @@ from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from cdcserver.auth import User
+from cdcserver.auth import User, true_value
 from cdcserver.commands import crud_common, idle_ops, oplog_find, profiler, search
 from cdcserver.commands.arguments import is_number, is_string, safe_long
 from cdcserver.commands.failpoints import FailPoints
@@ -172,20 +172,58 @@ def list_local_sessions_stage(
         if key not in ("allUsers", "users", "$_internalPredicate"):
             raise MongoError(40415, f"BSON field '$listLocalSessions.{key}' is an unknown "
                              "field.")
+    return _listed_sessions(server, conn, spec, "$listLocalSessions")
+
+
+def _listed_sessions(
+    server: ServerState, conn: ConnectionState, spec: Mapping[str, Any], stage: str
+) -> list[dict[str, Any]]:
+    """listSessionsParseSpec and the sessions it selects: every user's with `allUsers`, those
+    of `users`, the connection's user's when neither is given (or `users` is empty). Listing
+    others' needs listSessions (cdcserver/auth.py checks it before the command runs)."""
+    all_users = spec.get("allUsers", False)
+    if not isinstance(all_users, bool):
+        raise MongoError(14, f"BSON field '{stage}.allUsers' is the wrong type "
+                         f"'{type_name(all_users)}', expected type 'bool'")
+    users = spec.get("users")
+    if users is not None and not isinstance(users, list):
+        raise MongoError(14, f"BSON field '{stage}.users' is the wrong type "
+                         f"'{type_name(users)}', expected type 'array'")
+    if all_users and users:
+        raise MongoError(115, f"{stage} may not specify {{allUsers:true}} and {{users:[...]}} "
+                         "at the same time")
     table = counters(server)
     cutoff = _now() - _SESSION_IDLE
     for key in [k for k, r in table.sessions.items() if r["lastUse"] < cutoff]:
         del table.sessions[key]
     records = [dict(r) for r in table.sessions.values()]
-    if spec.get("allUsers") is True:
+    if all_users:
         return records
-    users = spec.get("users")
-    if isinstance(users, list):
+    if users:
         names = {f"{u.get('user')}@{u.get('db')}" for u in users if isinstance(u, Mapping)}
-        digests = {hashlib.sha256(n.encode()).digest() for n in names}
-    else:
+        # getLogicalSessionUserDigestFor: "" for the empty user (no authentication)
+        digests = {hashlib.sha256(("" if n == "@" else n).encode()).digest() for n in names}
+    else:  # an implicit request for oneself
         digests = {hashlib.sha256((_user_name(conn) or "").encode()).digest()}
     return [r for r in records if bytes(r["_id"]["uid"]) in digests]
+
+
+def list_sessions_stage(
+    server: ServerState, conn: ConnectionState, spec: Any, db: str, target: Any
+) -> list[dict[str, Any]]:
+    """`$listSessions` on config.system.sessions: the sessions this server knows, as if its
+    session cache had just been refreshed into that collection ({_id, lastUse})."""
+    if not isinstance(spec, Mapping):
+        raise MongoError(14, "$listSessions options must be specified in an object, but "
+                         "found: " + type_name(spec))
+    for key in spec:
+        if key not in ("allUsers", "users", "$_internalPredicate"):
+            raise MongoError(40415, f"BSON field '$listSessions.{key}' is an unknown field.")
+    records = _listed_sessions(server, conn, spec, "$listSessions")
+    if db != "config" or target != "system.sessions":
+        raise MongoError(73, "$listSessions must be run against the 'system.sessions' "
+                         "collection in the 'config' database.")
+    return [{"_id": r["_id"], "lastUse": r["lastUse"]} for r in records]
 
 
 def op_finished(
@@ -848,15 +886,20 @@ def _client_metadata(conn: ConnectionState) -> dict[str, Any] | None:
 
 
 def current_ops(
-    server: ServerState, conn: ConnectionState, for_agg: bool
+    server: ServerState, conn: ConnectionState, for_agg: bool, all_users: bool = True
 ) -> list[dict[str, Any]]:
-    """The commands in progress, one document each, as mongod's currentOp shows an op."""
+    """The commands in progress, one document each, as mongod's currentOp shows an op; without
+    `all_users` (and with authentication on) only those of clients authenticated as the
+    connection's user (isCoauthorizedWithClient)."""
     table = counters(server)
     now = time.monotonic()
     wall = _now()
     host = _pretty_host(server)
+    mine = None if all_users or not idle_ops.auth_on(server) else (_user_name(conn) or "")
     ops = []
     for opid, (op_conn, db, cmd, started) in list(table.in_progress.items()):
+        if mine is not None and _user_name(op_conn) != mine:
+            continue
         name = next(iter(cmd), "")
         running = max(0.0, now - started)
         doc: dict[str, Any] = {"type": "op", "host": host, "desc": f"conn{op_conn.id}",
@@ -866,7 +909,8 @@ def current_ops(
             doc["clientMetadata"] = metadata
         doc["active"] = True
         doc["currentOpTime"] = wall.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        doc["effectiveUsers"] = []
+        users = op_conn.auth.users if op_conn.auth is not None else []
+        doc["effectiveUsers"] = [{"user": u.name, "db": u.db} for u in users]
         doc["threaded"] = True
         doc["opid"] = opid
         if isinstance(cmd.get("lsid"), Mapping):
@@ -905,9 +949,10 @@ async def current_op(
 ) -> dict[str, Any]:
     _admin_only("currentOp", db)
     filters = {k: v for k, v in cmd.items() if k not in _CURRENT_OP_OPTIONS}
-    ops = current_ops(server, conn, for_agg=False)
-    # the command's $currentOp: idleSessions on (its default), idleCursors off
-    ops.extend(_idle_sessions(server, conn, all_users=cmd.get("$ownOps") is not True))
+    # the command's $currentOp: allUsers unless $ownOps, idleSessions on, idleCursors off
+    all_users = not true_value(cmd.get("$ownOps"))
+    ops = current_ops(server, conn, for_agg=False, all_users=all_users)
+    ops.extend(_idle_sessions(server, conn, all_users=all_users))
     if filters:
         ops = [op for op in ops if engine.matches(filters, op)]
     return {"inprog": ops}
@@ -931,8 +976,8 @@ def current_op_stage(server: ServerState, conn: ConnectionState, spec: Any, db: 
             raise MongoError(_FAILED_TO_PARSE,
                              f"The '{key}' parameter of the $currentOp stage must be a boolean "
                              f"value, but found: {type_name(value)}")
-    ops = current_ops(server, conn, for_agg=True)
     all_users = spec.get("allUsers") is True
+    ops = current_ops(server, conn, for_agg=True, all_users=all_users)
     # mongod's order: the clients' operations, the idle cursors, then the idle sessions
     if spec.get("idleCursors") is True:
         ops.extend(idle_ops.idle_cursors(server, _pretty_host(server), conn, all_users))
@@ -1601,6 +1646,9 @@ def aggregate_source(
     elif name == "$listLocalSessions":
         docs = list_local_sessions_stage(server, conn, pipeline[0][name], target)
         ns = f"{db}.$cmd.aggregate"
+    elif name == "$listSessions":
+        docs = list_sessions_stage(server, conn, pipeline[0][name], db, target)
+        ns = f"{db}.{target}"
     elif name == "$collStats":
         if not isinstance(target, str):
             raise MongoError(73, "$collStats must be run against a collection namespace")

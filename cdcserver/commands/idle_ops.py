@@ -27,7 +27,7 @@ from bson.timestamp import Timestamp
 from cdcserver.context import ConnectionState, ServerState
 from cdcserver.cursors.cursor import FORWARDED
 
-__all__ = ["IdleOps", "idle_cursors", "idle_sessions", "note_finished", "note_started"]
+__all__ = ["IdleOps", "auth_on", "idle_cursors", "idle_sessions", "note_finished", "note_started"]
 
 # Past this many records the ones for closed cursors / ended transactions are dropped at once
 # (then past twice those left and this many: pruning stays linear in the records noted).
@@ -82,7 +82,7 @@ def _user_digest(conn: ConnectionState) -> bytes:
     return hashlib.sha256((users[0].full_name if users else "").encode()).digest()
 
 
-def _auth_on(server: ServerState) -> bool:
+def auth_on(server: ServerState) -> bool:
     return server.auth is not None and bool(server.auth.enabled)
 
 
@@ -234,7 +234,9 @@ def idle_cursors(server: ServerState, host: str, conn: ConnectionState,
     their holder's to list); without `allUsers`, only the connection's user's."""
     table = server.part(IdleOps)
     _prune_cursors(server, table)
-    mine = _user_digest(conn) if not all_users and _auth_on(server) else None
+    mine = _user_digest(conn) if not all_users and auth_on(server) else None
+    owners = server.auth.cursor_owners if server.auth is not None else {}
+    me = conn.auth.users[0].full_name if conn.auth is not None and conn.auth.users else ""
     out = []
     for cursor_id, cursor in list(server.cursors.open.items()):
         if cursor.busy or cursor.kind == FORWARDED:
@@ -242,8 +244,13 @@ def idle_cursors(server: ServerState, host: str, conn: ConnectionState,
         record = table.cursors.get(cursor_id)
         if record is None:
             continue  # opened before this server noted cursors: nothing to report of it
-        if mine is not None and (record.lsid is None or bytes(record.lsid["uid"]) != mine):
-            continue
+        if mine is not None:
+            # the cursor's authenticated user (isCoauthorizedWith), else its session's
+            owner = owners.get(cursor_id)
+            if owner is not None and me not in owner:
+                continue
+            if owner is None and (record.lsid is None or bytes(record.lsid["uid"]) != mine):
+                continue
         doc: dict[str, Any] = {"type": "idleCursor", "host": host, "ns": record.ns}
         if record.lsid is not None:
             doc["lsid"] = dict(record.lsid)
@@ -272,7 +279,7 @@ def idle_sessions(server: ServerState, host: str, conn: ConnectionState, all_use
     for key in [k for k in table.txns if k not in live]:
         del table.txns[key]
     busy = set(running)
-    mine = _user_digest(conn) if not all_users and _auth_on(server) else None
+    mine = _user_digest(conn) if not all_users and auth_on(server) else None
     store = server.store
     limit = store.transaction_lifetime_limit_seconds if store is not None else 0
     out = []

@@ -352,11 +352,13 @@ def _may_kill_any_session(server: ServerState, conn: ConnectionState) -> bool:
 def _by_ids(
     server: ServerState, conn: ConnectionState, elements: list[Mapping[str, Any]]
 ) -> set[bytes]:
-    """makeLogicalSessionIds: each id with the running user's digest; a `uid` of the client's
-    own only with killAnySession."""
+    """makeLogicalSessionIds: each id with the running user's digest; a `uid` other than the
+    running user's only with killAnySession."""
     keys: set[bytes] = set()
     for element in elements:
-        if "uid" in element and not _may_kill_any_session(server, conn):
+        uid = element.get("uid")
+        own = isinstance(uid, bytes) and bytes(uid) == auth.SESSION_USER_DIGEST.get()
+        if "uid" in element and not own and not _may_kill_any_session(server, conn):
             raise MongoError(13, "Unauthorized to set user digest in LogicalSessionId")
         keys.add(session_key(full_lsid(element)))
     return keys
