@@ -227,8 +227,8 @@ def test_dockerignore_keeps_the_context_small_but_whole() -> None:
 
 def _documented_variables() -> dict[str, str]:
     found: dict[str, str] = {}
-    for path in (ROOT / "deploy" / "compose.yaml", ROOT / "README.md", DOCKERFILE,
-                 baked_config_source()):
+    for path in (ROOT / "deploy" / "compose.yaml", ROOT / "README.md",
+                 *sorted((ROOT / "docs").glob("*.md")), DOCKERFILE, baked_config_source()):
         for name in re.findall(r"\bCDCSERVER_[A-Z0-9_]+[A-Z0-9]", path.read_text()):
             found[name] = path.name
     return found

@@ -1,19 +1,21 @@
 """README.md followed word for word, so it cannot drift from the code.
 
-The two set-up commands, the Python example, the `--sample` example and the fail-point example
-are read out of README.md and run as written, in a temporary directory, with 127.0.0.1:9216
-(the metrics port nobody chose) held by a socket this test holds. The only thing changed is
-the server's own port: a free one appended as `--port N` to the serve command, and put in
-place of the port in the examples' URIs.
+The two set-up commands, the Python example, the pytest example, the `--sample` example and the
+sidecar example are read out of README.md and run as written, in a temporary directory, with
+127.0.0.1:9216 (the metrics port nobody chose) held by a socket this test holds. The only thing
+changed is the servers' own ports: a free one appended as `--port N` to the serve command (or
+put in place of the one written), and put in place of the port in the examples' URIs.
+docs/ pages: tests/test_docs.py.
 
 What runs where:
 - `... && .venv/bin/cdcserver serve` (command 1): its serve part runs as written in the
   temporary directory, whose `.venv` is this interpreter's environment (a symlink): the
-  install part (`python3 -m venv .venv && .venv/bin/pip install -e '.[test]'`) takes minutes
-  and the network, so it runs only with CDCSERVER_README_INSTALL=1 (`.ci/run` sets it), in a
-  fresh clone of this checkout.
-- `.venv/bin/python -m pytest -q` (command 2): running the suite from inside the suite would
-  recurse; it is checked to be what `.ci/run` runs, and it collects here with no error.
+  install part (`python3 -m venv .venv && .venv/bin/pip install -e .`, what serving needs)
+  takes the network, so it runs only with CDCSERVER_README_INSTALL=1 (`.ci/run` sets it), in a
+  fresh clone of this checkout, and there the example runs on that install alone.
+- `.venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest -q` (command 2): running
+  the suite from inside the suite would recurse; both parts are checked to be what `.ci/run`
+  runs, and the suite collects here with no error.
 - The Python example runs twice in a row against the durable store command 1 started.
 """
 
@@ -33,6 +35,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+README_MAX_BYTES = 12_000  # what a newcomer reads in five minutes; the rest is in docs/
 GUARD_S = 60.0  # hang guards only
 URI = "mongodb://127.0.0.1:{port}/"
 
@@ -43,7 +46,7 @@ def _blocks() -> list[tuple[str, str]]:
 
 def _block(lang: str, containing: str) -> str:
     found = [code for kind, code in _blocks() if kind == lang and containing in code]
-    assert found, f"no ```{lang} block with {containing!r} in README.md"
+    assert len(found) == 1, f"not one ```{lang} block with {containing!r} in README.md: {found}"
     return found[0]
 
 
@@ -147,7 +150,7 @@ def _check_serve_and_example(cwd: pathlib.Path, serve: str, python: str) -> None
 def test_command_1_serves_and_the_example_runs_twice(venv_here, default_metrics_port_held):
     install_and_serve, _ = setup_commands()
     parts = install_and_serve.split(" && ")
-    assert parts == ["python3 -m venv .venv", ".venv/bin/pip install -e '.[test]'",
+    assert parts == ["python3 -m venv .venv", ".venv/bin/pip install -e .",
                      ".venv/bin/cdcserver serve"], parts
     _check_serve_and_example(venv_here, parts[2], sys.executable)
 
@@ -172,30 +175,53 @@ def test_the_sample_section_prints_its_events(venv_here, default_metrics_port_he
     assert "oplog 11 entries, Timestamp(1763700001, 1)" in server.text()
 
 
-def test_the_fail_point_example_passes(venv_here, default_metrics_port_held):
-    """The README's pytest example for consumers' resume logic, against `cdcserver serve
-    --in-memory` (what its comment names): both its tests pass."""
-    port = _free_port()
-    server = Shell(f".venv/bin/cdcserver serve --in-memory --port {port}", venv_here)
+def test_the_pytest_example_passes(tmp_path):
+    """The README's conftest.py and test file, with the plugin of this checkout: both its
+    tests pass ("Both pass")."""
+    (tmp_path / "conftest.py").write_text(_block("python", "pytest_plugins"))
+    (tmp_path / "test_orders.py").write_text(_block("python", "def test_an_insert_is_seen"))
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_orders.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=GUARD_S * 2,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout, result.stdout
+    assert "Both pass" in README
+
+
+def test_the_sidecar_example_prints_insert(venv_here, default_metrics_port_held):
+    """The stand-in upstream and the sidecar tailing it, as written (each with a free port),
+    and the example through the sidecar."""
+    upstream, sidecar = _block("", "--upstream mongodb://127.0.0.1:27019/").strip().splitlines()
+    assert upstream == "cdcserver serve --in-memory --port 27019", upstream
+    assert sidecar == "cdcserver serve --upstream mongodb://127.0.0.1:27019/ --port 27018"
+    a, b = _free_port(), _free_port()
+    env = {"PATH": f"{venv_here / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    servers = [Shell(upstream.replace("27019", str(a)), venv_here, env=env)]
     try:
-        server.wait_for(r"INFO serving ")
-        example = _with_port(_block("python", "failGetMoreAfterCursorCheckout"), 27017, port)
-        (venv_here / "test_consumer.py").write_text(example)
-        result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_consumer.py"],
-            cwd=venv_here, capture_output=True, text=True, timeout=GUARD_S * 2,
-        )
-        assert result.returncode == 0, result.stdout + result.stderr
-        assert "2 passed" in result.stdout, result.stdout
+        servers[0].wait_for(r"INFO serving ")
+        servers.append(Shell(sidecar.replace("27019", str(a)).replace("27018", str(b)),
+                             venv_here, env=env))
+        line = servers[1].wait_for(r"INFO (serving .*)").group(1)
+        assert f"serving the replica set at mongodb://127.0.0.1:{a}/;" in line, line
+        example = _with_port(_block("python", "# the sidecar"), 27018, b)
+        assert _python(example, venv_here).splitlines() == ["insert"]  # "prints `insert`"
+        assert "prints `insert`" in README
     finally:
-        assert server.interrupt() == 0, server.text()
+        statuses = [server.interrupt() for server in reversed(servers)]
+    assert statuses == [0] * len(servers), [server.text() for server in servers]
 
 
 def test_command_2_is_what_ci_runs_and_collects_without_errors():
-    _, test_command = setup_commands()
+    _, install_and_test = setup_commands()
+    install, test_command = install_and_test.split(" && ")
+    assert install == ".venv/bin/pip install -e '.[test]'", install
     assert test_command == ".venv/bin/python -m pytest -q"
-    ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    assert test_command in [line.strip() for line in ci], "CI must run the README's command"
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    # CI installs quietly (-q); otherwise the same two commands, in this order.
+    ci_install = install.replace(" install ", " install -q ")
+    assert ci_install in ci and test_command in ci, "CI must run the README's commands"
+    assert ci.index(ci_install) < ci.index(test_command)
     # The suite itself, collected only (running it from inside itself would recurse).
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider"],
@@ -207,8 +233,8 @@ def test_command_2_is_what_ci_runs_and_collects_without_errors():
 
 
 @pytest.mark.skipif(os.environ.get("CDCSERVER_README_INSTALL") != "1",
-                    reason="the install part of command 1 (a venv, pip install -e '.[test]': "
-                    "minutes, network) runs with CDCSERVER_README_INSTALL=1 (.ci/run sets it)")
+                    reason="the install part of command 1 (a venv, pip install -e .: the "
+                    "network) runs with CDCSERVER_README_INSTALL=1 (.ci/run sets it)")
 def test_command_1_in_a_fresh_clone(tmp_path, default_metrics_port_held):
     """Command 1 whole, as written (its serve part with a free port), in a fresh clone."""
     if shutil.which("git") is None:
@@ -220,7 +246,17 @@ def test_command_1_in_a_fresh_clone(tmp_path, default_metrics_port_held):
     result = subprocess.run(["bash", "-c", " && ".join(install)], cwd=clone,
                             capture_output=True, text=True, timeout=3600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    _check_serve_and_example(clone, serve, str(clone / ".venv" / "bin" / "python"))
+    python = str(clone / ".venv" / "bin" / "python")
+    # What serving needs, not the contributors' toolchain (command 2 adds that).
+    absent = _python("import importlib.util as u; print([m for m in ('pyspark', 'pytest', "
+                     "'mypy') if u.find_spec(m) is None])", clone, python)
+    assert absent.strip() == "['pyspark', 'pytest', 'mypy']", absent
+    _check_serve_and_example(clone, serve, python)
+
+
+def test_the_readme_is_short():
+    size = len(README.encode())
+    assert size <= README_MAX_BYTES, f"README.md is {size} bytes: move reference to docs/"
 
 
 def test_tests_without_their_shared_data_are_counted_in_one_line(tmp_path):
