@@ -29,6 +29,7 @@ from bson.timestamp import Timestamp
 
 from cdcserver.sources.base import EntryList, OplogLog
 from pipeline_stages.oplog_entry import Entry, decode_entry, with_oplog_types
+from pipeline_stages.unwind_transaction import APPLY_OPS_APPLIED_SEPARATELY
 from pipeline_stages.value_string import type_name
 
 log = logging.getLogger(__name__)
@@ -139,22 +140,30 @@ def _checked_entry(raw: bytes, where: str, prev: Timestamp | None) -> Entry:
 
 
 # The fields whose type the change-stream stages check (mongod's 40532), checked when the file
-# is read so that a bad file is refused at start, not at the first watch().
-_FIELD_TYPES = (("txnNumber", "long"), ("lsid", "object"), ("wall", "date"), ("t", "long"))
+# is read so that a bad file is refused at start, not at the first watch(). Only where the
+# stages check them: lsid/txnNumber/wall of a transaction's applyOps (unwind_transaction.py),
+# a present `wall` elsewhere (transform.py); `t` is never read, and old tools write it as int.
+_TXN_FIELD_TYPES = (("lsid", "object"), ("txnNumber", "long"))
 
 
 def _check_field_types(entry: Entry, where: str) -> None:
-    for field, expected in _FIELD_TYPES:
+    o = entry.get("o")
+    is_apply_ops = entry.get("op") == "c" and isinstance(o, Mapping) and "applyOps" in o
+    checked: list[tuple[str, str]] = []
+    if is_apply_ops:
+        if entry.get("multiOpType") != APPLY_OPS_APPLIED_SEPARATELY:
+            checked.extend(_TXN_FIELD_TYPES)
+        checked.append(("wall", "date"))
+    elif entry.get("wall") is not None:
+        checked.append(("wall", "date"))
+    for field, expected in checked:
         if field in entry and type_name(entry[field]) != expected:
             raise OplogFileError(
                 f"{where}: field {field} should be {expected}, found: "
                 f"{type_name(entry[field])} (mongod writes it as {expected}; re-export the "
                 "oplog as BSON with mongodump, or as canonical Extended JSON)"
             )
-    o = entry.get("o")
-    if entry.get("op") == "c" and isinstance(o, Mapping) and "applyOps" in o and (
-        type_name(o["applyOps"]) != "array"
-    ):
+    if is_apply_ops and isinstance(o, Mapping) and type_name(o["applyOps"]) != "array":
         raise OplogFileError(
             f"{where}: field applyOps should be array, found: {type_name(o['applyOps'])}"
         )

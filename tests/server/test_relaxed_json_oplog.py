@@ -78,7 +78,8 @@ def test_relaxed_export_serves_the_bson_events(tmp_path: pathlib.Path) -> None:
 def test_a_bad_field_type_is_refused_at_start(tmp_path: pathlib.Path) -> None:
     entries = _record(tmp_path)
     lines = _relaxed(entries, tmp_path / "ok.jsonl").read_text().splitlines()
-    n = next(i for i, line in enumerate(lines) if '"txnNumber"' in line)
+    # A transaction's applyOps: the entry whose txnNumber the change-stream stages check.
+    n = next(i for i, line in enumerate(lines) if '"txnNumber"' in line and "applyOps" in line)
     doc = json_util.loads(lines[n])
     doc["txnNumber"] = "one"
     lines[n] = json_util.dumps(doc)
