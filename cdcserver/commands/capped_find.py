@@ -7,8 +7,7 @@ CappedPositionLost, as mongod's CollectionScan does.
 
 The scan counts the records it examines against the operation's deadline (the find's
 `maxTimeMS`; a getMore without awaitData has what is left of it, as on mongod) and a getMore
-gives the loop a turn every 5 ms of work (cdcserver/scan_deadline.py); the find's first batch is
-read at once (its caller does not await it), within its deadline.
+gives the loop a turn every 5 ms of work (cdcserver/scan_deadline.py).
 """
 
 from __future__ import annotations
@@ -88,16 +87,9 @@ class CappedCursor(HeldHere):
             )
         return ids
 
-    def fill(self, want: int | None, budget: ScanBudget) -> list[Any]:
-        """The records after the last one scanned that match, up to `want` and 16 MiB, read
-        at once within `budget`'s deadline."""
-        out: list[Any] = []
-        for _ in self._filling(want, out, budget):
-            pass  # (the deadline was checked: a caller that does not await cannot pause)
-        return out
-
-    async def fill_async(self, want: int | None, budget: ScanBudget) -> list[Any]:
-        """`fill`, giving the loop a turn when `budget` says so."""
+    async def fill(self, want: int | None, budget: ScanBudget) -> list[Any]:
+        """The records after the last one scanned that match, up to `want` and 16 MiB,
+        within `budget`'s deadline, giving the loop a turn when `budget` says so."""
         out: list[Any] = []
         for _ in self._filling(want, out, budget):
             await budget.pause()
@@ -143,12 +135,12 @@ class CappedCursor(HeldHere):
         if not self.await_data:  # what the find's maxTimeMS left (getLeftoverMaxTimeMicros)
             budget = ScanBudget(remaining_s=self.leftover_s)
             try:
-                batch = await self.fill_async(batch_size or None, budget)
+                batch = await self.fill(batch_size or None, budget)
             finally:
                 self.leftover_s = budget.remaining_s()
             return self._reply(batch)
         budget = ScanBudget()  # an awaitData getMore's maxTimeMS is how long it waits
-        batch = await self.fill_async(batch_size or None, budget)
+        batch = await self.fill(batch_size or None, budget)
         if not batch and not self.done:
             wait_s = (DEFAULT_AWAIT_MS if max_time_ms is None else max_time_ms) / 1000
             deadline = time.monotonic() + wait_s
@@ -161,7 +153,7 @@ class CappedCursor(HeldHere):
                 waited_from = time.monotonic()
                 await self.log.wait_for_entries(start, remaining)
                 self.awaited_s += time.monotonic() - waited_from
-                batch = await self.fill_async(batch_size or None, budget)
+                batch = await self.fill(batch_size or None, budget)
         return self._reply(batch)
 
     def _reply(self, batch: list[Any]) -> dict[str, Any]:
@@ -172,7 +164,7 @@ class CappedCursor(HeldHere):
         self.exhausted = True
 
 
-def open_tailable(
+async def open_tailable(
     server: Any, store: Any, c: Any, db: str, coll: str, cmd: Mapping[str, Any],
     filter_doc: Mapping[str, Any] | None, projection: Any, skip: int, limit: int,
     batch_size: int | None, await_data: bool, default_batch: int,
@@ -191,7 +183,7 @@ def open_tailable(
     if isinstance(max_time_ms, int) and max_time_ms > 0:
         cursor.max_time_ms = max_time_ms
     budget = ScanBudget(max_time_ms)
-    batch = cursor.fill(default_batch if batch_size is None else batch_size, budget)
+    batch = await cursor.fill(default_batch if batch_size is None else batch_size, budget)
     cursor.leftover_s = budget.remaining_s()
     keep = bool(store.documents(c)) and not cursor.done
     if keep:

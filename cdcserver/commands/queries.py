@@ -37,6 +37,7 @@ from cdcserver.context import ConnectionState, ServerState
 from cdcserver.cursors import QUERY_RESULT, GetMore, HeldHere
 from cdcserver.embedded import engine, query, text_search
 from cdcserver.embedded.store import Store
+from cdcserver.scan_deadline import ScanBudget
 from pipeline_stages.errors import MongoError
 from pipeline_stages.spec import check_requires_change_stream, is_change_stream_aggregate
 from pipeline_stages.value_string import type_name
@@ -387,12 +388,13 @@ async def _find(server: ServerState, cmd: Mapping[str, Any], db: str) -> dict[st
         if c is None or not c.options.get("capped"):
             raise capped_find.non_capped_error(db, coll)
         with engine_errors():
-            return capped_find.open_tailable(
+            return await capped_find.open_tailable(
                 server, store, c, db, coll, cmd, filter_doc, projection, skip, limit,
                 batch_size, cmd.get("awaitData") is True, DEFAULT_BATCH,
             )
     if db == "config" and coll == "system.preimages" and store.get(db, coll) is None:
-        docs = find_pre_images(store, filter_doc, projection, skip, limit)
+        docs = await find_pre_images(store, filter_doc, projection, skip, limit,
+                                     cmd.get("maxTimeMS"))
     elif db == "config" and coll == "transactions" and store.get(db, coll) is None:
         docs = [d for d in store.transaction_records.values()  # the sessions' records
                 if engine.matches(filter_doc or {}, d)][skip:]
@@ -415,14 +417,15 @@ async def _find(server: ServerState, cmd: Mapping[str, Any], db: str) -> dict[st
                               open_until_seen_end=not limit and not cmd.get("sort"))
 
 
-def find_pre_images(
+async def find_pre_images(
     store: Store, filter_doc: Mapping[str, Any] | None, projection: Mapping[str, Any] | None,
-    skip: int, limit: int,
+    skip: int, limit: int, max_time_ms: Any = None,
 ) -> list[dict[str, Any]]:
     """`config.system.preimages`, where mongod keeps the pre-images of collections with
     `changeStreamPreAndPostImages` (read by other change-stream servers, e.g. a cdcserver
     with this one as its upstream). `{_id: ...}` and `{_id: {$in: [...]}}` are looked up by
-    key; other filters are matched on every document."""
+    key; other filters are matched on every document, within `max_time_ms` (50), giving the
+    loop a turn every 5 ms (cdcserver/scan_deadline.py)."""
     from pipeline_stages.image_source import _pre_image_key
 
     filter_doc = filter_doc or {}
@@ -435,7 +438,12 @@ def find_pre_images(
     elif isinstance(wanted, Mapping) and "nsUUID" in wanted:
         docs = store.pre_image_documents([_pre_image_key(wanted)])
     else:
-        docs = [d for d in store.pre_image_documents() if engine.matches(filter_doc, d)]
+        budget = ScanBudget(max_time_ms)
+        docs = []
+        for d in store.pre_image_documents():  # (a list: a pause cannot change it)
+            if engine.matches(filter_doc, d):
+                docs.append(d)
+            await budget.step()
     docs = docs[skip:]
     if limit:
         docs = docs[:limit]
@@ -475,7 +483,8 @@ async def count(
         # Every source keeps its count (a source without one: the scan counts the same).
         if not predicate and not skip and not limit and isinstance(server.oplog, Sized):
             return {"n": len(server.oplog)}
-        return {"n": len(await oplog_find.scan(server.oplog, predicate, max(skip, 0), limit))}
+        return {"n": len(await oplog_find.scan(server.oplog, predicate, max(skip, 0), limit,
+                                               cmd.get("maxTimeMS")))}
     store = get_store(server)
     coll = coll_arg(cmd, "count")
     max_time_ms_arg(cmd, None)
@@ -715,7 +724,7 @@ async def _aggregate_oplog(server: ServerState, cmd: Mapping[str, Any]) -> dict[
     for stage in stages:
         if isinstance(stage, Mapping) and ("$out" in stage or "$merge" in stage):
             raise MongoError(2, "cdcserver does not write aggregation results from the oplog")
-    entries = await oplog_find.scan(server.oplog, filter_doc)
+    entries = await oplog_find.scan(server.oplog, filter_doc, max_time_ms=cmd.get("maxTimeMS"))
     if not stages:
         results: list[Any] = list(entries)
     else:

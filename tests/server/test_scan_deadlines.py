@@ -1,6 +1,7 @@
-"""`maxTimeMS` and the loop's fairness hold on the long scans outside the query engine: `find`
-on `local.oplog.rs` and tailable finds on capped collections; a change stream's read of old
-history lets other connections run (issue 28 item 3).
+"""`maxTimeMS` and the loop's fairness hold on the long scans outside the query engine: `find`,
+`count` and `aggregate` on `local.oplog.rs`, tailable finds on capped collections and `find` on
+`config.system.preimages`; a change stream's read of old history lets other connections run
+(issue 28 item 3).
 
 Every such scan counts the documents it examines in a `ScanBudget` (cdcserver/scan_deadline.py),
 which reads its clock once per `CHECK_EVERY` of them. These tests replace that clock by one that
@@ -174,6 +175,54 @@ def test_oplog_await_data_get_more_waits_and_answers(
         })
 
 
+def test_oplog_count_and_aggregate_end_with_50_at_their_deadline(
+    client: Any, oplog_range: tuple[Timestamp, Timestamp], counting_clock: None
+) -> None:
+    first, _ = oplog_range
+    match = {"ts": {"$gte": first}, **NOTHING}
+    for cmd in (
+        {"count": "oplog.rs", "query": match},
+        {"aggregate": "oplog.rs", "pipeline": [{"$match": match}], "cursor": {}},
+    ):
+        with pytest.raises(ExecutionTimeout) as err:
+            client.local.command({**cmd, "maxTimeMS": MAX_TIME_MS})
+        assert err.value.code == 50
+    assert client.local.command({"count": "oplog.rs", "query": match})["n"] == 0
+    assert client.local.command({"aggregate": "oplog.rs", "pipeline": [{"$match": match}],
+                                 "cursor": {}})["cursor"]["firstBatch"] == []
+
+
+# --------------------------------------------------------------------------------------------
+# config.system.preimages
+
+
+@pytest.fixture(scope="module")
+def pre_images(server: Any) -> None:
+    """N pre-images (one update of each of N documents)."""
+    client = server.client()
+    db = client.scan_deadlines
+    db.drop_collection("imaged")
+    db.create_collection("imaged", changeStreamPreAndPostImages={"enabled": True})
+    db.imaged.insert_many([{"_id": i, "n": i} for i in range(N)])
+    assert db.imaged.update_many({}, {"$inc": {"n": 1}}).modified_count == N
+    client.close()
+
+
+def test_pre_images_find_ends_with_50_at_its_deadline(
+    client: Any, pre_images: None, counting_clock: None
+) -> None:
+    config = client.config
+    no_match = {"preImage.n": -1}
+    before = _examined()
+    with pytest.raises(ExecutionTimeout) as err:
+        config.command({"find": "system.preimages", "filter": no_match,
+                        "maxTimeMS": MAX_TIME_MS})
+    assert err.value.code == 50
+    assert _examined() - before < N
+    reply = config.command({"find": "system.preimages", "filter": no_match})
+    assert reply["cursor"]["firstBatch"] == []
+
+
 # --------------------------------------------------------------------------------------------
 # Tailable finds on a capped collection
 
@@ -267,6 +316,26 @@ def test_a_long_oplog_scan_does_not_hold_other_connections(
     slow = Outside(lambda: _oplog_find(client, first)["cursor"]["firstBatch"])
     _served_while_held(server, gate, slow)
     assert slow.result == []
+
+
+def test_a_long_capped_tailable_find_does_not_hold_other_connections(
+    server: Any, client: Any, capped: str, gate: Gate
+) -> None:
+    db = client.scan_deadlines
+    slow = Outside(lambda: db.command({"find": capped, "filter": {"n": -1}, "tailable": True}))
+    _served_while_held(server, gate, slow)
+    assert slow.result["cursor"]["firstBatch"] == []
+    db.command({"killCursors": capped, "cursors": [slow.result["cursor"]["id"]]})
+
+
+def test_a_long_pre_images_find_does_not_hold_other_connections(
+    server: Any, client: Any, pre_images: None, gate: Gate
+) -> None:
+    config = client.config
+    slow = Outside(lambda: config.command({"find": "system.preimages",
+                                           "filter": {"preImage.n": -1}}))
+    _served_while_held(server, gate, slow)
+    assert slow.result["cursor"]["firstBatch"] == []
 
 
 def test_a_long_change_stream_read_does_not_hold_other_connections(
