@@ -1,4 +1,5 @@
 import json
+import os
 import pathlib
 import shutil
 import socket
@@ -87,6 +88,33 @@ def _stale_unix_sockets() -> Iterator[None]:
             path.unlink(missing_ok=True)  # stale: its server is gone
         except OSError:
             pass  # live, or gone meanwhile
+
+
+# The slow suites (each test over about 15 s on a quiet 2-core machine: SIGKILL loops under
+# migrations, the Node.js monitor's 60 s, the jstests that enumerate every predicate shape):
+# skipped in the default run, which stays near 10 minutes; CI runs them (CDCSERVER_SLOW=1 in
+# .ci/run). Node ids or their prefixes (a file, a test with all its parameters).
+SLOW_TESTS = (
+    "tests/jstests/test_change_stream_null_existence_eq_rewrite",
+    "tests/sharding/test_sharded_crash.py::test_killed_during_data_moves_loses_and_doubles_nothing",
+    "tests/sharding/test_sharded_crash_more.py::test_killed_",
+    "tests/sharding/test_sharded_commit_crash.py::test_with_transaction_across_router_crashes",
+    "tests/sharding/test_sharded_admin_commands.py::test_killed_during_move_collection",
+    "tests/spark/test_spark_source.py::test_query_killed_and_restarted_writes_every_event_once",
+    "tests/spark/test_spark_replay.py::test_archive_eight_times_the_heap",
+    "tests/server/test_streaming_hello_node.py::test_node_clients_monitor_never_fail",
+)
+RUN_SLOW = os.environ.get("CDCSERVER_SLOW") == "1"
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    slow = pytest.mark.slow
+    skip = pytest.mark.skip(reason="a slow suite: runs with CDCSERVER_SLOW=1 (.ci/run sets it)")
+    for item in items:
+        if item.nodeid.startswith(SLOW_TESTS):
+            item.add_marker(slow)
+            if not RUN_SLOW:
+                item.add_marker(skip)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:

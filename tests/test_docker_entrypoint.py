@@ -238,7 +238,7 @@ def test_documented_variables_name_real_keys() -> None:
     names = _documented_variables()
     # Switches of the test suite and the pytest plugin, not config keys.
     for switch in ("CDCSERVER_SPARK_MILLION", "CDCSERVER_RECORD_OPLOG",
-                   "CDCSERVER_README_INSTALL", "CDCSERVER_PYMONGO_SUITE_SLOW",
+                   "CDCSERVER_README_INSTALL", "CDCSERVER_PYMONGO_SUITE_SLOW", "CDCSERVER_SLOW",
                    "CDCSERVER_PYMONGO_SDIST", "CDCSERVER_PYMONGO_TESTS_CACHE"):
         names.pop(switch, None)
     assert "CDCSERVER_SERVER_ADVERTISED_HOST" in names
