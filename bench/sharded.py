@@ -23,7 +23,7 @@ set (its tail's getMore and a `hello`), each a few tenths of a millisecond of CP
 sides, which is what the sidecars' ratio measures. The requests each sidecar sent per event
 are printed (a command monitor on its clients).
 
-Measured here: see the README (Sharded clusters); the load of the machine is printed first.
+Measured here: see docs/sharding.md; the load of the machine is printed first.
 
 Prints only; not a test. `python bench/sharded.py [--events N] [--shards N]`.
 """

@@ -16,7 +16,7 @@ measured.
    so one write's fan-out is done before the next: the latency of a write seen by K
    streams, not a saturation test.
 
-3. The durable retained log (`upstream.retain_dir`, README "Never lose your place"): a third
+3. The durable retained log (`upstream.retain_dir`, docs/sidecar.md): a third
    process R, B with the log on, measured alongside: throughput R/B and lag of R next to B
    (every entry R delivers is first appended to its SQLite log). `--no-retained` leaves it
    out. With `--window N` (B's and R's live window, entries) smaller than `--events`, the

@@ -4,7 +4,7 @@ See ../shared/reference/oplog_to_events.md §4. The event is a plain dict whose 
 is the wire order; documents taken from the oplog (`o` -> `fullDocument`, `o2` -> `documentKey`)
 stay `RawBSONDocument`s so their bytes are copied, not rebuilt.
 
-Deviations from mongod 8.0, for replaying old oplogs (documented in the README):
+Deviations from mongod 8.0, for replaying old oplogs (docs/fidelity.md):
 - `$v:1` / modifier-style updates (written by MongoDB <= 4.4) produce the `updateDescription`
   MongoDB 6.x produced, instead of 8.0's error 6741200;
 - entries without `wall` (MongoDB < 3.6) produce events without `wallTime` instead of 40532.

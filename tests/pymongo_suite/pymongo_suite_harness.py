@@ -418,7 +418,7 @@ def known_failures_source(run: Run) -> str:
 
 def main(argv: list[str]) -> int:
     """`update`: run the wider files against a fresh `serve --in-memory` and rewrite
-    known_failures.py next to this file; prints the README table's counts."""
+    known_failures.py next to this file; prints docs/conformance.md's table counts."""
     if argv[1:] != ["update"]:
         print("usage: pymongo_suite_harness.py update", file=sys.stderr)
         return 2

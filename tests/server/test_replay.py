@@ -33,7 +33,7 @@ def _sample_events(options: dict) -> list:
 
 
 def test_what_an_offline_replay_can_and_cannot_look_up():
-    """README's replay section: inserts and replaces carry their document (it is in the
+    """docs/replay.md: inserts and replaces carry their document (it is in the
     oplog); updateLookup finds no current document offline (null, as mongod for a document
     deleted since); pre-/post-images are absent, or 47 NoMatchingDocument when required."""
     events = _sample_events({"fullDocument": "updateLookup"})

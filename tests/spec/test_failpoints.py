@@ -506,11 +506,11 @@ def test_fail_get_more_after_cursor_checkout_deletes_the_cursor(client, server):
     assert (err.value.code, err.value.details["codeName"]) == (1, "InternalError")
 
 
-# -- the README's example -------------------------------------------------------------------------
+# -- docs/testing.md's example --------------------------------------------------------------------
 
 
 def test_readme_example_consumer_survives_a_resumable_error(server):
-    """The pattern the README shows: inject a resumable error into your own consumer."""
+    """The pattern docs/testing.md shows: inject a resumable error into your own consumer."""
 
     def consume(collection, want: int) -> list[int]:  # "your" consumer
         seen = []
