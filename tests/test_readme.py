@@ -13,7 +13,7 @@ What runs where:
   install part (`python3 -m venv .venv && .venv/bin/pip install -e .`, what serving needs)
   takes the network, so it runs only with CDCSERVER_README_INSTALL=1 (`.ci/run` sets it), in a
   fresh clone of this checkout, and there the example runs on that install alone.
-- `.venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest -q` (command 2): running
+- `.venv/bin/pip install -e '.[test]' && pytest -n 2 ...` (command 2): running
   the suite from inside the suite would recurse; both parts are checked to be what `.ci/run`
   runs, and the suite collects here with no error.
 - The Python example runs twice in a row against the durable store command 1 started.
@@ -216,7 +216,7 @@ def test_command_2_is_what_ci_runs_and_collects_without_errors():
     _, install_and_test = setup_commands()
     install, test_command = install_and_test.split(" && ")
     assert install == ".venv/bin/pip install -e '.[test]'", install
-    assert test_command == ".venv/bin/python -m pytest -q"
+    assert test_command == ".venv/bin/python -m pytest -q -n 2 --dist loadfile"
     ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     # CI runs the README's test command verbatim, as its last line.
     assert ci[-1] == install_and_test, "CI must run the README's test command"
