@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from cdcserver.roles import parse_role
+from pipeline_stages.release import RELEASES
 
 
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -52,6 +53,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     unix_socket: bool = True
     unix_socket_prefix: str = "/tmp"
     unix_socket_permissions: str = "0700"
+    # The MongoDB release answered as: "8.0" or "9.0" (version, wire version, $changeStream
+    # options, serverStatus counters). A sidecar answers as its upstream, whatever this says.
+    compatibility: str = "8.0"
 
 
 class SourceConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -402,6 +406,10 @@ def semantic_errors(config: Config) -> list[tuple[str, str]]:
             errors.append(("server.advertised_host", "must be host:port"))
     if not sv.set_name:
         errors.append(("server.set_name", "must not be empty"))
+    if sv.compatibility not in RELEASES:
+        errors.append(("server.compatibility", "must be one of "
+                       + ", ".join(f'"{name}"' for name in RELEASES)
+                       + f", got {sv.compatibility!r}"))
     if sv.unix_socket and not sv.unix_socket_prefix:
         errors.append(("server.unix_socket_prefix", "must not be empty (or set "
                                                     "server.unix_socket = false)"))

@@ -24,6 +24,7 @@ from cdcserver.embedded.store import Store
 from cdcserver.sources.base import OplogLog
 from pipeline_stages.image_source import ImageSource
 from pipeline_stages.lookups import ExternalImages
+from pipeline_stages.release import DEFAULT_RELEASE, Release
 
 T = TypeVar("T")
 
@@ -107,6 +108,9 @@ class ServerState:
     host: str = "127.0.0.1"
     port: int = 27017
     set_name: str = "cdcserver"
+    # The MongoDB release answered as ([server] compatibility); a sidecar answers as its
+    # upstream (`release`).
+    configured_release: Release = DEFAULT_RELEASE
     advertised_host: str | None = None  # host:port drivers are told to use
     cursors: CursorManager = field(default_factory=CursorManager)  # every kind of cursor
     process_id: ObjectId = field(default_factory=ObjectId)
@@ -149,6 +153,12 @@ class ServerState:
     def part_if_made(self, kind: type[T]) -> T | None:
         """This server's `kind()` if something made it (a command's fast path: none yet)."""
         return cast("T | None", self._parts.get(kind))
+
+    @property
+    def release(self) -> Release:
+        """The release answered as: the upstream's when the oplog is another server's (it
+        follows an upgrade), else the configured one."""
+        return self.oplog.upstream_release() or self.configured_release
 
     @property
     def me(self) -> str:

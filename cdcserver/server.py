@@ -32,6 +32,7 @@ from cdcserver.context import ConnectionState, ServerState
 from cdcserver.deployment import Deployment, server_state
 from cdcserver.logs import log_slow_command, serving_summary, slow_log
 from pipeline_stages.errors import MongoError
+from pipeline_stages.release import RELEASES
 
 log = logging.getLogger(__name__)
 
@@ -553,6 +554,7 @@ def server_for_config(state: ServerState, config: Config) -> Server:
     state.max_message_bytes = config.server.max_message_bytes
     state.slow_s = config.log.slow_ms / 1000
     state.config = config  # getCmdLineOpts's parsed options
+    state.configured_release = RELEASES[config.server.compatibility]
     return Server(
         state,
         config.server.max_connections,

@@ -483,7 +483,8 @@ def group_key(spec: ChangeStreamSpec) -> bytes:
     stages and its resume point (a resumed stream joins once it is past it: `ready_to_join`)."""
     fields = dataclasses.asdict(spec)
     for name in (
-        "resume_after", "start_after", "start_at_operation_time", "resume_token", "user_pipeline"
+        "resume_after", "start_after", "start_at_operation_time", "resume_token", "user_pipeline",
+        "given_options",
     ):
         fields.pop(name, None)
     return bson.encode({"group": fields})

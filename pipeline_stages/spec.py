@@ -18,6 +18,7 @@ from bson.timestamp import Timestamp
 from pipeline_stages import resume_token
 from pipeline_stages.collation import parse_collation
 from pipeline_stages.errors import MongoError
+from pipeline_stages.release import DEFAULT_RELEASE, Release
 from pipeline_stages.resume_token import DEFAULT_TOKEN_VERSION
 from pipeline_stages.value_string import type_name, value_string
 
@@ -41,6 +42,12 @@ class ChangeStreamSpec:
     show_migration_events: bool = False
     allow_to_run_on_config_db: bool = False
     match_collection_uuid_for_update_lookup: bool = False
+    # 9.0's options (its profile accepts them): a removed shard's history is skipped; the
+    # reader version asked for (this server reads every stream as a v1 reader does).
+    ignore_removed_shards: bool = False
+    reader_version: str | None = None
+    # Which options the client gave (not the defaults filled in): 9.0's option counters.
+    given_options: frozenset[str] = frozenset()
     # The stages after $changeStream, as given.
     user_pipeline: list[dict[str, Any]] = field(default_factory=list)
     # The decoded startAfter / resumeAfter token.
@@ -128,9 +135,12 @@ def is_change_stream_aggregate(cmd: Mapping[str, Any]) -> bool:
     )
 
 
-def parse_aggregate(cmd: Mapping[str, Any], db: str) -> ChangeStreamSpec:
+def parse_aggregate(
+    cmd: Mapping[str, Any], db: str, release: Release = DEFAULT_RELEASE
+) -> ChangeStreamSpec:
     """Validate an aggregate command whose pipeline starts with $changeStream, as mongod does,
-    and return its spec; raises MongoError with mongod's code and message otherwise."""
+    and return its spec; raises MongoError with mongod's code and message otherwise. `release`:
+    the profile answered as (the options it accepts)."""
     pipeline = cmd.get("pipeline")
     if not isinstance(pipeline, list):
         raise MongoError(
@@ -174,7 +184,7 @@ def parse_aggregate(cmd: Mapping[str, Any], db: str) -> ChangeStreamSpec:
 
     values: dict[str, Any] = {}
     for name, value in options.items():
-        expected = _SPEC_FIELDS.get(name)
+        expected = _SPEC_FIELDS.get(name) or release.change_stream_fields.get(name)
         if expected is None:
             raise MongoError(40415, f"BSON field '$changeStream.{name}' is an unknown field.")
         if value is None:  # null counts as not specified
@@ -186,7 +196,8 @@ def parse_aggregate(cmd: Mapping[str, Any], db: str) -> ChangeStreamSpec:
                 f"BSON field '$changeStream.{name}' is the wrong type '{actual}', "
                 f"expected type '{expected}'",
             )
-        if name in _ENUMS and value not in _ENUMS[name]:
+        enum = _ENUMS.get(name) or release.change_stream_enums.get(name)
+        if enum is not None and value not in enum:
             raise MongoError(
                 2,
                 f"Enumeration value '{value}' for field '$changeStream.{name}' is not a valid "
@@ -255,6 +266,9 @@ def parse_aggregate(cmd: Mapping[str, Any], db: str) -> ChangeStreamSpec:
         match_collection_uuid_for_update_lookup=values.get(
             "matchCollectionUUIDForUpdateLookup", False
         ),
+        ignore_removed_shards=values.get("ignoreRemovedShards", False),
+        reader_version=values.get("version"),
+        given_options=frozenset(values),
         user_pipeline=[dict(s) for s in pipeline[1:]],
         token_version=_token_version(cmd),
         collation=(dict(cmd["collation"])

@@ -34,6 +34,7 @@ from cdcserver.auth import User, true_value
 from cdcserver.commands import crud_common, idle_ops, oplog_find, profiler, search
 from cdcserver.commands.arguments import is_number, is_string, safe_long
 from cdcserver.commands.failpoints import FailPoints
+from cdcserver.commands.fcv import feature_compatibility_version
 from cdcserver.commands.write_parsing import GENERIC_ARGUMENTS
 from cdcserver.config import unix_socket_mode
 from cdcserver.context import ConnectionState, Handler, Route, ServerState
@@ -44,10 +45,9 @@ from cdcserver.embedded.store import Store
 from cdcserver.sources.base import EntryList
 from cdcserver.sources.mongo import UpstreamOplog
 from pipeline_stages.errors import MongoError
+from pipeline_stages.spec import ChangeStreamSpec
 from pipeline_stages.value_string import type_name, value_string
 
-MAX_WIRE_VERSION = 25  # MongoDB 8.0
-SERVER_VERSION = "8.0.12"
 GIT_VERSION = "cdcserver"
 # The electionId of a primary that won term 1.
 ELECTION_ID = ObjectId("7fffffff0000000000000001")
@@ -81,6 +81,18 @@ def _store(server: ServerState) -> Store | None:
 # -- counters (serverStatus opcounters / metrics) and the operations in progress (currentOp) --
 
 
+# 9.0's option counters, in serverStatus's (name) order: a flag counts when true, a resume
+# option when the client gave it, an enumerated option per value other than the default.
+_OPTION_COUNTERS = (
+    "fullDocument.required", "fullDocument.updateLookup", "fullDocument.whenAvailable",
+    "fullDocumentBeforeChange.required", "fullDocumentBeforeChange.whenAvailable",
+    "ignoreRemovedShards", "matchCollectionUUIDForUpdateLookup", "resumeAfter",
+    "showExpandedEvents", "showMigrationEvents", "showRawUpdateDescription", "showSystemEvents",
+    "startAfter", "startAtOperationTime",
+)
+_SCOPE_COUNTER = {"cluster": "cluster", "database": "db", "collection": "collection"}
+
+
 class Counters:
     """What serverStatus reports about the commands run since start."""
 
@@ -93,6 +105,9 @@ class Counters:
         self.change_streams = dict.fromkeys(
             ("largeEventsFailed", "largeEventsSplit", "showExpandedEvents"), 0
         )
+        # 9.0's metrics.changeStreams.option.* (dotted names) and .scope.*.
+        self.change_stream_options = dict.fromkeys(_OPTION_COUNTERS, 0)
+        self.change_stream_scopes = dict.fromkeys(("cluster", "collection", "db"), 0)
         self.opids = itertools.count(1)
         self.in_progress: dict[int, tuple[ConnectionState, str, Mapping[str, Any], float]] = {}
         # The logical sessions commands used here ($listLocalSessions): id bytes -> record.
@@ -294,14 +309,59 @@ def _count_change_stream(
     live = server.cursors.cursors.get(cursor_id) if isinstance(cursor_id, int) else None
     # A front's merged stream has a pipeline per shard, none of its own: not counted here.
     pipeline = live.pipeline if isinstance(live, ChangeStreamCursor) else None
-    if name == "aggregate" and pipeline is not None and pipeline.spec.show_expanded_events:
-        table.change_streams["showExpandedEvents"] += 1
+    if name == "aggregate" and pipeline is not None:
+        _count_stream_options(server, table, pipeline.spec)
     if pipeline is None or pipeline.split is None:
         return
     for event in batch:  # only streams with $changeStreamSplitLargeEvent look
         split = event.get("splitEvent") if isinstance(event, Mapping) else None
         if isinstance(split, Mapping) and split.get("fragment") == 1:
             table.change_streams["largeEventsSplit"] += 1
+
+
+def _count_stream_options(server: ServerState, table: Counters, spec: ChangeStreamSpec) -> None:
+    """A stream opened: 8.0 counts showExpandedEvents; 9.0 each option and the scope."""
+    if not server.release.change_stream_option_metrics:
+        if spec.show_expanded_events:
+            table.change_streams["showExpandedEvents"] += 1
+        return
+    options = table.change_stream_options
+    flags = {
+        "ignoreRemovedShards": spec.ignore_removed_shards,
+        "matchCollectionUUIDForUpdateLookup": spec.match_collection_uuid_for_update_lookup,
+        "showExpandedEvents": spec.show_expanded_events,
+        "showMigrationEvents": spec.show_migration_events,
+        "showRawUpdateDescription": spec.show_raw_update_description,
+        "showSystemEvents": spec.show_system_events,
+    }
+    for flag, on in flags.items():
+        options[flag] += bool(on)
+    for given in ("resumeAfter", "startAfter", "startAtOperationTime"):
+        options[given] += given in spec.given_options
+    if spec.full_document != "default":
+        options["fullDocument." + spec.full_document] += 1
+    if spec.full_document_before_change != "off":
+        options["fullDocumentBeforeChange." + spec.full_document_before_change] += 1
+    table.change_stream_scopes[_SCOPE_COUNTER[spec.scope]] += 1
+
+
+def _change_streams_section(server: ServerState, table: Counters) -> dict[str, Any]:
+    """serverStatus.metrics.changeStreams as the release reports it (names in order)."""
+    if not server.release.change_stream_option_metrics:
+        return _longs(table.change_streams)
+    option: dict[str, Any] = {}
+    for dotted, count in table.change_stream_options.items():
+        head, _, tail = dotted.partition(".")
+        if tail:
+            option.setdefault(head, {})[tail] = Int64(count)
+        else:
+            option[head] = Int64(count)
+    return {
+        "largeEventsFailed": Int64(table.change_streams["largeEventsFailed"]),
+        "largeEventsSplit": Int64(table.change_streams["largeEventsSplit"]),
+        "option": option,
+        "scope": _longs(table.change_stream_scopes),
+    }
 
 
 def _int(value: Any) -> int:
@@ -380,7 +440,7 @@ def server_parameters(server: ServerState) -> dict[str, Any]:
         "authenticationMechanisms": sorted(mechanisms),
         "cursorTimeoutMillis": Int64(int(server.cursors.idle_timeout_s * 1000)),
         "enableTestCommands": test_commands_enabled(server),
-        "featureCompatibilityVersion": {"version": "8.0"},
+        "featureCompatibilityVersion": {"version": feature_compatibility_version(server)},
         "localLogicalSessionTimeoutMinutes": 30,
         "logicalSessionRefreshMillis": 300000,
         "maxBSONDepth": 200,
@@ -655,7 +715,7 @@ async def server_status(
     }
     reply: dict[str, Any] = {
         "host": _pretty_host(server),
-        "version": SERVER_VERSION,
+        "version": server.release.version,
         "process": "mongod",
         "pid": Int64(server.pid),
         "uptime": float(int(uptime)),
@@ -679,9 +739,9 @@ async def server_status(
             "totalCreated": server.total_connections,
             "active": len({id(c) for c, *_ in table.in_progress.values()}),
         },
-        "featureCompatibilityVersion": {"version": "8.0"},
+        "featureCompatibilityVersion": {"version": feature_compatibility_version(server)},
         "metrics": {
-            "changeStreams": _longs(table.change_streams),
+            "changeStreams": _change_streams_section(server, table),
             "commands": commands,
             "cursor": {"open": {"noTimeout": Int64(0), "pinned": Int64(0),
                                 "total": Int64(open_cursors)}},
@@ -1311,7 +1371,7 @@ _VERBOSITIES = ("queryPlanner", "executionStats", "allPlansExecution")
 
 
 def _server_info(server: ServerState) -> dict[str, Any]:
-    return {"host": socket.gethostname(), "port": server.port, "version": SERVER_VERSION,
+    return {"host": socket.gethostname(), "port": server.port, "version": server.release.version,
             "gitVersion": GIT_VERSION}
 
 

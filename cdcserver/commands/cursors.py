@@ -61,7 +61,7 @@ async def aggregate(
     if batch_size is not None and batch_size < 0:
         raise MongoError(51024, "BSON field 'batchSize' value must be >= 0, actual value "
                          f"'{batch_size}'")
-    spec = parse_aggregate(cmd, db)
+    spec = parse_aggregate(cmd, db, server.release)
     log = server.oplog
     start = spec.requested_start()
     if start is None:

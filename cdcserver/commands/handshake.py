@@ -12,7 +12,7 @@ from bson.objectid import ObjectId
 
 from cdcserver.commands import arguments
 from cdcserver.commands import auth as auth_commands
-from cdcserver.commands.admin import ELECTION_ID, MAX_WIRE_VERSION, SERVER_VERSION
+from cdcserver.commands.admin import ELECTION_ID
 from cdcserver.commands.base import Handler, family
 from cdcserver.context import ConnectionState, ServerState
 from pipeline_stages.errors import MongoError
@@ -66,7 +66,7 @@ def hello_reply(
             "logicalSessionTimeoutMinutes": 30,
             "connectionId": conn.id,
             "minWireVersion": 0,
-            "maxWireVersion": MAX_WIRE_VERSION,
+            "maxWireVersion": server.release.max_wire_version,
             "readOnly": False,
         }
     )
@@ -204,11 +204,10 @@ async def ping(
 async def build_info(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
 ) -> dict[str, Any]:
-    major, minor, patch = (int(x) for x in SERVER_VERSION.split("."))
     return {
-        "version": SERVER_VERSION,
+        "version": server.release.version,
         "gitVersion": "cdcserver",
-        "versionArray": [major, minor, patch, 0],
+        "versionArray": server.release.version_array,
         "bits": 64,
         "debug": False,
         "maxBsonObjectSize": 16 * 1024 * 1024,

@@ -24,6 +24,7 @@ from cdcserver.commands import (
     cursors,
     ddl,
     failpoints,
+    fcv,
     handshake,
     queries,
     search,
@@ -68,6 +69,7 @@ OWN = merge(
     user_management.TABLE,  # createUser, updateUser, dropUser, dropAllUsersFromDatabase
     cluster_parameters.TABLE,  # setClusterParameter, getClusterParameter (the store's; else 115)
     search.TABLE,  # createSearchIndexes, ... (31082: no search service)
+    fcv.TABLE,  # setFeatureCompatibilityVersion
 )
 
 # The embedded store's commands whose handlers need the store before anything else: with a

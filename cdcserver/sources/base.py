@@ -18,6 +18,7 @@ from bson.timestamp import Timestamp
 from pipeline_stages.errors import MongoError
 from pipeline_stages.lookups import LookupAnswers, NeedsLookup
 from pipeline_stages.oplog_entry import Entry, decode_entry
+from pipeline_stages.release import Release
 
 
 class CappedPositionLost(MongoError):
@@ -71,6 +72,11 @@ class OplogLog:
         source whose documents are elsewhere (a live upstream) makes a push say so; the
         in-memory ones answer every lookup where it is asked."""
         raise RuntimeError(f"{type(self).__name__} does not look documents up elsewhere")
+
+    def upstream_release(self) -> Release | None:
+        """The release of the deployment this log is read from, when that is another server
+        (a sidecar answers as it); None for the embedded store and recorded files."""
+        return None
 
     def namespaces(self) -> set[tuple[str, str]]:
         """(db, coll) pairs seen, for listDatabases / listCollections."""

@@ -66,6 +66,7 @@ from cdcserver.sources.retained import (
 )
 from pipeline_stages.lookups import LookupAnswers, NeedsLookup
 from pipeline_stages.oplog_entry import Entry, decode_entry
+from pipeline_stages.release import Release, release_for_upstream
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,9 @@ class UpstreamOplog(EntryList, OplogLog):
         self._down_since: float | None = None  # when the tail was lost (None: it reads)
         self._attempts = 0  # reconnect attempts in this outage
         self.gaps = 0  # times the tail found its position gone from the upstream
+        # The upstream's release, from its hello (None until one answered): the sidecar
+        # answers as that release and follows a binary upgrade seen on a later hello.
+        self._release: Release | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self.ddl_generation = 0  # bumped by every command entry (UUID cache)
         # When the tail last heard from the upstream, and when a lookup last failed: lookups
@@ -447,9 +451,24 @@ class UpstreamOplog(EntryList, OplogLog):
         )
         self._down_since = None
 
+    def upstream_release(self) -> Release | None:
+        return self._release
+
+    def _note_release(self, hello: Mapping[str, Any]) -> None:
+        """Take the release an upstream's hello shows (its maxWireVersion)."""
+        wire = hello.get("maxWireVersion")
+        release = release_for_upstream(None, wire if isinstance(wire, int) else None)
+        if release is not self._release:
+            if self._release is not None:
+                log.warning("the upstream now answers as MongoDB %s (maxWireVersion %s); "
+                            "the sidecar answers as %s from now on", release.name, wire,
+                            release.name)
+            self._release = release
+
     async def _initial_position(self, client: Any) -> None:
         """Start at the upstream's majority commit point (its current time for a stream)."""
         hello = await client.admin.command("hello")
+        self._note_release(hello)
         majority = _majority_ts(hello)
         if majority is None:
             log.warning(
@@ -809,6 +828,7 @@ class UpstreamOplog(EntryList, OplogLog):
                 log.debug("upstream hello: %s", exc)
                 await asyncio.sleep(backoff)
                 continue
+            self._note_release(hello)
             majority = _majority_ts(hello)
             if majority is None:
                 majority = MAX_TS

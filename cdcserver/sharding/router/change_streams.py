@@ -13,6 +13,7 @@ from cdcserver.context import ServerState
 from cdcserver.cursors import cursor_reply
 from cdcserver.sharding.streams import MergedChangeStream, MergedCluster
 from pipeline_stages.errors import MongoError
+from pipeline_stages.release import DEFAULT_RELEASE, Release
 from pipeline_stages.spec import ChangeStreamSpec, parse_aggregate
 
 # What mongod's `assertIsLegalSpecification` checks after its namespace checks (both
@@ -34,7 +35,7 @@ async def open_change_stream(server: ServerState, cluster: MergedCluster, cmd: M
     if batch_size is not None and batch_size < 0:
         raise MongoError(51024, "BSON field 'batchSize' value must be >= 0, actual value "
                          f"'{batch_size}'")
-    spec = parse_for_router(cmd, db)
+    spec = parse_for_router(cmd, db, server.release)
     start = spec.requested_start()
     if start is None:
         start = cluster.start_for_new_stream()
@@ -52,14 +53,16 @@ async def open_change_stream(server: ServerState, cluster: MergedCluster, cmd: M
     return {"cursor": cursor_reply(stream.id, ns, batch, first=True)}
 
 
-def parse_for_router(cmd: Mapping[str, Any], db: str) -> ChangeStreamSpec:
+def parse_for_router(
+    cmd: Mapping[str, Any], db: str, release: Release = DEFAULT_RELEASE
+) -> ChangeStreamSpec:
     """The spec of a $changeStream opened through a router, with what mongod refuses only
     there (`DocumentSourceChangeStream::assertIsLegalSpecification` with `inMongos`): a
     stream on a `system.*` collection even with `allowToRunOnSystemNS` (73
     InvalidNamespace), and `showMigrationEvents` (31123), in that order, after the
     namespace checks every mongod does and before the resume options' checks."""
     try:
-        spec = parse_aggregate(cmd, db)
+        spec = parse_aggregate(cmd, db, release)
     except MongoError as exc:
         if exc.code in _CHECKED_AFTER_NAMESPACE:
             _refuse_router_options(cmd, db)

@@ -1,0 +1,101 @@
+"""The feature compatibility version: `setFeatureCompatibilityVersion` and what
+`getParameter` / `serverStatus` report, as mongod answers them (set_feature_compatibility_
+version_command.cpp).
+
+As mongod, the version is the document `{_id: "featureCompatibilityVersion", version}` of
+`admin.system.version` on a server with a store (durable with it); a server without one (a
+recorded oplog, a sidecar) keeps it in memory. The versions a release accepts are its own and
+the one before (8.0: 7.0, 8.0; 9.0: 8.0, 9.0), as mongod's lastLTS / latest.
+
+Left out: 9.0's conversion of time-series collections to viewless ones on upgrade (the
+`upgradeDowngradeViewlessTimeseries` oplog entry): the store keeps them viewful.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cdcserver.commands.arguments import is_string, wrong_type
+from cdcserver.commands.base import Handler, family
+from cdcserver.context import ConnectionState, ServerState
+from cdcserver.embedded.store_types import id_key
+from pipeline_stages.errors import MongoError
+
+TABLE: dict[str, Handler] = {}
+command = family(TABLE)
+
+_SYSTEM_VERSION = ("admin", "system.version")
+_FCV_ID = "featureCompatibilityVersion"
+# Each release's accepted FCVs: the previous LTS and its own.
+_ACCEPTED = {"8.0": ("7.0", "8.0"), "9.0": ("8.0", "9.0")}
+
+
+class _InMemoryVersion:
+    def __init__(self) -> None:
+        self.version: str | None = None
+
+
+def feature_compatibility_version(server: ServerState) -> str:
+    store = server.store
+    if store is not None:
+        coll = store.get(*_SYSTEM_VERSION)
+        if coll is not None:
+            doc = store.documents(coll).get(id_key(_FCV_ID))
+            if doc is not None and isinstance(doc.get("version"), str):
+                return str(doc["version"])
+    held = server.part(_InMemoryVersion).version
+    return held if held is not None else server.release.fcv
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split("."))
+
+
+@command("setFeatureCompatibilityVersion")
+async def set_feature_compatibility_version(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
+    if db != "admin":
+        raise MongoError(
+            13, "setFeatureCompatibilityVersion may only be run against the admin database.")
+    requested = cmd.get("setFeatureCompatibilityVersion")
+    if not is_string(requested):
+        raise wrong_type("setFeatureCompatibilityVersion.setFeatureCompatibilityVersion",
+                         requested, "string")
+    requested = str(requested)
+    accepted = _ACCEPTED.get(server.release.name, (server.release.fcv,))
+    if requested not in accepted:
+        raise MongoError(
+            2, f"Enumeration value '{requested}' for field 'setFeatureCompatibilityVersion' is "
+            "not a valid value.")
+    confirm = cmd.get("confirm")
+    if confirm is not None and not isinstance(confirm, bool):
+        raise wrong_type("setFeatureCompatibilityVersion.confirm", confirm, "bool")
+    actual = feature_compatibility_version(server)
+    if requested != actual and confirm is not True:
+        if _version_key(requested) > _version_key(actual):
+            message = (
+                f"Once you have upgraded to {requested}, you will not be able to downgrade FCV "
+                "and binary version without support assistance. Please re-run this command "
+                "with 'confirm: true' to acknowledge this and continue with the FCV upgrade.")
+        else:
+            message = (
+                "Once you have downgraded the FCV, if you choose to downgrade the binary "
+                "version, it will require support assistance. Please re-run this command with "
+                "'confirm: true' to acknowledge this and continue with the FCV downgrade.")
+        raise MongoError(7369100, message)
+    if requested == actual:
+        return {}
+    store = server.store
+    if store is None:
+        server.part(_InMemoryVersion).version = requested
+        return {}
+    doc: dict[str, Any] = {"_id": _FCV_ID, "version": requested}
+    with store.batch():
+        coll = store.ensure_collection(*_SYSTEM_VERSION)
+        pre = store.documents(coll).get(id_key(_FCV_ID))
+        if pre is None:
+            store.insert_document(coll, doc)
+        else:
+            store.update_document(coll, pre, doc, kind="replacement", update=doc)
+    return {}

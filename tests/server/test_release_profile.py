@@ -1,0 +1,209 @@
+"""The compatibility profile (`[server] compatibility`): the embedded store answering as mongod
+8.0 (the default) and as 9.0, through a real driver. What differs is what the profile says
+(pipeline_stages/release.py): version, wire version, the `$changeStream` options 9.0 adds,
+serverStatus's change-stream counters, the FCV and setFeatureCompatibilityVersion."""
+
+from __future__ import annotations
+
+import pytest
+from pymongo.errors import OperationFailure
+
+from cdcserver.config import Config, ServerConfig, check_config
+from cdcserver.testing import EmbeddedServer
+from pipeline_stages.release import MONGODB_8_0, MONGODB_9_0, release_for_upstream
+
+
+def _server(compatibility: str) -> EmbeddedServer:
+    return EmbeddedServer(config=Config(server=ServerConfig(compatibility=compatibility)))
+
+
+@pytest.fixture(params=["8.0", "9.0"])
+def profile(request):
+    server = _server(request.param)
+    try:
+        with server.client() as client:
+            yield request.param, client
+    finally:
+        server.stop()
+
+
+def _open(client, coll="c", **options):
+    db = client.admin if options.get("allChangesForCluster") else client.test
+    target = 1 if coll is None or options.get("allChangesForCluster") else coll
+    reply = db.command("aggregate", target, pipeline=[{"$changeStream": options}], cursor={})
+    db.command("killCursors", target, cursors=[reply["cursor"]["id"]])
+    return reply
+
+
+def _cs_metrics(client):
+    return client.admin.command("serverStatus")["metrics"]["changeStreams"]
+
+
+def test_version_and_wire_version_are_the_profiles(profile):
+    name, client = profile
+    release = MONGODB_9_0 if name == "9.0" else MONGODB_8_0
+    info = client.admin.command("buildInfo")
+    assert info["version"] == release.version
+    assert info["versionArray"][:2] == [int(x) for x in name.split(".")]
+    assert client.admin.command("hello")["maxWireVersion"] == release.max_wire_version
+    assert client.server_info()["version"].startswith(name + ".")
+    assert client.admin.command("serverStatus")["version"] == release.version
+    fcv = client.admin.command("getParameter", 1, featureCompatibilityVersion=1)
+    assert fcv["featureCompatibilityVersion"] == {"version": name}
+
+
+@pytest.mark.parametrize("option,value", [("ignoreRemovedShards", True), ("version", "v1"),
+                                          ("version", "v2")])
+def test_9_0_options_are_unknown_fields_on_8_0_and_accepted_on_9_0(profile, option, value):
+    name, client = profile
+    if name == "8.0":
+        with pytest.raises(OperationFailure) as err:
+            _open(client, **{option: value})
+        assert err.value.code == 40415
+        assert err.value.details["errmsg"] == (
+            f"BSON field '$changeStream.{option}' is an unknown field.")
+    else:
+        assert _open(client, **{option: value})["ok"] == 1.0
+
+
+def test_9_0_refuses_other_reader_versions_and_types():
+    server = _server("9.0")
+    try:
+        with server.client() as client:
+            with pytest.raises(OperationFailure) as err:
+                _open(client, version="v3")
+            assert err.value.code == 2
+            assert err.value.details["errmsg"] == (
+                "Enumeration value 'v3' for field '$changeStream.version' is not a valid value.")
+            with pytest.raises(OperationFailure) as err:
+                _open(client, ignoreRemovedShards=1)
+            assert err.value.code == 14
+    finally:
+        server.stop()
+
+
+def test_9_0_counts_options_and_scopes_8_0_counts_show_expanded_events(profile):
+    name, client = profile
+    before = _cs_metrics(client)
+    _open(client, showExpandedEvents=True, fullDocument="updateLookup")
+    _open(client, coll=None, fullDocumentBeforeChange="whenAvailable")
+    _open(client, coll=None, allChangesForCluster=True, showExpandedEvents=False)
+    after = _cs_metrics(client)
+    if name == "8.0":
+        assert list(after) == ["largeEventsFailed", "largeEventsSplit", "showExpandedEvents"]
+        assert after["showExpandedEvents"] == before["showExpandedEvents"] + 1
+        return
+    assert list(after) == ["largeEventsFailed", "largeEventsSplit", "option", "scope"]
+    assert list(after["option"]["fullDocument"]) == ["required", "updateLookup",
+                                                     "whenAvailable"]
+    assert after["option"]["showExpandedEvents"] == before["option"]["showExpandedEvents"] + 1
+    assert (after["option"]["fullDocument"]["updateLookup"]
+            == before["option"]["fullDocument"]["updateLookup"] + 1)
+    assert (after["option"]["fullDocumentBeforeChange"]["whenAvailable"]
+            == before["option"]["fullDocumentBeforeChange"]["whenAvailable"] + 1)
+    assert after["option"]["startAtOperationTime"] == before["option"]["startAtOperationTime"]
+    assert {k: after["scope"][k] - before["scope"][k] for k in after["scope"]} == {
+        "cluster": 1, "collection": 1, "db": 1}
+
+
+def test_a_resume_option_counts_only_when_the_client_gave_it():
+    server = _server("9.0")
+    try:
+        with server.client() as client:
+            client.test.c.insert_one({"_id": 1})
+            start = client.admin.command("ping")["operationTime"]
+            before = _cs_metrics(client)["option"]
+            _open(client, startAtOperationTime=start)
+            _open(client)
+            after = _cs_metrics(client)["option"]
+            assert after["startAtOperationTime"] == before["startAtOperationTime"] + 1
+            assert after["resumeAfter"] == before["resumeAfter"]
+    finally:
+        server.stop()
+
+
+def test_set_feature_compatibility_version_as_mongod(profile):
+    name, client = profile
+    older = "7.0" if name == "8.0" else "8.0"
+    with pytest.raises(OperationFailure) as err:
+        client.admin.command("setFeatureCompatibilityVersion", older)
+    assert err.value.code == 7369100
+    assert "continue with the FCV downgrade" in err.value.details["errmsg"]
+    with pytest.raises(OperationFailure) as err:
+        client.test.command("setFeatureCompatibilityVersion", older, confirm=True)
+    assert err.value.code == 13
+    with pytest.raises(OperationFailure) as err:
+        client.admin.command("setFeatureCompatibilityVersion", "10.0", confirm=True)
+    assert err.value.code == 2
+    assert client.admin.command("setFeatureCompatibilityVersion", name)["ok"] == 1.0  # no-op
+    client.admin.command("setFeatureCompatibilityVersion", older, confirm=True)
+    fcv = client.admin.command("getParameter", 1, featureCompatibilityVersion=1)
+    assert fcv["featureCompatibilityVersion"] == {"version": older}
+    assert client.admin.command("serverStatus")["featureCompatibilityVersion"] == {
+        "version": older}
+    with pytest.raises(OperationFailure) as err:
+        client.admin.command("setFeatureCompatibilityVersion", name)
+    assert "continue with the FCV upgrade" in err.value.details["errmsg"]
+    assert f"upgraded to {name}," in err.value.details["errmsg"]
+
+
+def test_the_fcv_is_durable_with_the_store(tmp_path):
+    server = EmbeddedServer(tmp_path, config=Config(server=ServerConfig(compatibility="9.0")))
+    try:
+        with server.client() as client:
+            client.admin.command("setFeatureCompatibilityVersion", "8.0", confirm=True)
+    finally:
+        server.stop()
+    server = EmbeddedServer(tmp_path, config=Config(server=ServerConfig(compatibility="9.0")))
+    try:
+        with server.client() as client:
+            fcv = client.admin.command("getParameter", 1, featureCompatibilityVersion=1)
+            assert fcv["featureCompatibilityVersion"] == {"version": "8.0"}
+    finally:
+        server.stop()
+
+
+def test_an_unknown_compatibility_is_a_config_error(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[server]\ncompatibility = "8.2"\n')
+    _, errors = check_config(str(path), env={})
+    assert errors == ['server.compatibility: must be one of "8.0", "9.0", got \'8.2\'']
+
+
+@pytest.mark.parametrize("version,wire,expected", [
+    ("8.0.4", 25, MONGODB_8_0), ("8.2.1", 27, MONGODB_8_0), ("9.0.4", 29, MONGODB_9_0),
+    ("9.1.0-rc0", 30, MONGODB_9_0), (None, 29, MONGODB_9_0), (None, 21, MONGODB_8_0),
+    ("7.0.2", 21, MONGODB_8_0),
+])
+def test_an_upstreams_release_picks_the_newest_profile_not_newer(version, wire, expected):
+    assert release_for_upstream(version, wire) is expected
+
+
+def test_a_sidecar_answers_as_its_upstream_and_follows_its_upgrade():
+    from tests.server.test_upstream import UpstreamServer, latest_ts
+
+    a = EmbeddedServer()  # the upstream: 8.0 until its "binary upgrade" below
+    b = None
+    try:
+        b = UpstreamServer(a.uri, max_await_ms=100)
+        b.wait_ready()
+        with a.client() as ca, b.client() as cb:
+            assert cb.admin.command("buildInfo")["version"] == MONGODB_8_0.version
+            with pytest.raises(OperationFailure) as err:
+                _open(cb, version="v1")
+            assert err.value.code == 40415
+            stream = cb.test.c.watch(max_await_time_ms=100)
+            ca.test.c.insert_one({"_id": 1})
+            assert stream.next()["documentKey"] == {"_id": 1}
+            a.call(setattr, a.state, "configured_release", MONGODB_9_0)
+            ca.test.c.insert_one({"_id": 2})  # B polls A's hello for this one's commit
+            b.wait_caught_up(latest_ts(a))
+            assert stream.next()["documentKey"] == {"_id": 2}  # the stream goes on
+            assert cb.admin.command("buildInfo")["version"] == MONGODB_9_0.version
+            assert cb.admin.command("hello")["maxWireVersion"] == MONGODB_9_0.max_wire_version
+            assert _open(cb, version="v1", ignoreRemovedShards=True)["ok"] == 1.0
+            stream.close()
+    finally:
+        if b is not None:
+            b.stop()
+        a.stop()
