@@ -73,6 +73,9 @@ log = logging.getLogger(__name__)
 # Pre-image ids waiting to be fetched into the retained log (bounded: memory).
 PRE_IMAGE_QUEUE = 100_000
 PRE_IMAGE_REQUEUE = 10_000  # newest retained entries whose pre-images a restart asks again
+# The longest wait between retries of an append the retained log refused: a refused write is
+# cheap, and freed space should be used within about a second.
+RETAIN_RETRY_MAX_S = 1.0
 
 
 def _majority_ts(hello: Mapping[str, Any]) -> Timestamp | None:
@@ -131,6 +134,10 @@ class UpstreamOplog(EntryList, OplogLog):
         self._retain_pre_images_wanted = asyncio.Event()
         self._new_stream_floor: Timestamp | None = None  # the commit point read at start
         self._pre_image_errors: set[int] = set()  # codes the upstream answered (logged once)
+        # Retrying appends the log refused (a full disk): when, and the next backoff.
+        self._retain_retry_at = 0.0
+        self._retain_backoff = options.backoff_initial_ms / 1000
+        self._retain_retry_wanted = asyncio.Event()
         if options.retain_dir:
             self.retained = RetainedLog(
                 options.retain_dir, options.retain_mb, options.retain_hours
@@ -394,6 +401,7 @@ class UpstreamOplog(EntryList, OplogLog):
         ]
         if self.retained is not None:
             self._tasks.append(asyncio.create_task(self._retain_pre_images_loop()))
+            self._tasks.append(asyncio.create_task(self._retain_retry_loop()))
         initial = self.options.backoff_initial_ms / 1000
         backoff = initial
         try:
@@ -653,8 +661,7 @@ class UpstreamOplog(EntryList, OplogLog):
                 while len(self._pending) >= self.options.window_entries:
                     await asyncio.sleep(self.options.majority_poll_ms / 1000 or 0.01)
                     if self.retained is not None and self.retained.failing is not None:
-                        await asyncio.sleep(1.0)  # the disk refused: try again, slowly
-                        self._deliver_committed()
+                        await asyncio.sleep(0.05)  # the retry task writes when it can
         finally:
             await self.close_own_cursor(cursor)
 
@@ -729,21 +736,60 @@ class UpstreamOplog(EntryList, OplogLog):
             while k < n and pending[k][0] <= majority:
                 k += 1
         if k:
-            if not self._deliver(pending[:k]):
-                return  # not retained (the disk refuses): kept pending, delivered later
-            del pending[:k]
+            done = self._deliver(pending[:k])
+            del pending[:done]
+            if done < k:
+                return  # the rest not retained (the disk refuses): kept, retried later
         if pending:
             self._majority_wanted.set()
 
-    def _deliver(self, items: list[tuple[Timestamp, bytes, Entry]]) -> bool:
+    def _deliver(self, items: list[tuple[Timestamp, bytes, Entry]]) -> int:
         """Make `items` (majority-committed, ascending) readable; with the durable log, only
-        once they are retained (False: the log cannot be written, nothing is delivered)."""
+        once they are retained. Returns how many were (a prefix: the log refused the rest)."""
         retained = self.retained
         if retained is not None:
+            if retained.failing is not None and time.monotonic() < self._retain_retry_at:
+                return 0  # refused a moment ago: the retry task tries again (backoff)
             try:
                 retained.append([(ts, raw) for ts, raw, _ in items])
             except RetainedWriteError:
-                return False
+                self._retain_refused()
+                last = retained.last_ts()
+                n = 0
+                while n < len(items) and last is not None and items[n][0] <= last:
+                    n += 1
+                if n:
+                    self._deliver_retained(items[:n])
+                return n
+            self._retain_backoff = self.options.backoff_initial_ms / 1000
+        self._deliver_retained(items)
+        return len(items)
+
+    def _retain_refused(self) -> None:
+        """The log refused an append: the retry task tries again after a backoff (doubling,
+        up to RETAIN_RETRY_MAX_S), so a full disk is probed, not hammered."""
+        self._retain_retry_at = time.monotonic() + self._retain_backoff
+        self._retain_backoff = min(self._retain_backoff * 2, RETAIN_RETRY_MAX_S)
+        self._retain_retry_wanted.set()
+
+    async def _retain_retry_loop(self) -> None:
+        """While the log refuses appends: retry the pending entries at the backoff's pace.
+        Once a retry succeeds, `_deliver_committed` writes the whole backlog (every chunk the
+        disk takes), and the tail reads on at full speed."""
+        retained = self.retained
+        assert retained is not None
+        while True:
+            await self._retain_retry_wanted.wait()
+            await asyncio.sleep(max(0.0, self._retain_retry_at - time.monotonic()))
+            if retained.failing is None or not self._pending:
+                self._retain_retry_wanted.clear()
+                continue
+            self._retain_retry_wanted.clear()
+            self._deliver_committed()  # a refusal sets the event again
+
+    def _deliver_retained(self, items: list[tuple[Timestamp, bytes, Entry]]) -> None:
+        retained = self.retained
+        if retained is not None:
             ids = pre_image_ids(entry for _, _, entry in items)
             if ids:
                 queue = self._retain_pre_images
@@ -780,7 +826,6 @@ class UpstreamOplog(EntryList, OplogLog):
             self._cluster_time = last
         self._trim()
         self.notify()
-        return True
 
     def _trim(self) -> None:
         max_n, max_b = self.options.window_entries, self.options.window_bytes

@@ -21,6 +21,7 @@ delivers nothing further (entries are never served past what is retained) and re
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
@@ -48,10 +49,30 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 TRIM_SLACK = 0.9
 TRIM_SLACK_MAX_BYTES = 16 * 1024 * 1024
 TRIM_MAX_ROWS = 20_000
+# An append commits a chunk at a time: bounded transactions, so a disk with room for part of a
+# backlog retains that part (and a refusal costs one chunk's work, not the backlog's).
+APPEND_CHUNK_ROWS = 256
+APPEND_CHUNK_BYTES = 256 * 1024
 
 
 class RetainedWriteError(Exception):
     """The retained log could not be written (the tail stops delivering until it can)."""
+
+
+def write_error_cause(exc: sqlite3.Error) -> str:
+    """What a refused write means, for the one log line an operator reads: disk full,
+    read-only, corrupt, or SQLite's own name for it."""
+    name = str(getattr(exc, "sqlite_errorname", "") or "")
+    text = str(exc).lower()
+    if name == "SQLITE_FULL" or "disk is full" in text:
+        return "disk full"
+    if name.startswith("SQLITE_READONLY") or "readonly" in text or "read-only" in text:
+        return "read-only"
+    if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")) or "malformed" in text:
+        return "corrupt"
+    if name.startswith("SQLITE_IOERR") or "disk i/o error" in text:
+        return "I/O error"
+    return name or type(exc).__name__
 
 
 def pre_image_key(ns_uuid: bytes, ts: Timestamp, apply_ops_index: int) -> bytes:
@@ -117,8 +138,10 @@ class RetainedLog:
             data_dir, FILE_NAME, SCHEMA, synchronous, lock=lock, load=self._load,
             unusable=_unusable,
         )
-        self.write_errors = 0  # failed appends (a metric)
-        self.failing: str | None = None  # the last write error, while writes fail
+        self.write_errors = 0  # refused writes (a metric)
+        self.failing: str | None = None  # the cause and last error, while writes fail
+        self._failing_since_errors = 0  # write_errors when the failing began (its log line)
+        self._append_failed = False  # the last append was refused (its backlog waits)
         self.dropped_entries = 0  # dropped by retention
         self.rolled_back = 0  # dropped because the upstream no longer had them
 
@@ -234,41 +257,73 @@ class RetainedLog:
 
     # -- writes ---------------------------------------------------------------------------------
 
-    def _write(self, what: str, fn: Callable[[], object]) -> None:
+    def _write(self, what: str, fn: Callable[[], object], *, recovers: bool = True) -> None:
+        """Run `fn` in one transaction. A refusal raises RetainedWriteError (logged once, when
+        the log starts failing); `recovers`: a success ends the failing state (an append's
+        chunks do not: only the whole append does, so partial room logs no flapping)."""
         try:
             self.db.execute("BEGIN IMMEDIATE")
             try:
                 fn()
                 self.db.execute("COMMIT")
             except BaseException:
-                self.db.execute("ROLLBACK")
+                # SQLite rolls back by itself on some errors (SQLITE_FULL at COMMIT): a
+                # ROLLBACK then fails and would hide the cause.
+                if self.db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        self.db.execute("ROLLBACK")
                 raise
         except sqlite3.Error as exc:
             self.write_errors += 1
+            cause = write_error_cause(exc)
             if self.failing is None:
                 log.error(
-                    "cannot write the retained log %s (%s: %s): the upstream tail stops "
-                    "delivering until it can (nothing is skipped)", self.path, what, exc,
-                    extra={"retainedLog": self.path},
+                    "cannot write the retained log %s: %s (%s, in %s): the upstream tail "
+                    "stops delivering and retries until it can (nothing is skipped)",
+                    self.path, cause, exc, what, extra={"retainedLog": self.path},
                 )
-            self.failing = str(exc)
-            raise RetainedWriteError(f"{self.path}: {exc}") from None
+                self._failing_since_errors = self.write_errors
+            self.failing = f"{cause}: {exc}"
+            raise RetainedWriteError(f"{self.path}: {cause}: {exc}") from None
+        if recovers:
+            self._recovered()
+
+    def _recovered(self) -> None:
         if self.failing is not None:
-            log.warning("the retained log %s is writable again", self.path)
+            log.warning(
+                "the retained log %s is writable again (after %d refused writes): the tail "
+                "catches up", self.path, self.write_errors - self._failing_since_errors + 1,
+                extra={"retainedLog": self.path},
+            )
             self.failing = None
 
     def append(self, items: Sequence[tuple[Timestamp, bytes]]) -> None:
-        """Append entries newer than the last one (ascending), then apply retention. Raises
-        RetainedWriteError when the disk refuses (nothing of `items` is then retained)."""
+        """Append entries newer than the last one (ascending), a chunk per transaction (so
+        partial free space still lets the log advance), applying retention after each.
+        Raises RetainedWriteError when the disk refuses a chunk: the chunks before it are
+        retained (`last_ts()` says up to where), nothing after it is."""
         if not items:
             return
         last = self.last_ts()
         rows = [(ts_int(ts), raw) for ts, raw in items if last is None or ts > last]
-        if not rows:
-            return
-        size = sum(len(raw) for _, raw in rows)
-        first_new = int_ts(rows[0][0])
+        start = 0
+        while start < len(rows):
+            end, size = start, 0
+            while end < len(rows) and (end == start or (
+                end - start < APPEND_CHUNK_ROWS and size < APPEND_CHUNK_BYTES
+            )):
+                size += len(rows[end][1])
+                end += 1
+            self._append_chunk(rows[start:end], size)
+            start = end
+            # Retention between chunks frees pages for the next one; its refusal is not the
+            # append's (it is retried with the next append).
+            with contextlib.suppress(RetainedWriteError):
+                self.trim(recovers=False)
+        self._append_failed = False
+        self._recovered()
 
+    def _append_chunk(self, rows: list[tuple[int, bytes]], size: int) -> None:
         def write() -> None:
             self.db.executemany("INSERT INTO oplog (ts, entry) VALUES (?, ?)", rows)
             if self.covered_from is None:
@@ -277,15 +332,19 @@ class RetainedLog:
                     (rows[0][0],),
                 )
 
-        self._write("append", write)
+        try:
+            self._write("append", write, recovers=False)
+        except RetainedWriteError:
+            self._append_failed = True
+            raise
         if self.covered_from is None:
+            first_new = int_ts(rows[0][0])
             self.covered_from = first_new
             self._first = first_new
             self._oldest_entry = decode_entry(bytes(rows[0][1]))
         self.count += len(rows)
         self.bytes += size
         self._last = (int_ts(rows[-1][0]), bytes(rows[-1][1]))
-        self.trim()
 
     def put_pre_images(self, docs: Iterable[tuple[dict[str, Any], bytes]]) -> int:
         """Keep pre-images (`(_id, preImage bytes)`) of entries still retained."""
@@ -298,12 +357,13 @@ class RetainedLog:
             key = pre_image_key(_uuid_bytes(id_doc["nsUUID"]), ts, id_doc["applyOpsIndex"])
             rows.append((key, ts_int(ts), image))
         if rows:
+            # While appends fail, a pre-image that fits is no recovery (the backlog waits).
             self._write("pre-images", lambda: self.db.executemany(
                 "INSERT OR REPLACE INTO preimages (key, ts, doc) VALUES (?, ?, ?)", rows
-            ))
+            ), recovers=not self._append_failed)
         return len(rows)
 
-    def trim(self) -> int:
+    def trim(self, *, recovers: bool = True) -> int:
         """Drop the oldest entries beyond `retain_mb` or older than `retain_hours` (never the
         newest one: it is where a restart continues). Returns how many were dropped."""
         over_size = self.retain_bytes > 0 and self.bytes > self.retain_bytes
@@ -343,7 +403,7 @@ class RetainedLog:
                 "INSERT OR REPLACE INTO meta (key, value) VALUES ('covered_from', ?)", (new_from,)
             )
 
-        self._write("retention", write)
+        self._write("retention", write, recovers=recovers and not self._append_failed)
         self.count -= drop_n
         self.bytes -= freed
         self.dropped_entries += drop_n

@@ -9,15 +9,14 @@ and after a restart the acknowledged writes are all there and the failed ones ar
 from __future__ import annotations
 
 import contextlib
-import os
 import pathlib
-import subprocess
 from collections.abc import Iterator
 
 import pytest
 from pymongo import MongoClient, errors
 
 from cdcserver.testing import SubprocessServer
+from tests.support.small_disk import ballast, small_tmpfs
 
 TMPFS_BYTES = 12 * 1024 * 1024
 PAD = "x" * 16_000  # each document ~16 KB: the disk fills after a few dozen
@@ -26,29 +25,12 @@ FAILED_WANTED = 6  # failed inserts to collect before space is freed
 
 @pytest.fixture
 def small_disk(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    try:
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs", str(mount)],
-            check=True, capture_output=True, timeout=30,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {exc}")
-    try:
+    with small_tmpfs(tmp_path / "disk", TMPFS_BYTES) as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False, capture_output=True)
 
 
 def _ballast(mount: pathlib.Path, free_left: int) -> pathlib.Path:
-    """A file taking all of the tmpfs but `free_left` bytes: deleting it frees the space."""
-    st = os.statvfs(mount)
-    size = st.f_bavail * st.f_frsize - free_left
-    path = mount / "ballast"
-    with open(path, "wb") as f:
-        f.write(b"\0" * size)
-    return path
+    return ballast(mount, free_left)
 
 
 def _oplog_ids(client: MongoClient) -> set[int]:
