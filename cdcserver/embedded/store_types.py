@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import bson
 from bson.binary import Binary
+from bson.objectid import ObjectId
 
 from cdcserver.embedded import engine
 from pipeline_stages import keystring
@@ -27,8 +28,19 @@ from pipeline_stages.image_source import Document, MemoryImageSource, matches_do
 ID_INDEX = {"v": 2, "key": {"_id": 1}, "name": "_id_"}
 
 
+_END = bytes((keystring.END,))
+_OID = bytes((keystring.OID,))
+
+
 def id_key(value: Any) -> bytes:
     """Bytes equal exactly when two `_id` values are equal (their KeyString)."""
+    kind = type(value)
+    # The common `_id`s straight to their KeyString, without the BSON round trip (one per
+    # document written: encode_values costs several times more).
+    if kind is int and -0x8000000000000000 <= value <= 0x7FFFFFFFFFFFFFFF:
+        return keystring.int_body(value) + _END
+    if kind is ObjectId:
+        return _OID + value.binary + _END
     return keystring.encode_values((value,))[0]
 
 
