@@ -40,7 +40,7 @@ def id_key(value: Any) -> bytes:
     if kind is int and -0x8000000000000000 <= value <= 0x7FFFFFFFFFFFFFFF:
         return keystring.int_body(value) + _END
     if kind is ObjectId:
-        return _OID + value.binary + _END
+        return _OID + bytes(value.binary) + _END
     return keystring.encode_values((value,))[0]
 
 
