@@ -1020,13 +1020,21 @@ async def current_op(
 
 def current_op_stage(server: ServerState, conn: ConnectionState, spec: Any, db: str,
                      target: Any) -> list[dict[str, Any]]:
-    """The documents `$currentOp` (first stage of `{aggregate: 1}` on admin) produces."""
+    """The documents `$currentOp` (first stage of `{aggregate: 1}` on admin) produces.
+
+    Checked in mongod's order: its lite parse (14 TypeMismatch for a spec that is no object
+    and for a non-bool allUsers / localOps, before the namespace), then createFromBson (73 for
+    the namespace, 9 FailedToParse for the other options)."""
+    if not isinstance(spec, Mapping):
+        raise MongoError(14, "$currentOp options must be specified in an object, but found: "
+                         + type_name(spec))
+    for key in ("allUsers", "localOps"):
+        if key in spec and not isinstance(spec[key], bool):
+            raise MongoError(14, f"The '{key}' parameter of the $currentOp stage must be a "
+                             f"boolean value, but found: {type_name(spec[key])}")
     if db != "admin" or target != 1:
         raise MongoError(73, "$currentOp must be run against the 'admin' database with "
                          "{aggregate: 1}")
-    if not isinstance(spec, Mapping):
-        raise MongoError(_FAILED_TO_PARSE, "$currentOp options must be specified in "
-                         "an object, but found: " + type_name(spec))
     for key, value in spec.items():
         if key not in ("allUsers", "idleConnections", "idleCursors", "idleSessions",
                        "localOps", "backtrace", "truncateOps", "targetAllNodes"):

@@ -318,6 +318,26 @@ def test_current_op_shows_a_command_in_progress(server, client):
     assert excinfo.value.code == 73
 
 
+@pytest.mark.parametrize("db,spec,code,message", [
+    # mongod's lite parse: before the namespace check, 14 TypeMismatch
+    ("admin_tests", 1, 14, "$currentOp options must be specified in an object, but found: int"),
+    ("admin_tests", {"allUsers": 1}, 14,
+     "The 'allUsers' parameter of the $currentOp stage must be a boolean value, but found: int"),
+    ("admin", {"localOps": "x"}, 14, "The 'localOps' parameter of the $currentOp stage must "
+     "be a boolean value, but found: string"),
+    # then createFromBson: the namespace (73), the other options (9 FailedToParse)
+    ("admin_tests", {"idleCursors": 1}, 73,
+     "$currentOp must be run against the 'admin' database with {aggregate: 1}"),
+    ("admin", {"idleCursors": 1}, 9, "The 'idleCursors' parameter of the $currentOp stage "
+     "must be a boolean value, but found: int"),
+    ("admin", {"bogus": True}, 9, "Unrecognized option 'bogus' in $currentOp stage."),
+])
+def test_current_op_stage_errors_in_mongods_order(client, db, spec, code, message):
+    with pytest.raises(OperationFailure) as excinfo:
+        list(client[db].aggregate([{"$currentOp": spec}]))
+    assert (excinfo.value.code, excinfo.value.details["errmsg"]) == (code, message)
+
+
 def test_list_local_sessions(client):
     with client.start_session() as session:
         client.admin_tests.command("ping", session=session)
