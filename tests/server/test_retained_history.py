@@ -739,3 +739,57 @@ def test_retention_keys_from_the_environment_and_their_checks(tmp_path):
     _, problems = check_config(None, env={**env, "CDCSERVER_UPSTREAM_RETAIN_DIR":
                                           str(tmp_path / "f")})
     assert any("upstream.retain_dir" in p and "not a directory" in p for p in problems)
+
+
+def test_a_full_disk_under_the_retained_log_recovers_as_space_returns(tmp_path, caplog):
+    """B's retain_dir on a small tmpfs, filled: the tail stops, nothing past what is retained
+    is delivered; space freed for part of the backlog gives progress (the log appends in
+    chunks), all of it gives every event once, in order, with one line when the log starts
+    failing (naming the full disk) and one when it recovers."""
+    from tests.support.small_disk import ballast, small_tmpfs
+
+    a = EmbeddedServer()  # an oplog that holds the whole backlog: only B's disk is short
+    ca = a.client()
+    pad = "p" * 3000
+    with small_tmpfs(tmp_path / "disk", 8 * 1024 * 1024) as mount:
+        b = UpstreamServer(a.uri, max_await_ms=100, retain_dir=str(mount / "b"))
+        try:
+            b.wait_ready()
+            with raw_client(b.direct_uri) as cb, watch(cb, "shop.full", {}) as stream:
+                ca.shop.full.insert_one({"_id": -1})
+                deadline = time.monotonic() + GUARD_S
+                while stream.try_next() is None:
+                    assert time.monotonic() < deadline
+                weight = ballast(mount, 1024 * 1024)  # room for a few chunks, once freed
+                small = ballast(mount, 0, name="small")  # all the rest
+                backlog = 1000
+                ca.shop.full.insert_many([{"_id": i, "pad": pad} for i in range(backlog)])
+                while not b.call(lambda: b.source.retained.failing):
+                    assert time.monotonic() < deadline, "the full disk was not noticed"
+                    time.sleep(0.01)
+                got: list[int] = []
+                small.unlink()  # room for part of the backlog only
+                deadline = time.monotonic() + GUARD_S
+                while len(got) < 5:
+                    assert time.monotonic() < deadline, "no progress with part of the room"
+                    event = stream.try_next()
+                    if event is not None:
+                        got.append(event["documentKey"]["_id"])
+                weight.unlink()
+                deadline = time.monotonic() + 3 * GUARD_S
+                while len(got) < backlog:
+                    assert time.monotonic() < deadline, f"{backlog - len(got)} still missing"
+                    event = stream.try_next()
+                    if event is not None:
+                        got.append(event["documentKey"]["_id"])
+                assert got == list(range(backlog))  # once each, in order
+                assert b.call(lambda: b.source.retained.failing) is None
+            failing = [r for r in caplog.records if "cannot write the retained log" in
+                       r.getMessage()]
+            assert len(failing) == 1 and "disk full" in failing[0].getMessage()
+            assert len([r for r in caplog.records
+                        if "catches up" in r.getMessage()]) == 1
+        finally:
+            b.stop()
+            ca.close()
+            a.stop()
