@@ -20,20 +20,22 @@ from collections.abc import Hashable, Iterator
 from importlib import resources
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from bson import json_util
-from bson.raw_bson import RawBSONDocument
-
-from cdcserver.config import Config, ConfigError, load_config, port_in_use
 from cdcserver.replay_command import add_stream_arguments, spec_command
-from cdcserver.sources.file import OplogFileError, OplogStream
-from pipeline_stages.errors import MongoError
 
+# Only what a command needs is imported, in it: `--version` and `--help` import nearly
+# nothing, and `serve` only its mode's modules (bench/startup.py measures it).
 if TYPE_CHECKING:
+    from bson.raw_bson import RawBSONDocument
+
+    from cdcserver.config import Config
     from cdcserver.deployment import Deployment
 
-log = logging.getLogger(__name__)
+    # What a replay yields: a batch's events and the oplog entries read for it.
+    Replayed = tuple[list[RawBSONDocument], int]
+    # One oplog's batch: its events, entries read, post-batch resume token, invalidated.
+    ShardBatch = tuple[list[RawBSONDocument], int, dict[str, Any], bool]
 
-_CANONICAL = json_util.JSONOptions(json_mode=json_util.JSONMode.CANONICAL)
+log = logging.getLogger(__name__)
 
 
 def sample_oplog_path() -> str:
@@ -48,6 +50,8 @@ def _setup_logging(level: str, fmt: str) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from cdcserver.config import ConfigError, load_config
+
     # Flags override CDCSERVER_* variables, which override the file; all checked alike.
     flags = {
         "server.host": args.host or None,
@@ -114,6 +118,8 @@ def ports_taken(config: Config) -> str | None:
     """The message for the first fixed port `serve` would listen on that is taken (the wire
     port, an explicit metrics port), checked before anything is opened; None if all are
     free. Port 0 is never taken."""
+    from cdcserver.config import port_in_use
+
     sc, mc = config.server, config.metrics
     if sc.port and _bind_fails(sc.host, sc.port):
         return port_in_use("server.port", "--port", sc.host, sc.port)
@@ -125,6 +131,7 @@ def ports_taken(config: Config) -> str | None:
 def _open_deployment(args: argparse.Namespace, config: Config) -> Deployment | None:
     """The serving mode the flags and config name (None: it cannot open, said on stderr)."""
     from cdcserver.embedded.persist import DataDirError
+    from cdcserver.sources.file import OplogFileError
 
     try:
         if config.upstream.uri:  # a mongos: its sidecar; a replica set: its tail
@@ -168,10 +175,6 @@ def _source_conflict(args: argparse.Namespace, config: Config) -> str | None:
     return None
 
 
-# What a replay yields: a batch's events and the oplog entries read for it.
-Replayed = tuple[list[RawBSONDocument], int]
-# One oplog's batch: its events, entries read, post-batch resume token, ended at an invalidate.
-ShardBatch = tuple[list[RawBSONDocument], int, dict[str, Any], bool]
 
 
 def replay_events(paths: list[str], cmd: dict[str, Any], db: str) -> Iterator[Replayed]:
@@ -226,6 +229,8 @@ def replay_shards(shards: list[list[str]], cmd: dict[str, Any], db: str
 def _shard_batches(paths: list[str], cmd: dict[str, Any], db: str) -> Iterator[ShardBatch]:
     """One oplog's batches: (events, entries read, post-batch resume token, whether the
     stream ended at an invalidate)."""
+    from cdcserver.sources.file import OplogStream
+    from pipeline_stages.errors import MongoError
     from pipeline_stages.lookups import ExternalImages, answer_from, push_answering
     from pipeline_stages.pipeline import ChangeStreamPipeline
     from pipeline_stages.spec import parse_aggregate
@@ -263,6 +268,12 @@ def _shard_batches(paths: list[str], cmd: dict[str, Any], db: str) -> Iterator[S
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from bson import json_util
+
+    from cdcserver.sources.file import OplogFileError
+    from pipeline_stages.errors import MongoError
+
+    canonical = json_util.JSONOptions(json_mode=json_util.JSONMode.CANONICAL)
     _setup_logging("info", "text")
     try:
         cmd, db = spec_command(args)
@@ -288,7 +299,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         for batch, n in replay_shards(args.oplog, cmd, db):
             entries += n
             for event in batch:
-                out.write(json_util.dumps(event, json_options=_CANONICAL) + "\n")
+                out.write(json_util.dumps(event, json_options=canonical) + "\n")
                 events += 1
             if entries % 100_000 < n:
                 log.info("replay: %d entries read, %d events written", entries, events)
@@ -368,6 +379,8 @@ def _one_line(exc: BaseException) -> str:
 
 def cmd_ping(args: argparse.Namespace) -> int:
     """Exit 0 when the server answers `ping`, 1 (and why, on one line) otherwise."""
+    from cdcserver.config import ConfigError, load_config
+
     uri = args.uri
     if uri is None:
         try:
@@ -447,6 +460,43 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
+class _Version(argparse.Action):
+    """`--version`: the distribution's metadata is read only when asked for."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> NoReturn:
+        print(f"cdcserver {version()}")  # on stdout, as argparse's version action
+        parser.exit(0)
+
+
+def _cmd_archive_export(args: argparse.Namespace) -> int:
+    from cdcserver.sources.retained import cmd_archive_export  # sqlite3, the store: to run
+
+    return cmd_archive_export(args)
+
+
+def _add_archive_parser(sub: Any) -> None:
+    """`archive export`: the sidecar's retained log (cdcserver/sources/retained.py)."""
+    archive = sub.add_parser(
+        "archive", help="work with the sidecar's retained log (upstream.retain_dir)"
+    )
+    actions = archive.add_subparsers(dest="archive_command", required=True, metavar="ACTION")
+    export = actions.add_parser(
+        "export",
+        help="write the retained log from a resume token or a time on as mongodump's "
+        "oplog.bson (read by `cdcserver replay`, `serve --oplog` and `spark-replay`)",
+    )
+    where = export.add_mutually_exclusive_group()
+    where.add_argument("--retain-dir", help="the retained log's directory (upstream.retain_dir)")
+    where.add_argument("--config", help="a config file whose upstream.retain_dir to read")
+    export.add_argument(
+        "--since", required=True, metavar="TOKEN|TIME",
+        help="a resume token ({\"_data\": ...} or its hex), a Timestamp T:I, seconds since "
+        "the epoch or an ISO-8601 time: entries from then on (the token's own entry included)",
+    )
+    export.add_argument("--out", required=True, help="output directory (oplog.bson in it)")
+    export.set_defaults(func=_cmd_archive_export)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(
         prog="cdcserver", description=__doc__,
@@ -454,7 +504,8 @@ def main(argv: list[str] | None = None) -> int:
         epilog="`cdcserver COMMAND --help` lists a command's options; config.example.toml "
         "documents every config option.",
     )
-    parser.add_argument("--version", action="version", version=f"cdcserver {version()}")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="show the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="serve change streams over the MongoDB wire protocol")
@@ -522,10 +573,7 @@ def main(argv: list[str] | None = None) -> int:
     from cdcserver.spark.cli import add_parser  # its options and checks; pyspark only to run
 
     add_parser(sub)
-
-    from cdcserver.sources import retained  # `archive export`: the sidecar's retained log
-
-    retained.add_parser(sub)
+    _add_archive_parser(sub)
 
     check = sub.add_parser(
         "check-config",
@@ -581,4 +629,4 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["Config", "main", "replay_events"]
+__all__ = ["main", "replay_events"]

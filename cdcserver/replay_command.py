@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bson import json_util
-
 
 def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags `spec_command` reads: the stream's scope, --pipeline and --options."""
@@ -21,6 +19,8 @@ def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
 
 def spec_command(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """(aggregate command, db); ValueError with the one-line message for bad flags."""
+    from bson import json_util  # here: `cdcserver --help` builds the parsers, nothing more
+
     try:
         options = json_util.loads(args.options) if args.options else {}
         stages = json_util.loads(args.pipeline) if args.pipeline else []

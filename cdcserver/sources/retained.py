@@ -526,30 +526,6 @@ def parse_since(value: str) -> Timestamp:
 # -- `cdcserver archive export` (registered by cli.py) ----------------------------------------
 
 
-def add_parser(sub: Any) -> Any:
-    """Register `archive export` on the `cdcserver` command's subparsers."""
-    archive = sub.add_parser(
-        "archive", help="work with the sidecar's retained log (upstream.retain_dir)"
-    )
-    actions = archive.add_subparsers(dest="archive_command", required=True, metavar="ACTION")
-    export = actions.add_parser(
-        "export",
-        help="write the retained log from a resume token or a time on as mongodump's "
-        "oplog.bson (read by `cdcserver replay`, `serve --oplog` and `spark-replay`)",
-    )
-    where = export.add_mutually_exclusive_group()
-    where.add_argument("--retain-dir", help="the retained log's directory (upstream.retain_dir)")
-    where.add_argument("--config", help="a config file whose upstream.retain_dir to read")
-    export.add_argument(
-        "--since", required=True, metavar="TOKEN|TIME",
-        help="a resume token ({\"_data\": ...} or its hex), a Timestamp T:I, seconds since "
-        "the epoch or an ISO-8601 time: entries from then on (the token's own entry included)",
-    )
-    export.add_argument("--out", required=True, help="output directory (oplog.bson in it)")
-    export.set_defaults(func=cmd_archive_export)
-    return archive
-
-
 def cmd_archive_export(args: Any) -> int:
     import sys
 
@@ -587,5 +563,5 @@ def cmd_archive_export(args: Any) -> int:
 
 __all__ = [
     "RetainedLog", "RetainedWriteError", "export_oplog", "open_read_only", "parse_since",
-    "pre_image_ids", "pre_image_key", "add_parser", "cmd_archive_export",
+    "pre_image_ids", "pre_image_key", "cmd_archive_export",
 ]

@@ -24,7 +24,6 @@ import time
 from typing import Any
 
 from cdcserver import replay_command
-from cdcserver.spark import splits as sp
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +32,9 @@ _MEMORY = re.compile(r"^\d+([kmgt]b?)?$", re.I)
 _JAVA_VERSION = re.compile(r'version "(\d+)(?:\.(\d+))?')
 MIN_JAVA = 17
 DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+# splits.DEFAULT_SPLIT_SIZE (tests/spark keep them equal): `cdcserver --help` builds this
+# parser, and the splits module (bson, the oplog decoder) is for running a job only.
+DEFAULT_SPLIT_SIZE = 64 * 1024 * 1024
 
 
 class CheckError(Exception):
@@ -85,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a Spark property (repeatable), e.g. --conf spark.sql.shuffle.partitions=64",
     )
     parser.add_argument(
-        "--split-size", type=int, default=sp.DEFAULT_SPLIT_SIZE, metavar="BYTES",
+        "--split-size", type=int, default=DEFAULT_SPLIT_SIZE, metavar="BYTES",
         help="bytes of oplog per task (default 64 MiB); a task's memory grows with it",
     )
     parser.add_argument(
@@ -187,6 +189,8 @@ def _info(path: str) -> Any:
 
 def _exists(path: str) -> bool:
     """Whether a file or directory exists at a path or URI."""
+    from cdcserver.spark import splits as sp
+
     if sp.is_local(path):
         return os.path.exists(path)
     from pyarrow import fs
@@ -197,6 +201,8 @@ def _exists(path: str) -> bool:
 
 def check_inputs(shards: list[list[str]], out: str, mode: str) -> bool:
     """Check every oplog file and `--out`; whether `--out` exists."""
+    from cdcserver.spark import splits as sp
+
     for paths in shards:
         for path in paths:
             try:
@@ -232,6 +238,8 @@ def check_inputs(shards: list[list[str]], out: str, mode: str) -> bool:
 def remove_output(out: str) -> None:
     """What a failed job left of an output that did not exist before (Spark leaves its
     `_temporary` when the JVM dies)."""
+    from cdcserver.spark import splits as sp
+
     try:
         if sp.is_local(out):
             shutil.rmtree(out, ignore_errors=True)
