@@ -43,6 +43,18 @@ def sample_oplog_path() -> str:
     return str(resources.files("cdcserver") / "data" / "sample_oplog.jsonl")
 
 
+def default_config_text() -> str:
+    """Every option with its default and a comment: the package's copy of the repository's
+    config.example.toml (a wheel ships no repository files; tests/server/test_config.py
+    checks that the two are the same)."""
+    return (resources.files("cdcserver") / "data" / "config.example.toml").read_text("utf-8")
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    sys.stdout.write(default_config_text())  # --defaults is required: the only action so far
+    return 0
+
+
 def _setup_logging(level: str, fmt: str) -> None:
     from cdcserver.logs import setup_logging  # text, or JSON lines (cdcserver/logs.py)
 
@@ -501,15 +513,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = _Parser(
         prog="cdcserver", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="`cdcserver COMMAND --help` lists a command's options; config.example.toml "
-        "documents every config option.",
+        epilog="`cdcserver COMMAND --help` lists a command's options; `cdcserver config "
+        "--defaults` prints every config option with its default.",
     )
     parser.add_argument("--version", action=_Version, nargs=0,
                         help="show the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="serve change streams over the MongoDB wire protocol")
-    serve.add_argument("--config", help="TOML config file (see config.example.toml)")
+    serve.add_argument(
+        "--config", help="TOML config file (`cdcserver config --defaults` prints every option)"
+    )
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 27017)")
     # One source is served: naming two is an error, not a silent precedence.
@@ -574,6 +588,13 @@ def main(argv: list[str] | None = None) -> int:
 
     add_parser(sub)
     _add_archive_parser(sub)
+
+    config = sub.add_parser("config", help="print the configuration (--defaults)")
+    config.add_argument(
+        "--defaults", action="store_true", required=True,
+        help="print every option with its default and a comment, as a TOML file to edit",
+    )
+    config.set_defaults(func=cmd_config)
 
     check = sub.add_parser(
         "check-config",

@@ -4,7 +4,8 @@ environment variables, then command-line flags.
 Every error is reported at once and names its key (msgspec's `Expected `int`, got `str``,
 walked key by key), and so are the values startup would refuse (semantic_errors); unknown
 keys are refused, so a typo never passes silently. `cdcserver check-config FILE` prints them.
-`config.example.toml` documents every option with its default.
+`config.example.toml` documents every option with its default; `cdcserver config --defaults`
+prints the package's copy of it (cdcserver/data/).
 """
 
 from __future__ import annotations

@@ -60,6 +60,10 @@ def main() -> int:
     check("py.typed is installed", (package / "py.typed").is_file(), package)
     check("the sample oplog is installed", (package / "data" / "sample_oplog.jsonl").is_file(),
           package)
+    defaults = subprocess.run([exe, "config", "--defaults"], capture_output=True, text=True)
+    check("`cdcserver config --defaults` prints the commented config",
+          defaults.returncode == 0 and "\n[server]\n" in defaults.stdout
+          and "\nport = 27017\n" in defaults.stdout, defaults.stderr)
     version = subprocess.run([exe, "--version"], capture_output=True, text=True)
     check("`cdcserver --version` names the version",
           version.stdout.strip() == f"cdcserver {dist.version}", version)

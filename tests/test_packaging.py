@@ -59,6 +59,7 @@ def test_wheel_holds_the_modules_data_licence_and_py_typed(wheel):
         }
         assert modules <= set(names), sorted(modules - set(names))
     assert "cdcserver/data/sample_oplog.jsonl" in names
+    assert "cdcserver/data/config.example.toml" in names  # `cdcserver config --defaults`
     assert "cdcserver/py.typed" in names
     assert not [n for n in names if n.startswith("tests/")]
     licence = next(n for n in names if n.endswith(".dist-info/licenses/LICENSE"))

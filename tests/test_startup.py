@@ -22,7 +22,8 @@ print("MODULES", " ".join(sorted(sys.modules)))
 """
 
 
-@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["serve", "--help"]])
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["serve", "--help"],
+                                  ["config", "--defaults"]])
 def test_version_and_help_import_nearly_nothing(argv: list[str]) -> None:
     out = subprocess.run([sys.executable, "-c", _PROBE, *argv], capture_output=True,
                          text=True, check=True).stdout

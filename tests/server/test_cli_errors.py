@@ -172,7 +172,8 @@ def test_top_level_help_describes_every_command():
     assert result.returncode == 0
     text = result.stdout
     assert "MongoDB change-stream server" in text and "--version" in text
-    for command in ("serve", "replay", "spark-replay", "check-config", "ping", "hash-password"):
+    for command in ("serve", "replay", "spark-replay", "config", "check-config", "ping",
+                    "hash-password"):
         assert re.search(rf"^\s+{command}\b", text, re.M), command
     assert "`cdcserver serve | replay`" not in text  # the old one-line description
 

@@ -1,5 +1,6 @@
 """Config: CDCSERVER_* overrides, every error at once with its key, `cdcserver check-config`,
-config.example.toml documenting every option, and `cdcserver ping` against a real server."""
+config.example.toml documenting every option (printed by `cdcserver config --defaults`), and
+`cdcserver ping` against a real server."""
 
 from __future__ import annotations
 
@@ -109,6 +110,23 @@ def test_example_comments_every_option() -> None:
         if j < 0 or not lines[j].startswith("#"):
             uncommented.append(line)
     assert uncommented == []
+
+
+def test_the_package_ships_the_example_unchanged() -> None:
+    """A wheel has no repository files: the package's copy is what `config --defaults` prints."""
+    packaged = ROOT / "cdcserver" / "data" / "config.example.toml"
+    assert packaged.read_bytes() == EXAMPLE.read_bytes()
+
+
+def test_config_defaults_prints_every_option_with_comments() -> None:
+    result = _run("config", "--defaults")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == EXAMPLE.read_text()
+    assert msgspec.toml.decode(result.stdout.encode(), type=Config) == Config()
+    assert _run("config").returncode == 2  # nothing else to print yet: --defaults is required
+    help_text = _run("--help").stdout + _run("serve", "--help").stdout
+    assert "config.example.toml" not in help_text  # a wheel's user has no such file
+    assert help_text.count("cdcserver config --defaults") == 2
 
 
 def test_example_passes_check_config() -> None:
