@@ -104,7 +104,9 @@ def serving_summary(config: Any, oplog: Any, port: int, metrics_port: int | None
 
     paths = getattr(oplog, "paths", None)
     if config.upstream.uri:
-        source = "the replica set at " + config.upstream.uri.split("@")[-1]  # no credentials
+        # A mongos's sidecar tails every shard (ShardedUpstream has them): not a replica set.
+        kind = "the sharded cluster" if hasattr(oplog, "shards") else "the replica set"
+        source = f"{kind} at " + config.upstream.uri.split("@")[-1]  # no credentials
     elif paths:
         shown = ", ".join(os.path.abspath(p) for p in paths[:3])
         more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
@@ -123,6 +125,11 @@ def serving_summary(config: Any, oplog: Any, port: int, metrics_port: int | None
         span = f"oplog up to {_when(latest)}"
     elif latest is not None and oldest is not None:
         n = len(oplog) if hasattr(oplog, "__len__") else None
+        # A restarted sidecar's live window is empty at first: its range is the retained
+        # log's, and so is its count.
+        retained = getattr(oplog, "retained", None)
+        if retained is not None and n is not None:
+            n = max(n, int(retained.count))
         count = "" if n is None else f"{n} entr{'y' if n == 1 else 'ies'}, "
         span = f"oplog {count}{_when(oldest['ts'])} to {_when(latest)}"
     host = config.server.host
