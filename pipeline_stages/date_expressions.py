@@ -15,7 +15,6 @@ import decimal
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
@@ -156,6 +155,8 @@ def _parse_zone(text: str) -> datetime.tzinfo | None:
         sign, hours, minutes = m.groups()
         delta = datetime.timedelta(hours=int(hours), minutes=int(minutes or 0))
         return datetime.timezone(-delta if sign == "-" else delta)
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError  # on first use: a cost of start-up
+
     try:
         return ZoneInfo(text)
     except (ZoneInfoNotFoundError, ValueError):

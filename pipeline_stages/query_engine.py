@@ -26,7 +26,6 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import mongomock
 from bson.code import Code
 from bson.datetime_ms import DatetimeMS
 from bson.decimal128 import Decimal128
@@ -36,10 +35,6 @@ from bson.min_key import MinKey
 from bson.objectid import ObjectId
 from bson.regex import Regex
 from bson.timestamp import Timestamp
-from mongomock import aggregate as _mm_aggregate
-from mongomock import collection as _mm_collection
-from mongomock import filtering as _mm_filtering
-from mongomock import helpers as _mm_helpers
 
 from pipeline_stages import expressions
 from pipeline_stages.errors import MongoError
@@ -63,6 +58,22 @@ __all__ = [
 # -- mongomock type tables ----------------------------------------------------------------------
 
 _INSTALLED = False
+# mongomock and its dependencies are a tenth of the server's start-up: imported on the engine's
+# first use (`_load`), so a server answers its first ping without them.
+mongomock: Any = None
+_mm_aggregate: Any = None
+_mm_collection: Any = None
+_mm_filtering: Any = None
+_mm_helpers: Any = None
+
+
+def _load() -> None:
+    global mongomock, _mm_aggregate, _mm_collection, _mm_filtering, _mm_helpers
+    import mongomock as mm
+    from mongomock import aggregate, collection, filtering, helpers
+
+    mongomock, _mm_aggregate, _mm_collection = mm, aggregate, collection
+    _mm_filtering, _mm_helpers = filtering, helpers
 
 
 def _install_mongomock_types() -> None:
@@ -71,6 +82,7 @@ def _install_mongomock_types() -> None:
     global _INSTALLED
     if _INSTALLED:
         return
+    _load()
     original: Callable[[Any], int] = _mm_filtering._get_compare_type
 
     def compare_type(val: Any) -> int:
@@ -479,7 +491,7 @@ def _scratch() -> Any:
 def filter_function() -> Callable[[Any, Mapping[str, Any]], bool]:
     """`filter_applies(compiled filter, doc)`, for a caller that matches many documents."""
     _install_mongomock_types()
-    return _mm_filtering.filter_applies
+    return _mm_filtering.filter_applies  # type: ignore[no-any-return]
 
 
 def filter_applies(compiled: Mapping[str, Any], doc: Mapping[str, Any]) -> bool:
@@ -559,11 +571,15 @@ def evaluate(expression: Any, doc: Mapping[str, Any], user_vars: dict[str, Any] 
 
 def normalize(doc: Any) -> Any:
     """A document as the engine holds it (UTC-naive datetimes at millisecond precision)."""
+    if not _INSTALLED:
+        _install_mongomock_types()
     return _mm_helpers.patch_datetime_awareness_in_document(doc)
 
 
 def copy_document(doc: Mapping[str, Any]) -> dict[str, Any]:
     """A copy whose nested documents and arrays are copied, scalar values shared."""
+    if not _INSTALLED:
+        _install_mongomock_types()
     return _mm_collection._copy_field(doc, dict)  # type: ignore[no-any-return]
 
 

@@ -9,6 +9,7 @@ zlib streams (stdlib) and zstd frames (``compression.zstd`` on Python 3.14+, els
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
 from collections.abc import Collection, Iterable
@@ -41,7 +42,10 @@ _COMPRESSED_PREFIX = struct.Struct("<iiB")  # originalOpcode, uncompressedSize, 
 _COMPRESSED_HEADER_SIZE = HEADER_SIZE + _COMPRESSED_PREFIX.size  # 25
 
 
-def _load_zstd() -> Any | None:
+# Loaded when a client first asks for a codec: most clients ask for none, and the codecs'
+# modules are a few ms of every start-up.
+@functools.cache
+def _zstd() -> Any | None:
     try:
         from compression import zstd  # type: ignore[import-not-found]  # Python >= 3.14
     except ImportError:
@@ -52,7 +56,8 @@ def _load_zstd() -> Any | None:
     return zstd
 
 
-def _load_snappy() -> Any | None:
+@functools.cache
+def _snappy() -> Any | None:
     try:
         import snappy  # type: ignore[import-untyped]
     except ImportError:
@@ -60,16 +65,12 @@ def _load_snappy() -> Any | None:
     return snappy
 
 
-_zstd = _load_zstd()
-_snappy = _load_snappy()
-
-
 def available_compressors() -> list[str]:
     """Compressor names usable here, in mongod's default preference order."""
     names = []
-    if _snappy is not None:
+    if _snappy() is not None:
         names.append("snappy")
-    if _zstd is not None:
+    if _zstd() is not None:
         names.append("zstd")
     names.append("zlib")
     return names
@@ -109,15 +110,17 @@ def _compress(cid: int, data: bytes, zlib_level: int) -> bytes:
     if cid == 0:
         return data
     if cid == 1:
-        if _snappy is None:
+        snappy = _snappy()
+        if snappy is None:
             raise ValueError("snappy compression needs the python-snappy package")
-        return bytes(_snappy.compress(data))
+        return bytes(snappy.compress(data))
     if cid == 2:
         return zlib.compress(data, zlib_level)
     if cid == 3:
-        if _zstd is None:
+        zstd = _zstd()
+        if zstd is None:
             raise ValueError("zstd compression needs the backports.zstd package")
-        return bytes(_zstd.compress(data))
+        return bytes(zstd.compress(data))
     raise ValueError(f"unknown compressor id {cid}")
 
 
@@ -142,14 +145,15 @@ def _decompress(cid: int, data: memoryview, expected: int) -> bytes:
         if cid == 0:
             out = bytes(data)
         elif cid == 1:
-            if _snappy is None:
+            snappy = _snappy()
+            if snappy is None:
                 raise ProtocolError("snappy compression is not available")
             declared = _snappy_declared_length(data)
             if declared != expected:
                 raise ProtocolError(
                     f"snappy payload declares {declared} bytes, uncompressedSize is {expected}"
                 )
-            out = bytes(_snappy.uncompress(bytes(data)))
+            out = bytes(snappy.uncompress(bytes(data)))
         elif cid == 2:
             d = zlib.decompressobj()
             # max_length bounds the allocation: a zip bomb cannot make us allocate more than
@@ -158,9 +162,10 @@ def _decompress(cid: int, data: memoryview, expected: int) -> bytes:
             if len(out) <= expected and (not d.eof or d.unused_data):
                 raise ProtocolError("invalid zlib payload: truncated or trailing data")
         elif cid == 3:
-            if _zstd is None:
+            zstd = _zstd()
+            if zstd is None:
                 raise ProtocolError("zstd compression is not available")
-            zd = _zstd.ZstdDecompressor()
+            zd = zstd.ZstdDecompressor()
             out = zd.decompress(data, expected + 1)
             if len(out) <= expected and (not zd.eof or zd.unused_data):
                 raise ProtocolError("invalid zstd payload: truncated or trailing data")
