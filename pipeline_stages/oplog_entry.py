@@ -152,3 +152,23 @@ def with_oplog_types(entry: dict[str, Any]) -> dict[str, Any]:
                 if isinstance(op, dict):
                     with_oplog_types(op)
     return entry
+
+
+# MongoDB 9.0's setFeatureCompatibilityVersion converts each time-series collection between
+# its viewful form (a view `<coll>` on `system.buckets.<coll>`) and its viewless one (one
+# collection `<coll>`), logging `{upgradeDowngradeViewlessTimeseries: <coll>, isUpgrade}` on
+# `<db>.$cmd` (op_observer_impl.cpp). Change streams read it as the rename it is.
+VIEWLESS_TIMESERIES = "upgradeDowngradeViewlessTimeseries"
+_BUCKETS_PREFIX = "system.buckets."
+
+
+def viewless_timeseries_rename(ns: Any, o: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(from, to) namespaces of an `upgradeDowngradeViewlessTimeseries` command entry: the
+    buckets collection onto the collection on upgrade, back on downgrade; None for another
+    entry (or a malformed one, which no stream matches, as mongod's filter drops it)."""
+    coll = o.get(VIEWLESS_TIMESERIES)
+    if type(coll) is not str or type(ns) is not str or not ns.endswith(".$cmd"):
+        return None
+    db = ns[: -len(".$cmd")]
+    main, buckets = f"{db}.{coll}", f"{db}.{_BUCKETS_PREFIX}{coll}"
+    return (buckets, main) if o.get("isUpgrade") is True else (main, buckets)

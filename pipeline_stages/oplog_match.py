@@ -31,6 +31,7 @@ from bson.decimal128 import Decimal128
 from bson.timestamp import Timestamp
 
 from .errors import MongoError
+from .oplog_entry import VIEWLESS_TIMESERIES, viewless_timeseries_rename
 from .regex import python_pattern  # `{` as PCRE2 reads it
 from .spec import ChangeStreamSpec
 
@@ -261,6 +262,10 @@ class OplogFilter:
             _rx(self._ns_rx, renamed) or _rx(self._ns_rx, o.get("to", _MISSING))
         ):
             return True
+        if VIEWLESS_TIMESERIES in o:  # 9.0's time-series conversion: a rename
+            names = viewless_timeseries_rename(ns, o)
+            if names is not None and (_rx(self._ns_rx, names[0]) or _rx(self._ns_rx, names[1])):
+                return True
         return self._drop_database and "dropDatabase" in o
 
     def _operation_event(self, op: Any, ns: Any, o: Any) -> bool:
@@ -285,7 +290,8 @@ class OplogFilter:
             return True
         renamed = o.get("renameCollection", _MISSING)
         if renamed is _MISSING:
-            return False
+            names = viewless_timeseries_rename(entry.get("ns"), o)
+            return names is not None and self._ns in names
         return _eq_str(renamed, self._ns) or _eq_str(o.get("to", _MISSING), self._ns)
 
     def _transaction_event(self, entry: Mapping[str, Any], o: Any) -> bool:

@@ -39,6 +39,10 @@ class Release:
     # serverStatus.metrics.changeStreams.option.* / .scope.* (9.0); else 8.0's
     # showExpandedEvents counter.
     change_stream_option_metrics: bool = False
+    # The FCV from which time-series collections are viewless (9.0's
+    # featureFlagCreateViewlessTimeseriesCollections): setFeatureCompatibilityVersion across
+    # it converts them, logging `upgradeDowngradeViewlessTimeseries`. None: always viewful.
+    viewless_timeseries_fcv: str | None = None
 
     @property
     def version_array(self) -> list[int]:
@@ -55,6 +59,7 @@ MONGODB_9_0 = Release(
     change_stream_fields=MappingProxyType({"ignoreRemovedShards": "bool", "version": "string"}),
     change_stream_enums=MappingProxyType({"version": ("v1", "v2")}),
     change_stream_option_metrics=True,
+    viewless_timeseries_fcv="9.0",
 )
 RELEASES: Mapping[str, Release] = MappingProxyType({r.name: r for r in (MONGODB_8_0, MONGODB_9_0)})
 DEFAULT_RELEASE = MONGODB_8_0

@@ -22,7 +22,13 @@ from bson.timestamp import Timestamp
 
 from pipeline_stages import resume_token
 from pipeline_stages.errors import MongoError
-from pipeline_stages.oplog_entry import Entry, EntryDocument, split_ns
+from pipeline_stages.oplog_entry import (
+    VIEWLESS_TIMESERIES,
+    Entry,
+    EntryDocument,
+    split_ns,
+    viewless_timeseries_rename,
+)
 from pipeline_stages.resume_token import ResumeTokenData
 from pipeline_stages.spec import ChangeStreamSpec
 from pipeline_stages.update_description import legacy_update_description, update_description
@@ -269,6 +275,14 @@ class ChangeStreamTransform:
             event = self._head(entry, "drop", uuid=uuid)
             event["ns"] = {"db": db, "coll": o["drop"]}
             return event
+        if name == VIEWLESS_TIMESERIES:
+            # 9.0's conversion of a time-series collection: the rename of its buckets onto
+            # it (upgrade) or back (downgrade), with a rename's fields.
+            names = viewless_timeseries_rename(entry["ns"], o)
+            if names is None:
+                return None
+            o = {"renameCollection": names[0], "to": names[1]}
+            name = "renameCollection"
         if name == "renameCollection":
             from_db, from_coll = split_ns(o["renameCollection"])
             to_db, to_coll = split_ns(o["to"])

@@ -7,8 +7,13 @@ As mongod, the version is the document `{_id: "featureCompatibilityVersion", ver
 recorded oplog, a sidecar) keeps it in memory. The versions a release accepts are its own and
 the one before (8.0: 7.0, 8.0; 9.0: 8.0, 9.0), as mongod's lastLTS / latest.
 
-Left out: 9.0's conversion of time-series collections to viewless ones on upgrade (the
-`upgradeDowngradeViewlessTimeseries` oplog entry): the store keeps them viewful.
+With a store, a change goes through mongod's transitional document first (upgrading:
+`{version: <from>, targetVersion: <to>}`; downgrading: `{version, targetVersion: <to>,
+previousVersion: <from>}`), then the final `{version: <to>}`. In between, a release whose FCV
+makes time-series collections viewless (9.0: `Release.viewless_timeseries_fcv`) converts every
+one of them, each logged as one `upgradeDowngradeViewlessTimeseries` entry (upgrade to it), or
+back (downgrade below it), as setFeatureCompatibilityVersion's upgradeAllTimeseriesToViewless /
+downgradeAllTimeseriesFromViewless do on a replica set.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 from cdcserver.commands.arguments import is_string, wrong_type
 from cdcserver.commands.base import Handler, family
 from cdcserver.context import ConnectionState, ServerState
+from cdcserver.embedded.store import Store
 from cdcserver.embedded.store_types import id_key
 from pipeline_stages.errors import MongoError
 
@@ -90,12 +96,28 @@ async def set_feature_compatibility_version(
     if store is None:
         server.part(_InMemoryVersion).version = requested
         return {}
-    doc: dict[str, Any] = {"_id": _FCV_ID, "version": requested}
+    upgrading = _version_key(requested) > _version_key(actual)
+    transitional: dict[str, Any] = (
+        {"_id": _FCV_ID, "version": actual, "targetVersion": requested} if upgrading
+        else {"_id": _FCV_ID, "version": requested, "targetVersion": requested,
+              "previousVersion": actual})
+    viewless_from = server.release.viewless_timeseries_fcv
     with store.batch():
-        coll = store.ensure_collection(*_SYSTEM_VERSION)
-        pre = store.documents(coll).get(id_key(_FCV_ID))
-        if pre is None:
-            store.insert_document(coll, doc)
-        else:
-            store.update_document(coll, pre, doc, kind="replacement", update=doc)
+        _write_fcv(store, transitional)
+        if viewless_from is not None:
+            before = _version_key(actual) >= _version_key(viewless_from)
+            after = _version_key(requested) >= _version_key(viewless_from)
+            if before != after:
+                for db, coll in store.timeseries_collections(viewless=before):
+                    store.convert_timeseries(db, coll, to_viewless=after)
+        _write_fcv(store, {"_id": _FCV_ID, "version": requested})
     return {}
+
+
+def _write_fcv(store: Store, doc: dict[str, Any]) -> None:
+    coll = store.ensure_collection(*_SYSTEM_VERSION)
+    pre = store.documents(coll).get(id_key(_FCV_ID))
+    if pre is None:
+        store.insert_document(coll, doc)
+    else:
+        store.update_document(coll, pre, doc, kind="replacement", update=doc)

@@ -42,7 +42,7 @@ from cdcserver.commands.transactions import (
     txn_write_error,
 )
 from cdcserver.context import ConnectionState, ServerState
-from cdcserver.embedded import engine, modifiers, query
+from cdcserver.embedded import engine, modifiers, query, timeseries
 from cdcserver.embedded.bson_depth import check_update_depth
 from cdcserver.embedded.store import (
     Collection,
@@ -270,6 +270,8 @@ async def insert(
         nonlocal n
         retry = progress.retry_state(store, cmd)
         c: Collection | None = store.get(db, coll)
+        if c is not None and timeseries.is_viewless(c):  # 9.0's form: measurements, bucketed
+            c = store.ensure_collection(db, coll)
         try:
             for i in range(progress.next, len(docs)):
                 progress.next = stmt_id = i

@@ -258,9 +258,12 @@ class CatalogMixin(StoreState):
 
     def ensure_collection(self, db: str, coll: str) -> Collection:
         """The collection an insert writes to (created when missing); for a time-series
-        collection, a `TimeseriesView` whose inserts go into its buckets."""
+        collection, a `TimeseriesView` whose inserts go into its buckets (the collection
+        itself when it is viewless, 9.0's form)."""
         c = self.get(db, coll)
         if c is not None:
+            if timeseries.is_viewless(c):
+                return timeseries.TimeseriesView(db, coll, c.uuid, c.options, buckets=c)
             return c
         view = self.view(db, coll)
         if timeseries.is_timeseries_view(view):
@@ -338,6 +341,68 @@ class CatalogMixin(StoreState):
             current = view["viewOn"]
         raise MongoError(165, "View depth too deep or view cycle detected; maximum depth is "
                          f"{VIEW_MAX_DEPTH}")
+
+    # -- 9.0's viewless time-series conversion (setFeatureCompatibilityVersion) -----------------
+
+    def timeseries_collections(self, viewless: bool) -> list[tuple[str, str]]:
+        """(db, coll) of every time-series collection in the viewful form (a view on its
+        buckets) or in the viewless one, in catalog order (forEachTimeseriesCollectionFromDb)."""
+        found: list[tuple[str, str]] = []
+        for (db, name), c in sorted(self.catalog.items()):
+            if "timeseries" not in c.options:
+                continue
+            if viewless and timeseries.is_viewless(c):
+                found.append((db, name))
+            elif not viewless and timeseries.is_buckets(name):
+                main = name[len(timeseries.BUCKETS_PREFIX):]
+                if timeseries.is_timeseries_view(self.view(db, main)):
+                    found.append((db, main))
+        return found
+
+    def convert_timeseries(self, db: str, coll: str, to_viewless: bool) -> None:
+        """upgradeToViewlessTimeseries / downgradeFromViewlessTimeseries: the buckets
+        collection renamed over the view (upgrade: the view dropped, the bucket validator
+        cleared) or back under `system.buckets.` with the view recreated (downgrade), the UUID
+        kept, none of it logged but one `upgradeDowngradeViewlessTimeseries` entry at a single
+        timestamp, as mongod logs it."""
+        buckets_name = timeseries.buckets_name(coll)
+        source = self.get(db, buckets_name if to_viewless else coll)
+        if source is None or "timeseries" not in source.options:
+            return
+        ts_options = dict(source.options["timeseries"])
+        if not to_viewless and self.get(db, buckets_name) is not None:
+            return  # a conflicting buckets collection: mongod's tassert, left as it is
+        if not to_viewless and self.catalog.get((db, SYSTEM_VIEWS)) is None:
+            self.create_collection(db, SYSTEM_VIEWS)  # logged, in its own unit (as mongod)
+        self.unreplicated = True
+        try:
+            if to_viewless:
+                self.drop_view(db, coll)
+                self._rename_in_catalog(source, coll)
+                source.options.pop("validator", None)
+            else:
+                self._rename_in_catalog(source, buckets_name)
+                self.put_view(db, coll, buckets_name, timeseries.view_pipeline(ts_options),
+                              source.options.get("collation"))
+                source.options["validator"] = timeseries.bucket_validator(
+                    ts_options["timeField"])
+            self._save_meta(source)
+        finally:
+            self.unreplicated = False
+        self.append_oplog("c", f"{db}.$cmd", {timeseries.VIEWLESS_COMMAND: coll,
+                                              "isUpgrade": to_viewless}, ui=source.ui)
+
+    def _rename_in_catalog(self, c: Collection, to_coll: str) -> None:
+        """`c` under another name of its database, unlogged (rename_collection's catalog
+        part)."""
+        self._seq += 1
+        del self.catalog[(c.db, c.name)]
+        self._retire(c)
+        if self.persist is not None:
+            self.persist.rename_collection(c.db, c.name, c.db, to_coll)
+        c.name = to_coll
+        c.named_seq = self._seq
+        self.catalog[(c.db, to_coll)] = c
 
     # -- DDL --------------------------------------------------------------------------------------
 

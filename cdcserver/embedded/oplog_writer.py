@@ -54,6 +54,9 @@ class OplogWriterMixin(StoreState):
     # Called before a retryable write's statement is logged (a test fail point,
     # onPrimaryTransactionalWrite: it may fail the statement, so nothing is written).
     before_retryable_write: Callable[[OpSession], None] | None = None
+    # mongod's UnreplicatedWritesBlock: catalog writes that log nothing (9.0's time-series
+    # conversion logs one entry for all of them; catalog.py).
+    unreplicated: bool = False
 
     # -- batches ----------------------------------------------------------------------------------
 
@@ -177,6 +180,8 @@ class OplogWriterMixin(StoreState):
         wall: datetime.datetime | None = None,
         needs_retry_image: str | None = None,
     ) -> tuple[Timestamp, datetime.datetime]:
+        if self.unreplicated:
+            return self._last_ts, _now_ms()
         if session is not None and op in ("i", "u", "d") and self.before_retryable_write:
             self.before_retryable_write(session)  # a retryable write's statement (not a commit)
         if self.txn is not None and (op in ("i", "u", "d") or (op == "c" and self.txn.lsid)):

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
 BUCKETS_PREFIX = "system.buckets."
 UNPACK_STAGE = "$_internalUnpackBucket"
+# 9.0's oplog command converting a time-series collection to or from its viewless form
+VIEWLESS_COMMAND = "upgradeDowngradeViewlessTimeseries"
 # timeseriesBucketMaxCount / timeseriesBucketMaxSize (timeseries.idl defaults)
 BUCKET_MAX_COUNT = 1000
 BUCKET_MAX_SIZE = 128000
@@ -60,6 +62,12 @@ def buckets_name(coll: str) -> str:
 
 def is_buckets(coll: str) -> bool:
     return coll.startswith(BUCKETS_PREFIX)
+
+
+def is_viewless(c: Collection) -> bool:
+    """Whether `c` is a viewless time-series collection (9.0's form after an FCV upgrade):
+    time-series options on a collection not named `system.buckets.*`, no view in front."""
+    return "timeseries" in c.options and not is_buckets(c.name)
 
 
 def is_timeseries_view(view: Mapping[str, Any] | None) -> bool:

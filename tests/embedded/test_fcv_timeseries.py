@@ -1,0 +1,149 @@
+"""MongoDB 9.0's setFeatureCompatibilityVersion across its viewless time-series FCV: every
+time-series collection converted (the buckets collection renamed over its view, or back), one
+`upgradeDowngradeViewlessTimeseries` oplog entry each, which change streams report as the
+rename it is (and which invalidates a collection stream on either name), as mongod 9.0's
+setFCV and change_stream_timeseries_fcv_upgrade_downgrade.js show."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from cdcserver.config import Config, ServerConfig
+from cdcserver.testing import EmbeddedServer
+
+T0 = datetime.datetime(2024, 5, 1)
+
+
+@pytest.fixture
+def server():
+    s = EmbeddedServer(config=Config(server=ServerConfig(compatibility="9.0")))
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def _fcv(client, version):
+    client.admin.command("setFeatureCompatibilityVersion", version, confirm=True)
+
+
+def _oplog(client, **query):
+    return list(client.local["oplog.rs"].find(query))
+
+
+class _SystemStream:
+    """A collection stream on a system namespace (allowToRunOnSystemNS, as the jstest opens
+    one on the buckets), read by hand: drivers' watch() does not pass that option."""
+
+    def __init__(self, db, coll):
+        self.db, self.coll = db, coll
+        reply = db.command("aggregate", coll, cursor={},
+                           pipeline=[{"$changeStream": {"allowToRunOnSystemNS": True}}])
+        self.id = reply["cursor"]["id"]
+        self.first = list(reply["cursor"]["firstBatch"])
+
+    def changes(self):
+        out, self.first = self.first, []
+        while self.id:
+            reply = self.db.command("getMore", self.id, collection=self.coll, maxTimeMS=50)
+            self.id = reply["cursor"]["id"]
+            batch = list(reply["cursor"]["nextBatch"])
+            if not batch:
+                break
+            out += batch
+        return out
+
+
+def _drain(stream):
+    out = []
+    while True:
+        change = stream.try_next()
+        if change is None:
+            return out
+        out.append(change)
+
+
+def test_an_fcv_upgrade_converts_time_series_collections_and_logs_one_entry_each(server):
+    with server.client() as client:
+        _fcv(client, "8.0")
+        client.test.create_collection("ts", timeseries={"timeField": "t", "metaField": "m"})
+        client.test.create_collection("plain")
+        client.test.ts.insert_one({"t": T0, "m": "a", "v": 1})
+        uuid = client.test["system.buckets.ts"].options()  # viewful: the buckets exist
+        assert uuid["timeseries"]["timeField"] == "t"
+        buckets_ui = _oplog(client, op="c", **{"o.create": "system.buckets.ts"})[0]["ui"]
+        _fcv(client, "9.0")
+        names = client.test.list_collection_names()
+        assert "ts" in names and "system.buckets.ts" not in names
+        info = next(client.test.list_collections(filter={"name": "ts"}))
+        assert info["type"] == "collection" and "timeseries" in info["options"]
+        assert "validator" not in info["options"]
+        assert info["info"]["uuid"] == buckets_ui  # the UUID is kept
+        entries = _oplog(client, op="c", **{"o.upgradeDowngradeViewlessTimeseries": {
+            "$exists": True}})
+        assert [(e["ns"], dict(e["o"]), e["ui"]) for e in entries] == [
+            ("test.$cmd", {"upgradeDowngradeViewlessTimeseries": "ts", "isUpgrade": True},
+             buckets_ui)]
+        # The FCV document: the transitional upgrading state, then 9.0.
+        fcv_docs = [e["o"] for e in _oplog(client, ns="admin.system.version")]
+        assert fcv_docs[-2:] == [
+            {"_id": "featureCompatibilityVersion", "version": "8.0", "targetVersion": "9.0"},
+            {"_id": "featureCompatibilityVersion", "version": "9.0"}]
+        fcv = client.admin.command("getParameter", 1, featureCompatibilityVersion=1)
+        assert fcv["featureCompatibilityVersion"] == {"version": "9.0"}
+        # Inserts go on into buckets, now in the collection itself.
+        client.test.ts.insert_one({"t": T0, "m": "b", "v": 2})
+        buckets = list(client.test.ts.find({}, {"meta": 1}))
+        assert sorted(b["meta"] for b in buckets) == ["a", "b"]
+
+
+def test_change_streams_see_the_upgrade_and_the_downgrade_as_renames(server):
+    with server.client() as client:
+        _fcv(client, "8.0")
+        client.test.create_collection("ts", timeseries={"timeField": "t"})
+        cluster = client.watch(max_await_time_ms=50)
+        expanded = client.test.watch(show_expanded_events=True, max_await_time_ms=50)
+        on_buckets = _SystemStream(client.test, "system.buckets.ts")
+        _fcv(client, "9.0")
+        on_main = client.test.ts.watch(max_await_time_ms=50)
+        _fcv(client, "8.0")
+        ui = next(client.test.list_collections(filter={"name": "system.buckets.ts"}))[
+            "info"]["uuid"]
+
+        def simple(change):
+            return {k: change[k] for k in ("operationType", "ns", "to") if k in change}
+
+        up = {"operationType": "rename", "ns": {"db": "test", "coll": "system.buckets.ts"},
+              "to": {"db": "test", "coll": "ts"}}
+        down = {"operationType": "rename", "ns": {"db": "test", "coll": "ts"},
+                "to": {"db": "test", "coll": "system.buckets.ts"}}
+        seen = [simple(c) for c in _drain(cluster)]
+        assert [c for c in seen if c["operationType"] == "rename"] == [up, down]
+        events = _drain(expanded)
+        renames = [c for c in events if c["operationType"] == "rename"]
+        assert [simple(c) for c in renames] == [up, down]
+        first = renames[0]
+        # A rename's expanded fields, in the order mongod gives a rename's (`to` first).
+        assert list(first.keys()) == ["to", "_id", "operationType", "clusterTime",
+                                      "collectionUUID", "wallTime", "ns", "operationDescription"]
+        assert first["collectionUUID"] == ui
+        assert first["operationDescription"] == {"to": {"db": "test", "coll": "ts"}}
+        # A collection stream on either name ends with the rename.
+        assert [c["operationType"] for c in on_buckets.changes()] == ["rename", "invalidate"]
+        assert [simple(c) for c in _drain(on_main)] == [down, {"operationType": "invalidate"}]
+
+
+def test_the_8_0_profile_has_no_viewless_conversion():
+    server = EmbeddedServer()
+    try:
+        with server.client() as client:
+            client.test.create_collection("ts", timeseries={"timeField": "t"})
+            _fcv(client, "7.0")
+            _fcv(client, "8.0")
+            assert "system.buckets.ts" in client.test.list_collection_names()
+            assert not _oplog(client, **{"o.upgradeDowngradeViewlessTimeseries": {
+                "$exists": True}})
+    finally:
+        server.stop()
