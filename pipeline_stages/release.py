@@ -43,6 +43,9 @@ class Release:
     # featureFlagCreateViewlessTimeseriesCollections): setFeatureCompatibilityVersion across
     # it converts them, logging `upgradeDowngradeViewlessTimeseries`. None: always viewful.
     viewless_timeseries_fcv: str | None = None
+    # The `op: "c"` commands its oplog holds (the first field of `o`): a sidecar warns once of
+    # another (a newer release's), which change streams skip as mongod's filter does.
+    oplog_commands: frozenset[str] = frozenset()
 
     @property
     def version_array(self) -> list[int]:
@@ -50,7 +53,16 @@ class Release:
         return [major, minor, patch, 0]
 
 
-MONGODB_8_0 = Release(name="8.0", version="8.0.12", max_wire_version=25, fcv="8.0")
+# What mongod 8.0's OpObserverImpl logs as commands (and applyOps / transactions').
+_OPLOG_COMMANDS_8_0 = frozenset({
+    "create", "drop", "renameCollection", "dropDatabase", "createIndexes", "startIndexBuild",
+    "commitIndexBuild", "abortIndexBuild", "dropIndexes", "deleteIndexes", "collMod",
+    "convertToCapped", "emptycapped", "importCollection", "applyOps", "commitTransaction",
+    "abortTransaction", "dbCheck", "createDatabaseMetadata", "modifyCollectionShardingIndexCatalog",
+    "truncateRange",
+})
+MONGODB_8_0 = Release(name="8.0", version="8.0.12", max_wire_version=25, fcv="8.0",
+                      oplog_commands=_OPLOG_COMMANDS_8_0)
 MONGODB_9_0 = Release(
     name="9.0",
     version="9.0.4",
@@ -60,6 +72,7 @@ MONGODB_9_0 = Release(
     change_stream_enums=MappingProxyType({"version": ("v1", "v2")}),
     change_stream_option_metrics=True,
     viewless_timeseries_fcv="9.0",
+    oplog_commands=_OPLOG_COMMANDS_8_0 | {"upgradeDowngradeViewlessTimeseries"},
 )
 RELEASES: Mapping[str, Release] = MappingProxyType({r.name: r for r in (MONGODB_8_0, MONGODB_9_0)})
 DEFAULT_RELEASE = MONGODB_8_0

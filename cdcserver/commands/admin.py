@@ -34,7 +34,7 @@ from cdcserver.auth import User, true_value
 from cdcserver.commands import crud_common, idle_ops, oplog_find, profiler, search
 from cdcserver.commands.arguments import is_number, is_string, safe_long
 from cdcserver.commands.failpoints import FailPoints
-from cdcserver.commands.fcv import feature_compatibility_version
+from cdcserver.commands.fcv import fcv_document
 from cdcserver.commands.write_parsing import GENERIC_ARGUMENTS
 from cdcserver.config import unix_socket_mode
 from cdcserver.context import ConnectionState, Handler, Route, ServerState
@@ -440,7 +440,7 @@ def server_parameters(server: ServerState) -> dict[str, Any]:
         "authenticationMechanisms": sorted(mechanisms),
         "cursorTimeoutMillis": Int64(int(server.cursors.idle_timeout_s * 1000)),
         "enableTestCommands": test_commands_enabled(server),
-        "featureCompatibilityVersion": {"version": feature_compatibility_version(server)},
+        "featureCompatibilityVersion": fcv_document(server),
         "localLogicalSessionTimeoutMinutes": 30,
         "logicalSessionRefreshMillis": 300000,
         "maxBSONDepth": 200,
@@ -739,7 +739,7 @@ async def server_status(
             "totalCreated": server.total_connections,
             "active": len({id(c) for c, *_ in table.in_progress.values()}),
         },
-        "featureCompatibilityVersion": {"version": feature_compatibility_version(server)},
+        "featureCompatibilityVersion": fcv_document(server),
         "metrics": {
             "changeStreams": _change_streams_section(server, table),
             "commands": commands,

@@ -25,6 +25,7 @@ from cdcserver.commands.base import Handler, family
 from cdcserver.context import ConnectionState, ServerState
 from cdcserver.embedded.store import Store
 from cdcserver.embedded.store_types import id_key
+from cdcserver.sources.upstream_version import fcv_fields
 from pipeline_stages.errors import MongoError
 
 TABLE: dict[str, Handler] = {}
@@ -41,16 +42,28 @@ class _InMemoryVersion:
         self.version: str | None = None
 
 
-def feature_compatibility_version(server: ServerState) -> str:
+def fcv_document(server: ServerState) -> dict[str, Any]:
+    """The FCV as getParameter / serverStatus show it: `{version[, targetVersion,
+    previousVersion]}` (the last two while an upgrade or downgrade is under way). The store's
+    document; a sidecar's upstream's as it follows it (sources/upstream_version.py); else
+    the one set here, else the release's."""
     store = server.store
     if store is not None:
         coll = store.get(*_SYSTEM_VERSION)
         if coll is not None:
             doc = store.documents(coll).get(id_key(_FCV_ID))
-            if doc is not None and isinstance(doc.get("version"), str):
-                return str(doc["version"])
+            fields = fcv_fields(doc) if doc is not None else None
+            if fields is not None:
+                return fields
+    upstream = server.oplog.upstream_fcv()
+    if upstream is not None:
+        return dict(upstream)
     held = server.part(_InMemoryVersion).version
-    return held if held is not None else server.release.fcv
+    return {"version": held if held is not None else server.release.fcv}
+
+
+def feature_compatibility_version(server: ServerState) -> str:
+    return str(fcv_document(server)["version"])
 
 
 def _version_key(version: str) -> tuple[int, ...]:

@@ -12,6 +12,7 @@ import asyncio
 import bisect
 from collections import OrderedDict
 from collections.abc import Mapping
+from typing import Any
 
 from bson.timestamp import Timestamp
 
@@ -76,6 +77,11 @@ class OplogLog:
     def upstream_release(self) -> Release | None:
         """The release of the deployment this log is read from, when that is another server
         (a sidecar answers as it); None for the embedded store and recorded files."""
+        return None
+
+    def upstream_fcv(self) -> dict[str, Any] | None:
+        """That deployment's featureCompatibilityVersion as its getParameter shows it
+        (`{version[, targetVersion, previousVersion]}`), when followed; else None."""
         return None
 
     def namespaces(self) -> set[tuple[str, str]]:

@@ -64,6 +64,7 @@ from cdcserver.sources.retained import (
     pre_image_ids,
     pre_image_key,
 )
+from cdcserver.sources.upstream_version import UpstreamVersion
 from pipeline_stages.lookups import LookupAnswers, NeedsLookup
 from pipeline_stages.oplog_entry import Entry, decode_entry
 from pipeline_stages.release import Release, release_for_upstream
@@ -122,6 +123,8 @@ class UpstreamOplog(EntryList, OplogLog):
         # The upstream's release, from its hello (None until one answered): the sidecar
         # answers as that release and follows a binary upgrade seen on a later hello.
         self._release: Release | None = None
+        # Its FCV and the entries of releases the sidecar does not know (upstream_version.py).
+        self.version = UpstreamVersion()
         self._tasks: list[asyncio.Task[Any]] = []
         self.ddl_generation = 0  # bumped by every command entry (UUID cache)
         # When the tail last heard from the upstream, and when a lookup last failed: lookups
@@ -462,6 +465,9 @@ class UpstreamOplog(EntryList, OplogLog):
     def upstream_release(self) -> Release | None:
         return self._release
 
+    def upstream_fcv(self) -> dict[str, Any] | None:
+        return self.version.fcv
+
     def _note_release(self, hello: Mapping[str, Any]) -> None:
         """Take the release an upstream's hello shows (its maxWireVersion)."""
         wire = hello.get("maxWireVersion")
@@ -477,6 +483,7 @@ class UpstreamOplog(EntryList, OplogLog):
         """Start at the upstream's majority commit point (its current time for a stream)."""
         hello = await client.admin.command("hello")
         self._note_release(hello)
+        await self.version.refresh(client)
         majority = _majority_ts(hello)
         if majority is None:
             log.warning(
@@ -507,6 +514,7 @@ class UpstreamOplog(EntryList, OplogLog):
         if retained is None or retained.last_ts() is None:
             return False
         majority = _majority_ts(await client.admin.command("hello")) or MAX_TS
+        await self.version.refresh(client)
         oplog = self.oplog_collection(client)
         before: Timestamp | None = None
         n = 1  # the newest entry first (a plain restart), then further back in larger steps
@@ -814,8 +822,13 @@ class UpstreamOplog(EntryList, OplogLog):
             if op in ("i", "u", "d"):
                 db, _, coll = entry["ns"].partition(".")
                 self._namespaces.add((db, coll))
+                if coll == "system.version" and db == "admin":
+                    self.version.note_version_write(entry)
             elif op == "c":
                 self.ddl_generation += 1
+                self.version.note_command(entry, self._release)
+            elif op != "n":
+                self.version.note_unknown_op(entry, self._release)
         self._bytes += size
         if self._covered_from is None:
             self._covered_from = items[0][0]
@@ -874,6 +887,8 @@ class UpstreamOplog(EntryList, OplogLog):
                 await asyncio.sleep(backoff)
                 continue
             self._note_release(hello)
+            if self.version.stale:  # a delta of the FCV document passed (or never read)
+                await self.version.refresh(self.async_client())
             majority = _majority_ts(hello)
             if majority is None:
                 majority = MAX_TS

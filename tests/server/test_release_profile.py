@@ -207,3 +207,163 @@ def test_a_sidecar_answers_as_its_upstream_and_follows_its_upgrade():
         if b is not None:
             b.stop()
         a.stop()
+
+
+class _Stream:
+    """A change stream read by hand (getMore), with options drivers' watch() does not pass
+    (showSystemEvents, allowToRunOnSystemNS)."""
+
+    def __init__(self, client, db, coll, **options):
+        self.db, self.coll = client[db], coll
+        reply = self.db.command("aggregate", coll, cursor={},
+                                pipeline=[{"$changeStream": options}])
+        self.id = reply["cursor"]["id"]
+        self.ns_coll = reply["cursor"]["ns"].partition(".")[2]  # `$cmd.aggregate` for db/cluster
+        self.events = list(reply["cursor"]["firstBatch"])
+
+    def read(self):
+        """Every event so far (until a getMore comes back empty or the cursor closes)."""
+        while self.id:
+            reply = self.db.command("getMore", self.id, collection=self.ns_coll, maxTimeMS=100)
+            self.id = reply["cursor"]["id"]
+            batch = list(reply["cursor"]["nextBatch"])
+            if not batch:
+                break
+            self.events += batch
+        return self.events
+
+    def close(self):
+        if self.id:
+            self.db.command("killCursors", self.ns_coll, cursors=[self.id])
+
+
+def _fcv_of(client):
+    return client.admin.command("getParameter", 1, featureCompatibilityVersion=1)[
+        "featureCompatibilityVersion"]
+
+
+def test_a_sidecar_follows_its_upstreams_fcv_upgrade_with_a_time_series_collection():
+    """The upstream: 8.0 (FCV 8.0), then its "binary" 9.0 (FCV still 8.0), then FCV 9.0,
+    which converts its time-series collection. The sidecar answers each FCV in turn, and its
+    streams give every event once, the conversion as rename (+ invalidate), exactly as the
+    upstream's own streams do."""
+    import datetime
+
+    from tests.server.test_upstream import UpstreamServer, latest_ts
+
+    a = EmbeddedServer()
+    b = None
+    opened: list[_Stream] = []
+    try:
+        with a.client() as ca:
+            ca.admin.command("setFeatureCompatibilityVersion", "7.0", confirm=True)
+            ca.admin.command("setFeatureCompatibilityVersion", "8.0", confirm=True)
+            b = UpstreamServer(a.uri, max_await_ms=100)
+            b.wait_ready()
+            with b.client() as cb:
+                assert _fcv_of(cb) == {"version": "8.0"}
+                start = latest_ts(a)
+                options = {"startAtOperationTime": start, "showExpandedEvents": True,
+                           "showSystemEvents": True}
+                pairs = {}
+                for name, client in (("a", ca), ("b", cb)):
+                    pairs[name] = (
+                        _Stream(client, "admin", 1, allChangesForCluster=True, **options),
+                        _Stream(client, "test", 1, **options),
+                        _Stream(client, "test", "system.buckets.ts",
+                                allowToRunOnSystemNS=True, startAtOperationTime=start),
+                    )
+                    opened += pairs[name]
+                t0 = datetime.datetime(2024, 5, 1)
+                ca.test.create_collection("ts", timeseries={"timeField": "t", "metaField": "m"})
+                ca.test.ts.insert_one({"t": t0, "m": "before", "v": 1})
+                a.call(setattr, a.state, "configured_release", MONGODB_9_0)  # binary upgrade
+                ca.test.other.insert_one({"_id": 1})
+                b.wait_caught_up(latest_ts(a))
+                assert cb.admin.command("buildInfo")["version"] == MONGODB_9_0.version
+                assert _fcv_of(cb) == {"version": "8.0"}  # a binary upgrade keeps the FCV
+                ca.admin.command("setFeatureCompatibilityVersion", "9.0", confirm=True)
+                ca.test.ts.insert_one({"t": t0, "m": "after", "v": 2})
+                b.wait_caught_up(latest_ts(a))
+                assert _fcv_of(cb) == {"version": "9.0"}
+                assert cb.admin.command("serverStatus")["featureCompatibilityVersion"] == {
+                    "version": "9.0"}
+                for upstream, sidecar in zip(pairs["a"], pairs["b"], strict=True):
+                    want, got = upstream.read(), sidecar.read()
+                    assert got == want  # every event once, tokens and all
+                cluster, db_stream, on_buckets = (s.events for s in pairs["b"])
+                kinds = [(e["operationType"], e["ns"].get("coll")) for e in cluster]
+                assert kinds == [
+                    ("create", "system.buckets.ts"), ("createIndexes", "system.buckets.ts"),
+                    ("create", "system.views"), ("create", "ts"),
+                    ("insert", "system.buckets.ts"), ("create", "other"), ("insert", "other"),
+                    ("rename", "system.buckets.ts"), ("insert", "ts")]
+                rename = cluster[7]
+                assert rename["to"] == {"db": "test", "coll": "ts"}
+                assert rename["operationDescription"] == {"to": {"db": "test", "coll": "ts"}}
+                assert rename["collectionUUID"] == cluster[0]["collectionUUID"]
+                assert db_stream == cluster
+                assert [e["operationType"] for e in on_buckets] == [
+                    "insert", "rename", "invalidate"]
+    finally:
+        for stream in opened:
+            try:
+                stream.close()
+            except Exception:  # noqa: BLE001 - the server may be gone already
+                pass
+        if b is not None:
+            b.stop()
+        a.stop()
+
+
+def test_a_sidecar_passes_an_unknown_command_through_with_one_warning(caplog):
+    from tests.server.test_upstream import UpstreamServer, latest_ts
+
+    a = EmbeddedServer()
+    b = None
+    try:
+        b = UpstreamServer(a.uri, max_await_ms=100)
+        b.wait_ready()
+        with a.client() as ca, b.client() as cb:
+            stream = cb.watch(max_await_time_ms=100)
+
+            def future_commands():
+                store = a.state.store
+                with store.batch():  # a command no release cdcserver knows writes, twice
+                    store.append_oplog("c", "test.$cmd", {"reticulateSplines": "c"})
+                    store.append_oplog("c", "test.$cmd", {"reticulateSplines": "d"})
+
+            with caplog.at_level("WARNING", logger="cdcserver.sources.upstream_version"):
+                a.call(future_commands)
+                ca.test.c.insert_one({"_id": 1})
+                b.wait_caught_up(latest_ts(a))
+                change = stream.next()  # the stream goes on past them
+                assert change["operationType"] == "insert"
+                assert change["documentKey"] == {"_id": 1}
+            warnings = [r for r in caplog.records if "reticulateSplines" in r.getMessage()]
+            assert len(warnings) == 1
+            assert "MongoDB 8.0" in warnings[0].getMessage()
+            stream.close()
+    finally:
+        if b is not None:
+            b.stop()
+        a.stop()
+
+
+def test_retry_change_stream_is_resumable_in_both_profiles(profile):
+    """RetryChangeStream (234) is in isResumableChangeStreamError's codes in 8.0 and 9.0
+    alike (error_labels.cpp): a change stream's getMore failing with it after its cursor was
+    checked out (the fail point the spec's errorLabels tests use) is labelled
+    ResumableChangeStreamError; a query cursor's getMore is not."""
+    name, client = profile
+    client.test.c.insert_many([{"_id": i} for i in range(3)])
+    for pipeline, labels in (([{"$changeStream": {}}], ["ResumableChangeStreamError"]),
+                             ([], None)):
+        reply = client.test.command("aggregate", "c", pipeline=pipeline,
+                                    cursor={"batchSize": 0})
+        client.admin.command("configureFailPoint", "failGetMoreAfterCursorCheckout",
+                             mode={"times": 1}, data={"errorCode": 234})
+        with pytest.raises(OperationFailure) as err:
+            client.test.command("getMore", reply["cursor"]["id"], collection="c")
+        assert err.value.code == 234
+        assert err.value.details.get("errorLabels") == labels
