@@ -1,5 +1,6 @@
-"""One cdcserver (embedded store, in memory, a free 127.0.0.1 port) for the specification tests,
-and pymongo clients that rediscover it at once after a network error."""
+"""One cdcserver (embedded store, in memory, a free 127.0.0.1 port) for the specification tests
+(and one answering as MongoDB 9.0 for the change-stream files), and pymongo clients that
+rediscover it at once after a network error."""
 
 from __future__ import annotations
 
@@ -22,6 +23,16 @@ def _embedded_log():
 @pytest.fixture(scope="session")
 def spec_server() -> Iterator[ThreadServer]:
     with ThreadServer(make_log=_embedded_log, follow=False) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def spec_server_9_0() -> Iterator[ThreadServer]:
+    """The same server answering as MongoDB 9.0 (`[server] compatibility = "9.0"`)."""
+    from cdcserver.config import Config, ServerConfig
+
+    config = Config(server=ServerConfig(compatibility="9.0"))
+    with ThreadServer(make_log=_embedded_log, follow=False, config=config) as server:
         yield server
 
 

@@ -6,8 +6,10 @@ change-stream files beside them: retryable-reads `changeStreams-*.json`, collect
 unified-test-format `poc-change-streams.json`. They come from the shared corpus
 (`../shared/corpus/specifications`, see its PROVENANCE.md).
 
-Every test whose runOnRequirements cdcserver (MongoDB 8.0.12, replica set) satisfies runs and
-must pass; a test that cannot apply is skipped with its reason (unmet runOnRequirements, or a
+They run against both compatibility profiles (`[server] compatibility`): as MongoDB 8.0.12 and
+as 9.0.4, each a replica set; under 9.0 the tests for 8.1+ (nsType) apply as well, and 8.2.0's
+exclusions stay out. Every test whose runOnRequirements the profile satisfies runs and must
+pass; a test that cannot apply is skipped with its reason (unmet runOnRequirements, or a
 pymongo limitation listed in PYMONGO_LIMITS); a failure that is a known bug outside this
 directory is an xfail(strict=True) naming it (KNOWN_BUGS).
 """
@@ -82,9 +84,23 @@ def _spec(path: pathlib.Path) -> dict:
     return _SPEC_CACHE[path]
 
 
+@pytest.fixture(scope="session", params=["8.0", "9.0"])
+def profile(request) -> tuple[Deployment, MongoClient]:
+    """(the deployment, a client of it) for one profile: the 8.0 server the other spec files
+    share, or the 9.0 one."""
+    if request.param == "8.0":
+        return request.getfixturevalue("deployment"), request.getfixturevalue(
+            "spec_internal_client")
+    server = request.getfixturevalue("spec_server_9_0")
+    client: MongoClient = MongoClient(server.uri)
+    request.addfinalizer(client.close)
+    return Deployment.discover(server.uri, client), client
+
+
 @pytest.mark.skipif(not SPECS.is_dir(), reason=f"{SPECS} (the shared corpus) is not present")
 @pytest.mark.parametrize(("path", "index"), _cases())
-def test_spec(path, index, deployment, spec_internal_client):
+def test_spec(path, index, profile):
+    deployment, spec_internal_client = profile
     spec = _spec(path)
     test = spec["tests"][index]
     limit = PYMONGO_LIMITS.get((_key(path), test["description"])) or PYMONGO_LIMITS.get(
