@@ -35,7 +35,7 @@ from cdcserver.commands.transactions import get_store, snapshot_reads
 from cdcserver.commands.writes import _write_out
 from cdcserver.context import ConnectionState, ServerState
 from cdcserver.cursors import QUERY_RESULT, GetMore, HeldHere
-from cdcserver.embedded import engine, query, text_search
+from cdcserver.embedded import engine, query, text_search, timeseries
 from cdcserver.embedded.store import Store
 from cdcserver.scan_deadline import ScanBudget
 from pipeline_stages.errors import MongoError
@@ -164,7 +164,8 @@ async def find_documents(
     with snapshot_reads(store, cmd):
         scan, out = _find_scan(store, db, coll, filter_doc, projection, sort, skip, limit, copy,
                                (cmd.get("collation"), where),
-                               (cmd.get("hint"), cmd.get("min"), cmd.get("max")))
+                               (cmd.get("hint"), cmd.get("min"), cmd.get("max")),
+                               raw_data=cmd.get("rawData") is True)
     if scan is not None:
         with engine_errors():
             await query.run_async(scan, deadline)
@@ -174,17 +175,22 @@ async def find_documents(
 def _find_scan(
     store: Store, db: str, coll: str, filter_doc: Mapping[str, Any] | None, projection: Any,
     sort: Any, skip: int, limit: int, copy: bool, collation: tuple[Any, str] | None = None,
-    hint_args: tuple[Any, Any, Any] | None = None,
+    hint_args: tuple[Any, Any, Any] | None = None, raw_data: bool = False,
 ) -> tuple[query.Scan | None, list[Any]]:
     """The scan of a find over the collection's documents as they are now, and the list it
     fills (no scan when the answer is known: a view's, a missing collection's). `collation`:
-    the command's (and its name), applied with the collection's default."""
+    the command's (and its name), applied with the collection's default. A viewless
+    time-series collection (9.0's) reads as its view did, measurements unpacked; with
+    `raw_data` (the command's rawData) its buckets."""
     engine.validate_filter(filter_doc or {})  # mongod's parse errors, before any document
     if filter_doc and "$text" in filter_doc:
         text_search.parse(filter_doc["$text"], "english")
     c = store.get(db, coll)
-    if c is None:
-        resolved = store.resolve_view(db, coll)
+    viewless = c is not None and not raw_data and timeseries.is_viewless(c)
+    if c is None or viewless:
+        resolved = (
+            (coll, timeseries.view_pipeline(c.options["timeseries"])) if c is not None
+            else store.resolve_view(db, coll))
         if resolved is not None:
             view_out: list[Any] = []
             view_scan = _view_scan(store, db, resolved,
@@ -491,7 +497,7 @@ async def count(
     deadline = query.Deadline.of(cmd)
     skip = max(skip, 0)
     c = store.get(db, coll)
-    if c is None:  # a view's (an aggregation), or nothing
+    if c is None or timeseries.is_viewless(c):  # a view's (an aggregation), or nothing
         return {"n": len(run_find(store, db, coll, predicate, {"_id": 1}, None, skip, limit))}
     engine.validate_filter(predicate or {})
     hinted = engine.hinted_index(c.indexes, cmd.get("hint"), c.ns)  # 2: an unknown index

@@ -93,10 +93,14 @@ def test_an_fcv_upgrade_converts_time_series_collections_and_logs_one_entry_each
             {"_id": "featureCompatibilityVersion", "version": "9.0"}]
         fcv = client.admin.command("getParameter", 1, featureCompatibilityVersion=1)
         assert fcv["featureCompatibilityVersion"] == {"version": "9.0"}
-        # Inserts go on into buckets, now in the collection itself.
+        # Inserts go on into buckets, now in the collection itself; reads unpack them as
+        # the view did (rawData: the buckets).
         client.test.ts.insert_one({"t": T0, "m": "b", "v": 2})
-        buckets = list(client.test.ts.find({}, {"meta": 1}))
-        assert sorted(b["meta"] for b in buckets) == ["a", "b"]
+        found = list(client.test.ts.find({}, {"_id": 0}).sort("v", 1))
+        assert found == [{"t": T0, "m": "a", "v": 1}, {"t": T0, "m": "b", "v": 2}]
+        assert client.test.ts.count_documents({"m": "b"}) == 1
+        raw = client.test.command("find", "ts", rawData=True)["cursor"]["firstBatch"]
+        assert sorted(b["meta"] for b in raw) == ["a", "b"]
 
 
 def test_change_streams_see_the_upgrade_and_the_downgrade_as_renames(server):
