@@ -3,9 +3,10 @@
 version_command.cpp).
 
 As mongod, the version is the document `{_id: "featureCompatibilityVersion", version}` of
-`admin.system.version` on a server with a store (durable with it); a server without one (a
-recorded oplog, a sidecar) keeps it in memory. The versions a release accepts are its own and
-the one before (8.0: 7.0, 8.0; 9.0: 8.0, 9.0), as mongod's lastLTS / latest.
+`admin.system.version` on a server with a store (durable with it); a sidecar answers its
+upstream's (sources/upstream_version.py); a recorded oplog's server keeps it in memory. The
+versions a release accepts are its own and the one before (8.0: 7.0, 8.0; 9.0: 8.0, 9.0), as
+mongod's lastLTS / latest.
 
 With a store, a change goes through mongod's transitional document first (upgrading:
 `{version: <from>, targetVersion: <to>}`; downgrading: `{version, targetVersion: <to>,
