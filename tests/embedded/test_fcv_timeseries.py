@@ -151,3 +151,41 @@ def test_the_8_0_profile_has_no_viewless_conversion():
                 "$exists": True}})
     finally:
         server.stop()
+
+
+def test_the_conversion_is_durable_with_the_store(tmp_path):
+    def start():
+        return EmbeddedServer(tmp_path, config=Config(server=ServerConfig(compatibility="9.0")))
+
+    server = start()
+    try:
+        with server.client() as client:
+            _fcv(client, "8.0")
+            client.test.create_collection("ts", timeseries={"timeField": "t"})
+            client.test.ts.insert_one({"t": T0, "v": 1})
+            _fcv(client, "9.0")
+    finally:
+        server.stop()
+    server = start()
+    try:
+        with server.client() as client:
+            assert client.admin.command("getParameter", 1, featureCompatibilityVersion=1)[
+                "featureCompatibilityVersion"] == {"version": "9.0"}
+            info = {c["name"]: c for c in client.test.list_collections()}
+            assert set(info) == {"ts", "system.views"}  # system.views stays, as on mongod
+            assert info["ts"]["type"] == "collection"
+            client.test.ts.insert_one({"t": T0, "v": 2})
+            assert [d["v"] for d in client.test.ts.find().sort("v", 1)] == [1, 2]
+            _fcv(client, "8.0")  # and back, durably too
+    finally:
+        server.stop()
+    server = start()
+    try:
+        with server.client() as client:
+            names = set(client.test.list_collection_names())
+            assert names == {"ts", "system.buckets.ts", "system.views"}
+            view = next(client.test.list_collections(filter={"name": "ts"}))
+            assert view["type"] == "timeseries"
+            assert sorted(d["v"] for d in client.test.ts.find()) == [1, 2]
+    finally:
+        server.stop()
