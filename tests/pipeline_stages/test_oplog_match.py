@@ -416,3 +416,44 @@ def test_matches_transaction_op() -> None:
 def test_unknown_scope() -> None:
     with pytest.raises(ValueError):
         OplogFilter(ChangeStreamSpec(scope="shard", db="x"))  # type: ignore[arg-type]
+
+
+# -- 9.0's upgradeDowngradeViewlessTimeseries: a rename of the buckets onto the collection ----
+
+
+def _conversion(coll: Any, is_upgrade: Any = True, ns: str = "test.$cmd") -> Any:
+    o: dict[str, Any] = {"upgradeDowngradeViewlessTimeseries": coll}
+    if is_upgrade is not None:
+        o["isUpgrade"] = is_upgrade
+    return entry(op="c", ns=ns, ui=UUID, o=o)
+
+
+@pytest.mark.parametrize("watched,is_upgrade,matches,invalidates", [
+    ("watched", True, True, True),  # the target of the upgrade's rename
+    ("system.buckets.watched", True, True, True),  # its source
+    ("watched", False, True, True),
+    ("other", True, False, False),
+])
+def test_a_viewless_conversion_is_matched_as_a_rename(
+    watched: str, is_upgrade: bool, matches: bool, invalidates: bool
+) -> None:
+    f = OplogFilter(ChangeStreamSpec(scope="collection", db="test", coll=watched))
+    e = _conversion("watched", is_upgrade)
+    assert f.matches(e) is matches
+    assert f.is_invalidating(e) is invalidates
+
+
+def test_a_viewless_conversion_reaches_database_and_cluster_streams_of_its_db() -> None:
+    e = _conversion("ts")
+    assert OplogFilter(spec("database")).matches(e)
+    assert OplogFilter(spec("cluster")).matches(e)
+    assert not OplogFilter(spec("database")).is_invalidating(e)
+    assert not OplogFilter(ChangeStreamSpec(scope="database", db="other")).matches(e)
+
+
+@pytest.mark.parametrize("coll", [1, None, {"x": "ts"}])
+def test_a_malformed_viewless_conversion_is_matched_by_no_stream(coll: Any) -> None:
+    e = _conversion(coll)
+    for s in (spec("cluster"), spec("database"), spec("collection")):
+        f = OplogFilter(s)
+        assert not f.matches(e) and not f.is_invalidating(e)
