@@ -238,8 +238,8 @@ class _Stream:
 
 
 def _fcv_of(client):
-    return client.admin.command("getParameter", 1, featureCompatibilityVersion=1)[
-        "featureCompatibilityVersion"]
+    """The FCV serverStatus shows: a sidecar's own answer (getParameter it forwards)."""
+    return client.admin.command("serverStatus")["featureCompatibilityVersion"]
 
 
 def test_a_sidecar_follows_its_upstreams_fcv_upgrade_with_a_time_series_collection():
@@ -286,8 +286,9 @@ def test_a_sidecar_follows_its_upstreams_fcv_upgrade_with_a_time_series_collecti
                 ca.test.ts.insert_one({"t": t0, "m": "after", "v": 2})
                 b.wait_caught_up(latest_ts(a))
                 assert _fcv_of(cb) == {"version": "9.0"}
-                assert cb.admin.command("serverStatus")["featureCompatibilityVersion"] == {
-                    "version": "9.0"}
+                assert b.call(lambda: b.source.version.fcv) == {"version": "9.0"}
+                assert cb.admin.command("getParameter", 1, featureCompatibilityVersion=1)[
+                    "featureCompatibilityVersion"] == {"version": "9.0"}  # forwarded
                 for upstream, sidecar in zip(pairs["a"], pairs["b"], strict=True):
                     want, got = upstream.read(), sidecar.read()
                     assert got == want  # every event once, tokens and all
@@ -367,3 +368,24 @@ def test_retry_change_stream_is_resumable_in_both_profiles(profile):
             client.test.command("getMore", reply["cursor"]["id"], collection="c")
         assert err.value.code == 234
         assert err.value.details.get("errorLabels") == labels
+
+
+def test_the_fcv_a_sidecar_takes_from_its_upstreams_oplog():
+    from cdcserver.sources.upstream_version import UpstreamVersion
+
+    version = UpstreamVersion()
+    version.stale = False
+    key = {"_id": "featureCompatibilityVersion"}
+    version.note_version_write({"op": "u", "o": {"_id": "other", "version": "1"},
+                                "o2": {"_id": "other"}})
+    assert version.fcv is None and not version.stale
+    version.note_version_write({"op": "u", "o2": key, "o": {
+        "_id": "featureCompatibilityVersion", "version": "8.0", "targetVersion": "9.0"}})
+    assert version.fcv == {"version": "8.0", "targetVersion": "9.0"}
+    # A delta does not hold the whole document: read it again (getParameter).
+    version.note_version_write({"op": "u", "o2": key,
+                                "o": {"$v": 2, "diff": {"u": {"version": "9.0"}}}})
+    assert version.stale and version.fcv == {"version": "8.0", "targetVersion": "9.0"}
+    version.note_version_write({"op": "i", "o": {"_id": "featureCompatibilityVersion",
+                                                 "version": "9.0"}})
+    assert version.fcv == {"version": "9.0"}
