@@ -34,6 +34,7 @@ NOT_RUN = {
 }
 # Blocks the tests below run: (page, the same kind of string).
 RUN = {
+    ("fanout.md", "maxPoolSize=0"),
     ("fidelity.md", "ResumeTokenData.for_event"),
     ("testing.md", "failGetMoreAfterCursorCheckout"),
     ("sidecar.md", "retain_dir ="),
@@ -250,3 +251,48 @@ def test_the_replay_command_writes_the_inserts(tmp_path):
 @pytest.mark.parametrize("page", sorted(PAGES))
 def test_each_page_starts_with_its_title(page):
     assert PAGES[page].startswith("# "), page
+
+
+# -- fanout.md ------------------------------------------------------------------------------------
+
+MANY_STREAMS = 150  # more than PyMongo's default maxPoolSize (100)
+_MANY_STREAMS_PROBE = """
+import asyncio
+from pymongo import AsyncMongoClient
+
+async def main(uri):
+{client_line}
+    coll = client.docs.many
+    streams = [await coll.watch([{{"$match": {{"operationType": "insert"}}}}]) for _ in range({n})]
+    got = [[] for _ in streams]
+
+    async def read(i, stream):
+        while len(got[i]) < {writes}:
+            event = await stream.try_next()
+            if event is not None:
+                got[i].append(event["fullDocument"]["w"])
+
+    readers = asyncio.gather(*(read(i, s) for i, s in enumerate(streams)))
+    for w in range({writes}):
+        await coll.insert_one({{"w": w}})
+        await asyncio.sleep(0.02)  # 50 writes/s: the readers' getMores cycle meanwhile
+    await asyncio.wait_for(readers, {guard})
+    print(sum(g == list(range({writes})) for g in got))
+    await client.close()
+
+asyncio.run(main("{uri}"))
+"""
+
+
+def test_the_many_streams_client_gets_every_event_on_every_stream(tmp_path):
+    """The page's client line, with more streams than PyMongo's default pool: each of them
+    gets every write once, in order (counts, never times)."""
+    from cdcserver.testing import EmbeddedServer
+
+    line = block("fanout.md", "python", "maxPoolSize=0").strip().splitlines()
+    assert len(line) == 1 and line[0].startswith("client = AsyncMongoClient(uri,"), line
+    with EmbeddedServer() as server:
+        code = _MANY_STREAMS_PROBE.format(client_line="    " + line[0], n=MANY_STREAMS,
+                                          writes=20, guard=GUARD_S, uri=server.uri)
+        out = _python(code, tmp_path).strip()
+    assert out == str(MANY_STREAMS), out
