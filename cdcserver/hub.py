@@ -157,6 +157,13 @@ class StreamGroup:
             raise CappedPositionLost(self.last_seen)
         return self.log.read_from(self.next_ts, chunk)
 
+    def check_failed(self) -> None:
+        """At the end of what the source holds: SourceFailed if it will never hold more (the
+        entries before the failure have all been read by then)."""
+        failure = self.log.failure()
+        if failure is not None:
+            raise failure
+
     def pull(self, want: int | None, member: GroupMember) -> NeedsLookup | None:
         """Read the oplog until `member` has `want` events queued (None: a reply's 16 MiB of
         them) or the oplog is exhausted; every member gets what the producer made. Stops at a
@@ -195,6 +202,7 @@ class StreamGroup:
         if entries is None:
             latest = self.log.latest_ts()
             if latest is None or latest < self.next_ts:
+                self.check_failed()
                 return False  # nothing new: an idle getMore's common case, without a search
             entries = self.read(chunk)
         if not entries:
@@ -320,6 +328,7 @@ async def step_answering(
     start = group.next_ts
     latest = group.log.latest_ts()
     if latest is None or latest < start:
+        group.check_failed()
         return False
     entries = group.read(chunk)
     if not entries:

@@ -23,6 +23,7 @@ Exposed names (all `cdcserver_`):
 - `upstream_retained_entries`, `upstream_retained_bytes`,
   `upstream_retained_oldest_timestamp_seconds`, `upstream_retained_beyond_upstream_seconds`,
   `upstream_retained_write_errors_total`, `upstream_retained_failing` (with `upstream.retain_dir`)
+- `source_failed` (1 once a followed file met an entry it cannot serve)
 - `shutting_down`, `requests_in_flight`
 """
 
@@ -168,6 +169,12 @@ class StateCollector(Collector):
             yield _gauge("cdcserver_streams_lag_seconds",
                          "Seconds of oplog the furthest-behind stream has not read yet",
                          lag_seconds)
+
+        # As upstream_retained_failing: 1 while the source cannot go on (a followed file met an
+        # entry it cannot serve; streams that read up to it fail with 280 naming the place).
+        yield _gauge("cdcserver_source_failed",
+                     "1 once the source stopped for good (a followed file's bad entry)",
+                     0.0 if source.failure() is None else 1.0)
 
         status = getattr(source, "status", None)
         if callable(status) and hasattr(source, "reconnects"):  # a live upstream

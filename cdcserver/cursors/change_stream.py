@@ -28,7 +28,7 @@ from cdcserver.cursors.cursor import (
 )
 from cdcserver.hub import READ_CHUNK, StreamGroup, step_answering, wants_more
 from cdcserver.scan_deadline import ScanBudget
-from cdcserver.sources.base import CappedPositionLost
+from cdcserver.sources.base import CappedPositionLost, SourceFailed
 from pipeline_stages.check_resumability import HISTORY_LOST_MESSAGE
 from pipeline_stages.errors import MongoError
 from pipeline_stages.lookups import NeedsLookup, looks_up_images
@@ -75,6 +75,14 @@ class ChangeStreamCursor(HeldHere):
         them fetched (awaited) and is pushed again with the answers, then the pull goes on. A
         long read (history its filter drops: the retained log, an old resume point) gives the
         loop a turn every 5 ms (cdcserver/scan_deadline.py)."""
+        try:
+            await self._pull(want)
+        except SourceFailed:
+            if self.pipeline.pending_count:
+                return  # the events before the failure go out first; the next read raises it
+            raise
+
+    async def _pull(self, want: int | None) -> None:
         budget = ScanBudget()  # no deadline: a change stream's getMore maxTimeMS is its wait
         while (
             wants_more(self.pipeline, want)
@@ -153,7 +161,10 @@ class ChangeStreamCursor(HeldHere):
             if remaining <= 0 or self.draining:
                 # An empty batch; its token is a high-water mark at what was scanned.
                 return self.pipeline.next_batch(size)
-            await self.group.wait(self, remaining)  # woken only when it got something
+            try:
+                await self.group.wait(self, remaining)  # woken only when it got something
+            except SourceFailed:
+                pass  # the pull returns what is queued, or raises it
             self.awaited_s += time.monotonic() - now
 
     @property

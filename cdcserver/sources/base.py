@@ -37,6 +37,16 @@ class CappedPositionLost(MongoError):
         self.last_seen = last_seen
 
 
+class SourceFailed(MongoError):
+    """The source stopped for good where a stream would read on (a followed file met an entry
+    it cannot serve). mongod has no analogue (its oplog does not go bad under a reader): 280,
+    ChangeStreamFatalError, is the non-resumable change-stream error, so a driver does not
+    retry into the same wall; the message names the file and the place."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(280, message)
+
+
 def begins_the_set(entry: Entry | None) -> bool:
     """The replica set's very first entry: nothing was ever before it."""
     if entry is None or entry.get("op") != "n":
@@ -93,6 +103,11 @@ class OplogLog:
         capped oplog dropped every entry up to `position` (the last one the reader saw, and
         perhaps some it has not read yet). Sources that never drop entries say False."""
         return False
+
+    def failure(self) -> SourceFailed | None:
+        """Why nothing after the last entry will ever be read (a followed file's bad entry):
+        a stream that read everything fails with it. None while the source can grow."""
+        return None
 
     def cluster_time(self) -> Timestamp:
         """The time replies report as operationTime/$clusterTime: the last entry read."""

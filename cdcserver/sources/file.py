@@ -27,7 +27,7 @@ from bson import json_util
 from bson.errors import BSONError
 from bson.timestamp import Timestamp
 
-from cdcserver.sources.base import EntryList, OplogLog
+from cdcserver.sources.base import EntryList, OplogLog, SourceFailed
 from pipeline_stages.oplog_entry import Entry, decode_entry, with_oplog_types
 from pipeline_stages.unwind_transaction import APPLY_OPS_APPLIED_SEPARATELY
 from pipeline_stages.value_string import type_name
@@ -90,7 +90,7 @@ def _entries_in(
             text = raw_line.strip()
             if not text:
                 continue
-            where = f"{path}: line {cur.line}"
+            where = f"{path}:{cur.line}"  # file:line, as compilers say it (editors follow it)
             try:
                 doc = json_util.loads(text, json_options=_JSON_OPTIONS)
             except ValueError as exc:
@@ -177,6 +177,7 @@ class FileOplog(EntryList, OplogLog):
         self.paths = list(paths)
         self._namespaces: set[tuple[str, str]] = set()
         self._tail: _Cursor | None = None
+        self._failure: SourceFailed | None = None  # following met a bad entry
         for path in self.paths:
             self._tail = self._load(path, _Cursor(path, 0, 0, False), first=True)
 
@@ -231,11 +232,22 @@ class FileOplog(EntryList, OplogLog):
                 self.refresh()
             except OplogFileError as exc:
                 # What was read before the bad entry stays served; reading further could only
-                # repeat or skip entries, so following stops here.
-                log.error("stopped following %s: %s", cur.path, exc)
+                # repeat or skip entries, so following stops here, and a stream that has read
+                # everything before it fails saying where (else it would wait forever).
+                self.fail(exc)
                 return
 
+    def fail(self, exc: OplogFileError) -> None:
+        """Stop growing for good because of `exc`: logged once, streams woken to meet it."""
+        log.error("stopped following %s: %s", self.paths[-1], exc,
+                  extra={"path": self.paths[-1]})
+        self._failure = SourceFailed(str(exc))
+        self.notify()
+
     # -- OplogLog -------------------------------------------------------------------------------
+
+    def failure(self) -> SourceFailed | None:
+        return self._failure
 
     def namespaces(self) -> set[tuple[str, str]]:
         return set(self._namespaces)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 from bson.timestamp import Timestamp
 
-from cdcserver.sources.base import OplogLog
+from cdcserver.sources.base import OplogLog, SourceFailed
 from pipeline_stages.oplog_entry import Entry
 
 
@@ -51,6 +51,14 @@ class MergedOplog(OplogLog):
             entry = member.entry_at(ts)
             if entry is not None:
                 return entry
+        return None
+
+    def failure(self) -> SourceFailed | None:
+        # The union cannot go past a member that stopped: its first failure is the union's.
+        for member in self.members():
+            failure = member.failure()
+            if failure is not None:
+                return failure
         return None
 
     def namespaces(self) -> set[tuple[str, str]]:

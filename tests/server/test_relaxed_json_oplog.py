@@ -88,4 +88,4 @@ def test_a_bad_field_type_is_refused_at_start(tmp_path: pathlib.Path) -> None:
     with pytest.raises(RuntimeError) as refused:
         SubprocessServer([bad], follow=False).stop()
     message = str(refused.value)
-    assert f"{bad}: line {n + 1}: field txnNumber should be long, found: string" in message
+    assert f"{bad}:{n + 1}: field txnNumber should be long, found: string" in message

@@ -75,6 +75,6 @@ def test_replay_writes_the_events_before_a_corrupt_line(tmp_path):
         capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 1, done.stderr
-    assert f"{path}: line 10: invalid JSON" in done.stderr
+    assert f"{path}:10: invalid JSON" in done.stderr
     written = [json.loads(line) for line in done.stdout.splitlines()]
     assert [e["documentKey"]["_id"]["$numberInt"] for e in written] == [str(i) for i in range(9)]

@@ -86,7 +86,7 @@ def test_corrupt_append_stops_following_but_keeps_serving(cdcserver_factory, tmp
         if "stopped following" in caplog.text:
             break
         time.sleep(0.01)
-    assert f"stopped following {path}: {path}: line 2: invalid JSON" in caplog.text
+    assert f"stopped following {path}: {path}:2: invalid JSON" in caplog.text
     with MongoClient(server.uri) as client:
         with client.a.b.watch(start_at_operation_time=first, max_await_time_ms=50) as stream:
             assert [e["documentKey"]["_id"] for e in drain(stream, 1)] == [1]
