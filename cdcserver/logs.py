@@ -97,16 +97,35 @@ def _when(ts: Any) -> str:
     return f"Timestamp({ts.time}, {ts.inc}) ({stamp})"
 
 
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
 def serving_summary(config: Any, oplog: Any, port: int, metrics_port: int | None) -> str:
     """The one line `serve` logs once it listens: what it serves (the source, its data
     directory or files, the oplog's range) and where (wire and metrics ports)."""
     import os
 
     paths = getattr(oplog, "paths", None)
+    cluster = getattr(oplog, "cluster", None)  # --shards N: the embedded cluster's log
+    shards = getattr(oplog, "shards", None)
+    front = ""  # a mongos front: which port is which shard
     if config.upstream.uri:
         # A mongos's sidecar tails every shard (ShardedUpstream has them): not a replica set.
-        kind = "the sharded cluster" if hasattr(oplog, "shards") else "the replica set"
+        kind = "the sharded cluster" if shards is not None else "the replica set"
         source = f"{kind} at " + config.upstream.uri.split("@")[-1]  # no credentials
+    elif cluster is not None:
+        store = ("in memory" if config.store.in_memory
+                 else f"in {os.path.abspath(config.store.data_dir)}")
+        n_shards = len(cluster.shards)
+        source = (f"an embedded sharded cluster of {n_shards} "
+                  f"shard{'' if n_shards == 1 else 's'} {store}")
+        front = " (mongos; " + ", ".join(
+            f"{s.name} {_host(s.host)}:{s.port}" for s in cluster.shards) + ")"
+    elif shards is not None:  # --oplog A... --oplog B...: one recording per shard
+        source = "the recorded oplogs of " + ", ".join(
+            f"{s.name} ({', '.join(os.path.abspath(p) for p in s.log.paths)})" for s in shards)
+        front = " (mongos)"
     elif paths:
         shown = ", ".join(os.path.abspath(p) for p in paths[:3])
         more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
@@ -132,8 +151,7 @@ def serving_summary(config: Any, oplog: Any, port: int, metrics_port: int | None
             n = max(n, int(retained.count))
         count = "" if n is None else f"{n} entr{'y' if n == 1 else 'ies'}, "
         span = f"oplog {count}{_when(oldest['ts'])} to {_when(latest)}"
-    host = config.server.host
-    where = f"mongodb://{f'[{host}]' if ':' in host else host}:{port}/"
+    where = f"mongodb://{_host(config.server.host)}:{port}/{front}"
     metrics = (f"metrics http://{config.metrics.host}:{metrics_port}/metrics"
                if metrics_port is not None else "metrics off")
     return f"serving {source}; {span}; on {where}; {metrics}"
