@@ -80,6 +80,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "server.unix_socket_prefix": args.unix_socket_prefix,
         "server.unix_socket_permissions": args.file_permissions,
     }
+    if args.host and "," in args.host:  # mongod's --bind_ip takes a list
+        print(f"cdcserver serve: --bind_ip/--host {args.host}: cdcserver listens on one "
+              "address (0.0.0.0: all IPv4 ones)", file=sys.stderr)
+        return 2
     try:
         config = load_config(
             args.config, overrides={k: v for k, v in flags.items() if v is not None}
@@ -140,11 +144,47 @@ def ports_taken(config: Config) -> str | None:
     return None
 
 
+def data_dir_problem(path: str, key: str) -> str | None:
+    """None once `path` is a directory (made with its parents, as the store would), else the
+    one line saying which directory cannot be made, why, and what to do: a raw OSError
+    ("[Errno 2] No such file or directory: 'x/data'") names neither the option nor the cause
+    (a dangling symlink, a file in the way, a parent not writable)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        return None
+    except OSError as exc:
+        cause = exc.strerror or str(exc)
+    where = os.path.abspath(path)
+    up = where  # the deepest part of the path that exists: what is in the way
+    while not os.path.lexists(up) and os.path.dirname(up) != up:
+        up = os.path.dirname(up)
+    fix = f"create {where}"
+    if os.path.islink(up) and not os.path.exists(up):
+        target = os.path.join(os.path.dirname(up), os.readlink(up))
+        cause = f"{up} is a symbolic link to {target}, which does not exist"
+        fix = f"create {os.path.normpath(target)}"
+    elif not os.path.isdir(up):
+        cause, fix = f"{up} is not a directory", f"move {up} away"
+    elif not os.access(up, os.W_OK | os.X_OK):
+        cause, fix = f"{up} is not writable", f"make {up} writable"
+    return (f"{key}: cannot create the data directory {where}: {cause}; {fix}, or give "
+            "another directory")
+
+
 def _open_deployment(args: argparse.Namespace, config: Config) -> Deployment | None:
     """The serving mode the flags and config name (None: it cannot open, said on stderr)."""
     from cdcserver.embedded.persist import DataDirError
     from cdcserver.sources.file import OplogFileError
 
+    directory = None
+    if config.upstream.uri:
+        if config.upstream.retain_dir:
+            directory = data_dir_problem(config.upstream.retain_dir, "upstream.retain_dir")
+    elif not (args.oplog or config.source.oplog or args.sample or config.store.in_memory):
+        directory = data_dir_problem(config.store.data_dir, "store.data_dir (--data-dir)")
+    if directory is not None:
+        print(f"cdcserver: {directory}", file=sys.stderr)
+        return None
     try:
         if config.upstream.uri:  # a mongos: its sidecar; a replica set: its tail
             from cdcserver.deployments.sidecar import open_sidecar
@@ -524,7 +564,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument(
         "--config", help="TOML config file (`cdcserver config --defaults` prints every option)"
     )
-    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    # --bind_ip and --dbpath: mongod's spellings, as its unix-socket flags below.
+    serve.add_argument("--host", "--bind_ip", dest="host",
+                       help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 27017)")
     # One source is served: naming two is an error, not a silent precedence.
     source = serve.add_mutually_exclusive_group()
@@ -539,7 +581,8 @@ def main(argv: list[str] | None = None) -> int:
         help="embedded store kept in memory only (for tests)",
     )
     source.add_argument(
-        "--data-dir", help="embedded store data directory (default ./cdcserver-data)"
+        "--data-dir", "--dbpath", dest="data_dir",
+        help="embedded store data directory (default ./cdcserver-data)",
     )
     source.add_argument(
         "--upstream", metavar="URI",

@@ -158,6 +158,46 @@ def test_sources_from_config_and_flags_conflict(tmp_path):
     assert_one_line_error(result, "--follow needs an oplog file")
 
 
+def test_a_data_dir_that_cannot_be_made_is_one_clear_line(tmp_path):
+    """Not a raw "[Errno 2] No such file or directory: 'x/data'": the option, the directory,
+    what is in the way, what to do; status 2 as other config errors."""
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    (tmp_path / "a-file").write_text("")
+    for given, cause, fix in [
+        ("dangling/data", f"{tmp_path / 'dangling'} is a symbolic link to {tmp_path / 'gone'}, "
+         "which does not exist", f"create {tmp_path / 'gone'}"),
+        ("a-file/data", f"{tmp_path / 'a-file'} is not a directory",
+         f"move {tmp_path / 'a-file'} away"),
+    ]:
+        result = run("serve", "--data-dir", given, "--port", "0", "--metrics-port", "0",
+                     cwd=tmp_path)
+        err = assert_one_line_error(
+            result, f"cdcserver: store.data_dir (--data-dir): cannot create the data directory "
+            f"{tmp_path / given}: {cause}; {fix}, or give another directory")
+        assert "Errno" not in err and result.returncode == 2
+    (tmp_path / "r.toml").write_text('[upstream]\nuri = "mongodb://127.0.0.1:1/"\n'
+                                     'retain_dir = "a-file/retained"\n')
+    result = run("serve", "--config", "r.toml", "--port", "0", "--metrics-port", "0",
+                 cwd=tmp_path)
+    assert_one_line_error(result, "cdcserver: upstream.retain_dir: cannot create the data "
+                          f"directory {tmp_path / 'a-file' / 'retained'}: ")
+    assert result.returncode == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "dangling", "r.toml"]
+
+
+def test_mongods_dbpath_and_bind_ip(tmp_path):
+    """`mongod --dbpath D --bind_ip H` spelled the same for cdcserver serve."""
+    line = _serving_line(["--dbpath", "db", "--bind_ip", "127.0.0.1"], tmp_path)
+    assert f"serving the embedded store in {tmp_path / 'db'};" in line, line
+    assert re.search(r"; on mongodb://127\.0\.0\.1:\d+/; ", line), line
+    assert (tmp_path / "db" / "cdcserver.sqlite3").exists()
+    # mongod takes a list; cdcserver listens on one address, and says so.
+    result = run("serve", "--bind_ip", "127.0.0.1,::1", "--port", "0", cwd=tmp_path)
+    assert_one_line_error(result, "--bind_ip/--host 127.0.0.1,::1: cdcserver listens on one "
+                          "address")
+    assert result.returncode == 2
+
+
 # --- version, help ---------------------------------------------------------------------------
 
 
