@@ -31,6 +31,14 @@ from cdcserver.config import Config, port_in_use, unix_socket_mode
 from cdcserver.context import ConnectionState, ServerState
 from cdcserver.deployment import Deployment, server_state
 from cdcserver.logs import log_slow_command, serving_summary, slow_log
+from cdcserver.tls import (
+    PLAINTEXT_ERROR,
+    PLAINTEXT_ERROR_CODE,
+    RECEIVE_ERROR,
+    TlsListener,
+    tcp_sockets,
+    unix_socket,
+)
 from pipeline_stages.errors import MongoError
 from pipeline_stages.release import RELEASES
 
@@ -69,13 +77,13 @@ class Server:
         self.max_connections = max_connections
         self.ssl_context = ssl_context  # TLS on the listener ([tls])
         self.idle_timeout_s = idle_timeout_s  # close a connection silent this long (0: never)
-        self._server: asyncio.AbstractServer | None = None
+        self._server: asyncio.Server | TlsListener | None = None
         # mongod's net.unixDomainSocket: <prefix>/mongodb-<port>.sock beside the TCP listener
         # (None: none, as --nounixsocket).
         self.unix_socket_prefix = unix_socket_prefix
         self.unix_socket_permissions = unix_socket_permissions
         self.unix_socket_path: str | None = None
-        self._unix_server: asyncio.AbstractServer | None = None
+        self._unix_server: asyncio.Server | TlsListener | None = None
         self._unix_inode: tuple[int, int] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._background: list[asyncio.Task[Any]] = []
@@ -83,9 +91,11 @@ class Server:
 
     async def start(self, host: str, port: int) -> int:
         """Listen; returns the bound port (useful with port 0)."""
-        self._server = await asyncio.start_server(
-            self._on_connection, host, port, ssl=self.ssl_context
-        )
+        if self.ssl_context is None:
+            self._server = await asyncio.start_server(self._on_connection, host, port)
+        else:  # a plaintext client is logged, as mongod logs it (tls.py)
+            self._server = TlsListener(tcp_sockets(host, port), self.ssl_context,
+                                       self._on_connection, self._plaintext_refused)
         sock = self._server.sockets[0]
         bound: int = sock.getsockname()[1]  # (host, port) for IPv4, 4 fields for IPv6
         self.state.host, self.state.port = host, bound
@@ -121,9 +131,11 @@ class Server:
                 f"{exc.strerror or exc}"
             ) from None
         try:
-            self._unix_server = await asyncio.start_unix_server(
-                self._on_connection, path, ssl=self.ssl_context
-            )
+            if self.ssl_context is None:
+                self._unix_server = await asyncio.start_unix_server(self._on_connection, path)
+            else:
+                self._unix_server = TlsListener([unix_socket(path)], self.ssl_context,
+                                                self._on_connection, self._plaintext_refused)
             os.chmod(path, self.unix_socket_permissions)
             st = os.stat(path)
         except OSError as exc:
@@ -207,6 +219,24 @@ class Server:
                 async with asyncio.timeout(CLOSE_TASKS_S):
                     await self._server.wait_closed()
 
+    def _peer_string(self, peer: Any) -> str:
+        if isinstance(peer, tuple):
+            return f"{peer[0]}:{peer[1]}"
+        # The Unix domain socket: mongod's remote is "anonymous unix socket:<port>".
+        return f"{peer or 'anonymous unix socket'}:{self.state.port}"
+
+    def _plaintext_refused(self, peer: Any) -> None:
+        """A client that did not start TLS on the TLS port: one line, as mongod's (id 22988),
+        with the connection id it would have had."""
+        conn_id = self.state.next_connection_id()
+        peer_str = self._peer_string(peer)
+        log.info(
+            "connection %d from %s: %s: SSLHandshakeFailed: %s", conn_id, peer_str,
+            RECEIVE_ERROR, PLAINTEXT_ERROR,
+            extra={"conn": conn_id, "peer": peer_str, "errCode": PLAINTEXT_ERROR_CODE,
+                   "errName": "SSLHandshakeFailed"},
+        )
+
     async def _on_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
@@ -214,11 +244,7 @@ class Server:
         assert task is not None
         self._tasks.add(task)
         state = self.state
-        peer = writer.get_extra_info("peername")
-        if isinstance(peer, tuple):
-            peer_str = f"{peer[0]}:{peer[1]}"
-        else:  # the Unix domain socket: mongod's remote is "anonymous unix socket:<port>"
-            peer_str = f"{peer or 'anonymous unix socket'}:{state.port}"
+        peer_str = self._peer_string(writer.get_extra_info("peername"))
         if state.connections >= self.max_connections:
             log.warning("connection from %s refused: %d open", peer_str, state.connections)
             writer.close()
