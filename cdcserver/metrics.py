@@ -25,6 +25,8 @@ Exposed names (all `cdcserver_`):
   `upstream_retained_write_errors_total`, `upstream_retained_failing` (with `upstream.retain_dir`)
 - `source_failed` (1 once a followed file met an entry it cannot serve)
 - `shutting_down`, `requests_in_flight`
+
+and, without the prefix, prometheus_client's `process_*` and `python_info`.
 """
 
 from __future__ import annotations
@@ -37,7 +39,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -76,6 +84,10 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(StateCollector(state, in_flight))
+        # process_* (CPU, memory, descriptors, start time; from /proc, Linux only) and
+        # python_info: what every Prometheus client exposes by default, on this registry.
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
 
     def command_error(self, code: Any, code_name: Any) -> None:
         self.command_errors.labels(str(code), str(code_name)).inc()

@@ -217,6 +217,14 @@ def test_serve_has_a_metrics_port(tmp_path: pathlib.Path) -> None:
             samples = scrape(int(match.group(1)))
         assert value(samples, "cdcserver_connections_total") >= 1
         assert value(samples, "cdcserver_requests_in_flight") == 0
+        assert value(samples, "cdcserver_source_failed") == 0
+        # The process's own (prometheus_client's process and platform collectors): the
+        # server's memory, CPU, descriptors, start time, and its Python.
+        assert value(samples, "process_resident_memory_bytes") > 0
+        assert value(samples, "process_open_fds") > 0
+        assert value(samples, "process_start_time_seconds") > 0
+        assert "process_cpu_seconds_total" in {name for name, _ in samples}
+        assert any(name == "python_info" for name, _ in samples)
     # Off: no endpoint.
     with SubprocessServer(env={"CDCSERVER_METRICS_ENABLED": "false"}) as server:
         assert "metrics on" not in server.log_text()
