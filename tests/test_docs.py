@@ -248,6 +248,20 @@ def test_the_replay_command_writes_the_inserts(tmp_path):
     ]
 
 
+def test_the_python_image_named_is_the_dockerfiles():
+    """The base image the README and docs/ say the Dockerfile builds on is the one it does
+    (issue 29: "python:3.12-slim" stayed in the text when the Dockerfile moved on)."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    arg = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", dockerfile, re.M)
+    assert arg, "the Dockerfile's ARG PYTHON_IMAGE"
+    assert re.findall(r"^FROM (\S+)", dockerfile, re.M) == ["${PYTHON_IMAGE}"] * 2
+    named = {(name, image)
+             for name, text in {"README.md": (ROOT / "README.md").read_text(), **PAGES}.items()
+             for image in re.findall(r"\bpython:[\w.-]+", text)}
+    assert named, "no page names the image any more: drop this test with the sentence"
+    assert {image for _name, image in named} == {arg.group(1)}, named
+
+
 @pytest.mark.parametrize("page", sorted(PAGES))
 def test_each_page_starts_with_its_title(page):
     assert PAGES[page].startswith("# "), page
