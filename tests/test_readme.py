@@ -50,6 +50,35 @@ def _block(lang: str, containing: str) -> str:
     return found[0]
 
 
+# Every block of README.md, by a string only it holds: the test that runs it (or compares
+# with it), or why nothing can.
+BLOCKS = {
+    ("", ".venv/bin/pip install -e ."): "test_command_1_serves_and_the_example_runs_twice, "
+    "test_command_2_is_what_ci_runs_and_collects_without_errors, test_command_1_in_a_fresh_clone",
+    ("python", 'full_document="updateLookup"'): "test_command_1_serves_and_the_example_runs_twice",
+    ("", "insert {'_id': ObjectId('...')"): "test_command_1_serves_and_the_example_runs_twice "
+    "(what it prints)",
+    ("python", "pytest_plugins"): "test_the_pytest_example_passes",
+    ("python", "def test_an_insert_is_seen"): "test_the_pytest_example_passes",
+    ("", "cdcserver serve --sample"): "test_the_sample_section_prints_its_events",
+    ("python", "start_at_operation_time"): "test_the_sample_section_prints_its_events",
+    ("", "--upstream mongodb://127.0.0.1:27019/"): "test_the_sidecar_example_prints_insert",
+    ("python", "# the sidecar"): "test_the_sidecar_example_prints_insert",
+    ("", "db1,db2,db3"): "not run: a replica set at db1..db3; the block after it runs the same "
+    "command against a cdcserver standing in for one",
+}
+
+
+def test_every_block_is_run_or_says_why_not() -> None:
+    for lang, code in _blocks():
+        owners = [key for key in BLOCKS if key[0] == lang and key[1] in code]
+        assert len(owners) == 1, f"a ```{lang} block of README.md run nowhere:\n{code}"
+    for (lang, containing), runner in BLOCKS.items():
+        _block(lang, containing)  # exactly one block holds it
+        for name in re.findall(r"\btest_\w+", runner):
+            assert callable(globals().get(name)), f"{name}, said to run {containing!r}, is gone"
+
+
 def setup_commands() -> tuple[str, str]:
     """The two commands at the top of README.md."""
     lang, code = _blocks()[0]
