@@ -15,6 +15,7 @@ from cdcserver.commands import oplog_find, queries
 from cdcserver.commands.arguments import cursor_batch_size, is_string, object_arg
 from cdcserver.commands.base import Handler, family
 from cdcserver.commands.crud_common import coll_arg
+from cdcserver.commands.fcv import feature_compatibility_version, version_key
 from cdcserver.commands.queries import cursor_first_batch
 from cdcserver.commands.transactions import get_store, snapshot_reads
 from cdcserver.commands.writes import _run_writes
@@ -104,7 +105,7 @@ async def create(
     store = get_store(server)
     coll = coll_arg(cmd, "create")
     if "timeseries" in cmd and not timeseries.is_buckets(coll):
-        return _create_timeseries(store, cmd, db, coll)
+        return _create_timeseries(store, cmd, db, coll, viewless=viewless_timeseries(server))
     if "viewOn" in cmd or "pipeline" in cmd:
         if _in_txn(cmd):
             raise MongoError(263, "Cannot create a view in a multi-document transaction.")
@@ -157,13 +158,24 @@ async def create(
     return {}
 
 
+def viewless_timeseries(server: ServerState) -> bool:
+    """Whether time-series collections are viewless now: the release has an FCV from which
+    they are (9.0's featureFlagCreateViewlessTimeseriesCollections) and the FCV is that one
+    or later. Under the 8.0 binary, or the 9.0 one at FCV 8.0, they are viewful."""
+    since = server.release.viewless_timeseries_fcv
+    return since is not None and (
+        version_key(feature_compatibility_version(server)) >= version_key(since))
+
+
 def _create_timeseries(
-    store: Store, cmd: Mapping[str, Any], db: str, coll: str
+    store: Store, cmd: Mapping[str, Any], db: str, coll: str, viewless: bool = False
 ) -> dict[str, Any]:
     """create with `timeseries` (create_command.cpp, then create_collection.cpp's
     _createTimeseries): the buckets collection `system.buckets.<coll>` (clustered, with its
     validator, the time-series options and mongod's default index on meta and time), then
-    the view `<coll>` on it. A create that finds the same time-series collection answers ok."""
+    the view `<coll>` on it. A create that finds the same time-series collection answers ok.
+    `viewless` (9.0 at FCV 9.0): the collection `<coll>` itself holds the buckets, clustered,
+    with no validator and no view (its create entry names `<coll>`)."""
     ns = f"{db}.{coll}"
     for k in cmd:  # the IDL's unknown fields first
         if k in ("create", "timeseries", "viewOn", "pipeline", "idIndex", "encryptedFields"):
@@ -188,6 +200,8 @@ def _create_timeseries(
         "validator": timeseries.bucket_validator(ts["timeField"]),
         "timeseries": ts,
     }
+    if viewless:  # a viewless collection has no bucket validator (validate.cpp checks so)
+        del options["validator"]
     for k in ("storageEngine", "indexOptionDefaults", "temp"):
         if k in cmd:
             options[k] = cmd[k]
@@ -200,6 +214,10 @@ def _create_timeseries(
     with store.batch():
         existing = store.get(db, coll)
         if existing is not None:
+            if viewless and timeseries.is_viewless(existing) and _same_timeseries(
+                existing.options, options
+            ):
+                return {}
             raise MongoError(48, f"Collection {ns} already exists.")
         view = store.view(db, coll)
         found = store.get(db, buckets)
@@ -211,6 +229,12 @@ def _create_timeseries(
             if timeseries.is_timeseries_view(view):
                 raise MongoError(48, f"A timeseries collection already exists. NS: {ns}")
             raise MongoError(48, f"A view already exists. NS: {ns}")
+        if viewless:
+            c = store.create_collection(db, coll, options)
+            index = timeseries.default_index_spec(ts, collation)
+            if index is not None:
+                store.create_indexes(c, [index])
+            return {}
         if found is not None:
             if not _same_timeseries(found.options, options):
                 raise MongoError(48, f"Bucket Collection already exists. NS: {db}.{buckets}. "
@@ -498,6 +522,9 @@ async def drop(
             return {"ns": f"{db}.{coll}"}  # mongod's _dropView: no nIndexesWas
     if c is None:
         return {}
+    if timeseries.is_viewless(c):  # answered as the viewful one's drop (_drop_timeseries)
+        timeseries.forget(c.uuid)
+        return {"nIndexesWas": len(_secondary_indexes(c)), "ns": f"{db}.{coll}"}
     return {"nIndexesWas": len(c.indexes), "ns": f"{db}.{coll}"}
 
 
@@ -1072,11 +1099,16 @@ def _coll_mod_view(store: Store, cmd: Mapping[str, Any], db: str, coll: str) -> 
 # listCollections / listDatabases
 
 
-def collection_info(c: Collection) -> dict[str, Any]:
+def collection_info(c: Collection, raw_data: bool = False) -> dict[str, Any]:
+    """A collection as listCollections shows it; a viewless time-series one (9.0) as
+    buildCollectionBson does: type "timeseries" and its creation options only, unless the
+    command asks `rawData` (then as the collection of buckets it is)."""
+    as_timeseries = not raw_data and timeseries.is_viewless(c)
     info = {
         "name": c.name,
-        "type": "collection",
-        "options": dict(c.options),
+        "type": "timeseries" if as_timeseries else "collection",
+        "options": (timeseries.listing_options(c.options, OPTION_ORDER) if as_timeseries
+                    else dict(c.options)),
         "info": {"readOnly": False, "uuid": Binary(c.uuid, 4)},
     }
     if "clusteredIndex" not in c.options:  # a clustered collection has no _id index
@@ -1121,7 +1153,8 @@ async def list_collections(
     filter_doc = object_arg(cmd, "filter", "listCollections") or {}
     name_only = cmd.get("nameOnly") is True
     out = []
-    infos = [collection_info(c) for c in store.collections_of(db)]
+    raw_data = cmd.get("rawData") is True
+    infos = [collection_info(c, raw_data) for c in store.collections_of(db)]
     # mongod lists the collections, then the views (list_collections.cpp)
     infos.extend(view_info(v, store)
                  for v in sorted(store.views_of(db), key=lambda v: v["_id"]))

@@ -67,7 +67,7 @@ def feature_compatibility_version(server: ServerState) -> str:
     return str(fcv_document(server)["version"])
 
 
-def _version_key(version: str) -> tuple[int, ...]:
+def version_key(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in version.split("."))
 
 
@@ -93,7 +93,7 @@ async def set_feature_compatibility_version(
         raise wrong_type("setFeatureCompatibilityVersion.confirm", confirm, "bool")
     actual = feature_compatibility_version(server)
     if requested != actual and confirm is not True:
-        if _version_key(requested) > _version_key(actual):
+        if version_key(requested) > version_key(actual):
             message = (
                 f"Once you have upgraded to {requested}, you will not be able to downgrade FCV "
                 "and binary version without support assistance. Please re-run this command "
@@ -110,7 +110,7 @@ async def set_feature_compatibility_version(
     if store is None:
         server.part(_InMemoryVersion).version = requested
         return {}
-    upgrading = _version_key(requested) > _version_key(actual)
+    upgrading = version_key(requested) > version_key(actual)
     transitional: dict[str, Any] = (
         {"_id": _FCV_ID, "version": actual, "targetVersion": requested} if upgrading
         else {"_id": _FCV_ID, "version": requested, "targetVersion": requested,
@@ -119,8 +119,8 @@ async def set_feature_compatibility_version(
     with store.batch():
         _write_fcv(store, transitional)
         if viewless_from is not None:
-            before = _version_key(actual) >= _version_key(viewless_from)
-            after = _version_key(requested) >= _version_key(viewless_from)
+            before = version_key(actual) >= version_key(viewless_from)
+            after = version_key(requested) >= version_key(viewless_from)
             if before != after:
                 for db, coll in store.timeseries_collections(viewless=before):
                     store.convert_timeseries(db, coll, to_viewless=after)

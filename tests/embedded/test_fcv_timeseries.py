@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 
 import pytest
+from pymongo.errors import OperationFailure
 
 from cdcserver.config import Config, ServerConfig
 from cdcserver.testing import EmbeddedServer
@@ -78,9 +79,12 @@ def test_an_fcv_upgrade_converts_time_series_collections_and_logs_one_entry_each
         names = client.test.list_collection_names()
         assert "ts" in names and "system.buckets.ts" not in names
         info = next(client.test.list_collections(filter={"name": "ts"}))
-        assert info["type"] == "collection" and "timeseries" in info["options"]
-        assert "validator" not in info["options"]
+        assert info["type"] == "timeseries" and "timeseries" in info["options"]
         assert info["info"]["uuid"] == buckets_ui  # the UUID is kept
+        raw = client.test.command("listCollections", filter={"name": "ts"}, rawData=True)
+        raw_info = raw["cursor"]["firstBatch"][0]
+        assert raw_info["type"] == "collection" and raw_info["options"]["clusteredIndex"]
+        assert "validator" not in raw_info["options"]
         entries = _oplog(client, op="c", **{"o.upgradeDowngradeViewlessTimeseries": {
             "$exists": True}})
         assert [(e["ns"], dict(e["o"]), e["ui"]) for e in entries] == [
@@ -173,7 +177,7 @@ def test_the_conversion_is_durable_with_the_store(tmp_path):
                 "featureCompatibilityVersion"] == {"version": "9.0"}
             info = {c["name"]: c for c in client.test.list_collections()}
             assert set(info) == {"ts", "system.views"}  # system.views stays, as on mongod
-            assert info["ts"]["type"] == "collection"
+            assert info["ts"]["type"] == "timeseries"
             client.test.ts.insert_one({"t": T0, "v": 2})
             assert [d["v"] for d in client.test.ts.find().sort("v", 1)] == [1, 2]
             _fcv(client, "8.0")  # and back, durably too
@@ -189,3 +193,52 @@ def test_the_conversion_is_durable_with_the_store(tmp_path):
             assert sorted(d["v"] for d in client.test.ts.find()) == [1, 2]
     finally:
         server.stop()
+
+
+def test_a_create_at_fcv_9_0_makes_a_viewless_collection(server):
+    with server.client() as client:
+        client.test.create_collection("ts", timeseries={"timeField": "t", "metaField": "m"})
+        assert client.test.list_collection_names() == ["ts"]  # no buckets, no system.views
+        ts_options = {"timeField": "t", "metaField": "m", "granularity": "seconds",
+                      "bucketMaxSpanSeconds": 3600}
+        info = next(client.test.list_collections())
+        assert info["type"] == "timeseries" and info["options"] == {"timeseries": ts_options}
+        assert "idIndex" not in info  # clustered
+        raw = client.test.command("listCollections", rawData=True)["cursor"]["firstBatch"]
+        assert [(i["type"], i["options"]) for i in raw] == [
+            ("collection", {"clusteredIndex": True, "timeseries": ts_options})]
+        # Its create entry names the collection, with no validator (mongod 9.0's
+        # change_stream_timeseries.js: the viewless collectionCreationEvent).
+        creates = _oplog(client, op="c", ns="test.$cmd", **{"o.create": {"$exists": True}})
+        assert [dict(e["o"]) for e in creates] == [
+            {"create": "ts", "clusteredIndex": True, "timeseries": ts_options}]
+        assert creates[0]["ui"] == info["info"]["uuid"]
+        indexes = _oplog(client, op="c", **{"o.createIndexes": "ts"})
+        assert [e["o"]["key"] for e in indexes] == [
+            {"meta": 1, "control.min.t": 1, "control.max.t": 1}]
+        # The same create again answers ok; another one, or a view on the name, 48.
+        client.test.command("create", "ts", timeseries={"timeField": "t", "metaField": "m"})
+        for other in ({"timeseries": {"timeField": "u"}}, {"viewOn": "x", "pipeline": []}, {}):
+            with pytest.raises(OperationFailure) as failed:
+                client.test.command("create", "ts", **other)
+            assert failed.value.code == 48
+        client.test.ts.insert_many([{"t": T0, "m": "a", "v": 1}, {"t": T0, "m": "b", "v": 2}])
+        assert [d["v"] for d in client.test.ts.find().sort("v", 1)] == [1, 2]
+        raw_docs = client.test.command("find", "ts", rawData=True)["cursor"]["firstBatch"]
+        assert sorted(b["meta"] for b in raw_docs) == ["a", "b"]
+        assert client.test.command("drop", "ts")["nIndexesWas"] == 1
+        assert client.test.list_collection_names() == []
+
+
+def test_at_fcv_8_0_a_create_makes_a_viewful_collection(server):
+    with server.client() as client:
+        _fcv(client, "8.0")
+        client.test.create_collection("ts", timeseries={"timeField": "t"})
+        names = set(client.test.list_collection_names())
+        assert names == {"ts", "system.buckets.ts", "system.views"}
+        creates = _oplog(client, op="c", ns="test.$cmd", **{"o.create": {"$exists": True}})
+        assert [e["o"]["create"] for e in creates] == ["system.buckets.ts", "system.views"]
+        assert "validator" in creates[0]["o"]
+        # The view's definition, in system.views, is what names the collection.
+        views = _oplog(client, op="i", ns="test.system.views")
+        assert [e["o"]["_id"] for e in views] == ["test.ts"]
