@@ -161,6 +161,7 @@ class OplogFilter:
         "_system_from_migrate",
         "_drop_database",
         "_internal_o2_keys",
+        "_hide_timeseries",
     )
 
     def __init__(self, spec: ChangeStreamSpec, *, needs_merge: bool = False) -> None:
@@ -220,6 +221,10 @@ class OplogFilter:
             keys.append("migrateLastChunkFromShard")
         keys += ["refineCollectionShardKey", "reshardCollection"]
         self._internal_o2_keys = tuple(keys)
+        # 9.0: the entries of a viewless time-series collection (`isTimeseries: true`) only
+        # with the aggregate's rawData, whatever showSystemEvents says (mongod 9.0's
+        # change_stream_timeseries.js); the conversion entry is every stream's rename.
+        self._hide_timeseries = not spec.raw_data
 
     # -- namespace tests ---------------------------------------------------------------------
 
@@ -341,6 +346,8 @@ class OplogFilter:
         """The whole `buildOplogMatchFilter` except `ts >= start`."""
         entry = _fast(entry)
         get = entry.get
+        if self._hide_timeseries and get("isTimeseries") is True and not _is_conversion(entry):
+            return False
         # Most entries have no fromMigrate: test presence before calling out.
         if (
             self._check_from_migrate
@@ -371,9 +378,16 @@ class OplogFilter:
     def matches_transaction_op(self, op: Mapping[str, Any]) -> bool:
         """`buildUnwindTransactionFilter`: one operation inside `applyOps`."""
         op = _fast(op)
+        if self._hide_timeseries and op.get("isTimeseries") is True:
+            return False
         if not self._operation_event(op.get("op"), op.get("ns"), op.get("o")):
             return False
         return not self._check_from_migrate or self._from_migrate_ok(op)
+
+
+def _is_conversion(entry: Mapping[str, Any]) -> bool:
+    o = entry.get("o")
+    return entry.get("op") == "c" and isinstance(o, Mapping) and VIEWLESS_TIMESERIES in o
 
 
 def _eq_str(value: Any, target: str | None) -> bool:

@@ -46,6 +46,9 @@ class ChangeStreamSpec:
     # reader version asked for (this server reads every stream as a v1 reader does).
     ignore_removed_shards: bool = False
     reader_version: str | None = None
+    # The aggregate's `rawData: true` (9.0): a viewless time-series collection's events,
+    # marked `isTimeseries` in the oplog, are shown only then.
+    raw_data: bool = False
     # Which options the client gave (not the defaults filled in): 9.0's option counters.
     given_options: frozenset[str] = frozenset()
     # The stages after $changeStream, as given.
@@ -268,6 +271,7 @@ def parse_aggregate(
         ),
         ignore_removed_shards=values.get("ignoreRemovedShards", False),
         reader_version=values.get("version"),
+        raw_data=cmd.get("rawData") is True,
         given_options=frozenset(values),
         user_pipeline=[dict(s) for s in pipeline[1:]],
         token_version=_token_version(cmd),

@@ -311,6 +311,10 @@ class ChangeStreamTransform:
                 event["nsType"] = (
                     "timeseries" if str(view_on).startswith("system.buckets.") else "view"
                 )
+            elif "timeseries" in description and not str(o["create"]).startswith(
+                "system.buckets."
+            ):  # 9.0's viewless time-series collection
+                event["nsType"] = "timeseries"
             elif self.expanded:
                 event["nsType"] = "collection"
             return event

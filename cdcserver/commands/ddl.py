@@ -1135,12 +1135,19 @@ def view_info(view: Mapping[str, Any], store: Store | None = None) -> dict[str, 
 async def aggregate_refusing_views(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
 ) -> dict[str, Any]:
-    """The embedded store's aggregate: a change stream on a view is refused as mongod 8.0
-    refuses it when it takes the collection (views forbidden), before any of the stream's own
-    work; then queries.aggregate."""
+    """The embedded store's aggregate: a change stream on a view (or, without rawData, on a
+    viewless time-series collection) is refused as mongod refuses it when it takes the
+    collection (views forbidden), before any of the stream's own work; then
+    queries.aggregate."""
     target = cmd.get("aggregate")
     if isinstance(target, str) and is_change_stream_aggregate(cmd):
-        get_store(server).check_not_view(db, target)
+        store = get_store(server)
+        store.check_not_view(db, target)
+        c = store.get(db, target)
+        if c is not None and timeseries.is_viewless(c) and cmd.get("rawData") is not True:
+            # 9.0 resolves a viewless time-series collection as the view it reads as (its
+            # ResolvedView), which a change stream refuses; with rawData it reads the buckets.
+            raise MongoError(166, f"Namespace {db}.{target} is a view, not a collection")
     return await queries.aggregate(server, conn, cmd, db)
 
 

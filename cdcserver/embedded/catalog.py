@@ -204,6 +204,8 @@ class CatalogMixin(StoreState):
             c.created_seq = self._seq
             self.catalog[(db, coll)] = c
         self._save_meta(c)
+        if timeseries.is_viewless(c):  # its entries are marked from its create on
+            self.timeseries_uuids().add(c.uuid)
         # makeCreateCollCmdObj: the _id index spec goes into the entry for versions >= 2 only
         entry: dict[str, Any] = {"create": coll, **given}
         if id_spec is not None and _index_version(id_spec) >= 2:
@@ -374,6 +376,8 @@ class CatalogMixin(StoreState):
             return  # a conflicting buckets collection: mongod's tassert, left as it is
         if not to_viewless and self.catalog.get((db, SYSTEM_VIEWS)) is None:
             self.create_collection(db, SYSTEM_VIEWS)  # logged, in its own unit (as mongod)
+        # The conversion's own entry is unmarked: every stream sees its rename.
+        self.timeseries_uuids().discard(source.uuid)
         self.unreplicated = True
         try:
             if to_viewless:
@@ -391,6 +395,8 @@ class CatalogMixin(StoreState):
             self.unreplicated = False
         self.append_oplog("c", f"{db}.$cmd", {timeseries.VIEWLESS_COMMAND: coll,
                                               "isUpgrade": to_viewless}, ui=source.ui)
+        if to_viewless:
+            self.timeseries_uuids().add(source.uuid)
 
     def _rename_in_catalog(self, c: Collection, to_coll: str) -> None:
         """`c` under another name of its database, unlogged (rename_collection's catalog

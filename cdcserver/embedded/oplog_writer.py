@@ -1,7 +1,7 @@
 """The embedded store's oplog writer: entries exactly as mongod 8.0 writes them.
 
-Field order `[lsid, txnNumber,] op, ns, ui, o, o2, [needsRetryImage,] [stmtId,] ts, t, v,
-wall[, prevOpTime]`, `ts` strictly increasing; update entries carry mongod's `$v:2` diff
+Field order `[lsid, txnNumber,] op, ns, ui, o, o2, [isTimeseries,] [needsRetryImage,] [stmtId,]
+ts, t, v, wall[, prevOpTime]`, `ts` strictly increasing; update entries carry mongod's `$v:2` diff
 (`update_diff.py`); a transaction's operations are packed into `applyOps` entries as mongod's
 packOperationsIntoApplyOps does. A command's entries become visible to readers (and durable)
 together when its `batch()` ends; the oplog is capped (size, minimum retention). A mixin of
@@ -26,6 +26,7 @@ from bson.timestamp import Timestamp
 from cdcserver.embedded.persist import CommitFailed
 from cdcserver.embedded.rollback import commit_error, restore_committed
 from cdcserver.embedded.sessions import OpSession, session_key
+from cdcserver.embedded.timeseries import is_viewless
 from cdcserver.embedded.update_diff import modifier_update_diff, pipeline_update_diff
 from pipeline_stages.oplog_entry import decode_entry
 
@@ -57,6 +58,16 @@ class OplogWriterMixin(StoreState):
     # mongod's UnreplicatedWritesBlock: catalog writes that log nothing (9.0's time-series
     # conversion logs one entry for all of them; catalog.py).
     unreplicated: bool = False
+    # The UUIDs of the viewless time-series collections, whose entries carry
+    # `isTimeseries: true` (9.0's featureFlagMarkTimeseriesEventsInOplog, on from the FCV that
+    # makes them viewless): built from the catalog when first needed, then kept by the
+    # catalog's create and conversions. A dropped UUID is never reused, so it stays.
+    _timeseries_uuids: set[bytes] | None = None
+
+    def timeseries_uuids(self) -> set[bytes]:
+        if self._timeseries_uuids is None:
+            self._timeseries_uuids = {c.uuid for c in self.catalog.values() if is_viewless(c)}
+        return self._timeseries_uuids
 
     # -- batches ----------------------------------------------------------------------------------
 
@@ -184,12 +195,15 @@ class OplogWriterMixin(StoreState):
             return self._last_ts, _now_ms()
         if session is not None and op in ("i", "u", "d") and self.before_retryable_write:
             self.before_retryable_write(session)  # a retryable write's statement (not a commit)
+        marked = ui is not None and bytes(ui) in self.timeseries_uuids()
         if self.txn is not None and (op in ("i", "u", "d") or (op == "c" and self.txn.lsid)):
             # DDL in a transaction (create, createIndexes on a new collection) is one of the
             # transaction's operations, logged in its applyOps as mongod's OpObserver does
             inner: dict[str, Any] = {"op": op, "ns": ns, "ui": ui, "o": o}
             if o2 is not None:
                 inner["o2"] = o2
+            if marked:
+                inner["isTimeseries"] = True
             self.txn.ops.append(inner)
             return Timestamp(0, len(self.txn.ops) - 1), _now_ms()
         ts = self._next_ts()
@@ -205,6 +219,8 @@ class OplogWriterMixin(StoreState):
         entry["o"] = o
         if o2 is not None:
             entry["o2"] = o2
+        if marked:
+            entry["isTimeseries"] = True
         if needs_retry_image is not None:
             entry["needsRetryImage"] = needs_retry_image
         if session is not None and stmt_id is not None:

@@ -211,6 +211,10 @@ class StoreState(EntryList):
         raise NotImplementedError
 
     # oplog_writer.py
+    def timeseries_uuids(self) -> set[bytes]:
+        raise NotImplementedError
+
+    # oplog_writer.py
     def append_oplog(
         self,
         op: str,

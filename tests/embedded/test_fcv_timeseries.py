@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import datetime
 
+import bson
 import pytest
+from bson.timestamp import Timestamp
 from pymongo.errors import OperationFailure
 
 from cdcserver.config import Config, ServerConfig
 from cdcserver.testing import EmbeddedServer
+from pipeline_stages.oplog_entry import decode_entry
+from pipeline_stages.oplog_match import OplogFilter
+from pipeline_stages.release import MONGODB_9_0
+from pipeline_stages.spec import parse_aggregate
 
 T0 = datetime.datetime(2024, 5, 1)
 
@@ -36,19 +42,22 @@ def _oplog(client, **query):
 
 class _SystemStream:
     """A collection stream on a system namespace (allowToRunOnSystemNS, as the jstest opens
-    one on the buckets), read by hand: drivers' watch() does not pass that option."""
+    one on the buckets), or with the aggregate's rawData, read by hand: drivers' watch() does
+    not pass those options."""
 
-    def __init__(self, db, coll):
+    def __init__(self, db, coll, options=None, **aggregate):
         self.db, self.coll = db, coll
+        options = {"allowToRunOnSystemNS": True} if options is None else options
         reply = db.command("aggregate", coll, cursor={},
-                           pipeline=[{"$changeStream": {"allowToRunOnSystemNS": True}}])
+                           pipeline=[{"$changeStream": options}], **aggregate)
         self.id = reply["cursor"]["id"]
         self.first = list(reply["cursor"]["firstBatch"])
 
     def changes(self):
         out, self.first = self.first, []
         while self.id:
-            reply = self.db.command("getMore", self.id, collection=self.coll, maxTimeMS=50)
+            coll = self.coll if isinstance(self.coll, str) else "$cmd.aggregate"
+            reply = self.db.command("getMore", self.id, collection=coll, maxTimeMS=50)
             self.id = reply["cursor"]["id"]
             batch = list(reply["cursor"]["nextBatch"])
             if not batch:
@@ -115,7 +124,7 @@ def test_change_streams_see_the_upgrade_and_the_downgrade_as_renames(server):
         expanded = client.test.watch(show_expanded_events=True, max_await_time_ms=50)
         on_buckets = _SystemStream(client.test, "system.buckets.ts")
         _fcv(client, "9.0")
-        on_main = client.test.ts.watch(max_await_time_ms=50)
+        on_main = _SystemStream(client.test, "ts", {}, rawData=True)  # viewless: rawData
         _fcv(client, "8.0")
         ui = next(client.test.list_collections(filter={"name": "system.buckets.ts"}))[
             "info"]["uuid"]
@@ -140,7 +149,7 @@ def test_change_streams_see_the_upgrade_and_the_downgrade_as_renames(server):
         assert first["operationDescription"] == {"to": {"db": "test", "coll": "ts"}}
         # A collection stream on either name ends with the rename.
         assert [c["operationType"] for c in on_buckets.changes()] == ["rename", "invalidate"]
-        assert [simple(c) for c in _drain(on_main)] == [down, {"operationType": "invalidate"}]
+        assert [simple(c) for c in on_main.changes()] == [down, {"operationType": "invalidate"}]
 
 
 def test_the_8_0_profile_has_no_viewless_conversion():
@@ -242,3 +251,109 @@ def test_at_fcv_8_0_a_create_makes_a_viewful_collection(server):
         # The view's definition, in system.views, is what names the collection.
         views = _oplog(client, op="i", ns="test.system.views")
         assert [e["o"]["_id"] for e in views] == ["test.ts"]
+
+
+def _stream_changes(db, target, options, **aggregate):
+    """The events of a stream opened at `options`' start, read to its end for now."""
+    return _SystemStream(db, target, {"showExpandedEvents": True, **options},
+                         **aggregate).changes()
+
+
+def test_a_viewless_collections_events_are_shown_only_with_raw_data(server):
+    """As mongod 9.0's change_stream_timeseries.js: the entries of a viewless time-series
+    collection carry `isTimeseries: true` (oplog_timeseries_marker.js); database and cluster
+    streams show none of them (DDL or DML) without the aggregate's rawData, whatever
+    showSystemEvents says, and all of them with it; a collection stream on it is refused
+    without rawData and reads it with it."""
+    with server.client() as client:
+        start = client.admin.command("ping")["operationTime"]
+        client.test.create_collection("ts", timeseries={"timeField": "t", "metaField": "m"})
+        client.test.ts.insert_one({"t": T0, "m": "a", "v": 1})
+        client.test.ts.insert_many([{"t": T0, "m": "b", "v": 2}, {"t": T0, "m": "c", "v": 3}])
+        client.test.plain.insert_one({"x": 1})
+        client.test.ts.drop()
+        ts_ui = _oplog(client, **{"o.create": "ts"})[0]["ui"]
+        marked = _oplog(client, isTimeseries=True)
+        assert [(e["op"], next(iter(e["o"])) if e["op"] == "c" else e["ns"]) for e in marked] == [
+            ("c", "create"), ("c", "createIndexes"), ("i", "test.ts"), ("i", "test.ts"),
+            ("i", "test.ts"), ("c", "drop")]
+        assert all(e["ui"] == ts_ui for e in marked)
+        assert not _oplog(client, ns="test.plain", isTimeseries={"$exists": True})
+
+        def seen(events):
+            return [(e["operationType"], e["ns"]["coll"], e.get("nsType")) for e in events]
+
+        plain = [("create", "plain", "collection"), ("insert", "plain", None)]
+        viewless = [("create", "ts", "timeseries"), ("createIndexes", "ts", None),
+                    ("insert", "ts", None), ("insert", "ts", None), ("insert", "ts", None)]
+        for system in (False, True):
+            options = {"startAtOperationTime": start, "showSystemEvents": system}
+            assert seen(_stream_changes(client.test, 1, options)) == plain
+            assert seen(_stream_changes(client.test, 1, options, rawData=True)) == [
+                *viewless, *plain, ("drop", "ts", None)]
+            cluster = _stream_changes(client.admin, 1, {**options, "allChangesForCluster": True})
+            assert seen(cluster) == plain
+        raw = _stream_changes(client.test, 1, {"startAtOperationTime": start}, rawData=True)
+        create = raw[0]
+        assert create["operationDescription"] == {"clusteredIndex": True, "timeseries": {
+            "timeField": "t", "metaField": "m", "granularity": "seconds",
+            "bucketMaxSpanSeconds": 3600}}
+        assert raw[2]["fullDocument"]["meta"] == "a"  # the bucket, as it is stored
+
+        client.test.create_collection("ts2", timeseries={"timeField": "t"})
+        with pytest.raises(OperationFailure) as refused:
+            client.test.command("aggregate", "ts2", pipeline=[{"$changeStream": {}}], cursor={})
+        assert refused.value.code == 166
+        on_ts2 = _SystemStream(client.test, "ts2", {}, rawData=True)
+        client.test.ts2.insert_one({"t": T0, "v": 1})
+        client.test.ts2.drop()
+        assert [c["operationType"] for c in on_ts2.changes()] == ["insert", "drop", "invalidate"]
+
+
+def test_after_an_fcv_upgrade_writes_are_marked_and_the_rename_is_not(server):
+    """The conversion's rename is every stream's (change_stream_timeseries_fcv_upgrade_
+    downgrade.js), the writes after it need rawData (its ts1PostInsertCmd); after a
+    downgrade, they are the buckets collection's again, unmarked."""
+    with server.client() as client:
+        _fcv(client, "8.0")
+        client.test.create_collection("ts", timeseries={"timeField": "t"})
+        start = client.admin.command("ping")["operationTime"]
+        client.test.ts.insert_one({"t": T0, "v": 1})  # into system.buckets.ts
+        _fcv(client, "9.0")
+        client.test.ts.insert_one({"t": T0, "v": 2})
+        _fcv(client, "8.0")
+        client.test.ts.insert_one({"t": T0, "v": 3})
+        assert [e["ns"] for e in _oplog(client, isTimeseries=True)] == ["test.ts"]
+        options = {"startAtOperationTime": start, "showSystemEvents": True}
+
+        def seen(events):
+            return [(e["operationType"], e["ns"]["coll"]) for e in events]
+
+        up = ("rename", "system.buckets.ts")
+        down = ("rename", "ts")
+        # (The start is the view's create; the later measurements go into the first bucket.)
+        assert seen(_stream_changes(client.test, 1, options)) == [
+            ("create", "ts"), ("insert", "system.buckets.ts"), up, down,
+            ("update", "system.buckets.ts")]
+        assert seen(_stream_changes(client.test, 1, options, rawData=True)) == [
+            ("create", "ts"), ("insert", "system.buckets.ts"), up, ("update", "ts"), down,
+            ("update", "system.buckets.ts")]
+
+
+def test_the_marker_hides_a_9_0_upstreams_entries_too():
+    """The filter reads the marker, not the catalog: a sidecar of a mongod 9.0 hides what
+    that mongod's own streams hide."""
+    entry = {"op": "i", "ns": "db.ts", "o": {"_id": 1}, "isTimeseries": True,
+             "ts": Timestamp(1, 1)}
+    conversion = {"op": "c", "ns": "db.$cmd", "o": {
+        "upgradeDowngradeViewlessTimeseries": "ts", "isUpgrade": True}, "isTimeseries": True,
+        "ts": Timestamp(1, 2)}
+    for raw, shown in ((False, False), (True, True)):
+        cmd = {"aggregate": 1, "pipeline": [{"$changeStream": {}}], "cursor": {}}
+        if raw:
+            cmd["rawData"] = True
+        f = OplogFilter(parse_aggregate(cmd, "db", MONGODB_9_0))
+        assert f.matches(decode_entry(bson.encode(entry))) is shown
+        assert f.matches(decode_entry(bson.encode(conversion))) is True
+        inner = {"op": "i", "ns": "db.ts", "o": {"_id": 2}, "isTimeseries": True}
+        assert f.matches_transaction_op(inner) is shown
