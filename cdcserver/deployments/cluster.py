@@ -19,6 +19,7 @@ from cdcserver.sharding.router import commands as router
 from cdcserver.sharding.router.routing import cluster_of, forward_default
 from cdcserver.sharding.router.transactions import in_session
 from pipeline_stages.image_source import ImageSource
+from pipeline_stages.release import RELEASES
 
 
 def routed_namespace(cmd: Mapping[str, Any], db: str) -> str | None:
@@ -115,5 +116,6 @@ def open_cluster(config: Config, shards: int) -> ClusterDeployment:
         shards, None if sc.in_memory else sc.data_dir, noop_interval_s=0.0,
         store_options=store_options(config), auth=config.auth,
         ssl_context=server_context(config.tls),
+        release=RELEASES[config.server.compatibility],
     )
     return ClusterDeployment(cluster, config.server.shards_host or "127.0.0.1")

@@ -30,6 +30,7 @@ from cdcserver.sharding.router.participants import TransactionRouters
 from cdcserver.sharding.shard_store import ClusterClock, ShardStore
 from cdcserver.sources.embedded import EmbeddedOplog
 from cdcserver.sources.merged import MergedOplog
+from pipeline_stages.release import DEFAULT_RELEASE, Release
 
 
 @dataclass(eq=False)
@@ -72,7 +73,10 @@ class ShardedCluster:
         store_options: dict[str, Any] | None = None,
         auth: AuthConfig | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        release: Release = DEFAULT_RELEASE,
     ) -> None:
+        """`release`: the one the front answers as ([server] compatibility); every shard
+        answers as it too (hello, buildInfo, serverStatus), as a cluster of one binary."""
         if shards < 1:
             raise ValueError(f"server.shards (--shards): {shards}; a cluster needs 1 or more")
         self.clock = ClusterClock()
@@ -80,6 +84,7 @@ class ShardedCluster:
         # and speaks its TLS.
         self._auth = auth
         self.ssl_context = ssl_context
+        self.release = release
         names = [f"shard{k}" for k in range(shards)]
         config_path = None
         if data_dir is not None:
@@ -128,6 +133,7 @@ class ShardedCluster:
         log = EmbeddedOplog(store, noop_interval_s=self._noop_interval_s)
         store.listeners.append(self.oplog.notify)
         state = server_state(ShardDeployment(store, log), set_name=name)
+        state.configured_release = self.release
         if self._auth is not None and (self._auth.enabled or self._auth.users):
             state.auth = ServerAuth(self._auth)  # the front's users, asked for as it asks
         # The front's own connection to the shard (in-process): the cluster's internal user.
@@ -168,12 +174,30 @@ class ShardedCluster:
         """addShard: a new embedded replica set joins at a fresh cluster time (its
         topologyTime); it listens on a port of its own when the cluster does."""
         shard = self._make_shard(name)
+        await self._take_cluster_fcv(shard)
         if self._host is not None:
             await self._listen(shard, self._host)
         self.catalog.add_shard(name, self.clock.tick())
         self.shards.append(shard)
         self.oplog.notify()  # open streams take the new shard in
         return shard
+
+    async def _take_cluster_fcv(self, shard: Shard) -> None:
+        """A joining shard is set to the cluster's FCV (mongod's addShard sets the new
+        replica set's to the config server's), when that is not its own."""
+        from cdcserver.commands.fcv import feature_compatibility_version
+
+        if not self.shards:
+            return
+        wanted = feature_compatibility_version(self.shards[0].state)
+        if feature_compatibility_version(shard.state) == wanted:
+            return
+        from cdcserver.commands.registry import run_command
+
+        reply = await run_command(shard.state, shard.conn, {
+            "setFeatureCompatibilityVersion": wanted, "confirm": True, "$db": "admin"})
+        if reply.get("ok") != 1:
+            raise RuntimeError(f"shard {shard.name} cannot take FCV {wanted}: {reply}")
 
     def retire_shard(self, shard: Shard) -> None:
         """removeShard completed: the shard leaves the cluster at a fresh cluster time (after

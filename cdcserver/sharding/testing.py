@@ -16,15 +16,18 @@ from cdcserver.testing import ThreadServer
 class ShardedServer(ThreadServer):
     def __init__(self, shards: int = 2, data_dir: str | pathlib.Path | None = None,
                  config: Config | None = None, **state_options: Any) -> None:
-        """`config`: its [auth] and [tls] guard the front and every shard alike."""
+        """`config`: its [auth] and [tls] guard the front and every shard alike; its
+        [server] compatibility is the front's and every shard's release."""
         from cdcserver.deployments.cluster import ClusterDeployment
         from cdcserver.sharding.cluster import ShardedCluster
         from cdcserver.tls import server_context
+        from pipeline_stages.release import DEFAULT_RELEASE, RELEASES
 
         self.cluster = ShardedCluster(
             shards, None if data_dir is None else str(data_dir),
             auth=None if config is None else config.auth,
             ssl_context=None if config is None else server_context(config.tls),
+            release=DEFAULT_RELEASE if config is None else RELEASES[config.server.compatibility],
         )
         self.cluster_deployment = ClusterDeployment(self.cluster)
         super().__init__(make_deployment=lambda: self.cluster_deployment, config=config,

@@ -240,6 +240,21 @@ async def add_shard(
     return {"shardAdded": name}
 
 
+@command("setFeatureCompatibilityVersion")
+async def set_feature_compatibility_version(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
+    """mongos hands setFeatureCompatibilityVersion to the config server, which takes every
+    shard through it (each one's transitional FCV document, its time-series conversions,
+    then the final one): here each member shard in turn, shard0 first, so that a command it
+    refuses (a version its release does not accept, no `confirm`, not admin) changes none;
+    a shard's error comes back as it gave it."""
+    cluster = cluster_of(server)
+    for shard in list(cluster.shards):
+        await forward(cluster, shard, cmd, db)
+    return {}
+
+
 def _generated_shard_name(members: set[str], existing: set[str]) -> str:
     """mongod's generated names: shard0000, shard0001... after the highest of the members
     (skipping a removed shard's, whose oplog is still kept under its name)."""

@@ -1,0 +1,142 @@
+"""`--shards N` under `[server] compatibility`: the front and every shard answer as that
+release (hello's maxWireVersion, buildInfo, serverStatus), and setFeatureCompatibilityVersion
+through the front takes every shard through it, as mongod's config server coordinates it:
+one call, each shard's FCV document updated and its time-series collections converted."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+
+import pymongo
+import pytest
+from pymongo.errors import OperationFailure
+
+from cdcserver.config import Config, ServerConfig
+from cdcserver.sharding.testing import ShardedServer
+from pipeline_stages.release import MONGODB_8_0, MONGODB_9_0
+
+T0 = datetime.datetime(2024, 5, 1)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ShardedServer]:
+    with ShardedServer(2, config=Config(server=ServerConfig(compatibility="9.0"))) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(cluster: ShardedServer) -> Iterator[pymongo.MongoClient]:
+    with pymongo.MongoClient(cluster.uri) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def shards(cluster: ShardedServer) -> Iterator[list[pymongo.MongoClient]]:
+    clients = [pymongo.MongoClient(uri) for uri in cluster.shard_uris]
+    try:
+        yield clients
+    finally:
+        for c in clients:
+            c.close()
+
+
+def _fcv(client: pymongo.MongoClient) -> dict:
+    return client.admin.command("getParameter", 1, featureCompatibilityVersion=1)[
+        "featureCompatibilityVersion"]
+
+
+def _set_fcv(client: pymongo.MongoClient, version: str) -> None:
+    client.admin.command("setFeatureCompatibilityVersion", version, confirm=True)
+
+
+def test_the_front_and_every_shard_answer_as_the_release(client, shards):
+    assert client.admin.command("hello")["msg"] == "isdbgrid"
+    for c in [client, *shards]:
+        assert c.admin.command("hello")["maxWireVersion"] == MONGODB_9_0.max_wire_version
+        assert c.admin.command("buildInfo")["version"] == MONGODB_9_0.version
+        assert c.admin.command("serverStatus")["version"] == MONGODB_9_0.version
+    # The driver sees a 9.0 mongos.
+    assert client.server_info()["versionArray"][:2] == [9, 0]
+
+
+def test_an_fcv_set_through_the_front_goes_to_every_shard(client, shards):
+    assert [_fcv(s) for s in shards] == [{"version": "9.0"}] * 2
+    client.admin.command("enableSharding", "tsa", primaryShard="shard0")
+    client.admin.command("enableSharding", "tsb", primaryShard="shard1")
+    _set_fcv(client, "8.0")
+    assert [_fcv(s) for s in shards] == [{"version": "8.0"}] * 2
+    for s in shards:  # each shard's own document, through mongod's transitional one
+        docs = [e["o"] for e in s.local["oplog.rs"].find({"ns": "admin.system.version"})]
+        assert docs[-2:] == [
+            {"_id": "featureCompatibilityVersion", "version": "8.0", "targetVersion": "8.0",
+             "previousVersion": "9.0"},
+            {"_id": "featureCompatibilityVersion", "version": "8.0"}]
+    # At FCV 8.0, a time-series collection on each shard is viewful there.
+    for db in ("tsa", "tsb"):
+        client[db].create_collection("ts", timeseries={"timeField": "t"})
+        client[db].ts.insert_one({"t": T0, "v": 1})
+    for s, db in zip(shards, ("tsa", "tsb"), strict=True):
+        assert "system.buckets.ts" in s[db].list_collection_names()
+    stream = client.watch(max_await_time_ms=100)
+    _set_fcv(client, "9.0")
+    assert [_fcv(s) for s in shards] == [{"version": "9.0"}] * 2
+    for s, db in zip(shards, ("tsa", "tsb"), strict=True):
+        assert set(s[db].list_collection_names()) == {"ts", "system.views"}
+        entries = list(s.local["oplog.rs"].find(
+            {"o.upgradeDowngradeViewlessTimeseries": {"$exists": True}}))
+        assert [(e["ns"], e["o"]["isUpgrade"]) for e in entries] == [(f"{db}.$cmd", True)]
+    renames = []
+    while len(renames) < 2:
+        change = stream.next()
+        if change["operationType"] == "rename":
+            renames.append((change["ns"], change["to"]))
+    stream.close()
+    assert sorted(renames, key=lambda r: r[0]["db"]) == [
+        ({"db": db, "coll": "system.buckets.ts"}, {"db": db, "coll": "ts"})
+        for db in ("tsa", "tsb")]
+    # The same measurements, read through the front.
+    for db in ("tsa", "tsb"):
+        client[db].ts.insert_one({"t": T0, "v": 2})
+        assert sorted(d["v"] for d in client[db].ts.find()) == [1, 2]
+
+
+def test_a_refused_fcv_changes_no_shard(client, shards):
+    before = [_fcv(s) for s in shards]
+    with pytest.raises(OperationFailure) as unconfirmed:
+        client.admin.command("setFeatureCompatibilityVersion", "8.0")
+    assert unconfirmed.value.code == 7369100
+    with pytest.raises(OperationFailure) as unknown:
+        client.admin.command("setFeatureCompatibilityVersion", "7.0", confirm=True)
+    assert unknown.value.code == 2  # 9.0 accepts 8.0 and 9.0 only
+    assert [_fcv(s) for s in shards] == before
+
+
+def test_a_shard_added_later_takes_the_clusters_fcv(cluster, client, shards):
+    _set_fcv(client, "8.0")
+    try:
+        added = client.admin.command("addShard", "shard9/127.0.0.1:1")["shardAdded"]
+        shard = cluster.cluster.shard(added)
+        with pymongo.MongoClient(f"mongodb://{shard.host}:{shard.port}/?directConnection=true"
+                                 ) as c:
+            assert _fcv(c) == {"version": "8.0"}
+            assert c.admin.command("hello")["maxWireVersion"] == MONGODB_9_0.max_wire_version
+        _set_fcv(client, "9.0")
+        with pymongo.MongoClient(f"mongodb://{shard.host}:{shard.port}/?directConnection=true"
+                                 ) as c:
+            assert _fcv(c) == {"version": "9.0"}
+    finally:
+        _set_fcv(client, "9.0")
+
+
+def test_the_default_cluster_answers_as_8_0():
+    with ShardedServer(1) as server, pymongo.MongoClient(server.uri) as front, \
+            pymongo.MongoClient(server.shard_uris[0]) as shard:
+        for c in (front, shard):
+            assert c.admin.command("hello")["maxWireVersion"] == MONGODB_8_0.max_wire_version
+            assert c.admin.command("buildInfo")["version"] == MONGODB_8_0.version
+        with pytest.raises(OperationFailure) as refused:
+            front.admin.command("setFeatureCompatibilityVersion", "9.0", confirm=True)
+        assert refused.value.code == 2
+        _set_fcv(front, "7.0")
+        assert _fcv(shard) == {"version": "7.0"}
