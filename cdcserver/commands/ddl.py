@@ -908,6 +908,10 @@ async def list_indexes(
                                       _timeseries_indexes(store, db, view), batch_size)
         store.check_not_view(db, coll)
         raise _ns_not_found(f"{db}.{coll}")
+    if timeseries.is_viewless(c) and cmd.get("rawData") is not True:
+        # 9.0's viewless collection lists as its view did: indexes on the measurements
+        return cursor_first_batch(server, f"{db}.$cmd.listIndexes.{coll}",
+                                  _measurement_indexes(c), batch_size)
     specs = [dict(s) for s in _secondary_indexes(c)]
     clustered = clustered_index_spec(c)
     if clustered is not None:  # listed first (list_indexes.cpp)
@@ -922,6 +926,11 @@ def _timeseries_indexes(store: Store, db: str, view: Mapping[str, Any]) -> list[
     c = store.get(db, view["viewOn"])
     if c is None:
         raise _ns_not_found(str(view["_id"]))
+    return _measurement_indexes(c)
+
+
+def _measurement_indexes(c: Collection) -> list[Any]:
+    """A collection of buckets' indexes as indexes on its measurements."""
     options = c.options.get("timeseries") or {}
     out = []
     for spec in _secondary_indexes(c):
@@ -966,6 +975,8 @@ async def coll_mod(
     await _exclusive_lock(store, cmd, lambda: [store.get(db, coll)])
     with store.batch():
         c = store.get(db, coll)
+        if c is not None and timeseries.is_viewless(c) and cmd.get("rawData") is not True:
+            return _coll_mod_timeseries(store, cmd, db, coll, None)
         if c is None:
             if store.view(db, coll) is not None:
                 view = store.view(db, coll)
@@ -1031,12 +1042,13 @@ async def coll_mod(
 
 
 def _coll_mod_timeseries(
-    store: Store, cmd: Mapping[str, Any], db: str, coll: str, view: Mapping[str, Any]
+    store: Store, cmd: Mapping[str, Any], db: str, coll: str, view: Mapping[str, Any] | None
 ) -> dict[str, Any]:
     """collMod of a time-series collection (processCollModCommandWithTimeSeriesTranslation):
     `timeseries` (granularity, custom bucketing) and `expireAfterSeconds` go to the buckets
-    collection's collMod; when the bucketing changes, the view's pipeline is redefined first."""
-    buckets = store.get(db, str(view["viewOn"]))
+    collection's collMod; when the bucketing changes, the view's pipeline is redefined first.
+    `view` None: a viewless collection (9.0), its own collMod, no view to redefine."""
+    buckets = store.get(db, coll if view is None else str(view["viewOn"]))
     if buckets is None:
         raise _ns_not_found(f"{db}.{coll}")
     current = buckets.options.get("timeseries") or {}
@@ -1063,8 +1075,9 @@ def _coll_mod_timeseries(
         else:
             raise MongoError(40415, f"BSON field 'collMod.{k}' is an unknown field.")
     if new_ts is not None:
-        store.put_view(db, coll, buckets.name, timeseries.view_pipeline(new_ts),
-                       view.get("collation"))
+        if view is not None:
+            store.put_view(db, coll, buckets.name, timeseries.view_pipeline(new_ts),
+                           view.get("collation"))
         new_options["timeseries"] = new_ts
     if len(o) > 1:
         store.coll_mod(buckets, o, new_options, None)

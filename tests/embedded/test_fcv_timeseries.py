@@ -235,6 +235,19 @@ def test_a_create_at_fcv_9_0_makes_a_viewless_collection(server):
         assert [d["v"] for d in client.test.ts.find().sort("v", 1)] == [1, 2]
         raw_docs = client.test.command("find", "ts", rawData=True)["cursor"]["firstBatch"]
         assert sorted(b["meta"] for b in raw_docs) == ["a", "b"]
+        # Its indexes list as the view's did (on the measurements), rawData as they are;
+        # collMod changes its bucketing itself, with no view to redefine.
+        assert [i["key"] for i in client.test.ts.list_indexes()] == [{"m": 1, "t": 1}]
+        raw_indexes = client.test.command("listIndexes", "ts", rawData=True)
+        assert {"meta": 1, "control.min.t": 1, "control.max.t": 1} in [
+            i["key"] for i in raw_indexes["cursor"]["firstBatch"]]
+        client.test.command("collMod", "ts", timeseries={"granularity": "hours"})
+        info = next(client.test.list_collections())
+        assert info["options"]["timeseries"]["granularity"] == "hours"
+        mods = _oplog(client, op="c", **{"o.collMod": "ts"})
+        assert [(e["o"]["timeseries"], e.get("isTimeseries")) for e in mods] == [
+            ({"granularity": "hours"}, True)]
+        assert client.test.list_collection_names() == ["ts"]
         assert client.test.command("drop", "ts")["nIndexesWas"] == 1
         assert client.test.list_collection_names() == []
 
