@@ -54,21 +54,31 @@ def node_driver() -> pathlib.Path:
 def default_metrics_port_held() -> Iterator[int]:
     """127.0.0.1:9216, the metrics port cdcserver uses when none is set, held by a listening
     socket for the test (the one fixed port a test touches: the situation under test is
-    "something else holds it"). Already held by another process is the same situation."""
+    "something else holds it"). Already held by another process is the same situation.
+
+    Tests in other workers take turns (a lock file): one that found the port held by another
+    worker's fixture would see it freed part-way through, and its server then bind it."""
+    import fcntl
+    import tempfile
+
     from cdcserver.config import METRICS_PORT
 
-    held: socket.socket | None = socket.socket()
-    try:
-        held.bind(("127.0.0.1", METRICS_PORT))
-        held.listen()
-    except OSError:
-        held.close()
-        held = None
-    try:
-        yield METRICS_PORT
-    finally:
-        if held is not None:
+    lock_path = pathlib.Path(tempfile.gettempdir()) / f"cdcserver-tests-port-{METRICS_PORT}.lock"
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        held: socket.socket | None = socket.socket()
+        try:
+            held.bind(("127.0.0.1", METRICS_PORT))
+            held.listen()
+        except OSError:
             held.close()
+            held = None
+        try:
+            yield METRICS_PORT
+        finally:
+            if held is not None:
+                held.close()
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session", autouse=True)
