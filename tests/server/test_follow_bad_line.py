@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import pathlib
 import re
 import subprocess
 import sys
@@ -23,18 +22,11 @@ from pymongo.errors import OperationFailure
 
 from cdcserver.testing import append_oplog, write_oplog
 from tests.support.oplog_builders import Oplog
+from tests.support.server_support import wait_for_log
 
 CLI = [sys.executable, "-m", "cdcserver.cli"]
 GUARD_S = 60.0  # hang guards only
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
-
-
-def _wait_for(pattern: str, log_path: pathlib.Path, proc: subprocess.Popen[bytes]) -> re.Match:
-    deadline = time.monotonic() + GUARD_S
-    while (match := re.search(pattern, log_path.read_text())) is None:
-        assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
-        time.sleep(0.02)
-    return match
 
 
 def _ids_until_error(
@@ -63,7 +55,7 @@ def test_a_bad_appended_line_fails_the_streams_that_reach_it(tmp_path):
     pool = concurrent.futures.ThreadPoolExecutor(1)
     waiting = None
     try:
-        serving = _wait_for(r"on mongodb://127\.0\.0\.1:(\d+)/; metrics http://127\.0\.0\.1:"
+        serving = wait_for_log(r"on mongodb://127\.0\.0\.1:(\d+)/; metrics http://127\.0\.0\.1:"
                             r"(\d+)/metrics", log_path, proc)
         port, metrics_port = int(serving.group(1)), int(serving.group(2))
         with MongoClient(f"mongodb://127.0.0.1:{port}/", serverSelectionTimeoutMS=10_000) as c:

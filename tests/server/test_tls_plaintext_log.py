@@ -7,7 +7,6 @@ Run as a user runs it: `cdcserver serve --config` in a subprocess, pymongo and a
 from __future__ import annotations
 
 import os
-import pathlib
 import re
 import socket
 import subprocess
@@ -20,6 +19,8 @@ import pytest
 import trustme
 from pymongo.errors import ServerSelectionTimeoutError
 
+from tests.support.server_support import wait_for_log
+
 GUARD_S = 60.0  # hang guards only
 REFUSED = ("Error receiving request from client. Ending connection from remote: "
            "SSLHandshakeFailed: The server is configured to only allow SSL connections")
@@ -30,14 +31,6 @@ def _hello_message() -> bytes:
     body = (0).to_bytes(4, "little") + b"\x00" + bson.encode({"hello": 1, "$db": "admin"})
     header = (16 + len(body)).to_bytes(4, "little") + (1).to_bytes(4, "little")
     return header + (0).to_bytes(4, "little") + (2013).to_bytes(4, "little") + body
-
-
-def _wait_for(pattern: str, log_path: pathlib.Path, proc: subprocess.Popen[bytes]) -> re.Match:
-    deadline = time.monotonic() + GUARD_S
-    while (match := re.search(pattern, log_path.read_text())) is None:
-        assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
-        time.sleep(0.02)
-    return match
 
 
 @pytest.fixture
@@ -56,7 +49,7 @@ def tls_server(tmp_path):
             cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        port = int(_wait_for(r"INFO serving .* on mongodb://127\.0\.0\.1:(\d+)/", log_path,
+        port = int(wait_for_log(r"INFO serving .* on mongodb://127\.0\.0\.1:(\d+)/", log_path,
                              proc).group(1))
         yield port, tmp_path, log_path, proc
     finally:
@@ -70,7 +63,7 @@ def test_a_plaintext_client_is_logged_once_per_connection(tls_server):
         here = sock.getsockname()
         sock.sendall(_hello_message())
         assert sock.recv(1024) == b""  # closed, nothing answered
-    line = _wait_for(rf"INFO connection (\d+) from 127\.0\.0\.1:{here[1]}: (.*)", log_path, proc)
+    line = wait_for_log(rf"INFO connection (\d+) from 127\.0\.0\.1:{here[1]}: (.*)", log_path, proc)
     assert line.group(2) == REFUSED, line.group(0)
 
     # The Unix domain socket beside it is guarded alike.
@@ -79,7 +72,7 @@ def test_a_plaintext_client_is_logged_once_per_connection(tls_server):
         unix.connect(str(tmp_path / f"mongodb-{port}.sock"))
         unix.sendall(_hello_message())
         assert unix.recv(1024) == b""
-    _wait_for(rf"INFO connection \d+ from anonymous unix socket:{port}: {re.escape(REFUSED)}",
+    wait_for_log(rf"INFO connection \d+ from anonymous unix socket:{port}: {re.escape(REFUSED)}",
               log_path, proc)
 
     # A driver without tls=true: each of its connection attempts, one line each.

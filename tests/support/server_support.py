@@ -8,6 +8,9 @@ entries with `world.oplog`, then `world.flush()` appends the new ones to the ser
 from __future__ import annotations
 
 import pathlib
+import re
+import subprocess
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,3 +143,16 @@ async def adrain(stream: Any, want: int, tries: int = 200) -> list[dict[str, Any
         else:
             events.append(event)
     return events
+
+
+LOG_GUARD_S = 60.0  # a hang guard only
+
+
+def wait_for_log(pattern: str, log_path: pathlib.Path, proc: subprocess.Popen[bytes]) -> re.Match:
+    """The first match of `pattern` in a subprocess server's log file, once it is there (the
+    server must still run meanwhile)."""
+    deadline = time.monotonic() + LOG_GUARD_S
+    while (match := re.search(pattern, log_path.read_text())) is None:
+        assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+        time.sleep(0.02)
+    return match
