@@ -105,6 +105,9 @@ class UpstreamConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     retain_dir: str = ""
     retain_mb: float = 1024
     retain_hours: float = 168.0
+    # Namespaces copied and kept up to date from the tail, with their documents' versions
+    # (cdcserver/materialize/): "db.coll" or "db.*"; needs retain_dir.
+    materialize: list[str] = msgspec.field(default_factory=list)
     # Extra pymongo client options (beyond the URI's), e.g. {serverSelectionTimeoutMS = 5000}.
     client_options: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
 
@@ -443,6 +446,16 @@ def semantic_errors(config: Config) -> list[tuple[str, str]]:
     if up.retain_dir and up.retain_mb == 0 and up.retain_hours == 0:
         errors.append(("upstream.retain_mb", "retain_mb and retain_hours cannot both be 0 "
                                              "(the retained log would grow without limit)"))
+    if up.materialize:
+        from cdcserver.materialize.patterns import pattern_problem
+
+        for i, pattern in enumerate(up.materialize):
+            problem = pattern_problem(pattern)
+            if problem:
+                errors.append((f"upstream.materialize[{i}]", problem))
+        if not up.retain_dir:
+            errors.append(("upstream.materialize", "needs upstream.retain_dir (the copy keeps "
+                                                   "versions as long as the retained log)"))
     if up.backoff_max_ms < up.backoff_initial_ms:
         errors.append(("upstream.backoff_max_ms", "must not be less than backoff_initial_ms"))
     if up.client_options:

@@ -4,8 +4,11 @@ URI is the sharded sidecar instead (`deployments/sidecar.py`)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import logging
+import os
 from collections.abc import Awaitable, Callable
 
 from cdcserver.commands import cursors, proxy
@@ -16,6 +19,7 @@ from cdcserver.cursors import CursorManager
 from cdcserver.deployment import Standalone
 from cdcserver.deployments.embedded import EMBEDDED
 from cdcserver.embedded.store import Store
+from cdcserver.materialize.sync import Materializer
 from cdcserver.sources.mongo import UpstreamOplog, UpstreamOptions
 from pipeline_stages.lookups import ExternalImages
 
@@ -42,9 +46,20 @@ class UpstreamDeployment(Standalone):
     commands: CommandTable = UPSTREAM
     store: Store | None = None
 
-    def __init__(self, oplog: UpstreamOplog, *, follow: bool = True) -> None:
+    def __init__(
+        self, oplog: UpstreamOplog, *, follow: bool = True,
+        materialize: list[str] | None = None,
+    ) -> None:
         self.oplog = oplog
         self.follow = follow
+        # `[upstream] materialize`: the copy next to the retained log (its images answer first).
+        self.materializer: Materializer | None = None
+        if materialize:
+            retain_dir = oplog.options.retain_dir
+            if not retain_dir:
+                raise ValueError("materialize needs the retained log (upstream.retain_dir)")
+            self.materializer = Materializer(oplog, materialize, os.fspath(retain_dir))
+            oplog.images.copy = self.materializer
 
     @property
     def images(self) -> ExternalImages:
@@ -52,7 +67,20 @@ class UpstreamDeployment(Standalone):
 
     @property
     def tailer(self) -> Callable[[], Awaitable[None]]:
-        return self.oplog.follow
+        if self.materializer is None:
+            return self.oplog.follow
+        return self._follow_and_materialize
+
+    async def _follow_and_materialize(self) -> None:
+        """The tail and, beside it, the copy's apply loop (stopped with it)."""
+        assert self.materializer is not None
+        task = asyncio.create_task(self.materializer.run())
+        try:
+            await self.oplog.follow()
+        finally:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
 
     def cursor_elsewhere(
         self, registry: CursorManager
@@ -75,4 +103,4 @@ def open_upstream(config: Config) -> UpstreamDeployment:
     log.info("connecting to upstream %s", config.upstream.uri.split("@")[-1])  # no credentials
     source = UpstreamOplog(upstream_options(config))
     source.prime()
-    return UpstreamDeployment(source)
+    return UpstreamDeployment(source, materialize=list(config.upstream.materialize))

@@ -27,6 +27,7 @@ from bson.binary import Binary
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
+from cdcserver.materialize.protocol import CopyImages
 from cdcserver.sources.mongo_common import RAW, UpstreamLink
 from cdcserver.sources.retained import pre_image_key
 from pipeline_stages.image_source import Document, equality_key
@@ -67,6 +68,9 @@ class UpstreamImages(ExternalImages):
         # (db, coll) -> (uuid bytes or None, read at (monotonic), DDL generation)
         self._uuids: dict[tuple[str, str], tuple[bytes | None, float, int]] = {}
         self.queries = 0  # round trips made (tests check batching)
+        # A materialized copy (cdcserver/materialize/): it answers the pre-images of its
+        # namespaces at the event's own time; the rest are read as below.
+        self.copy: CopyImages | None = None
 
     def _timeout(self) -> Any:
         import pymongo
@@ -76,8 +80,12 @@ class UpstreamImages(ExternalImages):
     async def fetch(self, needs: NeedsLookup, answers: LookupAnswers) -> None:
         """Read the pre-images and documents `needs` names into `answers` (concurrently)."""
         jobs = []
-        if needs.pre_images:
-            jobs.append(self._fetch_pre_images(answers, needs.pre_images))
+        pre_images: Sequence[Mapping[str, Any]] = needs.pre_images
+        if pre_images and self.copy is not None:
+            pre_images = await self.copy.answer_pre_images(
+                pre_images, answers, self.source.options.lookup_timeout_ms / 1000)
+        if pre_images:
+            jobs.append(self._fetch_pre_images(answers, pre_images))
         for ns, keys in needs.documents.items():
             jobs.append(self._fetch_documents(answers, ns, keys))
         if jobs:

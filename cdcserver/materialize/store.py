@@ -1,0 +1,251 @@
+"""The materialized copy: SQLite in `<retain_dir>/materialized.sqlite3` (WAL, next to the
+retained log, whose directory lock covers it).
+
+* `collections`: one row per collection UUID ever materialized (a rename keeps the row, a drop
+  stamps `dropped`); `names`: the names each had, from when to when (snapshot reads at T
+  resolve `db.coll` to the collection that had that name at T).
+* `versions`: one row per document version, `(coll, key, ts, ord)` with `key` the `_id`'s
+  equality key, `ts` the entry that made it (`ord` orders the writes of one entry), `doc` its
+  BSON (NULL: deleted), `pre` the `config.system.preimages` `_id` mongod would give the write's
+  pre-image (`retained.pre_image_key`: the version before this one is that pre-image).
+  The clone writes each document's first version at the clone's start time with `ord` -1.
+* `meta`: the sync state (`state` empty | cloning | ready, the clone's start `t0`, the
+  consistent point `consistent`, the last applied entry `applied`, where reading resumes
+  `resume`, the patterns it was made for).
+
+A batch of applied entries is one SQLite transaction together with `applied`/`resume`, so a
+restart (also after SIGKILL) continues exactly after the last applied entry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from bson.timestamp import Timestamp
+
+from cdcserver.embedded.persist import int_ts, open_database, ts_int
+
+FILE_NAME = "materialized.sqlite3"
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS collections (
+    id INTEGER PRIMARY KEY, uuid BLOB UNIQUE NOT NULL, db TEXT NOT NULL, name TEXT NOT NULL,
+    created INTEGER NOT NULL, dropped INTEGER);
+CREATE TABLE IF NOT EXISTS names (
+    coll INTEGER NOT NULL, db TEXT NOT NULL, name TEXT NOT NULL, since INTEGER NOT NULL,
+    until INTEGER);
+CREATE INDEX IF NOT EXISTS names_ns ON names (db, name);
+CREATE TABLE IF NOT EXISTS versions (
+    coll INTEGER NOT NULL, key BLOB NOT NULL, ts INTEGER NOT NULL, ord INTEGER NOT NULL,
+    doc BLOB, pre BLOB, PRIMARY KEY (coll, key, ts, ord)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS versions_pre ON versions (pre) WHERE pre IS NOT NULL;
+CREATE INDEX IF NOT EXISTS versions_ts ON versions (ts);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value);
+"""
+
+# Sentinel meaning "the version before this write is unknown" (the write was applied before the
+# consistent point, or pruned).
+UNKNOWN = object()
+
+
+class CopyStore:
+    def __init__(self, data_dir: str, *, synchronous: str = "normal") -> None:
+        os.makedirs(data_dir, exist_ok=True)
+        self.path = os.path.join(data_dir, FILE_NAME)
+        self.db, _ = open_database(data_dir, FILE_NAME, SCHEMA, synchronous, lock=False)
+        self._by_uuid: dict[bytes, int] = {}
+        self._load_catalog()
+
+    def close(self) -> None:
+        self.db.close()
+
+    def _load_catalog(self) -> None:
+        self._by_uuid = {
+            bytes(uuid): int(cid) for cid, uuid in self.db.execute(
+                "SELECT id, uuid FROM collections")
+        }
+
+    # -- meta -----------------------------------------------------------------------------------
+
+    def meta(self, key: str) -> Any:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def meta_ts(self, key: str) -> Timestamp | None:
+        value = self.meta(key)
+        return None if value is None else int_ts(int(value))
+
+    def set_meta(self, key: str, value: Any) -> None:
+        if isinstance(value, Timestamp):
+            value = ts_int(value)
+        self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    def patterns(self) -> list[str] | None:
+        value = self.meta("patterns")
+        return None if value is None else list(json.loads(value))
+
+    def begin(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def commit(self) -> None:
+        self.db.execute("COMMIT")
+
+    def rollback(self) -> None:
+        if self.db.in_transaction:
+            self.db.execute("ROLLBACK")
+
+    def wipe(self, patterns: Sequence[str]) -> None:
+        """Empty the copy for a new initial sync (one transaction)."""
+        self.begin()
+        for table in ("collections", "names", "versions", "meta"):
+            self.db.execute(f"DELETE FROM {table}")
+        self.set_meta("state", "empty")
+        self.set_meta("patterns", json.dumps(list(patterns)))
+        self.commit()
+        self._by_uuid.clear()
+
+    # -- catalog --------------------------------------------------------------------------------
+
+    def coll_id(self, uuid: bytes | None) -> int | None:
+        return None if uuid is None else self._by_uuid.get(bytes(uuid))
+
+    def uuids(self) -> set[bytes]:
+        return set(self._by_uuid)
+
+    def alive(self, uuid: bytes) -> bool:
+        cid = self.coll_id(uuid)
+        if cid is None:
+            return False
+        row = self.db.execute("SELECT dropped FROM collections WHERE id = ?", (cid,)).fetchone()
+        return row is not None and row[0] is None
+
+    def create(self, uuid: bytes, db: str, name: str, ts: Timestamp) -> int:
+        cur = self.db.execute(
+            "INSERT INTO collections (uuid, db, name, created) VALUES (?, ?, ?, ?)",
+            (bytes(uuid), db, name, ts_int(ts)))
+        cid = int(cur.lastrowid or 0)
+        self.db.execute("INSERT INTO names (coll, db, name, since) VALUES (?, ?, ?, ?)",
+                        (cid, db, name, ts_int(ts)))
+        self._by_uuid[bytes(uuid)] = cid
+        return cid
+
+    def drop(self, uuid: bytes, ts: Timestamp) -> None:
+        cid = self.coll_id(uuid)
+        if cid is None:
+            return
+        self.db.execute("UPDATE collections SET dropped = ? WHERE id = ? AND dropped IS NULL",
+                        (ts_int(ts), cid))
+        self.db.execute("UPDATE names SET until = ? WHERE coll = ? AND until IS NULL",
+                        (ts_int(ts), cid))
+
+    def rename(self, uuid: bytes, db: str, name: str, ts: Timestamp) -> None:
+        cid = self.coll_id(uuid)
+        if cid is None:
+            return
+        self.db.execute("UPDATE names SET until = ? WHERE coll = ? AND until IS NULL",
+                        (ts_int(ts), cid))
+        self.db.execute("UPDATE collections SET db = ?, name = ? WHERE id = ?", (db, name, cid))
+        self.db.execute("INSERT INTO names (coll, db, name, since) VALUES (?, ?, ?, ?)",
+                        (cid, db, name, ts_int(ts)))
+
+    def alive_in(self, db: str) -> list[bytes]:
+        return [bytes(u) for (u,) in self.db.execute(
+            "SELECT uuid FROM collections WHERE db = ? AND dropped IS NULL", (db,))]
+
+    def uuid_named(self, db: str, name: str) -> bytes | None:
+        """The alive collection now named db.name."""
+        row = self.db.execute(
+            "SELECT uuid FROM collections WHERE db = ? AND name = ? AND dropped IS NULL",
+            (db, name)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def collection_at(self, db: str, name: str, ts: Timestamp) -> int | None:
+        """The collection named db.name at `ts` (None: none was)."""
+        t = ts_int(ts)
+        row = self.db.execute(
+            "SELECT coll FROM names WHERE db = ? AND name = ? AND since <= ? "
+            "AND (until IS NULL OR until > ?) ORDER BY since DESC LIMIT 1",
+            (db, name, t, t)).fetchone()
+        return None if row is None else int(row[0])
+
+    def names_at(self, db: str, ts: Timestamp) -> list[str]:
+        t = ts_int(ts)
+        return sorted(n for (n,) in self.db.execute(
+            "SELECT name FROM names WHERE db = ? AND since <= ? AND (until IS NULL OR until > ?)",
+            (db, t, t)))
+
+    # -- versions -------------------------------------------------------------------------------
+
+    def current(self, cid: int, key: bytes) -> bytes | None:
+        row = self.db.execute(
+            "SELECT doc FROM versions WHERE coll = ? AND key = ? ORDER BY ts DESC, ord DESC "
+            "LIMIT 1", (cid, key)).fetchone()
+        return None if row is None or row[0] is None else bytes(row[0])
+
+    def put_versions(
+        self, rows: Iterable[tuple[int, bytes, Timestamp, int, bytes | None, bytes | None]]
+    ) -> None:
+        self.db.executemany(
+            "INSERT OR REPLACE INTO versions (coll, key, ts, ord, doc, pre) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            ((c, k, ts_int(ts), o, d, p) for c, k, ts, o, d, p in rows))
+
+    def before_write(self, pre_key: bytes, not_before: Timestamp) -> Any:
+        """The document as it was just before the write whose pre-image key is `pre_key`: its
+        BSON, None (there was none: an insert-then-... cannot have one, a deleted one), or
+        UNKNOWN when the copy cannot say (no such write, or it is older than `not_before`,
+        the consistent point)."""
+        row = self.db.execute(
+            "SELECT coll, key, ts, ord FROM versions WHERE pre = ?", (pre_key,)).fetchone()
+        if row is None:
+            return UNKNOWN
+        cid, key, ts, ord_ = row
+        if ts <= ts_int(not_before):
+            return UNKNOWN
+        prev = self.db.execute(
+            "SELECT doc FROM versions WHERE coll = ? AND key = ? AND (ts < ? OR (ts = ? AND "
+            "ord < ?)) ORDER BY ts DESC, ord DESC LIMIT 1", (cid, key, ts, ts, ord_)).fetchone()
+        if prev is None:
+            return UNKNOWN  # pruned: no version before it is kept
+        return None if prev[0] is None else bytes(prev[0])
+
+    def documents_at(self, cid: int, ts: Timestamp) -> Iterator[bytes]:
+        """Every document of the collection as of `ts`, in `_id` order (its equality key)."""
+        last_key: bytes | None = None
+        last_doc: bytes | None = None
+        for key, doc in self.db.execute(
+            "SELECT key, doc FROM versions WHERE coll = ? AND ts <= ? ORDER BY key, ts, ord",
+            (cid, ts_int(ts))):
+            key = bytes(key)
+            if key != last_key:
+                if last_doc is not None:
+                    yield last_doc
+                last_key = key
+            last_doc = None if doc is None else bytes(doc)
+        if last_doc is not None:
+            yield last_doc
+
+    def prune(self, before: Timestamp, limit: int = 20_000) -> int:
+        """Drop versions no read at or after `before` can need: each document's versions
+        older than its newest one at or before `before`, and a deletion that is its newest
+        version there. Returns how many rows went (at most `limit`: called again later)."""
+        t = ts_int(before)
+        rows = self.db.execute(
+            "SELECT v.coll, v.key, v.ts, v.ord FROM versions v WHERE v.ts < ? AND ("
+            "EXISTS (SELECT 1 FROM versions w WHERE w.coll = v.coll AND w.key = v.key "
+            "AND (w.ts > v.ts OR (w.ts = v.ts AND w.ord > v.ord)) AND w.ts <= ?) "
+            "OR (v.doc IS NULL AND NOT EXISTS (SELECT 1 FROM versions w WHERE w.coll = v.coll "
+            "AND w.key = v.key AND (w.ts > v.ts OR (w.ts = v.ts AND w.ord > v.ord))))) LIMIT ?",
+            (t, t, limit)).fetchall()
+        if rows:
+            self.db.executemany(
+                "DELETE FROM versions WHERE coll = ? AND key = ? AND ts = ? AND ord = ?", rows)
+        return len(rows)
+
+    def stats(self) -> dict[str, int]:
+        versions, size = self.db.execute(
+            "SELECT count(*), coalesce(sum(length(doc)), 0) FROM versions").fetchone()
+        return {"collections": len(self._by_uuid), "versions": int(versions),
+                "versionBytes": int(size)}

@@ -1,0 +1,80 @@
+"""Shared by the materialize tests: a sidecar B with `materialize`, tailing an embedded A."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from bson.raw_bson import RawBSONDocument
+from bson.timestamp import Timestamp
+from pymongo import MongoClient
+
+from cdcserver.deployments.upstream import UpstreamDeployment
+from cdcserver.materialize.sync import Materializer
+from cdcserver.sources.mongo import UpstreamOplog, UpstreamOptions
+from cdcserver.testing import ThreadServer
+
+GUARD_S = 20.0  # hang guards, never performance expectations
+
+
+class MaterializedSidecar(ThreadServer):
+    """Server B: cdcserver on its own loop thread, tailing `uri` with a retained log in
+    `retain_dir` and the copy of `patterns` beside it."""
+
+    def __init__(self, uri: str, retain_dir: str, patterns: Sequence[str], **options: Any):
+        self._options = UpstreamOptions(uri=uri, retain_dir=retain_dir, max_await_ms=200,
+                                        **options)
+        self._patterns = list(patterns)
+        super().__init__(make_deployment=lambda: UpstreamDeployment(
+            UpstreamOplog(self._options), materialize=self._patterns))
+
+    @property
+    def source(self) -> UpstreamOplog:
+        return self.state.oplog  # type: ignore[return-value]
+
+    @property
+    def materializer(self) -> Materializer:
+        copy = self.source.images.copy
+        assert isinstance(copy, Materializer)
+        return copy
+
+    def wait_applied(self, ts: Timestamp) -> None:
+        """Until B's copy has applied every entry up to `ts` (A's latest)."""
+        deadline = time.monotonic() + GUARD_S
+        while True:
+            m = self.materializer
+            applied = self.call(lambda: m.applied if m.state == "ready" else None)
+            if applied is not None and applied >= ts:
+                return
+            assert time.monotonic() < deadline, f"B's copy stuck at {applied}, A at {ts}"
+            time.sleep(0.01)
+
+    def documents(self, db: str, coll: str, at: Timestamp | None = None) -> list[bytes]:
+        """The copy's documents of db.coll as of `at` (default: the last applied entry)."""
+        m = self.materializer
+
+        def read() -> list[bytes]:
+            ts = at or m.applied
+            assert ts is not None
+            cid = m.store.collection_at(db, coll, ts)
+            return [] if cid is None else list(m.store.documents_at(cid, ts))
+
+        return self.call(read)
+
+    def client(self, **kwargs: Any) -> MongoClient:
+        return MongoClient(self.direct_uri, serverSelectionTimeoutMS=5000, **kwargs)
+
+
+def raw_client(uri: str, **kwargs: Any) -> MongoClient:
+    return MongoClient(uri, document_class=RawBSONDocument, serverSelectionTimeoutMS=5000,
+                       **kwargs)
+
+
+def sorted_raw(client: MongoClient, db: str, coll: str) -> list[bytes]:
+    """A's documents of db.coll in the copy's order (by `_id`'s equality key)."""
+    from pipeline_stages.image_source import equality_key
+
+    docs = list(client[db][coll].find({}))
+    docs.sort(key=lambda d: equality_key(d["_id"]))
+    return [bytes(d.raw) for d in docs]
