@@ -42,8 +42,8 @@ class MaterializedSidecar(ThreadServer):
     def wait_applied(self, ts: Timestamp) -> None:
         """Until B's copy has applied every entry up to `ts` (A's latest)."""
         deadline = time.monotonic() + GUARD_S
+        m = self.materializer
         while True:
-            m = self.materializer
             applied = self.call(lambda: m.applied if m.state == "ready" else None)
             if applied is not None and applied >= ts:
                 return

@@ -1,0 +1,215 @@
+"""The copy's life: initial sync, restarts (also after SIGKILL, during the clone and during
+apply), a lost upstream position (re-synced, logged), and pruning with the retained log.
+
+A is cdcserver's embedded store; B the sidecar (`serve --upstream` with `retain_dir` and
+`materialize`), in its own process where it is killed. After each scenario the copy, read as of
+the last entry applied, equals A's collections byte for byte.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import sqlite3
+import time
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+
+from cdcserver.materialize.store import FILE_NAME, CopyStore
+from cdcserver.sources.mongo_common import next_ts
+from tests.materialize.support import GUARD_S, MaterializedSidecar, raw_client, sorted_raw
+from tests.server.test_retained_history import Sidecar
+from tests.server.test_upstream import latest_ts
+from tests.support.embedded_support import EmbeddedServer
+
+MATERIALIZE = {"CDCSERVER_UPSTREAM_MATERIALIZE": '["shop.*", "crm.accounts"]'}
+NAMESPACES = [("shop", "orders"), ("shop", "items"), ("crm", "accounts")]
+
+
+def copy_meta(retain_dir: pathlib.Path, key: str) -> Any:
+    """A value of the copy's meta table, read beside the running B (WAL: a reader is fine)."""
+    path = retain_dir / FILE_NAME
+    if not path.exists():
+        return None
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=GUARD_S)
+    try:
+        row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    except sqlite3.OperationalError:  # the schema is not there yet
+        return None
+    finally:
+        db.close()
+    return None if row is None else row[0]
+
+
+def version_rows(retain_dir: pathlib.Path) -> int:
+    db = sqlite3.connect(f"file:{retain_dir / FILE_NAME}?mode=ro", uri=True, timeout=GUARD_S)
+    try:
+        return int(db.execute("SELECT count(*) FROM versions").fetchone()[0])
+    finally:
+        db.close()
+
+
+def wait_copy(retain_dir: pathlib.Path, ts: Any) -> None:
+    """Until the copy is ready and has applied every entry up to `ts`."""
+    want = (ts.time << 32) | ts.inc
+    deadline = time.monotonic() + GUARD_S * 3
+    while True:
+        applied = copy_meta(retain_dir, "applied")
+        if copy_meta(retain_dir, "state") == "ready" and applied is not None and applied >= want:
+            return
+        assert time.monotonic() < deadline, f"copy at {applied}, A at {ts}"
+        time.sleep(0.02)
+
+
+def assert_copy_equals(retain_dir: pathlib.Path, ca: MongoClient) -> None:
+    """With B stopped: the copy as of its last applied entry is A's collections."""
+    store = CopyStore(str(retain_dir))
+    try:
+        applied = store.meta_ts("applied")
+        assert applied is not None
+        for db, coll in NAMESPACES:
+            cid = store.collection_at(db, coll, applied)
+            mine = [] if cid is None else list(store.documents_at(cid, applied))
+            assert mine == sorted_raw(ca, db, coll), f"{db}.{coll}"
+        assert store.collection_at("crm", "leads", applied) is None  # not materialized
+    finally:
+        store.close()
+
+
+def workload(ca: MongoClient, start: int, n: int) -> None:
+    for i in range(start, start + n):
+        ca.shop.orders.insert_one({"_id": i, "qty": i, "tags": ["a"]})
+        ca.shop.orders.update_one({"_id": i}, {"$inc": {"qty": 1}, "$push": {"tags": "b"}})
+        if i % 3 == 0:
+            ca.shop.orders.replace_one({"_id": i}, {"replaced": i})
+        if i % 4 == 0:
+            ca.shop.orders.delete_one({"_id": i - 1})
+        ca.crm.accounts.update_one({"_id": i % 5}, {"$set": {"last": i}}, upsert=True)
+        ca.crm.leads.insert_one({"_id": i})
+    with ca.start_session() as session:
+        session.with_transaction(lambda s: (
+            ca.shop.items.insert_one({"_id": f"t{start}"}, session=s),
+            ca.shop.orders.update_many({}, {"$inc": {"all": 1}}, session=s),
+        ))
+
+
+@pytest.fixture
+def a_server():
+    a = EmbeddedServer()
+    try:
+        yield a
+    finally:
+        a.stop()
+
+
+def test_killed_during_apply_continues_from_the_last_applied_entry(a_server, tmp_path):
+    a, ca = a_server, raw_client(a_server.uri)
+    workload(ca, 0, 10)  # cloned
+    retain_dir, log_path = tmp_path / "b", tmp_path / "b.log"
+    b = Sidecar(a.uri, retain_dir, log_path, **MATERIALIZE)
+    try:
+        wait_copy(retain_dir, latest_ts(a))
+        for start in (10, 30, 50):
+            workload(ca, start, 20)
+            time.sleep(0.05)  # let B be somewhere in the middle of applying
+            b.kill()
+            rows_before = version_rows(retain_dir)
+            b = Sidecar(a.uri, retain_dir, log_path, **MATERIALIZE)
+            wait_copy(retain_dir, latest_ts(a))
+            assert version_rows(retain_dir) >= rows_before
+    finally:
+        b.stop()
+    assert log_path.read_text().count("materialize: initial sync of") == 1, "never re-synced"
+    assert_copy_equals(retain_dir, ca)
+
+
+def test_killed_during_the_initial_sync_starts_it_over(a_server, tmp_path):
+    a, ca = a_server, raw_client(a_server.uri)
+    big = [{"_id": i, "pad": "x" * 200} for i in range(40_000)]
+    for k in range(0, len(big), 5000):
+        ca.shop.items.insert_many(big[k:k + 5000])
+    workload(ca, 0, 5)
+    retain_dir, log_path = tmp_path / "b", tmp_path / "b.log"
+    b = Sidecar(a.uri, retain_dir, log_path, **MATERIALIZE)
+    try:
+        deadline = time.monotonic() + GUARD_S
+        while copy_meta(retain_dir, "state") != "cloning" or version_rows(retain_dir) == 0:
+            assert copy_meta(retain_dir, "state") != "ready", "the clone ended before the kill"
+            assert time.monotonic() < deadline, "B did not start cloning"
+            time.sleep(0.002)
+        b.kill()
+        assert copy_meta(retain_dir, "state") == "cloning"
+        workload(ca, 5, 10)  # while B is down
+        b = Sidecar(a.uri, retain_dir, log_path, **MATERIALIZE)
+        workload(ca, 15, 5)
+        wait_copy(retain_dir, latest_ts(a))
+    finally:
+        b.stop()
+    text = log_path.read_text()
+    assert "the previous initial sync was interrupted: starting over" in text
+    assert_copy_equals(retain_dir, ca)
+
+
+def test_a_lost_upstream_position_is_synced_again(tmp_path, caplog):
+    """B stopped, A's small oplog rolls past B's last entry: the retained log is emptied at
+    the gap, and the copy (which could not cross it) is synced again, logged."""
+    a = EmbeddedServer(oplog_size_bytes=64 * 1024)
+    try:
+        ca = raw_client(a.uri)
+        workload(ca, 0, 5)
+        b = MaterializedSidecar(a.uri, str(tmp_path / "b"), ["shop.*", "crm.accounts"])
+        try:
+            b.wait_applied(latest_ts(a))
+        finally:
+            b.stop()
+        for i in range(200):  # far more than A's oplog holds
+            ca.shop.orders.update_one({"_id": 1}, {"$set": {"pad": "p" * 1000, "i": i}},
+                                      upsert=True)
+        workload(ca, 5, 5)
+        with caplog.at_level(logging.ERROR, logger="cdcserver.materialize.sync"):
+            b = MaterializedSidecar(a.uri, str(tmp_path / "b"), ["shop.*", "crm.accounts"])
+            try:
+                workload(ca, 10, 3)
+                b.wait_applied(latest_ts(a))
+                assert b.call(lambda: b.materializer.resyncs) == 1
+            finally:
+                b.stop()
+        assert any("synced again" in r.getMessage() for r in caplog.records)
+        assert_copy_equals(tmp_path / "b", ca)
+    finally:
+        a.stop()
+
+
+def test_versions_are_kept_as_long_as_the_retained_log(tmp_path):
+    """Each write is a version; once the retained log drops entries, the versions no read at
+    or after its oldest entry can need go, and every document keeps the version it had."""
+    a = EmbeddedServer()
+    try:
+        ca = raw_client(a.uri)
+        ca.shop.orders.insert_many([{"_id": i, "v": 0} for i in range(5)])
+        b = MaterializedSidecar(a.uri, str(tmp_path / "b"), ["shop.*"])
+        try:
+            b.wait_applied(latest_ts(a))
+            for v in range(1, 6):
+                ca.shop.orders.update_many({}, {"$set": {"v": v}})
+            ca.shop.orders.delete_one({"_id": 0})
+            b.wait_applied(latest_ts(a))
+            m = b.materializer
+            assert b.call(lambda: m.store.stats()["versions"]) == 5 + 5 * 5 + 1
+            # As if retention had dropped every entry but the newest two: prune to there.
+            retained = b.source.retained
+            assert retained is not None
+            oldest = b.call(lambda: retained.newest(None, 2)[-1][0])
+            b.call(lambda: (m.store.begin(), m.store.prune(oldest), m.store.commit()))
+            # Documents 0-3: their last update (before `oldest`); document 4: its last update
+            # (at `oldest`); document 0's deletion (after it).
+            assert b.call(lambda: m.store.stats()["versions"]) == 4 + 1 + 1
+            assert b.documents("shop", "orders") == sorted_raw(ca, "shop", "orders")
+            assert b.documents("shop", "orders", at=next_ts(oldest)) == sorted_raw(
+                ca, "shop", "orders")
+        finally:
+            b.stop()
+    finally:
+        a.stop()
