@@ -227,22 +227,51 @@ class CopyStore:
         if last_doc is not None:
             yield last_doc
 
-    def prune(self, before: Timestamp, limit: int = 20_000) -> int:
+    def prune(self, before: Timestamp, limit: int = 5_000) -> int:
         """Drop versions no read at or after `before` can need: each document's versions
-        older than its newest one at or before `before`, and a deletion that is its newest
-        version there. Returns how many rows went (at most `limit`: called again later)."""
+        older than its newest one at or before `before`, and that one too when it is a
+        deletion with nothing after it. Only documents written since the last prune are
+        looked at (`pruned` in meta; the versions index by ts), at most `limit` of them per
+        call (the rest at the next). Returns how many rows went."""
         t = ts_int(before)
+        since = int(self.meta("pruned") or 0)
+        if t <= since:
+            return 0
+        # Clone versions (ord -1) are never looked at: one goes only when a write made a newer
+        # one, and that write is in the range.
         rows = self.db.execute(
-            "SELECT v.coll, v.key, v.ts, v.ord FROM versions v WHERE v.ts < ? AND ("
-            "EXISTS (SELECT 1 FROM versions w WHERE w.coll = v.coll AND w.key = v.key "
-            "AND (w.ts > v.ts OR (w.ts = v.ts AND w.ord > v.ord)) AND w.ts <= ?) "
-            "OR (v.doc IS NULL AND NOT EXISTS (SELECT 1 FROM versions w WHERE w.coll = v.coll "
-            "AND w.key = v.key AND (w.ts > v.ts OR (w.ts = v.ts AND w.ord > v.ord))))) LIMIT ?",
-            (t, t, limit)).fetchall()
-        if rows:
-            self.db.executemany(
-                "DELETE FROM versions WHERE coll = ? AND key = ? AND ts = ? AND ord = ?", rows)
-        return len(rows)
+            "SELECT coll, key, ts FROM versions WHERE ts >= ? AND ts <= ? AND ord >= 0 "
+            "ORDER BY ts LIMIT ?", (since, t, limit)).fetchall()
+        upto = t
+        if len(rows) >= limit:
+            upto = rows[-1][2]  # the rest from there at the next call
+            if upto == since:  # one entry wrote more than `limit` documents: all of it now
+                rows = self.db.execute(
+                    "SELECT coll, key, ts FROM versions WHERE ts = ? AND ord >= 0",
+                    (since,)).fetchall()
+                upto = since + 1
+        done = list(dict.fromkeys((cid, bytes(key)) for cid, key, _ in rows))
+        removed = 0
+        for cid, key in done:
+            newest = self.db.execute(
+                "SELECT ts, ord, doc IS NULL FROM versions WHERE coll = ? AND key = ? AND ts <= ? "
+                "ORDER BY ts DESC, ord DESC LIMIT 1", (cid, key, t)).fetchone()
+            if newest is None:
+                continue
+            ts, ord_, deleted = newest
+            removed += self.db.execute(
+                "DELETE FROM versions WHERE coll = ? AND key = ? AND (ts < ? OR (ts = ? AND "
+                "ord < ?))", (cid, key, ts, ts, ord_)).rowcount
+            if deleted and ts < t:
+                later = self.db.execute(
+                    "SELECT 1 FROM versions WHERE coll = ? AND key = ? AND ts > ? LIMIT 1",
+                    (cid, key, ts)).fetchone()
+                if later is None:
+                    removed += self.db.execute(
+                        "DELETE FROM versions WHERE coll = ? AND key = ? AND ts = ? AND ord = ?",
+                        (cid, key, ts, ord_)).rowcount
+        self.set_meta("pruned", upto)
+        return removed
 
     def stats(self) -> dict[str, int]:
         versions, size = self.db.execute(

@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 APPLY_BATCH = 1000  # retained entries per SQLite transaction
 CLONE_BATCH = 1000  # documents per SQLite transaction while cloning
 PRUNE_EVERY_S = 5.0
+PRUNE_STEPS = 20  # prune calls (each at most store.prune's limit of documents) per pass
 
 
 class Resync(Exception):  # noqa: N818 - a signal: the copy must be synced again
@@ -349,16 +350,21 @@ class Materializer:
                 store.drop(uuid, ts)  # renamed out of the materialized namespaces
 
     def _prune(self) -> None:
+        """Versions older than the retained log's oldest entry (a bounded amount per pass)."""
         oldest = self._retained().oldest_ts()
         if oldest is None:
             return
-        self.store.begin()
-        try:
-            self.store.prune(oldest)
-            self.store.commit()
-        except BaseException:
-            self.store.rollback()
-            raise
+        store = self.store
+        for _ in range(PRUNE_STEPS):
+            store.begin()
+            try:
+                store.prune(oldest)
+                store.commit()
+            except BaseException:
+                store.rollback()
+                raise
+            if store.meta_ts("pruned") is None or store.meta_ts("pruned") >= oldest:
+                return
 
 
 def _uuid(value: Any) -> bytes:
