@@ -19,6 +19,7 @@ from cdcserver.cursors import CursorManager
 from cdcserver.deployment import Standalone
 from cdcserver.deployments.embedded import EMBEDDED
 from cdcserver.embedded.store import Store
+from cdcserver.materialize import snapshot
 from cdcserver.materialize.sync import Materializer
 from cdcserver.sources.mongo import UpstreamOplog, UpstreamOptions
 from pipeline_stages.lookups import ExternalImages
@@ -30,6 +31,10 @@ UPSTREAM = CommandTable(
     {
         **{name: EMBEDDED[name] for name in sorted(proxy.LOCAL_COMMANDS)},
         **{name: Route(choose) for name, choose in proxy.ROUTES.items()},
+        # Snapshot reads of materialized namespaces read the copy (materialize/snapshot.py);
+        # every other find / aggregate is routed as before.
+        "find": Route(snapshot.route_find),
+        "aggregate": Route(snapshot.route_aggregate),
         # Every cursor's: a change stream here, a forwarded one at the member holding it.
         "getMore": cursors.get_more,
         "killCursors": cursors.kill_cursors,

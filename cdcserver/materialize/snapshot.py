@@ -1,0 +1,189 @@
+"""Snapshot reads on the copy: `find` / `aggregate` with `readConcern {level: "snapshot"}` (with
+or without `atClusterTime`; a driver's snapshot session sends both) on a materialized namespace
+of the sidecar read the copy as it was at that time, for any time from its consistent point
+(or the retained log's oldest entry) to the last applied entry, not only mongod's last
+`minSnapshotHistoryWindowInSeconds`.
+
+* No `atClusterTime`: the read is at the last applied entry's time, which the reply names as
+  `cursor.atClusterTime` and `operationTime` (mongod names its read timestamp the same way),
+  so `watch(start_at_operation_time=<that time + 1 increment>)` continues with every change
+  after the snapshot exactly once (docs/materialize.md; `cdcserver.client.snapshot_then_watch`).
+* A time before the copy's range: SnapshotTooOld (239), mongod's words. A time after the last
+  applied entry but not after the tail's cluster time: the read waits for the copy (mongod
+  waits for the time to be majority-committed), at most `maxTimeMS` (else 10 s, then 50
+  MaxTimeMSExpired); later than the cluster time: 72, as mongod refuses it.
+
+Everything else (another read concern, a transaction, a namespace not materialized) goes to
+the upstream as before. The documents come in `_id` order (the copy's key order) where mongod
+gives its record order; filters, sorts, projections and pipelines run on the embedded store's
+query engine. Stages that read other collections (`$lookup`, `$graphLookup`, `$unionWith`) or
+write (`$out`, `$merge`) are refused here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import bson
+from bson.binary import Binary
+from bson.codec_options import CodecOptions
+from bson.int64 import Int64
+from bson.raw_bson import RawBSONDocument
+from bson.timestamp import Timestamp
+
+from cdcserver.commands import crud_common, proxy, queries, txn_rules
+from cdcserver.context import ConnectionState, Handler, ServerState
+from cdcserver.embedded import engine, query
+from cdcserver.materialize.sync import Materializer
+from cdcserver.sources.mongo_tail import UpstreamOplog
+from pipeline_stages.errors import MongoError
+from pipeline_stages.spec import is_change_stream_aggregate
+
+_DECODE: CodecOptions[dict[str, Any]] = CodecOptions(tz_aware=False)
+_ZERO_SIGNATURE = {"hash": Binary(bytes(20), 0), "keyId": Int64(0)}
+WAIT_S = 10.0  # a read at a time the copy has not applied yet waits this long by default
+_OTHER_COLLECTIONS = frozenset({"$lookup", "$graphLookup", "$unionWith", "$out", "$merge"})
+
+
+def materializer_of(server: ServerState) -> Materializer | None:
+    oplog = server.oplog
+    if not isinstance(oplog, UpstreamOplog):
+        return None
+    copy = oplog.images.copy
+    return copy if isinstance(copy, Materializer) else None
+
+
+def on_the_copy(server: ServerState, cmd: Mapping[str, Any]) -> Materializer | None:
+    """The materializer answering this command as a snapshot read (None: the upstream's)."""
+    rc = cmd.get("readConcern")
+    if not isinstance(rc, Mapping) or rc.get("level") != "snapshot":
+        return None
+    if txn_rules.in_transaction(cmd):
+        return None  # a transaction's reads belong with its writes, on the upstream
+    copy = materializer_of(server)
+    target = cmd.get(next(iter(cmd), ""))
+    db = cmd.get("$db")
+    if copy is None or not isinstance(target, str) or not isinstance(db, str):
+        return None
+    return copy if copy.patterns.matches(db, target) else None
+
+
+def route_find(server: ServerState, cmd: Mapping[str, Any]) -> Handler:
+    return snapshot_find if on_the_copy(server, cmd) is not None else proxy.forward_command
+
+
+def route_aggregate(server: ServerState, cmd: Mapping[str, Any]) -> Handler:
+    if not is_change_stream_aggregate(cmd) and on_the_copy(server, cmd) is not None:
+        return snapshot_aggregate
+    return proxy.route_aggregate(server, cmd)
+
+
+async def read_time(server: ServerState, copy: Materializer, cmd: Mapping[str, Any]) -> Timestamp:
+    """The time the read is at (checked against the copy's range; waited for if need be)."""
+    rc = cmd["readConcern"]
+    at = rc.get("atClusterTime")
+    span = copy.readable_range()
+    if span is None:
+        raise MongoError(246, "the sidecar's copy of this namespace is not ready yet (its "
+                         "initial sync is running): retry the snapshot read")
+    low, high = span
+    if at is None:
+        return high
+    if not isinstance(at, Timestamp):
+        raise MongoError(14, "BSON field 'atClusterTime' is the wrong type, expected type "
+                         "'timestamp'")
+    if at < low:
+        raise MongoError(239, f"Read timestamp Timestamp({at.time}, {at.inc}) is older than "
+                         "the oldest available timestamp.")
+    if at > high:
+        now = server.oplog.cluster_time()
+        if at > now:
+            raise MongoError(72, "readConcern atClusterTime value must not be greater than the "
+                             f"current clusterTime. Requested clusterTime: {at}; current "
+                             f"clusterTime: {now}")
+        max_ms = cmd.get("maxTimeMS")
+        wait = max_ms / 1000 if isinstance(max_ms, (int, float)) and max_ms > 0 else WAIT_S
+        if not await copy.wait_applied(at, wait):
+            raise MongoError(50, "operation exceeded time limit")
+    return at
+
+
+def documents_at(copy: Materializer, db: str, coll: str, at: Timestamp) -> list[dict[str, Any]]:
+    cid = copy.store.collection_at(db, coll, at)
+    if cid is None:
+        return []
+    return [bson.decode(raw, _DECODE) for raw in copy.store.documents_at(cid, at)]
+
+
+def _reply(server: ServerState, reply: dict[str, Any], at: Timestamp) -> dict[str, Any]:
+    """The whole reply, times included: the read's time is its operationTime (the registry
+    passes a RawBSONDocument reply on as it is, as it does the upstream's)."""
+    reply["cursor"]["atClusterTime"] = at
+    reply["ok"] = 1.0
+    reply["$clusterTime"] = {"clusterTime": max(at, server.oplog.cluster_time()),
+                             "signature": _ZERO_SIGNATURE}
+    reply["operationTime"] = at
+    # Typed as the handlers' dict (see proxy.forward_command): a RawBSONDocument in fact.
+    return RawBSONDocument(bson.encode(reply))  # type: ignore[return-value]
+
+
+async def snapshot_find(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
+    copy = on_the_copy(server, cmd)
+    assert copy is not None
+    coll = cmd["find"]
+    filter_doc, projection, skip, limit, batch_size = crud_common.find_arguments(cmd)
+    at = await read_time(server, copy, cmd)
+    engine.validate_filter(filter_doc or {})
+    normalized = engine.normalize(dict(filter_doc or {}))
+    sort_list = crud_common._sort_list(cmd.get("sort"))
+    fields = dict(projection) if projection else None
+
+    def project_one(doc: Mapping[str, Any]) -> Any:
+        assert fields is not None
+        return engine.project(doc, fields)
+
+    docs = documents_at(copy, db, coll, at)
+    out: list[Any] = []
+    with crud_common.engine_errors():
+        scan = query.find(docs, normalized, sort_list, skip, limit, out,
+                          project=project_one if fields is not None else None)
+        await query.run_async(scan, query.Deadline.of(cmd))
+    reply = queries.cursor_first_batch(server, f"{db}.{coll}", out, batch_size,
+                                       single_batch=cmd.get("singleBatch") is True,
+                                       max_time_ms=cmd.get("maxTimeMS"))
+    return _reply(server, reply, at)
+
+
+async def snapshot_aggregate(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
+    copy = on_the_copy(server, cmd)
+    assert copy is not None
+    coll = cmd["aggregate"]
+    pipeline = cmd.get("pipeline")
+    if not isinstance(pipeline, list):
+        raise MongoError(14, "BSON field 'aggregate.pipeline' is the wrong type, expected type "
+                         "'array'")
+    cursor_doc = cmd.get("cursor")
+    if not isinstance(cursor_doc, Mapping):
+        raise MongoError(
+            9, "The 'cursor' option is required, except for aggregate with the explain argument")
+    for stage in pipeline:
+        name = next(iter(stage), "") if isinstance(stage, Mapping) else ""
+        if name in _OTHER_COLLECTIONS:
+            raise MongoError(72, f"{name} is not supported by a snapshot read of the "
+                             "sidecar's materialized copy")
+    batch_size = cursor_doc.get("batchSize")
+    at = await read_time(server, copy, cmd)
+    stages = [engine.normalize(dict(s)) if isinstance(s, Mapping) else s for s in pipeline]
+    docs = documents_at(copy, db, coll, at)
+    out: list[Any] = []
+    with crud_common.engine_errors():
+        await query.run_async(query.pipeline(docs, None, stages, out), query.Deadline.of(cmd))
+    reply = queries.cursor_first_batch(server, f"{db}.{coll}", out,
+                                       batch_size if isinstance(batch_size, int) else None,
+                                       max_time_ms=cmd.get("maxTimeMS"))
+    return _reply(server, reply, at)
