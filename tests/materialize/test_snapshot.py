@@ -1,0 +1,227 @@
+"""Snapshot reads of the sidecar's copy, and the snapshot-then-stream recipe.
+
+A snapshot at T (now, or any earlier time the sidecar retains) plus the change stream from
+just after T is the collection's final state on the upstream, with no change duplicated or
+missing: checked as a property over generated workloads (hypothesis), the snapshot taken in the
+middle of them and the stream folded onto it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from bson.timestamp import Timestamp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pymongo import MongoClient, errors
+
+from cdcserver.materialize.client import after, snapshot, snapshot_then_watch
+from cdcserver.sources.mongo_common import RAW
+from pipeline_stages import resume_token as rt
+from pipeline_stages.image_source import equality_key
+from tests.materialize.support import MaterializedSidecar, raw_client, sorted_raw
+from tests.server.test_upstream import drain_until, latest_ts
+from tests.support.embedded_support import EmbeddedServer
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedServer, Any]]:
+    a = EmbeddedServer()
+    b = None
+    try:
+        raw_client(a.uri).shop.seed.insert_one({"_id": 0})
+        b = MaterializedSidecar(a.uri, str(tmp_path_factory.mktemp("b")), ["shop.*"])
+        b.wait_applied(latest_ts(a))
+        yield a, b
+    finally:
+        if b is not None:
+            b.stop()
+        a.stop()
+
+
+def snapshot_cmd(client: MongoClient, coll: str, at: Timestamp | None = None,
+                 **fields: Any) -> dict[str, Any]:
+    rc: dict[str, Any] = {"level": "snapshot"}
+    if at is not None:
+        rc["atClusterTime"] = at
+    return client.shop.command({"find": coll, "readConcern": rc, **fields},
+                               codec_options=RAW)
+
+
+def test_a_read_at_each_past_time_sees_that_time(pair):
+    a, b = pair
+    ca = raw_client(a.uri)
+    coll = ca.shop.timeline
+    coll.insert_many([{"_id": i, "v": 0} for i in range(3)])
+    times, states = [], []
+    for v in range(1, 5):
+        coll.update_many({}, {"$set": {"v": v}})
+        coll.delete_one({"_id": v % 3}) if v == 3 else None
+        times.append(latest_ts(a))
+        states.append(sorted_raw(ca, "shop", "timeline"))
+    b.wait_applied(latest_ts(a))
+    with raw_client(b.direct_uri) as cb:
+        for at, state in zip(times, states):
+            reply = snapshot_cmd(cb, "timeline", at)
+            assert reply["cursor"]["atClusterTime"] == at
+            assert reply["operationTime"] == at
+            assert [d.raw for d in reply["cursor"]["firstBatch"]] == state
+        # a snapshot session: its first read picks the time, the next ones read at it
+        with cb.start_session(snapshot=True) as session:
+            first = [d.raw for d in cb.shop.timeline.find({}, session=session)]
+            coll.insert_one({"_id": "later"})
+            b.wait_applied(latest_ts(a))
+            again = [d.raw for d in cb.shop.timeline.find({}, session=session)]
+            assert first == again == states[-1]
+        # filters, sorts, projections, batches and pipelines run on the copy at that time
+        reply = snapshot_cmd(cb, "timeline", times[0], filter={"_id": {"$gte": 1}},
+                             sort={"_id": -1}, projection={"v": 1}, batchSize=1)
+        assert [dict(d) for d in reply["cursor"]["firstBatch"]] == [{"_id": 2, "v": 1}]
+        more = cb.shop.command("getMore", reply["cursor"]["id"], collection="timeline")
+        assert [dict(d) for d in more["cursor"]["nextBatch"]] == [{"_id": 1, "v": 1}]
+        counted = cb.shop.command({
+            "aggregate": "timeline", "pipeline": [{"$match": {"v": 1}}, {"$count": "n"}],
+            "cursor": {}, "readConcern": {"level": "snapshot", "atClusterTime": times[0]}})
+        assert [dict(d) for d in counted["cursor"]["firstBatch"]] == [{"n": 3}]
+
+
+def test_reads_outside_the_copys_range(pair):
+    a, b = pair
+    with raw_client(b.direct_uri) as cb:
+        with pytest.raises(errors.OperationFailure) as old:
+            snapshot_cmd(cb, "seed", Timestamp(1, 1))
+        assert old.value.code == 239
+        with pytest.raises(errors.OperationFailure) as future:
+            snapshot_cmd(cb, "seed", Timestamp(latest_ts(a).time + 3600, 1))
+        assert future.value.code == 72
+        with pytest.raises(errors.OperationFailure) as lookup:
+            cb.shop.command({"aggregate": "seed", "cursor": {},
+                             "pipeline": [{"$lookup": {"from": "x", "as": "y",
+                                                       "localField": "a", "foreignField": "b"}}],
+                             "readConcern": {"level": "snapshot"}})
+        assert lookup.value.code == 72
+        # not materialized, or not a snapshot read: the upstream answers
+        reply = cb.other.command({"find": "x", "readConcern": {"level": "snapshot"}})
+        assert "atClusterTime" in reply["cursor"]
+
+
+# -- the recipe, as a property ----------------------------------------------------------------
+
+IDS = st.integers(0, 5)
+OPS = st.one_of(
+    st.tuples(st.just("insert"), IDS, st.integers(0, 9)),
+    st.tuples(st.just("set"), IDS, st.integers(0, 9)),
+    st.tuples(st.just("push"), IDS, st.integers(0, 9)),
+    st.tuples(st.just("unset"), IDS, st.just(0)),
+    st.tuples(st.just("replace"), IDS, st.integers(0, 9)),
+    st.tuples(st.just("delete"), IDS, st.just(0)),
+    st.tuples(st.just("txn"), IDS, st.integers(0, 9)),
+)
+
+
+def run(ca: MongoClient, coll: str, ops: list[tuple[str, int, int]]) -> None:
+    c = ca.shop[coll]
+    for kind, i, v in ops:
+        if kind == "insert":
+            c.update_one({"_id": i}, {"$setOnInsert": {"v": v, "arr": [v]}}, upsert=True)
+        elif kind == "set":
+            c.update_one({"_id": i}, {"$set": {"v": v, "sub.x": v}})
+        elif kind == "push":
+            c.update_one({"_id": i}, {"$push": {"arr": {"$each": [v], "$slice": -3}}})
+        elif kind == "unset":
+            c.update_one({"_id": i}, {"$unset": {"sub": ""}})
+        elif kind == "replace":
+            c.replace_one({"_id": i}, {"r": v})
+        elif kind == "delete":
+            c.delete_one({"_id": i})
+        else:
+            with ca.start_session() as session:
+                session.with_transaction(lambda s, i=i, v=v: (
+                    c.update_one({"_id": i}, {"$inc": {"v": v}}, session=s),
+                    c.update_one({"_id": (i + 1) % 6}, {"$set": {"t": v}}, upsert=True,
+                                 session=s),
+                ))
+
+
+def fold(state: dict[bytes, Any], event: Any) -> None:
+    """Apply one change event (with its post-image) to documents keyed by `_id`."""
+    key = equality_key(event["documentKey"]["_id"])
+    kind = event["operationType"]
+    if kind in ("insert", "replace", "update"):
+        assert event["fullDocument"] is not None, event
+        state[key] = event["fullDocument"]
+    elif kind == "delete":
+        state.pop(key, None)
+
+
+COUNTER = iter(range(1_000_000))
+
+
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(before=st.lists(OPS, max_size=12), middle=st.lists(OPS, max_size=8),
+       later=st.lists(OPS, max_size=12), in_the_past=st.booleans())
+def test_snapshot_then_stream_is_the_final_state(pair, before, middle, later, in_the_past):
+    a, b = pair
+    coll = f"w{next(COUNTER)}"
+    ca = raw_client(a.uri)
+    cb = raw_client(b.direct_uri)
+    try:
+        ca.shop.create_collection(coll)
+        run(ca, coll, before)
+        t_before = latest_ts(a)
+        run(ca, coll, middle)
+        b.wait_applied(latest_ts(a))
+        # the snapshot now, or at the earlier time (after `before`, `middle` in the stream)
+        at = t_before if in_the_past else None
+        docs, t, stream = snapshot_then_watch(cb.shop[coll], at_cluster_time=at,
+                                              full_document="whenAvailable",
+                                              max_await_time_ms=50)
+        if in_the_past:
+            assert t == t_before
+        with stream:
+            run(ca, coll, later)
+            end = latest_ts(a)
+            events = drain_until(stream, end)
+        state = {equality_key(d["_id"]): d for d in docs}
+        for event in events:
+            fold(state, event)
+        # byte for byte what A has, in the same (_id) order
+        assert [state[k].raw for k in sorted(state)] == sorted_raw(ca, "shop", coll)
+        # exactly once, none before T: one event per write of A's oplog after T
+        times = [rt.decode(e["_id"]).cluster_time for e in events]
+        assert all(ts > t for ts in times)
+        tokens = [e["_id"]["_data"] for e in events]
+        assert len(tokens) == len(set(tokens))
+        assert len(events) == writes_after(a, coll, t, end)
+    finally:
+        ca.close()
+        cb.close()
+
+
+def writes_after(a: EmbeddedServer, coll: str, t: Timestamp, end: Timestamp) -> int:
+    """A's CRUD writes to shop.<coll> with t < ts <= end (transactions' ops counted)."""
+    n = 0
+    for entry in a.entries():
+        if not t < entry["ts"] <= end:
+            continue
+        ops = entry["o"].get("applyOps") if entry["op"] == "c" else None
+        for op in ops if isinstance(ops, list) else [entry]:
+            if op["op"] in ("i", "u", "d") and op["ns"] == f"shop.{coll}":
+                n += 1
+    return n
+
+
+def test_the_helper_at_a_past_time(pair):
+    a, b = pair
+    ca = raw_client(a.uri)
+    ca.shop.helper.insert_many([{"_id": i} for i in range(3)])
+    t = latest_ts(a)
+    ca.shop.helper.delete_one({"_id": 0})
+    b.wait_applied(latest_ts(a))
+    with raw_client(b.direct_uri) as cb:
+        docs, at = snapshot(cb.shop.helper, at_cluster_time=t, batch_size=1)
+        assert at == t and [d["_id"] for d in docs] == [0, 1, 2]
+    assert after(Timestamp(5, 0xFFFFFFFF)) == Timestamp(6, 0)
