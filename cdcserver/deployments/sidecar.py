@@ -78,6 +78,9 @@ def open_sidecar(config: Config) -> SidecarDeployment | None:
         return None
     if shards is None:
         return None
+    if config.upstream.materialize:
+        log.warning("upstream.materialize is not supported for a sharded cluster yet: the "
+                    "sidecar serves it without a materialized copy")
     upstream = ShardedUpstream(upstream_options(config), shards)
     upstream.prime()
     log.info("upstream is a mongos: tailing %d shards (%s)", len(shards),

@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 APPLY_BATCH = 1000  # retained entries per SQLite transaction
 CLONE_BATCH = 1000  # documents per SQLite transaction while cloning
 PRUNE_EVERY_S = 5.0
+RETRY_S = 1.0  # after a failed pass (an unreachable upstream while cloning, a full disk)
 PRUNE_STEPS = 20  # prune calls (each at most store.prune's limit of documents) per pass
 
 
@@ -68,6 +69,7 @@ class Materializer:
         self.resyncs = 0  # syncs after the first (status, tests)
         self.images_served = 0  # pre-images answered from the copy (status, tests)
         self.cloned_documents = 0  # by the last initial sync
+        self.failures = 0  # passes that failed and were retried (status, tests)
         self._progress = asyncio.Event()
         self.state = "empty"
         self.t0: Timestamp | None = None
@@ -94,7 +96,8 @@ class Materializer:
         return {
             "state": self.state, "patterns": list(self.patterns.patterns),
             "consistentAt": self.consistent, "appliedThrough": self.applied,
-            "resyncs": self.resyncs, "imagesServed": self.images_served,
+            "resyncs": self.resyncs, "failures": self.failures,
+            "imagesServed": self.images_served,
             **self.store.stats(),
         }
 
@@ -127,6 +130,8 @@ class Materializer:
     async def answer_pre_images(
         self, ids: Sequence[Mapping[str, Any]], answers: Any, timeout_s: float
     ) -> list[Mapping[str, Any]]:
+        if self.state != "ready":
+            return list(ids)  # an initial sync is running: the upstream path, without waiting
         uuids = self.store.uuids()
         mine = [i for i in ids if _uuid(i["nsUUID"]) in uuids]
         if not mine:
@@ -169,6 +174,15 @@ class Materializer:
                     self.resyncs += 1
                     log.error("materialize: %s: the copy is synced again", why)
                     self.state = "empty"
+                    continue
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # noqa: BLE001 - the upstream away, a full disk: go on later
+                    self.failures += 1
+                    log.exception("materialize: %s failed; retrying in %.0fs",
+                                  "the initial sync" if self.state != "ready" else "applying",
+                                  RETRY_S)
+                    await asyncio.sleep(RETRY_S)
                     continue
                 now = time.monotonic()
                 if now - last_prune >= PRUNE_EVERY_S:

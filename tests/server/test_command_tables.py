@@ -106,7 +106,9 @@ def test_modes_differ_only_where_their_tables_say():
     assert store_only == sorted(tables.STORE_ONLY)
     upstream = UPSTREAM
     assert upstream.default is not None and upstream.default in upstream.forwarding
-    assert set(upstream) == {*upstream_local_names(), "aggregate", "getMore", "killCursors"}
+    # find / aggregate: routed per request (a materialized snapshot read, materialize/)
+    assert set(upstream) == {*upstream_local_names(), "aggregate", "find", "getMore",
+                             "killCursors"}
 
 
 def upstream_local_names() -> set[str]:
