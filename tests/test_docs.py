@@ -39,6 +39,10 @@ RUN = {
     ("testing.md", "failGetMoreAfterCursorCheckout"),
     ("sidecar.md", "retain_dir ="),
     ("security.md", "[auth]"),
+    # tests/materialize/test_materialize_docs.py
+    ("materialize.md", "materialize ="),
+    ("materialize.md", "full_document_before_change"),
+    ("materialize.md", "snapshot_then_watch(orders"),
 }
 
 

@@ -243,7 +243,7 @@ class Materializer:
         store.commit()
         self._load()
         self.cloned_documents = count
-        log.info("materialize: cloned %d documents in %.1fs; consistent from %s", count,
+        log.info("materialize: cloned %d documents in %.3fs; consistent from %s", count,
                  time.monotonic() - started, t1)
 
     async def _clone(self, client: Any, db: str, name: str, uuid: bytes, t0: Timestamp) -> int:
