@@ -127,6 +127,26 @@ def id_key(value: Any) -> bytes:
     return equality_key(value)
 
 
+# BSON types of fixed size an `_id` often has: (type byte -> value bytes).
+_FIXED = {0x01: 8, 0x07: 12, 0x08: 1, 0x09: 8, 0x10: 4, 0x11: 8, 0x12: 8, 0x13: 16}
+
+
+def stored_id_key(raw: bytes) -> bytes:
+    """`id_key` of a stored document's `_id` from its bytes: mongod stores `_id` first, so the
+    first element is read alone (a fixed-size value or a string), not the whole document (the
+    clone's hot path); any other layout is decoded."""
+    if len(raw) > 9 and raw[5:9] == b"_id\x00":
+        kind = raw[4]
+        size = _FIXED.get(kind)
+        if size is None and kind == 0x02:
+            size = 4 + int.from_bytes(raw[9:13], "little")
+        if size is not None and 9 + size < len(raw):
+            element = raw[4:9 + size]
+            one = (len(element) + 5).to_bytes(4, "little") + element + b"\x00"
+            return id_key(bson.decode(one)["_id"])
+    return id_key(bson.decode(raw)["_id"])
+
+
 class Skipped(Exception):  # noqa: N818 - an outcome, not an error
     """The operation changes nothing (an update of a missing document)."""
 

@@ -38,6 +38,7 @@ from cdcserver.materialize.apply import (
     ddl_of,
     document_id,
     id_key,
+    stored_id_key,
 )
 from cdcserver.materialize.patterns import Patterns
 from cdcserver.materialize.store import UNKNOWN, CopyStore
@@ -47,7 +48,10 @@ from cdcserver.sources.retained import RetainedLog, pre_image_key
 
 log = logging.getLogger(__name__)
 
-APPLY_BATCH = 1000  # retained entries per SQLite transaction
+APPLY_BATCH = 256  # retained entries read at a time
+# A batch's work on the event loop: past this, the batch commits what it applied and the loop
+# serves everyone else before the next (SQLite is synchronous).
+APPLY_SLICE_S = 0.01
 CLONE_BATCH = 1000  # documents per SQLite transaction while cloning
 PRUNE_EVERY_S = 5.0
 RETRY_S = 1.0  # after a failed pass (an unreachable upstream while cloning, a full disk)
@@ -183,6 +187,9 @@ class Materializer:
                                   "the initial sync" if self.state != "ready" else "applying",
                                   RETRY_S)
                     await asyncio.sleep(RETRY_S)
+                    # From what is durable: the open transactions' entries are read again.
+                    self._load()
+                    self.txns = Transactions()
                     continue
                 now = time.monotonic()
                 if now - last_prune >= PRUNE_EVERY_S:
@@ -255,7 +262,8 @@ class Materializer:
         n = 0
         batch: list[tuple[int, bytes, Timestamp, int, bytes | None, bytes | None]] = []
         async for doc in coll.find({}, batch_size=CLONE_BATCH):
-            batch.append((cid, id_key(doc["_id"]), t0, -1, bytes(doc.raw), None))
+            raw = bytes(doc.raw)
+            batch.append((cid, stored_id_key(raw), t0, -1, raw, None))
             if len(batch) >= CLONE_BATCH:
                 n += self._write_clone(batch)
         n += self._write_clone(batch)
@@ -288,13 +296,15 @@ class Materializer:
         applied = self.applied
         store.begin()
         try:
+            until = time.monotonic() + APPLY_SLICE_S
+            last = start
             for entry in entries:
-                ts = entry["ts"]
+                ts = last = entry["ts"]
                 ops = self.txns.feed(entry)
-                if ts <= applied:
-                    continue  # read again only for a transaction still open before a restart
-                self._apply_ops(ops, ts)
-            last = entries[-1]["ts"]
+                if ts > applied:  # (at or before: read again for a transaction left open)
+                    self._apply_ops(ops, ts)
+                if time.monotonic() >= until:
+                    break
             open_from = self.txns.oldest_open()
             store.set_meta("applied", max(last, applied))
             store.set_meta("resume", open_from if open_from is not None else next_ts(last))

@@ -134,3 +134,17 @@ def test_config_checks_the_patterns_and_needs_the_retained_log(tmp_path):
                "CDCSERVER_UPSTREAM_RETAIN_DIR": str(tmp_path)})
     assert errors == [] and config is not None
     assert config.upstream.materialize == ["shop.*", "crm.accounts"]
+
+
+def test_stored_id_key_reads_the_first_element_as_the_whole_document_would():
+    from bson import Decimal128, Int64, ObjectId
+    from bson.timestamp import Timestamp as Ts
+
+    from cdcserver.materialize.apply import id_key, stored_id_key
+
+    for value in [1, Int64(2), 2.0, "s", "", ObjectId(), True, Ts(1, 2), Decimal128("1.5"),
+                  {"a": 1}, [1], None]:
+        raw = bson.encode({"_id": value, "x": 1})
+        assert stored_id_key(raw) == id_key(value), value
+    assert stored_id_key(bson.encode({"x": 1, "_id": 3})) == id_key(3)  # not first: decoded
+    assert stored_id_key(bson.encode({"_id": 1})) == id_key(1)  # only field
