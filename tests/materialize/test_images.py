@@ -133,16 +133,26 @@ def test_images_on_an_enabled_collection_are_the_upstreams(world):
     assert [e.raw for e in from_b] == [e.raw for e in from_a]
 
 
-def test_images_on_a_disabled_collection_come_from_the_copy(world):
+@pytest.mark.parametrize("options", [
+    IMAGES,
+    {"full_document": "whenAvailable"},  # the post-image alone: its pre-image looked up
+    {"full_document_before_change": "required"},
+], ids=["both", "post-image", "pre-image-required"])
+def test_images_on_a_disabled_collection_come_from_the_copy(world, options):
     b = world["b"]
     served = b.call(lambda: b.materializer.images_served)
     queries = b.call(lambda: b.source.images.queries)
-    a_events = events(world["a"].uri, world, IMAGES)
+    a_options = {k: "whenAvailable" for k in options}  # A has none to require
+    a_events = events(world["a"].uri, world, a_options)
     a_on, a_off = series(a_events, ("on", "on2")), series(a_events, ("off", "off2"))
-    b_off = series(events(b.direct_uri, world, IMAGES), ("off", "off2"))
+    b_off = series(events(b.direct_uri, world, options), ("off", "off2"))
     assert len(a_on) == len(a_off) == len(b_off)
-    assert all(e.get("fullDocumentBeforeChange") is None for e in a_off), "A has no images"
-    with_images = [e for e in a_on if e.get("fullDocumentBeforeChange") is not None]
+    image = ("fullDocumentBeforeChange" if "full_document_before_change" in options
+             else "fullDocument")
+    assert all(e.get(image) is None for e in a_off if e["operationType"] in (
+        "update", "delete")), "A has no images"
+    with_images = [e for e in a_on if e.get(image) is not None
+                   and e["operationType"] in ("update", "delete", "replace")]
     assert len(with_images) >= 20
     expected = [with_images_of(off, on) for off, on in zip(a_off, a_on)]
     assert [e.raw for e in b_off] == expected

@@ -20,12 +20,14 @@ from pymongo import MongoClient
 from cdcserver.materialize.store import FILE_NAME, CopyStore
 from cdcserver.sources.mongo_common import next_ts
 from tests.materialize.support import GUARD_S, MaterializedSidecar, raw_client, sorted_raw
+from tests.materialize.test_images import series, with_images_of
 from tests.server.test_retained_history import Sidecar
-from tests.server.test_upstream import latest_ts
+from tests.server.test_upstream import drain_until, latest_ts, watch
 from tests.support.embedded_support import EmbeddedServer
 
 MATERIALIZE = {"CDCSERVER_UPSTREAM_MATERIALIZE": '["shop.*", "crm.accounts"]'}
-NAMESPACES = [("shop", "orders"), ("shop", "items"), ("crm", "accounts")]
+NAMESPACES = [("shop", "orders"), ("shop", "items"), ("shop", "on"), ("shop", "off"),
+              ("crm", "accounts")]
 
 
 def copy_meta(retain_dir: pathlib.Path, key: str) -> Any:
@@ -88,6 +90,9 @@ def workload(ca: MongoClient, start: int, n: int) -> None:
             ca.shop.orders.delete_one({"_id": i - 1})
         ca.crm.accounts.update_one({"_id": i % 5}, {"$set": {"last": i}}, upsert=True)
         ca.crm.leads.insert_one({"_id": i})
+        for twin in ("on", "off"):  # the same writes; images enabled on A for `on` only
+            ca.shop[twin].update_one({"_id": i % 4}, {"$inc": {"n": 1}, "$push": {"h": i}},
+                                     upsert=True)
     with ca.start_session() as session:
         session.with_transaction(lambda s: (
             ca.shop.items.insert_one({"_id": f"t{start}"}, session=s),
@@ -106,19 +111,35 @@ def a_server():
 
 def test_killed_during_apply_continues_from_the_last_applied_entry(a_server, tmp_path):
     a, ca = a_server, raw_client(a_server.uri)
+    ca.shop.create_collection("on", changeStreamPreAndPostImages={"enabled": True})
     workload(ca, 0, 10)  # cloned
     retain_dir, log_path = tmp_path / "b", tmp_path / "b.log"
     b = Sidecar(a.uri, retain_dir, log_path, **MATERIALIZE)
     try:
         wait_copy(retain_dir, latest_ts(a))
+        t0 = next_ts(latest_ts(a))
+        behind = 0  # kills that found the copy behind A (killed while applying)
         for start in (10, 30, 50):
             workload(ca, start, 20)
-            time.sleep(0.05)  # let B be somewhere in the middle of applying
-            b.kill()
+            b.kill()  # at once: B is still tailing and applying the last writes
+            ts = latest_ts(a)
+            behind += int(copy_meta(retain_dir, "applied") < ((ts.time << 32) | ts.inc))
             rows_before = version_rows(retain_dir)
             b = Sidecar(a.uri, retain_dir, log_path, **MATERIALIZE)
             wait_copy(retain_dir, latest_ts(a))
             assert version_rows(retain_dir) >= rows_before
+        assert behind >= 1, "no kill landed while the copy was applying"
+        # The images of every write across the kills, from the restarted copy: what A gives
+        # for the same writes on its images-enabled twin.
+        end = latest_ts(a)
+        opts = {"full_document": "whenAvailable", "full_document_before_change": "whenAvailable",
+                "start_at_operation_time": t0}
+        a_events = drain_until(watch(ca, "shop", opts), end)
+        with raw_client(b.uri) as cb:
+            b_off = series(drain_until(watch(cb, "shop", opts), end), ("off",))
+        a_on, a_off = series(a_events, ("on",)), series(a_events, ("off",))
+        assert len(b_off) == len(a_on) == 60
+        assert [e.raw for e in b_off] == [with_images_of(x, y) for x, y in zip(a_off, a_on)]
     finally:
         b.stop()
     assert log_path.read_text().count("materialize: initial sync of") == 1, "never re-synced"
