@@ -79,9 +79,9 @@ def open_sidecar(config: Config) -> SidecarDeployment | None:
     if shards is None:
         return None
     if config.upstream.materialize:
-        log.warning("upstream.materialize is not supported for a sharded cluster yet: the "
-                    "sidecar serves it without a materialized copy")
-    upstream = ShardedUpstream(upstream_options(config), shards)
+        log.warning("upstream.materialize of a sharded cluster: each shard's copy answers the "
+                    "images of its writes; snapshot reads go to the mongos")
+    upstream = ShardedUpstream(upstream_options(config), shards, config.upstream.materialize)
     upstream.prime()
     log.info("upstream is a mongos: tailing %d shards (%s)", len(shards),
              ", ".join(s.name for s in upstream.shards))

@@ -45,6 +45,7 @@ from bson.timestamp import Timestamp
 from cdcserver.context import ConnectionState, ServerState
 from cdcserver.deployment import server_state
 from cdcserver.deployments.upstream import UpstreamDeployment
+from cdcserver.materialize.sync import Materializer
 from cdcserver.sharding.sidecar_nudge import NUDGE_NOTE, Demand, PromiseReads
 from cdcserver.sharding.sidecar_tail import ShardTail, SidecarShard, heard_cluster_time, next_ts
 from cdcserver.sharding.sidecar_topology import (
@@ -75,9 +76,14 @@ class ShardedUpstream(MergedOplog):
     """The sidecar's front: its shards' tails as one oplog (`MergedOplog`), its time, and the
     cluster a merged stream reads (`streams.MergedCluster`, with `streams.LiveShards`)."""
 
-    def __init__(self, options: UpstreamOptions, shards: Sequence[Mapping[str, Any]]) -> None:
+    def __init__(self, options: UpstreamOptions, shards: Sequence[Mapping[str, Any]],
+                 materialize: Sequence[str] = ()) -> None:
         super().__init__(lambda: [s.log for s in self.shards])
         self.options = options
+        # `[upstream] materialize`: a copy per shard beside its retained log, answering the
+        # images of that shard's writes (cdcserver/materialize/).
+        self.materialize = list(materialize)
+        self.copies: dict[str, Materializer] = {}
         # Its clients forward the other commands (it tails nothing: no retained log of its own).
         self.mongos = UpstreamOplog(dataclasses.replace(options, retain_dir=None))
         self.shards: list[SidecarShard] = []
@@ -131,6 +137,9 @@ class ShardedUpstream(MergedOplog):
         )
         tail = ShardTail(values, self.notify, lambda ts: self._received(name, ts),
                          self._shard_lost)
+        if self.materialize and values.retain_dir:
+            copy = self.copies[name] = Materializer(tail, self.materialize, values.retain_dir)
+            tail.images.copy = copy
         shard = SidecarShard(name, tail, server_state(UpstreamDeployment(tail, follow=False)),
                              str(entry["host"]))
         joined = entry.get("topologyTime")
@@ -168,6 +177,9 @@ class ShardedUpstream(MergedOplog):
                 continue
             shard = self._make_shard(entry)
             self._tasks.append(asyncio.get_running_loop().create_task(shard.log.follow()))
+            copy = self.copies.get(name)
+            if copy is not None:
+                self._tasks.append(asyncio.get_running_loop().create_task(copy.run()))
             # Published (and the list's time advanced) once its tail knows where it is, or
             # after the grace a lost shard gets: until then events after it wait.
             await shard.log.wait_ready(self.down_grace_s)
@@ -292,6 +304,9 @@ class ShardedUpstream(MergedOplog):
         loop = asyncio.get_running_loop()
         for shard in self.shards:
             self._tasks.append(loop.create_task(shard.log.follow()))
+            copy = self.copies.get(shard.name)
+            if copy is not None:
+                self._tasks.append(loop.create_task(copy.run()))
         self._tasks.append(loop.create_task(self.topology.poll()))
 
     async def wait_ready(self, timeout: float) -> bool:

@@ -78,3 +78,43 @@ def sorted_raw(client: MongoClient, db: str, coll: str) -> list[bytes]:
     docs = list(client[db][coll].find({}))
     docs.sort(key=lambda d: equality_key(d["_id"]))
     return [bytes(d.raw) for d in docs]
+
+
+class MaterializedShardedSidecar(ThreadServer):
+    """A sidecar of a sharded cluster's mongos front (as cdcserver.sharding.testing's
+    ShardedSidecar) with `materialize`: a copy per shard under `retain_dir/<shard>`."""
+
+    def __init__(self, mongos_uri: str, retain_dir: str, patterns: Sequence[str],
+                 **options: Any) -> None:
+        from cdcserver.deployments.sidecar import SidecarDeployment
+        from cdcserver.sharding.sidecar import ShardedUpstream, mongos_shards
+
+        shards = mongos_shards(mongos_uri)
+        assert shards is not None, f"{mongos_uri} is not a mongos"
+        self.upstream = ShardedUpstream(
+            UpstreamOptions(uri=mongos_uri, retain_dir=retain_dir, **options), shards, patterns)
+        self.upstream.prime()
+        deployment = SidecarDeployment(self.upstream)
+        super().__init__(make_deployment=lambda: deployment)
+
+    async def _start(self) -> Any:
+        server = await super()._start()
+        await self.upstream.wait_ready(10.0)
+        return server
+
+    def wait_applied(self) -> None:
+        """Until every shard's copy is ready and has applied its tail's newest entry."""
+        deadline = time.monotonic() + GUARD_S
+
+        def behind() -> list[str]:
+            late = []
+            for name, copy in self.upstream.copies.items():
+                latest = self.upstream.shard(name).log.latest_ts()
+                if copy.state != "ready" or latest is None or copy.applied is None or (
+                        copy.applied < latest):
+                    late.append(name)
+            return late
+
+        while late := self.call(behind):
+            assert time.monotonic() < deadline, f"copies behind: {late}"
+            time.sleep(0.01)

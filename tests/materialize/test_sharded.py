@@ -1,0 +1,83 @@
+"""Images from the copy through a sharded cluster: the sidecar of a mongos front (the embedded
+cluster, `serve --shards 2`) keeps a copy per shard; each shard's copy answers the images of
+that shard's writes. As in test_images.py: on a collection with images enabled the sidecar's
+merged events are the front's byte for byte; on one without, the front's events with the
+images the front gave for the same writes on the enabled twin. Documents move between shards
+(a chunk migration, an update that changes the shard key) in between, and are then
+written on the shard they moved to."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from bson.raw_bson import RawBSONDocument
+from pymongo import MongoClient
+
+from cdcserver.sharding.testing import ShardedServer
+from tests.materialize.support import MaterializedShardedSidecar
+from tests.materialize.test_images import IMAGES, series, with_images_of
+
+
+def until_end(stream: Any) -> list[Any]:
+    events = []
+    while not events or events[-1]["documentKey"]["_id"] != "end":
+        events.append(stream.next())
+    return events[:-1]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    with ShardedServer(2) as cluster:
+        client = MongoClient(cluster.uri, document_class=RawBSONDocument)
+        shards = [s.name for s in cluster.cluster.shards]
+        client.admin.command("enableSharding", "shop", primaryShard=shards[0])
+        for name, images in (("on", True), ("off", False)):
+            client.shop.create_collection(name, changeStreamPreAndPostImages={"enabled": images})
+            client.admin.command("shardCollection", f"shop.{name}", key={"x": 1})
+            client.admin.command("split", f"shop.{name}", middle={"x": 100})
+            client.admin.command("moveChunk", f"shop.{name}", find={"x": 100}, to=shards[1])
+            client.shop[name].insert_many([{"_id": i, "x": 60 * i, "n": 0} for i in range(4)])
+        side = MaterializedShardedSidecar(cluster.uri, str(tmp_path_factory.mktemp("b")),
+                                          ["shop.*"], majority_poll_ms=1.0)
+        try:
+            side.wait_applied()
+            with client.watch(**IMAGES) as front, MongoClient(
+                    side.uri, document_class=RawBSONDocument).watch(**IMAGES) as through:
+                for name in ("on", "off"):
+                    c = client.shop[name]
+                    c.update_many({}, {"$inc": {"n": 1}, "$push": {"h": 1}})
+                    c.update_one({"_id": 1}, {"$set": {"x": 150}})  # moves to the other shard
+                    c.update_one({"_id": 1}, {"$set": {"moved": True}})
+                    # a chunk migration: _id 0 now on the other shard (its copy got the
+                    # migration's fromMigrate insert), then updated there
+                    client.admin.command("moveChunk", f"shop.{name}", find={"x": 0},
+                                         to=shards[1])
+                    c.update_one({"_id": 0}, {"$set": {"migrated": True}})
+                    c.replace_one({"_id": 2}, {"x": 120, "r": 1})
+                    c.delete_one({"_id": 3})
+                client.shop.on.insert_one({"_id": "end", "x": 0})
+                front_events, side_events = until_end(front), until_end(through)
+            yield {"front": front_events, "side": side_events, "side_server": side}
+        finally:
+            side.stop()
+            client.close()
+
+
+def test_images_on_an_enabled_collection_are_the_fronts(world):
+    front = series(world["front"], ("on",))
+    side = series(world["side"], ("on",))
+    assert any(e.get("fullDocumentBeforeChange") is not None for e in front)
+    assert [e.raw for e in side] == [e.raw for e in front]
+
+
+def test_images_on_a_disabled_collection_come_from_each_shards_copy(world):
+    on, off = series(world["front"], ("on",)), series(world["front"], ("off",))
+    side = series(world["side"], ("off",))
+    assert len(on) == len(off) == len(side)
+    assert all(e.get("fullDocumentBeforeChange") is None for e in off)
+    assert [e.raw for e in side] == [with_images_of(x, y) for x, y in zip(off, on)]
+    served = world["side_server"].call(
+        lambda: [c.images_served for c in world["side_server"].upstream.copies.values()])
+    assert all(n > 0 for n in served), served  # both shards' copies answered
