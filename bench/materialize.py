@@ -15,6 +15,10 @@ A is a `cdcserver serve --in-memory` process (the embedded store: no mongod here
 3. Disk: the bytes the copy's file grew by per version those writes added, beside the BSON
    size of a document.
 
+Measured here (2 shared cores, one run): initial sync 57,737 docs/s beside A's find at
+146,097 docs/s (0.40); apply lag at 925 writes/s p50 4.4 ms, p99 32.1 ms, floor p50 3.8 ms,
+p99 26.6 ms; 746 B of disk per version of a 333 B document.
+
 Prints only; not a test. `python bench/materialize.py [--docs N] [--rate R] [--seconds S]`.
 """
 
