@@ -81,6 +81,17 @@ class Materializer:
         self.applied: Timestamp | None = None
         self._next: Timestamp | None = None  # the next retained entry to read
         self._load()
+        self._rolled_back_seen = 0  # the retained log's rollback count when last checked
+        retained = source.retained
+        last = None if retained is None else retained.last_ts()
+        if self.state == "ready" and self.applied is not None and (
+                last is None or last < self.applied):
+            # The retained log lost entries the copy applied (dropped as rolled back, then the
+            # process ended before the copy noticed): what the copy holds cannot be vouched for.
+            log.error("materialize: the copy applied entries up to %s the retained log no longer "
+                      "has (newest %s): syncing again", self.applied, last)
+            self.resyncs += 1
+            self.state = "empty"
         if self.state == "ready" and self.store.patterns() != list(self.patterns.patterns):
             log.warning("materialize: the patterns changed (%s -> %s): syncing again",
                         self.store.patterns(), list(self.patterns.patterns))
@@ -289,6 +300,12 @@ class Materializer:
         if not retained.covers(start):
             raise Resync(f"the retained log no longer has the entry at {start} (it starts at "
                          f"{retained.covered_from})")
+        if retained.rolled_back != self._rolled_back_seen:
+            self._rolled_back_seen = retained.rolled_back
+            held = retained.covered_from is not None and retained.covered_from <= self.applied
+            if held and retained.entry_at(self.applied) is None:
+                raise Resync(f"the upstream rolled back entries the copy had applied (up to "
+                             f"{self.applied})")
         entries = retained.read_from(start, APPLY_BATCH)
         if not entries:
             return False

@@ -234,3 +234,49 @@ def test_versions_are_kept_as_long_as_the_retained_log(tmp_path):
             b.stop()
     finally:
         a.stop()
+
+
+def test_an_upstream_rollback_the_copy_had_applied_is_synced_again(tmp_path):
+    """A restored from an older copy of its data directory (what it wrote after that copy is
+    gone, as after a rollback): B's retained log drops the entries past the copy; B's copy,
+    which had applied them, is synced again (logged) and equals the restored A."""
+    import shutil
+
+    a_dir = tmp_path / "a"
+    a = EmbeddedServer(a_dir)
+    retain_dir, log_path = tmp_path / "b", tmp_path / "b.log"
+    b = None
+    try:
+        ca = raw_client(a.uri)
+        workload(ca, 0, 5)
+        a.stop()
+        shutil.copytree(a_dir, tmp_path / "a-copy", ignore=shutil.ignore_patterns("*.lock"))
+        a = EmbeddedServer(a_dir)
+        ca = raw_client(a.uri)
+        b = Sidecar(a.uri, retain_dir, log_path, **MATERIALIZE)
+        wait_copy(retain_dir, latest_ts(a))
+        workload(ca, 5, 5)  # to be rolled back: B's copy applies it
+        wait_copy(retain_dir, latest_ts(a))
+        b.kill()
+        a.stop()
+        a = EmbeddedServer(tmp_path / "a-copy")
+        ca = raw_client(a.uri)
+        workload(ca, 100, 3)  # A's new history
+        b = Sidecar(a.uri, retain_dir, log_path, **MATERIALIZE)
+        deadline = time.monotonic() + GUARD_S
+        while log_path.read_text().count("materialize: cloned") < 2:
+            assert time.monotonic() < deadline, "B's copy was not synced again"
+            time.sleep(0.02)
+        wait_copy(retain_dir, latest_ts(a))
+    finally:
+        if b is not None:
+            b.stop()
+        a.stop()
+    text = log_path.read_text()
+    assert "(a rollback)" in text
+    assert "materialize: the copy applied entries" in text or "rolled back entries" in text
+    a = EmbeddedServer(tmp_path / "a-copy")
+    try:
+        assert_copy_equals(retain_dir, raw_client(a.uri))
+    finally:
+        a.stop()
