@@ -35,6 +35,7 @@ UPSTREAM = CommandTable(
         # every other find / aggregate is routed as before.
         "find": Route(snapshot.route_find),
         "aggregate": Route(snapshot.route_aggregate),
+        "distinct": Route(snapshot.route_distinct),
         # Every cursor's: a change stream here, a forwarded one at the member holding it.
         "getMore": cursors.get_more,
         "killCursors": cursors.kill_cursors,

@@ -4,6 +4,8 @@ of the sidecar read the copy as it was at that time, for any time from its consi
 (or the retained log's oldest entry) to the last applied entry, not only mongod's last
 `minSnapshotHistoryWindowInSeconds`.
 
+`distinct` too.
+
 * No `atClusterTime`: the read is at the last applied entry's time, which the reply names as
   `cursor.atClusterTime` and `operationTime` (mongod names its read timestamp the same way),
   so `watch(start_at_operation_time=<that time + 1 increment>)` continues with every change
@@ -15,9 +17,11 @@ of the sidecar read the copy as it was at that time, for any time from its consi
 
 Everything else (another read concern, a transaction, a namespace not materialized) goes to
 the upstream as before. The documents come in `_id` order (the copy's key order) where mongod
-gives its record order; filters, sorts, projections and pipelines run on the embedded store's
-query engine. Stages that read other collections (`$lookup`, `$graphLookup`, `$unionWith`) or
-write (`$out`, `$merge`) are refused here.
+gives its record order; filters, sorts, projections, pipelines and collations run on the
+embedded store's query engine (the copy keeps no collection options: a collection's default
+collation is not applied). A read holds its result in memory, as the embedded store's does.
+Stages that read other collections (`$lookup`, `$graphLookup`, `$unionWith`) or write (`$out`,
+`$merge`) are refused here.
 """
 
 from __future__ import annotations
@@ -73,6 +77,10 @@ def route_find(server: ServerState, cmd: Mapping[str, Any]) -> Handler:
     return snapshot_find if on_the_copy(server, cmd) is not None else proxy.forward_command
 
 
+def route_distinct(server: ServerState, cmd: Mapping[str, Any]) -> Handler:
+    return snapshot_distinct if on_the_copy(server, cmd) is not None else proxy.forward_command
+
+
 def route_aggregate(server: ServerState, cmd: Mapping[str, Any]) -> Handler:
     if not is_change_stream_aggregate(cmd) and on_the_copy(server, cmd) is not None:
         return snapshot_aggregate
@@ -118,8 +126,12 @@ def documents_at(copy: Materializer, db: str, coll: str, at: Timestamp) -> list[
 
 def _reply(server: ServerState, reply: dict[str, Any], at: Timestamp) -> dict[str, Any]:
     """The whole reply, times included: the read's time is its operationTime (the registry
-    passes a RawBSONDocument reply on as it is, as it does the upstream's)."""
-    reply["cursor"]["atClusterTime"] = at
+    passes a RawBSONDocument reply on as it is, as it does the upstream's). mongod names it
+    in the cursor (find, aggregate), beside the values (distinct)."""
+    if "cursor" in reply:
+        reply["cursor"]["atClusterTime"] = at
+    else:
+        reply["atClusterTime"] = at
     reply["ok"] = 1.0
     reply["$clusterTime"] = {"clusterTime": max(at, server.oplog.cluster_time()),
                              "signature": _ZERO_SIGNATURE}
@@ -145,11 +157,13 @@ async def snapshot_find(
         assert fields is not None
         return engine.project(doc, fields)
 
+    collation = query.collation_of(cmd.get("collation"), None, "find")
     docs = documents_at(copy, db, coll, at)
     out: list[Any] = []
     with crud_common.engine_errors():
         scan = query.find(docs, normalized, sort_list, skip, limit, out,
-                          project=project_one if fields is not None else None)
+                          project=project_one if fields is not None else None,
+                          collation=collation)
         await query.run_async(scan, query.Deadline.of(cmd))
     reply = queries.cursor_first_batch(server, f"{db}.{coll}", out, batch_size,
                                        single_batch=cmd.get("singleBatch") is True,
@@ -181,9 +195,41 @@ async def snapshot_aggregate(
     stages = [engine.normalize(dict(s)) if isinstance(s, Mapping) else s for s in pipeline]
     docs = documents_at(copy, db, coll, at)
     out: list[Any] = []
+    collation = query.collation_of(cmd.get("collation"), None, "aggregate")
     with crud_common.engine_errors():
-        await query.run_async(query.pipeline(docs, None, stages, out), query.Deadline.of(cmd))
+        await query.run_async(query.pipeline(docs, None, stages, out, collation),
+                              query.Deadline.of(cmd))
     reply = queries.cursor_first_batch(server, f"{db}.{coll}", out,
                                        batch_size if isinstance(batch_size, int) else None,
                                        max_time_ms=cmd.get("maxTimeMS"))
     return _reply(server, reply, at)
+
+
+async def snapshot_distinct(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
+    copy = on_the_copy(server, cmd)
+    assert copy is not None
+    coll = cmd["distinct"]
+    key = cmd.get("key")
+    if not isinstance(key, str):
+        raise MongoError(
+            14 if key is not None else 40414,
+            "BSON field 'distinct.key' is missing but a required field" if key is None else
+            "BSON field 'distinct.key' is the wrong type, expected type 'string'")
+    predicate = cmd.get("query")
+    if predicate is not None and not isinstance(predicate, Mapping):
+        raise MongoError(14, "BSON field 'distinct.query' is the wrong type, expected type "
+                         "'object'")
+    at = await read_time(server, copy, cmd)
+    engine.validate_filter(predicate or {})
+    collation = query.collation_of(cmd.get("collation"), None, "distinct")
+    docs = documents_at(copy, db, coll, at)
+    matched: list[Any] = []
+    values: list[Any] = []
+    deadline = query.Deadline.of(cmd)
+    with crud_common.engine_errors():
+        await query.run_async(query.find(docs, engine.normalize(dict(predicate or {})), None, 0,
+                                         0, matched, collation=collation), deadline)
+        await query.run_async(query.distinct(matched, key, values, collation), deadline)
+    return _reply(server, {"values": values}, at)

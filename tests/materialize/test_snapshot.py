@@ -85,6 +85,17 @@ def test_a_read_at_each_past_time_sees_that_time(pair):
             "aggregate": "timeline", "pipeline": [{"$match": {"v": 1}}, {"$count": "n"}],
             "cursor": {}, "readConcern": {"level": "snapshot", "atClusterTime": times[0]}})
         assert [dict(d) for d in counted["cursor"]["firstBatch"]] == [{"n": 3}]
+        values = cb.shop.command({"distinct": "timeline", "key": "v", "query": {"_id": {"$lt": 2}},
+                                  "readConcern": {"level": "snapshot", "atClusterTime": times[1]}})
+        assert values["values"] == [2] and values["atClusterTime"] == times[1]
+        assert values["operationTime"] == times[1]
+        ca.shop.words.insert_one({"_id": 1, "s": "a"})
+        b.wait_applied(latest_ts(a))
+        plain = snapshot_cmd(cb, "words", filter={"s": "A"})
+        folded = snapshot_cmd(cb, "words", filter={"s": "A"},
+                              collation={"locale": "en", "strength": 2})
+        assert len(plain["cursor"]["firstBatch"]) == 0
+        assert len(folded["cursor"]["firstBatch"]) == 1
 
 
 def test_reads_outside_the_copys_range(pair):

@@ -106,9 +106,10 @@ def test_modes_differ_only_where_their_tables_say():
     assert store_only == sorted(tables.STORE_ONLY)
     upstream = UPSTREAM
     assert upstream.default is not None and upstream.default in upstream.forwarding
-    # find / aggregate: routed per request (a materialized snapshot read, materialize/)
-    assert set(upstream) == {*upstream_local_names(), "aggregate", "find", "getMore",
-                             "killCursors"}
+    # find / aggregate / distinct: routed per request (a materialized snapshot read,
+    # cdcserver/materialize/snapshot.py)
+    assert set(upstream) == {*upstream_local_names(), "aggregate", "distinct", "find",
+                             "getMore", "killCursors"}
 
 
 def upstream_local_names() -> set[str]:
