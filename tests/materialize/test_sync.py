@@ -280,3 +280,69 @@ def test_an_upstream_rollback_the_copy_had_applied_is_synced_again(tmp_path):
         assert_copy_equals(retain_dir, raw_client(a.uri))
     finally:
         a.stop()
+
+
+KINDS = ["insert", "set", "push", "unset", "replace", "delete", "txn"]
+
+
+def random_ops(rng: Any, n: int) -> list[tuple[str, int, int]]:
+    return [(rng.choice(KINDS), rng.randrange(6), rng.randrange(10)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_snapshot_then_stream_across_sigkills(a_server, tmp_path, seed):
+    """Generated workloads (seeded), the sidecar SIGKILLed during its initial sync and twice
+    while applying them; then a snapshot at a time from before the last kill, plus the stream
+    from just after it, is A's final state byte for byte, every change after T once."""
+    import random
+
+    from cdcserver.materialize.client import snapshot_then_watch
+    from pipeline_stages import resume_token as rt
+    from pipeline_stages.image_source import equality_key
+    from tests.materialize.test_snapshot import fold, run, writes_after
+
+    rng = random.Random(seed)
+    a, ca = a_server, raw_client(a_server.uri)
+    for k in range(0, 30_000, 5000):  # a clone long enough to be killed in
+        ca.shop.items.insert_many([{"_id": i, "pad": "x" * 200} for i in range(k, k + 5000)])
+    ca.shop.create_collection("w")
+    run(ca, "w", random_ops(rng, 10))
+    retain_dir, log_path = tmp_path / "b", tmp_path / "b.log"
+    b = Sidecar(a.uri, retain_dir, log_path, **MATERIALIZE)
+    try:
+        deadline = time.monotonic() + GUARD_S
+        while copy_meta(retain_dir, "state") != "cloning":
+            assert time.monotonic() < deadline, "B did not start cloning"
+            time.sleep(0.002)
+        b.kill()
+        t = None
+        for part in range(2):
+            b = Sidecar(a.uri, retain_dir, log_path, **MATERIALIZE)
+            if part == 0:  # the clone starts over: T is taken once it is consistent
+                wait_copy(retain_dir, latest_ts(a))
+            run(ca, "w", random_ops(rng, 15))
+            if part == 0:
+                t = latest_ts(a)
+            b.kill()  # while it applies what was just written
+        b = Sidecar(a.uri, retain_dir, log_path, **MATERIALIZE)
+        wait_copy(retain_dir, latest_ts(a))
+        assert t is not None
+        with raw_client(b.uri) as cb:
+            docs, at, stream = snapshot_then_watch(cb.shop.w, at_cluster_time=t,
+                                                   full_document="whenAvailable",
+                                                   max_await_time_ms=50)
+            with stream:
+                run(ca, "w", random_ops(rng, 15))
+                end = latest_ts(a)
+                events = drain_until(stream, end)
+        state = {equality_key(d["_id"]): d for d in docs}
+        for event in events:
+            fold(state, event)
+        assert [state[k].raw for k in sorted(state)] == sorted_raw(ca, "shop", "w")
+        tokens = [e["_id"]["_data"] for e in events]
+        assert len(tokens) == len(set(tokens))
+        assert all(rt.decode(e["_id"]).cluster_time > at for e in events)
+        assert len(events) == writes_after(a, "w", at, end)
+    finally:
+        b.stop()
+    assert "the previous initial sync was interrupted" in log_path.read_text()
