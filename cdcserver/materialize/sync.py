@@ -42,7 +42,7 @@ from cdcserver.materialize.apply import (
 )
 from cdcserver.materialize.patterns import Patterns
 from cdcserver.materialize.store import UNKNOWN, CopyStore
-from cdcserver.sources.mongo_common import RAW, next_ts
+from cdcserver.sources.mongo_common import RAW, UpstreamError, next_ts
 from cdcserver.sources.mongo_tail import UpstreamOplog, _majority_ts
 from cdcserver.sources.retained import RetainedLog, pre_image_key
 
@@ -154,11 +154,14 @@ class Materializer:
         rest = [i for i in ids if _uuid(i["nsUUID"]) not in uuids]
         await self.wait_applied(max(i["ts"] for i in mine), timeout_s)
         consistent = self.consistent
+        late: list[Mapping[str, Any]] = []
         for id_doc in mine:
             ts = id_doc["ts"]
-            if (self.state != "ready" or consistent is None or self.applied is None
-                    or ts > self.applied):
+            if self.state != "ready" or consistent is None or self.applied is None:
                 rest.append(id_doc)
+                continue
+            if ts > self.applied:
+                late.append(id_doc)  # the copy is behind: not a null image, a retry
                 continue
             image = self.store.before_write(
                 pre_image_key(_uuid(id_doc["nsUUID"]), ts, int(id_doc["applyOpsIndex"])),
@@ -170,6 +173,10 @@ class Materializer:
             answers.put_pre_image(
                 id_doc, None if image is None else RawBSONDocument(image, codec_options=RAW))
             self.images_served += 1
+        if late:
+            answers.fail_pre_images(late, UpstreamError(
+                89, f"the sidecar's materialized copy has not applied {late[0]['ts']} yet "
+                f"(it is at {self.applied})"))
         return rest
 
     # -- the background task --------------------------------------------------------------------
@@ -207,7 +214,10 @@ class Materializer:
                     last_prune = now
                     self._prune()
                 assert self._next is not None
+                waited = time.monotonic()
                 await self.source.wait_for_entries(self._next, 1.0)
+                if time.monotonic() - waited < 0.001:
+                    await asyncio.sleep(0.01)  # readable, yet nothing to apply: never spin
         finally:
             self.store.close()
 

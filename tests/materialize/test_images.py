@@ -194,3 +194,39 @@ def test_the_copy_equals_the_upstream(world):
     for name in ("on2", "off2"):
         assert b.documents("shop", name) == sorted_raw(ca, "shop", name)
     assert b.documents("shop", "off") == []  # renamed away
+
+
+def test_a_copy_behind_the_event_is_a_resumable_error_not_a_null_image(tmp_path):
+    """The copy stalled (its apply loop held) behind an update: the image stage gets
+    NetworkTimeout (89, resumable: the driver resumes) rather than a null image; once the copy
+    catches up, the same stream position gives the image."""
+    a = EmbeddedServer()
+    b = None
+    try:
+        ca = raw_client(a.uri)
+        ca.shop.off.insert_one({"_id": 1, "v": 1})
+        b = MaterializedSidecar(a.uri, str(tmp_path / "b"), ["shop.*"], lookup_timeout_ms=300)
+        b.wait_applied(latest_ts(a))
+        m = b.materializer
+        b.call(lambda: setattr(m, "_apply_available", lambda: False))  # held
+        start = next_ts(latest_ts(a))
+        ca.shop.off.update_one({"_id": 1}, {"$set": {"v": 2}})
+        cmd = {"aggregate": "off", "cursor": {}, "maxTimeMS": 2000,
+               "pipeline": [{"$changeStream": {"startAtOperationTime": start,
+                                               "fullDocumentBeforeChange": "required"}}]}
+        with MongoClient(b.direct_uri) as cb:
+            with pytest.raises(errors.OperationFailure) as behind:
+                reply = cb.shop.command(cmd)
+                cb.shop.command("getMore", reply["cursor"]["id"], collection="off",
+                                maxTimeMS=2000)
+            assert behind.value.code == 89
+            b.call(lambda: m.__dict__.pop("_apply_available"))  # released
+            b.wait_applied(latest_ts(a))
+            reply = cb.shop.command(cmd)
+            batch = reply["cursor"]["firstBatch"] or cb.shop.command(
+                "getMore", reply["cursor"]["id"], collection="off")["cursor"]["nextBatch"]
+            assert batch[0]["fullDocumentBeforeChange"] == {"_id": 1, "v": 1}
+    finally:
+        if b is not None:
+            b.stop()
+        a.stop()
