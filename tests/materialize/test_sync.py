@@ -346,3 +346,45 @@ def test_snapshot_then_stream_across_sigkills(a_server, tmp_path, seed):
     finally:
         b.stop()
     assert "the previous initial sync was interrupted" in log_path.read_text()
+
+
+def test_ddl_drop_recreate_rename_and_drop_database(tmp_path):
+    """The catalog follows the upstream's DDL: a dropped and re-created name is the new
+    collection (a read before the drop still sees the old one), a rename keeps the documents
+    under the new name, a rename out of the patterns stops following it, dropDatabase drops
+    every collection, and a rename into the patterns of a collection never copied re-syncs."""
+    a = EmbeddedServer()
+    b = None
+    try:
+        ca = raw_client(a.uri)
+        ca.shop.x.insert_many([{"_id": i} for i in range(3)])
+        ca.crm.accounts.insert_one({"_id": "acc"})
+        ca.crm.leads.insert_one({"_id": "lead"})  # not materialized
+        b = MaterializedSidecar(a.uri, str(tmp_path / "b"), ["shop.*", "crm.accounts"])
+        b.wait_applied(latest_ts(a))
+        before_drop = latest_ts(a)
+        ca.shop.x.drop()
+        ca.shop.x.insert_one({"_id": "new"})
+        ca.shop.command("collMod", "x", validationLevel="moderate")
+        ca.shop.x.create_index("v")
+        ca.shop.y.insert_many([{"_id": 1}, {"_id": 2}])
+        ca.shop.y.rename("z")
+        ca.shop.z.update_one({"_id": 1}, {"$set": {"renamed": True}})
+        ca.admin.command("renameCollection", "shop.z", to="other.z")  # out of the patterns
+        b.wait_applied(latest_ts(a))
+        assert b.documents("shop", "x") == sorted_raw(ca, "shop", "x")
+        assert len(b.documents("shop", "x", at=before_drop)) == 3  # the old one, then
+        assert b.documents("shop", "z") == [] and b.documents("other", "z") == []
+        ca.drop_database("shop")
+        b.wait_applied(latest_ts(a))
+        assert b.documents("shop", "x") == []
+        assert b.call(lambda: b.materializer.resyncs) == 0
+        ca.admin.command("renameCollection", "crm.leads", to="crm.accounts", dropTarget=True)
+        ca.crm.accounts.update_one({"_id": "lead"}, {"$set": {"moved": 1}})
+        b.wait_applied(latest_ts(a))
+        assert b.call(lambda: b.materializer.resyncs) == 1  # it never had crm.leads' documents
+        assert b.documents("crm", "accounts") == sorted_raw(ca, "crm", "accounts")
+    finally:
+        if b is not None:
+            b.stop()
+        a.stop()
