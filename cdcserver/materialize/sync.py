@@ -152,7 +152,13 @@ class Materializer:
         if not mine:
             return list(ids)
         rest = [i for i in ids if _uuid(i["nsUUID"]) not in uuids]
-        await self.wait_applied(max(i["ts"] for i in mine), timeout_s)
+        # Everything the tail has delivered, not only the writes' own times: a prepared
+        # transaction's writes are applied at its commit entry, after its applyOps' ts.
+        target = max(i["ts"] for i in mine)
+        delivered = self.source.latest_ts()
+        if delivered is not None and delivered > target:
+            target = delivered
+        await self.wait_applied(target, timeout_s)
         consistent = self.consistent
         late: list[Mapping[str, Any]] = []
         for id_doc in mine:

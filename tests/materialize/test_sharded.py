@@ -4,7 +4,8 @@ that shard's writes. As in test_images.py: on a collection with images enabled t
 merged events are the front's byte for byte; on one without, the front's events with the
 images the front gave for the same writes on the enabled twin. Documents move between shards
 (a chunk migration, an update that changes the shard key) in between, and are then
-written on the shard they moved to."""
+written on the shard they moved to; a cross-shard transaction (prepared, then committed on
+each shard) is among the writes."""
 
 from __future__ import annotations
 
@@ -50,6 +51,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                     c.update_many({}, {"$inc": {"n": 1}, "$push": {"h": 1}})
                     c.update_one({"_id": 1}, {"$set": {"x": 150}})  # moves to the other shard
                     c.update_one({"_id": 1}, {"$set": {"moved": True}})
+                    # a cross-shard transaction (prepared on both, then committed)
+                    with client.start_session() as session:
+                        session.with_transaction(lambda s, c=c: (
+                            c.update_one({"_id": 0}, {"$inc": {"n": 10}}, session=s),
+                            c.update_one({"_id": 1}, {"$inc": {"n": 10}}, session=s)))
                     # a chunk migration: _id 0 now on the other shard (its copy got the
                     # migration's fromMigrate insert), then updated there
                     client.admin.command("moveChunk", f"shop.{name}", find={"x": 0},
