@@ -91,11 +91,19 @@ class Materializer:
             log.error("materialize: the copy applied entries up to %s the retained log no longer "
                       "has (newest %s): syncing again", self.applied, last)
             self.resyncs += 1
-            self.state = "empty"
+            self._discard()
         if self.state == "ready" and self.store.patterns() != list(self.patterns.patterns):
             log.warning("materialize: the patterns changed (%s -> %s): syncing again",
                         self.store.patterns(), list(self.patterns.patterns))
-            self.state = "empty"
+            self._discard()
+
+    def _discard(self) -> None:
+        """The copy is to be synced again: said durably at once, so that nothing (a restart, a
+        failed pass reloading the state) serves it meanwhile."""
+        self.store.begin()
+        self.store.set_meta("state", "empty")
+        self.store.commit()
+        self.state = "empty"
 
     def _load(self) -> None:
         store = self.store
@@ -201,7 +209,7 @@ class Materializer:
                 except Resync as why:
                     self.resyncs += 1
                     log.error("materialize: %s: the copy is synced again", why)
-                    self.state = "empty"
+                    self._discard()
                     continue
                 except asyncio.CancelledError:
                     raise
