@@ -521,6 +521,10 @@ class _Version(argparse.Action):
 
 
 def _cmd_archive_export(args: argparse.Namespace) -> int:
+    if args.snapshot:  # the materialized copy at a time, and the oplog after it
+        from cdcserver.materialize.export import cmd_snapshot_export
+
+        return cmd_snapshot_export(args)
     from cdcserver.sources.retained import cmd_archive_export  # sqlite3, the store: to run
 
     return cmd_archive_export(args)
@@ -540,10 +544,16 @@ def _add_archive_parser(sub: Any) -> None:
     where = export.add_mutually_exclusive_group()
     where.add_argument("--retain-dir", help="the retained log's directory (upstream.retain_dir)")
     where.add_argument("--config", help="a config file whose upstream.retain_dir to read")
-    export.add_argument(
-        "--since", required=True, metavar="TOKEN|TIME",
+    since = export.add_mutually_exclusive_group(required=True)
+    since.add_argument(
+        "--since", metavar="TOKEN|TIME",
         help="a resume token ({\"_data\": ...} or its hex), a Timestamp T:I, seconds since "
         "the epoch or an ISO-8601 time: entries from then on (the token's own entry included)",
+    )
+    since.add_argument(
+        "--snapshot", nargs="?", const="latest", metavar="TOKEN|TIME",
+        help="the materialized copy (upstream.materialize) as of that time (default: the "
+        "newest it applied) in mongodump's layout, and the entries after it as oplog.bson",
     )
     export.add_argument("--out", required=True, help="output directory (oplog.bson in it)")
     export.set_defaults(func=_cmd_archive_export)

@@ -526,23 +526,37 @@ def parse_since(value: str) -> Timestamp:
 # -- `cdcserver archive export` (registered by cli.py) ----------------------------------------
 
 
+ARCHIVE_EXPORT = "cdcserver archive export"
+
+
+def archive_retain_dir(args: Any) -> str | None:
+    """`--retain-dir`, or the config's upstream.retain_dir; None (and one line on stderr) when
+    neither names one."""
+    import sys
+
+    if args.retain_dir:
+        return str(args.retain_dir)
+    from cdcserver.config import ConfigError, load_config
+
+    try:
+        retain_dir = load_config(args.config).upstream.retain_dir
+    except ConfigError as exc:
+        print(f"{ARCHIVE_EXPORT}: {exc}", file=sys.stderr)
+        return None
+    if not retain_dir:
+        print(f"{ARCHIVE_EXPORT}: give --retain-dir, or a config (or "
+              "CDCSERVER_UPSTREAM_RETAIN_DIR) with upstream.retain_dir", file=sys.stderr)
+        return None
+    return retain_dir
+
+
 def cmd_archive_export(args: Any) -> int:
     import sys
 
-    prog = "cdcserver archive export"
-    retain_dir = args.retain_dir
-    if not retain_dir:
-        from cdcserver.config import ConfigError, load_config
-
-        try:
-            retain_dir = load_config(args.config).upstream.retain_dir
-        except ConfigError as exc:
-            print(f"{prog}: {exc}", file=sys.stderr)
-            return 2
-        if not retain_dir:
-            print(f"{prog}: give --retain-dir, or a config (or CDCSERVER_UPSTREAM_RETAIN_DIR) "
-                  "with upstream.retain_dir", file=sys.stderr)
-            return 2
+    prog = ARCHIVE_EXPORT
+    retain_dir = archive_retain_dir(args)
+    if retain_dir is None:
+        return 2
     try:
         since = parse_since(args.since)
     except Exception as exc:  # noqa: BLE001 - any unparsable value: one line
@@ -563,5 +577,5 @@ def cmd_archive_export(args: Any) -> int:
 
 __all__ = [
     "RetainedLog", "RetainedWriteError", "export_oplog", "open_read_only", "parse_since",
-    "pre_image_ids", "pre_image_key", "cmd_archive_export",
+    "pre_image_ids", "pre_image_key", "cmd_archive_export", "archive_retain_dir",
 ]

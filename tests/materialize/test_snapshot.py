@@ -8,9 +8,12 @@ middle of them and the stream folded onto it.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
+import bson
 import pytest
 from bson.timestamp import Timestamp
 from hypothesis import HealthCheck, given, settings
@@ -21,6 +24,7 @@ from cdcserver.materialize.client import after, snapshot, snapshot_then_watch
 from cdcserver.sources.mongo_common import RAW
 from pipeline_stages import resume_token as rt
 from pipeline_stages.image_source import equality_key
+from pipeline_stages.oplog_entry import iter_entries
 from tests.materialize.support import MaterializedSidecar, raw_client, sorted_raw
 from tests.server.test_upstream import drain_until, latest_ts
 from tests.support.embedded_support import EmbeddedServer
@@ -280,3 +284,44 @@ def _split(data: bytes) -> list[bytes]:
         out.append(data[i:i + size])
         i += size
     return out
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cdcserver.cli", *args], capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def test_archive_export_snapshot_writes_the_copy_at_a_time_beside_the_sidecar(pair, tmp_path):
+    """`cdcserver archive export --snapshot [TIME]` beside the running sidecar: the copy at
+    that time in mongodump's layout (the newest applied without a time) and the oplog after it."""
+    a, b = pair
+    ca = raw_client(a.uri)
+    ca.shop.cli.insert_many([{"_id": i, "v": 0} for i in range(3)])
+    t = latest_ts(a)
+    ca.shop.cli.update_one({"_id": 1}, {"$set": {"v": 1}})
+    ca.shop.cli.insert_one({"_id": 7})
+    b.wait_applied(latest_ts(a))
+    retain = str(b._options.retain_dir)
+
+    past = _cli("archive", "export", "--retain-dir", retain, "--snapshot", f"{t.time}:{t.inc}",
+                "--out", str(tmp_path / "past"))
+    assert past.returncode == 0, past.stderr
+    assert f"the copy at {t}" in past.stderr
+    at_t = [bson.decode(r) for r in _split((tmp_path / "past/shop/cli.bson").read_bytes())]
+    assert at_t == [{"_id": i, "v": 0} for i in range(3)]
+    after_t = list(iter_entries((tmp_path / "past/oplog.bson").read_bytes()))
+    assert after_t and all(e["ts"] > t for e in after_t)
+    assert [e["op"] for e in after_t if e["ns"] == "shop.cli"] == ["u", "i"]
+
+    newest = _cli("archive", "export", "--retain-dir", retain, "--snapshot",
+                  "--out", str(tmp_path / "now"))
+    assert newest.returncode == 0, newest.stderr
+    now = _split((tmp_path / "now/shop/cli.bson").read_bytes())
+    assert now == sorted_raw(ca, "shop", "cli")
+
+    no_copy = _cli("archive", "export", "--retain-dir", str(tmp_path / "none"), "--snapshot",
+                   "--out", str(tmp_path / "x"))
+    assert no_copy.returncode == 2 and "no materialized copy" in no_copy.stderr, no_copy.stderr
+    both = _cli("archive", "export", "--retain-dir", retain, "--snapshot", "--since", "1:0",
+                "--out", str(tmp_path / "y"))
+    assert both.returncode == 2 and "not allowed with" in both.stderr, both.stderr
