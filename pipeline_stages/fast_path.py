@@ -155,7 +155,9 @@ def encode_crud(
         ns = entry.get("ns")
         if type(ns) is not str:
             return None
-        if "fromMigrate" in entry or "txnOpIndex" in entry:
+        # The filter reads these beyond `op` and `ns` (the per-namespace cache does not):
+        # a migration's write, a transaction's, a viewless time-series one (9.0's marker).
+        if "fromMigrate" in entry or "txnOpIndex" in entry or "isTimeseries" in entry:
             if not matches(entry):
                 continue
             return None

@@ -46,6 +46,14 @@ class Release:
     # The `op: "c"` commands its oplog holds (the first field of `o`): a sidecar warns once of
     # another (a newer release's), which change streams skip as mongod's filter does.
     oplog_commands: frozenset[str] = frozenset()
+    # A collection change stream on a time-series collection's view is refused (166) with
+    # "Cannot run aggregation on timeseries" (8.0's OplogAggCatalogState::validate) rather
+    # than as any view ("is a view, not a collection", 8.3+ / 9.0).
+    timeseries_view_stream_message: bool = True
+    # mongos answers `getParameter {featureCompatibilityVersion: 1}` with its binary's FCV
+    # (8.0, 8.2: feature_compatibility_version.idl linked into mongos, SERVER-100224); from
+    # 8.3.0 it has no such parameter: 72 "no option found to get" (SERVER-118760).
+    router_fcv_parameter: bool = True
 
     @property
     def version_array(self) -> list[int]:
@@ -73,6 +81,8 @@ MONGODB_9_0 = Release(
     change_stream_option_metrics=True,
     viewless_timeseries_fcv="9.0",
     oplog_commands=_OPLOG_COMMANDS_8_0 | {"upgradeDowngradeViewlessTimeseries"},
+    timeseries_view_stream_message=False,
+    router_fcv_parameter=False,
 )
 RELEASES: Mapping[str, Release] = MappingProxyType({r.name: r for r in (MONGODB_8_0, MONGODB_9_0)})
 DEFAULT_RELEASE = MONGODB_8_0

@@ -17,6 +17,7 @@ from cdcserver.commands.base import Handler, family
 from cdcserver.commands.crud_common import coll_arg
 from cdcserver.commands.fcv import feature_compatibility_version, version_key
 from cdcserver.commands.queries import cursor_first_batch
+from cdcserver.commands.stream_namespace import refusal, store_kind, stream_collection
 from cdcserver.commands.transactions import get_store, snapshot_reads
 from cdcserver.commands.writes import _run_writes
 from cdcserver.context import ConnectionState, ServerState
@@ -1150,17 +1151,14 @@ async def aggregate_refusing_views(
 ) -> dict[str, Any]:
     """The embedded store's aggregate: a change stream on a view (or, without rawData, on a
     viewless time-series collection) is refused as mongod refuses it when it takes the
-    collection (views forbidden), before any of the stream's own work; then
+    collection (stream_namespace.py), before any of the stream's own work; then
     queries.aggregate."""
-    target = cmd.get("aggregate")
-    if isinstance(target, str) and is_change_stream_aggregate(cmd):
-        store = get_store(server)
-        store.check_not_view(db, target)
-        c = store.get(db, target)
-        if c is not None and timeseries.is_viewless(c) and cmd.get("rawData") is not True:
-            # 9.0 resolves a viewless time-series collection as the view it reads as (its
-            # ResolvedView), which a change stream refuses; with rawData it reads the buckets.
-            raise MongoError(166, f"Namespace {db}.{target} is a view, not a collection")
+    target = stream_collection(cmd)
+    if target is not None and is_change_stream_aggregate(cmd):
+        kind = store_kind(get_store(server), db, target)
+        error = refusal(kind, db, target, server.release, cmd.get("rawData") is True)
+        if error is not None:
+            raise error
     return await queries.aggregate(server, conn, cmd, db)
 
 

@@ -47,6 +47,7 @@ from bson.raw_bson import RawBSONDocument
 
 from cdcserver.commands import cursors as change_streams
 from cdcserver.commands.base import Handler
+from cdcserver.commands.stream_namespace import refusal, stream_collection, upstream_kind
 from cdcserver.context import ConnectionState, ServerState
 from cdcserver.cursors import FORWARDED, CursorManager, GetMore
 from cdcserver.sources.mongo import (
@@ -245,7 +246,22 @@ def _upstream(server: ServerState) -> UpstreamOplog:
 
 def route_aggregate(server: ServerState, cmd: Mapping[str, Any]) -> Handler:
     """A change stream is cdcserver's; any other aggregate is the upstream's."""
-    return change_streams.aggregate if is_change_stream_aggregate(cmd) else forward_command
+    return upstream_change_stream if is_change_stream_aggregate(cmd) else forward_command
+
+
+async def upstream_change_stream(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
+    """A change stream served by cdcserver, refused first as the upstream refuses one on its
+    views and (without rawData) its viewless time-series collections (stream_namespace.py):
+    the upstream's catalog is read when a collection stream opens, as mongod reads its own."""
+    coll = stream_collection(cmd)
+    if coll is not None:
+        kind = await upstream_kind(_upstream(server).async_client(), db, coll)
+        error = refusal(kind, db, coll, server.release, cmd.get("rawData") is True)
+        if error is not None:
+            raise error
+    return await change_streams.aggregate(server, conn, cmd, db)
 
 
 # Handlers that hand the command to the upstream as it is: cdcserver's own argument checks

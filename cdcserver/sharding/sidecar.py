@@ -42,6 +42,7 @@ from typing import Any, cast
 
 from bson.timestamp import Timestamp
 
+from cdcserver.commands.stream_namespace import refusal, stream_collection, upstream_kind
 from cdcserver.context import ConnectionState, ServerState
 from cdcserver.deployment import server_state
 from cdcserver.deployments.upstream import UpstreamDeployment
@@ -362,7 +363,18 @@ async def _aggregate(
         if not shard.log.connected and shard.log.latest_ts() is None:
             # A shard whose tail has never read: its stream could not start where it must.
             raise no_primary_error(shard)
-    return await open_change_stream(server, upstream, cmd, db)
+
+    async def shards_check() -> None:
+        coll = stream_collection(cmd)
+        if coll is None:
+            return
+        # The mongos lists the primary shard's catalog (its views, its buckets collections).
+        kind = await upstream_kind(upstream.mongos.async_client(), db, coll)
+        error = refusal(kind, db, coll, server.release, cmd.get("rawData") is True)
+        if error is not None:
+            raise error
+
+    return await open_change_stream(server, upstream, cmd, db, shards_check)
 
 
 def no_primary_error(shard: SidecarShard) -> MongoError:

@@ -316,7 +316,11 @@ def test_a_viewless_collections_events_are_shown_only_with_raw_data(server):
         client.test.create_collection("ts2", timeseries={"timeField": "t"})
         with pytest.raises(OperationFailure) as refused:
             client.test.command("aggregate", "ts2", pipeline=[{"$changeStream": {}}], cursor={})
-        assert refused.value.code == 166
+        # OplogAggCatalogState::validate: a time-series collection without rawData (115);
+        # the view check (166) is for a namespace that is a view.
+        assert refused.value.code == 115
+        assert refused.value.details["errmsg"] == (
+            "Cannot run aggregation on timeseries with namespace test.ts2")
         on_ts2 = _SystemStream(client.test, "ts2", {}, rawData=True)
         client.test.ts2.insert_one({"t": T0, "v": 1})
         client.test.ts2.drop()
@@ -370,3 +374,45 @@ def test_the_marker_hides_a_9_0_upstreams_entries_too():
         assert f.matches(decode_entry(bson.encode(conversion))) is True
         inner = {"op": "i", "ns": "db.ts", "o": {"_id": 2}, "isTimeseries": True}
         assert f.matches_transaction_op(inner) is shown
+
+
+@pytest.mark.parametrize("compatibility,timeseries_view_message", [
+    ("8.0", "Cannot run aggregation on timeseries with namespace test.ts"),
+    ("9.0", "Namespace test.ts is a view, not a collection"),
+])
+def test_a_collection_stream_on_a_view_is_refused_rawdata_or_not(
+        compatibility, timeseries_view_message):
+    """A view is refused (166) whatever rawData says; a time-series collection's view (its
+    FCV 8.0 form) with 8.0's "Cannot run aggregation on timeseries" message, as any view from
+    8.3 on. A database stream is not refused."""
+    server = EmbeddedServer(config=Config(server=ServerConfig(compatibility=compatibility)))
+    try:
+        with server.client() as client:
+            if compatibility == "9.0":
+                _fcv(client, "8.0")  # time-series collections made with their view
+            client.test.create_collection("ts", timeseries={"timeField": "t"})
+            client.test.command("create", "v", viewOn="plain", pipeline=[])
+            for coll, message in (("v", "Namespace test.v is a view, not a collection"),
+                                  ("ts", timeseries_view_message)):
+                # (rawData is 8.2's: asked of 8.0 only without it.)
+                for aggregate in ({}, {"rawData": True})[:2 if compatibility == "9.0" else 1]:
+                    with pytest.raises(OperationFailure) as refused:
+                        client.test.command("aggregate", coll, cursor={},
+                                            pipeline=[{"$changeStream": {}}], **aggregate)
+                    assert refused.value.code == 166
+                    assert refused.value.details["errmsg"] == message
+            _SystemStream(client.test, 1, {}).changes()  # the database's stream opens
+    finally:
+        server.stop()
+
+
+def test_a_live_stream_hides_a_viewless_collections_writes_too(server):
+    """The writes a stream meets as they happen (its getMore: the fast path of plain CRUD
+    streams, fast_path.py) are filtered on the marker as the ones it reads back: none without
+    rawData, each with it."""
+    with server.client() as client:
+        client.test.create_collection("ts", timeseries={"timeField": "t", "metaField": "m"})
+        for aggregate, shown in (({}, []), ({"rawData": True}, [("insert", "ts")])):
+            stream = _SystemStream(client.test, 1, {}, **aggregate)
+            client.test.ts.insert_one({"t": T0, "m": str(aggregate), "v": 1})  # a new bucket
+            assert [(c["operationType"], c["ns"]["coll"]) for c in stream.changes()] == shown

@@ -396,3 +396,51 @@ def test_the_fcv_a_sidecar_takes_from_its_upstreams_oplog():
     version.note_version_write({"op": "i", "o": {"_id": "featureCompatibilityVersion",
                                                  "version": "9.0"}})
     assert version.fcv == {"version": "9.0"}
+
+
+@pytest.mark.parametrize("compatibility", ["8.0", "9.0"])
+def test_a_sidecar_refuses_a_stream_its_upstream_refuses(compatibility):
+    """A collection stream on the upstream's view is refused (166), and on its viewless
+    time-series collection (9.0 at FCV 9.0) without rawData (115), read from the upstream's
+    catalog when the stream opens, with the messages the upstream's own aggregate gives; with
+    rawData the viewless one opens, and a database stream always does."""
+    import datetime
+
+    from tests.server.test_upstream import UpstreamServer
+
+    a = _server(compatibility)
+    b = None
+    try:
+        with a.client() as ca:
+            ca.test.create_collection("ts", timeseries={"timeField": "t"})
+            ca.test.command("create", "v", viewOn="plain", pipeline=[])
+            b = UpstreamServer(a.uri, max_await_ms=100)
+            b.wait_ready()
+            with b.client() as cb:
+                def refusal_of(client, coll, **aggregate):
+                    with pytest.raises(OperationFailure) as err:
+                        client.test.command("aggregate", coll, cursor={},
+                                            pipeline=[{"$changeStream": {}}], **aggregate)
+                    return err.value.code, err.value.details["errmsg"]
+
+                refused = ["v", "ts"]
+                for coll in refused:
+                    assert refusal_of(cb, coll) == refusal_of(ca, coll)
+                assert refusal_of(cb, "v") == (166, "Namespace test.v is a view, not a collection")
+                want = ((115, "Cannot run aggregation on timeseries with namespace test.ts")
+                        if compatibility == "9.0" else
+                        (166, "Cannot run aggregation on timeseries with namespace test.ts"))
+                assert refusal_of(cb, "ts") == want
+                opened = [_Stream(cb, "test", 1), _Stream(cb, "test", "plain")]
+                if compatibility == "9.0":
+                    assert refusal_of(cb, "v", rawData=True) == refusal_of(ca, "v", rawData=True)
+                    opened.append(_Stream(cb, "test", "ts", {"rawData": True}))
+                    ca.test.ts.insert_one({"t": datetime.datetime(2024, 5, 1), "v": 1})
+                    b.wait_caught_up(ca.admin.command("ping")["operationTime"])
+                    assert [e["operationType"] for e in opened[-1].read()] == ["insert"]
+                for stream in opened:
+                    stream.close()
+    finally:
+        if b is not None:
+            b.stop()
+        a.stop()

@@ -13,7 +13,7 @@ import pytest
 from pymongo.errors import OperationFailure
 
 from cdcserver.config import Config, ServerConfig
-from cdcserver.sharding.testing import ShardedServer
+from cdcserver.sharding.testing import ShardedServer, ShardedSidecar
 from pipeline_stages.release import MONGODB_8_0, MONGODB_9_0
 
 T0 = datetime.datetime(2024, 5, 1)
@@ -140,3 +140,71 @@ def test_the_default_cluster_answers_as_8_0():
         assert refused.value.code == 2
         _set_fcv(front, "7.0")
         assert _fcv(shard) == {"version": "7.0"}
+
+
+def test_a_collection_stream_on_a_viewless_collection_is_refused_without_raw_data(client):
+    """Through the front as on the shard holding it (mongos passes the shard's error on):
+    115 without rawData, a view 166 either way, after the router's own checks of the spec;
+    with rawData the stream reads the collection's buckets; a database stream opens."""
+    _set_fcv(client, "9.0")
+    client.admin.command("enableSharding", "tsc", primaryShard="shard1")  # not shard0's
+    client.tsc.create_collection("ts", timeseries={"timeField": "t"})
+    client.tsc.command("create", "v", viewOn="ts", pipeline=[])
+
+    def open_on(coll, options=None, **aggregate):
+        return client.tsc.command("aggregate", coll, cursor={},
+                                  pipeline=[{"$changeStream": options or {}}], **aggregate)
+
+    with pytest.raises(OperationFailure) as refused:
+        open_on("ts")
+    assert refused.value.code == 115
+    assert refused.value.details["errmsg"] == (
+        "Cannot run aggregation on timeseries with namespace tsc.ts")
+    for aggregate in ({}, {"rawData": True}):
+        with pytest.raises(OperationFailure) as on_view:
+            open_on("v", **aggregate)
+        assert on_view.value.code == 166
+        assert on_view.value.details["errmsg"] == "Namespace tsc.v is a view, not a collection"
+    with pytest.raises(OperationFailure) as unknown:  # the router's parse comes first
+        open_on("ts", {"noSuchOption": True})
+    assert unknown.value.code == 40415
+    raw = open_on("ts", rawData=True)["cursor"]
+    db_stream = open_on(1)["cursor"]
+    client.tsc.ts.insert_one({"t": T0, "v": 1})
+    events = []
+    for _ in range(20):
+        events += client.tsc.command("getMore", raw["id"], collection="ts",
+                                     maxTimeMS=100)["cursor"]["nextBatch"]
+        if events:
+            break
+    assert [(e["operationType"], e["ns"]) for e in events] == [
+        ("insert", {"db": "tsc", "coll": "ts"})]
+    assert {"control", "data"} <= set(events[0]["fullDocument"])  # the bucket, as stored
+    quiet = client.tsc.command("getMore", db_stream["id"], collection="$cmd.aggregate",
+                               maxTimeMS=100)["cursor"]["nextBatch"]
+    assert quiet == []  # the measurement is marked: no event without rawData
+    client.tsc.command("killCursors", "ts", cursors=[raw["id"]])
+    client.tsc.command("killCursors", "$cmd.aggregate", cursors=[db_stream["id"]])
+
+
+def test_a_sharded_sidecar_refuses_what_the_front_refuses(cluster, client):
+    """A sidecar of the cluster (`serve --upstream <mongos>`) reads the namespace through the
+    mongos (its primary shard's catalog) and refuses the stream as the front does."""
+    _set_fcv(client, "9.0")
+    client.admin.command("enableSharding", "tsd", primaryShard="shard1")
+    client.tsd.create_collection("ts", timeseries={"timeField": "t"})
+    client.tsd.command("create", "v", viewOn="ts", pipeline=[])
+    with ShardedSidecar(cluster.uri, majority_poll_ms=1.0) as side_server, \
+            pymongo.MongoClient(side_server.uri) as side:
+        for coll, aggregate in (("ts", {}), ("v", {}), ("v", {"rawData": True})):
+            errors = []
+            for c in (client, side):
+                with pytest.raises(OperationFailure) as refused:
+                    c.tsd.command("aggregate", coll, cursor={},
+                                  pipeline=[{"$changeStream": {}}], **aggregate)
+                errors.append((refused.value.code, refused.value.details["errmsg"]))
+            assert errors[0] == errors[1]
+            assert errors[0][0] == (115 if coll == "ts" else 166)
+        opened = side.tsd.command("aggregate", "ts", cursor={}, rawData=True,
+                                  pipeline=[{"$changeStream": {}}])["cursor"]
+        side.tsd.command("killCursors", "ts", cursors=[opened["id"]])

@@ -5,7 +5,7 @@ its clients: the embedded cluster, a sidecar of a real one, recorded shard oplog
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from cdcserver.commands.registry import int_arg
@@ -20,12 +20,16 @@ from pipeline_stages.spec import ChangeStreamSpec, parse_aggregate
 # resume options, a resume option with startAtOperationTime, the tokens' own checks): a
 # router's refusals come before these.
 _CHECKED_AFTER_NAMESPACE = frozenset({50865, 40674, 260, 280, 7182803})
+ShardsCheck = Callable[[], Awaitable[None]]
 
 
 async def open_change_stream(server: ServerState, cluster: MergedCluster, cmd: Mapping[str, Any],
-                             db: str) -> dict[str, Any]:
+                             db: str, shards_check: ShardsCheck | None = None
+                             ) -> dict[str, Any]:
     """aggregate with $changeStream through a front: one stream per shard of `cluster` (the
-    embedded cluster, a sidecar's shards, recorded shard oplogs), merged."""
+    embedded cluster, a sidecar's shards, recorded shard oplogs), merged. `shards_check`
+    raises what the shards would when their streams open (their catalogs' refusals), after
+    the router's own checks of the spec, as mongos parses it before it targets them."""
     cursor_doc = cmd.get("cursor")
     if not isinstance(cursor_doc, dict):
         raise MongoError(
@@ -36,6 +40,8 @@ async def open_change_stream(server: ServerState, cluster: MergedCluster, cmd: M
         raise MongoError(51024, "BSON field 'batchSize' value must be >= 0, actual value "
                          f"'{batch_size}'")
     spec = parse_for_router(cmd, db, server.release)
+    if shards_check is not None:
+        await shards_check()
     start = spec.requested_start()
     if start is None:
         start = cluster.start_for_new_stream()

@@ -18,6 +18,7 @@ from bson.int64 import Int64
 
 from cdcserver.commands.base import family
 from cdcserver.commands.registry import int_arg
+from cdcserver.commands.stream_namespace import refusal, store_kind, stream_collection
 from cdcserver.context import ConnectionState, Handler, ServerState
 from cdcserver.cursors import FORWARDED, QUERY_RESULT, GetMore, HeldHere
 from cdcserver.sharding.catalog import _MISSING, _key_bytes
@@ -243,7 +244,22 @@ async def aggregate(
         if ns is None:
             return await forward(cluster, primary_shard(cluster, db, create=False), cmd, db)
         return await _sharded_aggregate(server, cluster, cmd, db, ns)
-    return await open_change_stream(server, cluster, cmd, db)
+
+    async def shards_check() -> None:
+        # Each shard takes the stream's namespace against its own catalog (a view lives on
+        # the database's primary, a viewless collection on the shards holding it): the
+        # first shard's refusal is the stream's, as mongos passes a shard's error on.
+        coll = stream_collection(cmd)
+        if coll is None:
+            return
+        raw_data = cmd.get("rawData") is True
+        for shard in cluster.shards:
+            error = refusal(store_kind(shard.store, db, coll), db, coll, server.release,
+                            raw_data)
+            if error is not None:
+                raise error
+
+    return await open_change_stream(server, cluster, cmd, db, shards_check)
 
 
 # Stages a shard runs alone on its documents; the first other stage and what follows it run on
