@@ -208,3 +208,31 @@ def test_a_sharded_sidecar_refuses_what_the_front_refuses(cluster, client):
         opened = side.tsd.command("aggregate", "ts", cursor={}, rawData=True,
                                   pipeline=[{"$changeStream": {}}])["cursor"]
         side.tsd.command("killCursors", "ts", cursors=[opened["id"]])
+
+
+def test_the_front_has_no_fcv_parameter_from_9_0(client, shards):
+    """mongos 8.3+ (SERVER-118760): the FCV is no parameter of its own; asked only that, 72
+    as any unknown one; asked with others, those. The cluster's is each shard's."""
+    with pytest.raises(OperationFailure) as none:
+        client.admin.command("getParameter", 1, featureCompatibilityVersion=1)
+    assert none.value.code == 72
+    assert none.value.details["errmsg"] == "no option found to get"
+    both = client.admin.command("getParameter", 1, featureCompatibilityVersion=1,
+                                cursorTimeoutMillis=1)
+    assert "cursorTimeoutMillis" in both and "featureCompatibilityVersion" not in both
+    assert "featureCompatibilityVersion" not in client.admin.command("getParameter", "*")
+    assert [_fcv(s) for s in shards] == [{"version": "9.0"}] * 2
+
+
+def test_an_8_0_front_answers_its_binarys_fcv():
+    """mongos 8.0 answers the FCV parameter with its binary's (SERVER-100224), not the
+    cluster's: after a downgrade to 7.0 it still says 8.0, while every shard says 7.0."""
+    with ShardedServer(2) as server, pymongo.MongoClient(server.uri) as front:
+        _set_fcv(front, "7.0")
+        assert _fcv(front) == {"version": "8.0"}
+        detailed = front.admin.command("getParameter", {"showDetails": True},
+                                       featureCompatibilityVersion=1)
+        assert detailed["featureCompatibilityVersion"]["value"] == {"version": "8.0"}
+        for uri in server.shard_uris:
+            with pymongo.MongoClient(uri) as shard:
+                assert _fcv(shard) == {"version": "7.0"}

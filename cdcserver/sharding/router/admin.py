@@ -255,6 +255,32 @@ async def set_feature_compatibility_version(
     return {}
 
 
+@command("getParameter")
+async def get_parameter(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
+    """The parameters as shard0 answers them (as any other command mongos passes on), but
+    for the FCV, which is no parameter of mongos's own: an 8.0 mongos answers its binary's
+    (feature_compatibility_version.idl linked into it, whatever the cluster's FCV: SERVER-
+    100224); from 8.3 it has none, so asked only that, 72 as for any unknown parameter
+    (SERVER-118760). The cluster's FCV is each shard's (or admin.system.version's)."""
+    reply = await forward(cluster_of(server), cluster_of(server).shards[0], cmd, db)
+    name = "featureCompatibilityVersion"
+    if name not in reply:
+        return reply
+    if server.release.router_fcv_parameter:
+        value: Any = {"version": server.release.fcv}
+        detailed = reply[name]
+        if isinstance(detailed, Mapping) and "value" in detailed:  # showDetails
+            value = {**detailed, "value": value}
+        reply[name] = value
+        return reply
+    del reply[name]
+    if not any(k != "ok" for k in reply):
+        raise MongoError(72, "no option found to get")
+    return reply
+
+
 def _generated_shard_name(members: set[str], existing: set[str]) -> str:
     """mongod's generated names: shard0000, shard0001... after the highest of the members
     (skipping a removed shard's, whose oplog is still kept under its name)."""
