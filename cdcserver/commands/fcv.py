@@ -91,9 +91,20 @@ async def set_feature_compatibility_version(
     confirm = cmd.get("confirm")
     if confirm is not None and not isinstance(confirm, bool):
         raise wrong_type("setFeatureCompatibilityVersion.confirm", confirm, "bool")
-    actual = feature_compatibility_version(server)
-    if requested != actual and confirm is not True:
-        if version_key(requested) > version_key(actual):
+    current = fcv_document(server)
+    actual = str(current["version"])
+    target = current.get("targetVersion")
+    if target is None and requested == actual:
+        return {}  # already there (a phase of a transition this shard has finished too)
+    if target is not None and requested not in (target, actual):
+        # Downgrading (version == targetVersion): the other way is not a transition mongod
+        # permits (FCVTransitions); upgrading, both ways are (retry, or downgrade back).
+        raise MongoError(5147403, f"cannot set featureCompatibilityVersion to '{requested}' "
+                         "while featureCompatibilityVersion is 'downgrading from "
+                         f"{current.get('previousVersion')} to {target}'")
+    upgrading = version_key(requested) > version_key(actual)
+    if confirm is not True:
+        if upgrading:
             message = (
                 f"Once you have upgraded to {requested}, you will not be able to downgrade FCV "
                 "and binary version without support assistance. Please re-run this command "
@@ -104,27 +115,32 @@ async def set_feature_compatibility_version(
                 "version, it will require support assistance. Please re-run this command with "
                 "'confirm: true' to acknowledge this and continue with the FCV downgrade.")
         raise MongoError(7369100, message)
-    if requested == actual:
-        return {}
     store = server.store
     if store is None:
         server.part(_InMemoryVersion).version = requested
         return {}
-    upgrading = version_key(requested) > version_key(actual)
+    if target is None or target == requested:
+        origin = actual if target is None else str(current.get("previousVersion", actual))
+    else:  # back from an upgrade under way: downgrading from the version it was going to
+        origin = str(target)
     transitional: dict[str, Any] = (
         {"_id": _FCV_ID, "version": actual, "targetVersion": requested} if upgrading
         else {"_id": _FCV_ID, "version": requested, "targetVersion": requested,
-              "previousVersion": actual})
+              "previousVersion": origin})
+    # The config server's phases (a front's coordinator sends them: sharding/router/
+    # admin.py); without one, all three at once.
+    phase = cmd.get("phase") if cmd.get("fromConfigServer") is True else None
     viewless_from = server.release.viewless_timeseries_fcv
     with store.batch():
-        _write_fcv(store, transitional)
-        if viewless_from is not None:
-            before = version_key(actual) >= version_key(viewless_from)
+        if phase in (None, "start") and current != fcv_fields(transitional):
+            _write_fcv(store, transitional)
+        if phase in (None, "prepare") and viewless_from is not None:
+            # Whatever a failed attempt converted already stays converted.
             after = version_key(requested) >= version_key(viewless_from)
-            if before != after:
-                for db, coll in store.timeseries_collections(viewless=before):
-                    store.convert_timeseries(db, coll, to_viewless=after)
-        _write_fcv(store, {"_id": _FCV_ID, "version": requested})
+            for db, coll in store.timeseries_collections(viewless=not after):
+                store.convert_timeseries(db, coll, to_viewless=after)
+        if phase in (None, "complete"):
+            _write_fcv(store, {"_id": _FCV_ID, "version": requested})
     return {}
 
 

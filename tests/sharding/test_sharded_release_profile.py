@@ -236,3 +236,61 @@ def test_an_8_0_front_answers_its_binarys_fcv():
         for uri in server.shard_uris:
             with pymongo.MongoClient(uri) as shard:
                 assert _fcv(shard) == {"version": "7.0"}
+
+
+def _fail_next_fcv(shard: pymongo.MongoClient) -> None:
+    """The shard refuses the next setFeatureCompatibilityVersion it is sent (the config
+    server's, hence failInternalCommands)."""
+    shard.admin.command("configureFailPoint", "failCommand", mode={"times": 1}, data={
+        "failCommands": ["setFeatureCompatibilityVersion"], "errorCode": 96,
+        "failInternalCommands": True})
+
+
+def _version_doc(client: pymongo.MongoClient) -> dict:
+    return client.admin["system.version"].find_one({"_id": "featureCompatibilityVersion"})
+
+
+def test_a_retried_fcv_change_finishes_what_a_failing_shard_stopped(client, shards):
+    """A later shard's refusal after shard0 took the change: the error comes back, shard0
+    shows the transition under way (targetVersion, also in admin.system.version through the
+    front), nothing is converted yet; the other way is refused while it is downgrading; the
+    same command again finishes it everywhere, conversions included."""
+    _set_fcv(client, "9.0")
+    for db in ("tse", "tsf"):
+        client.admin.command("enableSharding", db,
+                             primaryShard="shard0" if db == "tse" else "shard1")
+        client[db].create_collection("ts", timeseries={"timeField": "t"})
+    _fail_next_fcv(shards[1])
+    with pytest.raises(OperationFailure) as failed:
+        _set_fcv(client, "8.0")
+    assert failed.value.code == 96
+    downgrading = {"version": "8.0", "targetVersion": "8.0", "previousVersion": "9.0"}
+    assert [_fcv(s) for s in shards] == [downgrading, {"version": "9.0"}]
+    assert _version_doc(client) == {"_id": "featureCompatibilityVersion", **downgrading}
+    assert "system.buckets.ts" not in client.tse.list_collection_names()  # not prepared yet
+    with pytest.raises(OperationFailure) as back_up:
+        _set_fcv(client, "9.0")
+    assert back_up.value.code == 5147403
+    assert [_fcv(s) for s in shards] == [downgrading, {"version": "9.0"}]  # changed nothing
+    _set_fcv(client, "8.0")  # the retry
+    assert [_fcv(s) for s in shards] == [{"version": "8.0"}] * 2
+    for s, db in zip(shards, ("tse", "tsf"), strict=True):
+        assert "system.buckets.ts" in s[db].list_collection_names()
+
+    # An upgrade stopped the same way: retried, or turned back (mongod permits both).
+    for then in ("9.0", "8.0"):
+        _fail_next_fcv(shards[1])
+        with pytest.raises(OperationFailure):
+            _set_fcv(client, "9.0")
+        assert [_fcv(s) for s in shards] == [
+            {"version": "8.0", "targetVersion": "9.0"}, {"version": "8.0"}]
+        _set_fcv(client, then)
+        assert [_fcv(s) for s in shards] == [{"version": then}] * 2
+        viewless = then == "9.0"
+        for s, db in zip(shards, ("tse", "tsf"), strict=True):
+            assert ("system.buckets.ts" not in s[db].list_collection_names()) is viewless
+        if viewless:
+            _set_fcv(client, "8.0")
+    for db in ("tse", "tsf"):
+        client.drop_database(db)
+    _set_fcv(client, "9.0")

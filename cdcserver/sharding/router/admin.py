@@ -245,13 +245,21 @@ async def set_feature_compatibility_version(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
 ) -> dict[str, Any]:
     """mongos hands setFeatureCompatibilityVersion to the config server, which takes every
-    shard through it (each one's transitional FCV document, its time-series conversions,
-    then the final one): here each member shard in turn, shard0 first, so that a command it
-    refuses (a version its release does not accept, no `confirm`, not admin) changes none;
-    a shard's error comes back as it gave it."""
+    shard through it in phases (set_feature_compatibility_version_command.cpp's
+    kStart / kPrepare / kComplete): every shard's transitional FCV document, then every
+    shard's time-series conversions, then every final one. shard0 (the config server's
+    part: the admin database's) goes first in each, so that a command it refuses (a version
+    its release does not accept, no `confirm`, not admin) changes none. A shard's error
+    comes back as it gave it, and leaves the cluster where it was: the shards that took the
+    phase show its `targetVersion` (getParameter, admin.system.version), and the same
+    command again finishes the transition, as mongod's retried setFCV does (each shard's
+    phases are idempotent: fcv.py)."""
     cluster = cluster_of(server)
-    for shard in list(cluster.shards):
-        await forward(cluster, shard, cmd, db)
+    base = {k: v for k, v in cmd.items() if k not in ("phase", "fromConfigServer")}
+    for phase in ("start", "prepare", "complete"):
+        for shard in list(cluster.shards):
+            await forward(cluster, shard, {**base, "phase": phase, "fromConfigServer": True},
+                          db)
     return {}
 
 
