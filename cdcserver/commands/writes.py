@@ -42,8 +42,9 @@ from cdcserver.commands.transactions import (
     txn_write_error,
 )
 from cdcserver.context import ConnectionState, ServerState
-from cdcserver.embedded import engine, modifiers, query, timeseries
+from cdcserver.embedded import engine, modifiers, query, timeseries, timeseries_writes
 from cdcserver.embedded.bson_depth import check_update_depth
+from cdcserver.embedded.sessions import OpSession
 from cdcserver.embedded.store import (
     Collection,
     DocumentValidationError,
@@ -466,7 +467,7 @@ async def _prematch(
 
 def run_update_statement(
     store: Store, db: str, coll: str, spec: Mapping[str, Any], retry: Retry, stmt_id: int,
-    validate: bool = True, progress: _Progress | None = None,
+    validate: bool = True, progress: _Progress | None = None, raw_data: bool = False,
 ) -> tuple[int, int, Any]:
     """(n, nModified, (upserted _id,) or None) of one update statement (a tuple: the upserted
     _id may itself be null)."""
@@ -485,6 +486,10 @@ def run_update_statement(
     kind = _update_kind(u)
     if multi and kind == "replacement":
         raise MongoError(9, "multi update is not supported for replacement-style update")
+    ts = timeseries_writes.target(store, db, coll, raw_data)
+    if ts is not None:  # its measurements (timeseries_writes.py)
+        return _timeseries_update(store, ts, spec, q, u, kind, array_filters, multi, upsert,
+                                  None if multi else retry.session, stmt_id)
     c = store.get(db, coll)
     store.check_catalog_for_write(c)  # dropped or renamed since a transaction's snapshot: 112
     if c is None:
@@ -520,6 +525,29 @@ def run_update_statement(
         new = upsert_document(store, db, coll, q, u, kind, array_filters)
     c = store.ensure_collection(db, coll)
     store.insert_document(c, new, session, stmt_id, validate=validate)
+    return 1, 0, (new["_id"],)
+
+
+def _timeseries_update(
+    store: Store, ts: timeseries_writes.Target, spec: Mapping[str, Any], q: Mapping[str, Any],
+    u: Any, kind: str, array_filters: list[Any] | None, multi: bool, upsert: bool,
+    session: OpSession | None, stmt_id: int,
+) -> tuple[int, int, Any]:
+    db, coll = ts.db, ts.coll
+    collation = query.collation_of(spec.get("collation"), ts.buckets.options.get("collation"),
+                                   "update.updates")
+
+    def apply(measurement: dict[str, Any]) -> dict[str, Any]:
+        with executor_errors("update"):
+            return compute_update(store, db, coll, measurement, q, u, kind, array_filters)
+
+    n, modified = timeseries_writes.update(store, ts, q, collation, multi, apply, session,
+                                           stmt_id)
+    if n or not upsert:
+        return n, modified, None
+    with executor_errors("update"):
+        new = upsert_document(store, db, coll, q, u, kind, array_filters)
+    timeseries_writes.upsert(store, ts, new, session, stmt_id)
     return 1, 0, (new["_id"],)
 
 
@@ -611,6 +639,7 @@ async def update(
         return run_update_statement(
             store, db, coll, updates[i], retry, i,
             validate=not request.bypass_validation, progress=progress,
+            raw_data=bound.get("rawData") is True,
         )
 
     def count(i: int, done: Any) -> None:
@@ -653,7 +682,8 @@ async def delete(
     progress = _Progress()
 
     def execute(i: int, retry: Retry) -> Any:
-        return run_delete_statement(store, db, coll, deletes[i], retry, i, progress)
+        return run_delete_statement(store, db, coll, deletes[i], retry, i, progress,
+                                    raw_data=bound.get("rawData") is True)
 
     def count(i: int, done: Any) -> None:
         nonlocal n
@@ -668,12 +698,18 @@ async def delete(
 
 def run_delete_statement(
     store: Store, db: str, coll: str, spec: Mapping[str, Any], retry: Retry, stmt_id: int,
-    progress: _Progress,
+    progress: _Progress, raw_data: bool = False,
 ) -> int:
     """The number of documents one delete statement (parsed already) deletes."""
     # parsed already (write_parsing): limit 0 (or not a number) is multi
     limit = 0 if write_parsing.delete_limit(spec["limit"]) else 1
     q = engine.normalize(_doc_arg(spec, "q", "delete.deletes") or {})
+    ts = timeseries_writes.target(store, db, coll, raw_data)
+    if ts is not None:  # its measurements (timeseries_writes.py)
+        collation = query.collation_of(spec.get("collation"),
+                                       ts.buckets.options.get("collation"), "delete.deletes")
+        return timeseries_writes.delete(store, ts, q, collation, limit == 0,
+                                        retry.session if limit == 1 else None, stmt_id)
     c = store.get(db, coll)
     store.check_catalog_for_write(c)  # dropped or renamed since a transaction's snapshot: 112
     if c is None:

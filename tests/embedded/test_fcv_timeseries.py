@@ -416,3 +416,66 @@ def test_a_live_stream_hides_a_viewless_collections_writes_too(server):
             stream = _SystemStream(client.test, 1, {}, **aggregate)
             client.test.ts.insert_one({"t": T0, "m": str(aggregate), "v": 1})  # a new bucket
             assert [(c["operationType"], c["ns"]["coll"]) for c in stream.changes()] == shown
+
+
+@pytest.mark.parametrize("fcv", ["8.0", "9.0"], ids=["viewful", "viewless"])
+def test_updates_and_deletes_write_measurements(server, fcv):
+    """On the collection's name (its view at FCV 8.0, itself at 9.0), updates and deletes
+    match and count measurements, as mongod's time-series write path: a bucket emptied is
+    deleted, another one replaced by what it keeps, an updated measurement inserted again
+    through the bucket catalog, an upsert too; rawData writes the buckets as they are."""
+    with server.client() as client:
+        _fcv(client, fcv)
+        client.test.create_collection("ts", timeseries={"timeField": "t", "metaField": "m"})
+        buckets_name = "ts" if fcv == "9.0" else "system.buckets.ts"
+        ts = client.test.ts
+
+        def buckets(filter_doc=None):  # as stored (rawData on the viewless collection)
+            return client.test.command("find", buckets_name, filter=filter_doc or {},
+                                       rawData=True)["cursor"]["firstBatch"]
+        ts.insert_many([{"_id": i, "t": T0, "m": m, "v": i}
+                        for i, m in enumerate("aaab")])  # two buckets: a (3), b (1)
+        start = client.admin.command("ping")["operationTime"]
+
+        def values():
+            return sorted((d["m"], d["v"]) for d in ts.find())
+
+        def bucket_ops():
+            ns = f"test.{buckets_name}"
+            return [e["op"] for e in client.local["oplog.rs"].find(
+                {"ns": ns, "ts": {"$gt": start}})]
+
+        assert ts.delete_one({"v": {"$gte": 1}}).deleted_count == 1  # the first in order
+        assert values() == [("a", 0), ("a", 2), ("b", 3)]
+        assert bucket_ops() == ["u"]  # the bucket of a, replaced by the two it keeps
+        [a] = buckets({"meta": "a"})
+        assert a["control"]["min"]["v"] == 0 and a["control"]["max"]["v"] == 2
+        assert sorted(a["data"]["v"].items()) == [("0", 0), ("1", 2)]
+        assert ts.delete_many({"m": "b"}).deleted_count == 1
+        assert bucket_ops() == ["u", "d"]  # b's bucket emptied: deleted
+        assert len(buckets()) == 1
+
+        result = ts.update_many({"m": "a"}, {"$inc": {"v": 10}})
+        assert (result.matched_count, result.modified_count) == (2, 2)
+        assert values() == [("a", 10), ("a", 12)]
+        result = ts.update_one({"v": 10}, {"$set": {"v": 10}})  # matched, not modified
+        assert (result.matched_count, result.modified_count) == (1, 0)
+        result = ts.update_one({"v": 10}, {"$set": {"m": "c"}})  # into another series
+        assert (result.matched_count, result.modified_count) == (1, 1)
+        assert values() == [("a", 12), ("c", 10)]
+        assert sorted(b["meta"] for b in buckets()) == ["a", "c"]
+        with pytest.raises(OperationFailure) as bad_time:
+            ts.update_one({"v": 12}, {"$set": {"t": "noon"}})
+        assert bad_time.value.code == 2
+        assert values() == [("a", 12), ("c", 10)]  # nothing written
+        upserted = ts.update_one({"v": 99}, {"$set": {"t": T0, "m": "d"}}, upsert=True)
+        assert upserted.upserted_id is not None
+        assert values() == [("a", 12), ("c", 10), ("d", 99)]
+        assert ts.delete_many({}).deleted_count == 3
+        assert buckets() == []
+
+        if fcv == "9.0":  # rawData: the buckets, as they are
+            ts.insert_one({"t": T0, "m": "e", "v": 1})
+            raw = client.test.command("delete", "ts", deletes=[{"q": {"meta": "e"}, "limit": 0}],
+                                      rawData=True)
+            assert raw["n"] == 1 and ts.count_documents({}) == 0
