@@ -821,6 +821,9 @@ def _find_and_modify_once(
     upsert = write_parsing.true_value(cmd.get("upsert"))
     fields = cmd.get("fields")
     validate = not write_parsing.true_value(cmd.get("bypassDocumentValidation"))
+    ts = timeseries_writes.target(store, db, coll, cmd.get("rawData") is True)
+    if ts is not None:  # its measurements (timeseries_writes.py)
+        return _timeseries_find_and_modify(store, ts, cmd, q, sort, remove, u, new, upsert)
     if store.get(db, coll) is None:
         store.check_not_view(db, coll)
     else:  # 2 BadValue for a hint no index answers
@@ -866,6 +869,43 @@ def _find_and_modify_once(
         else:
             reply = {"lastErrorObject": {"n": 0, "updatedExisting": False}, "value": None}
     return reply
+
+
+def _timeseries_find_and_modify(
+    store: Store, ts: timeseries_writes.Target, cmd: Mapping[str, Any], q: Mapping[str, Any],
+    sort: Mapping[str, Any] | None, remove: bool, u: Any, new: bool, upsert: bool,
+) -> dict[str, Any]:
+    """findAndModify on a time-series collection's measurements: the first match (or the
+    first by `sort`) removed, or updated (out of its bucket, in again as updated); an
+    upsert's document inserted as a measurement. No retry images: mongod does not retry a
+    time-series findAndModify."""
+    db, coll, fields = ts.db, ts.coll, cmd.get("fields")
+    collation = query.collation_of(cmd.get("collation"), ts.buckets.options.get("collation"),
+                                   "findAndModify")
+    with engine_errors():
+        found = timeseries_writes.first(store, ts, q, collation,
+                                        _sort_list(sort) if sort else None)
+    if remove:
+        if found is None:
+            return {"lastErrorObject": {"n": 0}, "value": None}
+        timeseries_writes.remove_one(store, ts, found)
+        return {"lastErrorObject": {"n": 1}, "value": project(store, db, coll, found[2], fields)}
+    kind = _update_kind(u)
+    array_filters = array_arg(cmd, "arrayFilters", "findAndModify", of="object")
+    if found is not None:
+        pre = found[2]
+        with executor_errors("findAndModify"):
+            post = compute_update(store, db, coll, pre, q, u, kind, array_filters)
+            timeseries_writes.replace_one(store, ts, found, post)
+        return {"lastErrorObject": {"n": 1, "updatedExisting": True},
+                "value": project(store, db, coll, post if new else pre, fields)}
+    if not upsert:
+        return {"lastErrorObject": {"n": 0, "updatedExisting": False}, "value": None}
+    with executor_errors("findAndModify"):
+        doc = upsert_document(store, db, coll, q, u, kind, array_filters)
+        timeseries_writes.upsert(store, ts, doc, None, None)
+    return {"lastErrorObject": {"n": 1, "updatedExisting": False, "upserted": doc["_id"]},
+            "value": project(store, db, coll, doc, fields) if new else None}
 
 
 def _replayed_find_and_modify(

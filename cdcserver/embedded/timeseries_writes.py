@@ -150,3 +150,35 @@ def upsert(store: Store, t: Target, doc: dict[str, Any], session: OpSession | No
     store.insert_document(store.ensure_collection(t.db, t.coll), doc, session, stmt_id)
 
 
+
+
+def first(store: Store, t: Target, q: Mapping[str, Any], collation: query.Collation | None,
+          sort: list[tuple[str, int]] | None) -> Match | None:
+    """The measurement a findAndModify takes: the first match in bucket order, or the first
+    by `sort`."""
+    if not sort:
+        found = _matches(store, t, q, collation, first_only=True)
+        return found[0] if found else None
+    every = _matches(store, t, q, collation, first_only=False)
+    out: list[Any] = []
+    query.run_sync(query.find([m for _, _, m in every], None, sort, 0, 1, out,
+                              collation=collation))
+    for match in every:  # the sort's pick is one of these measurements itself
+        if out and match[2] is out[0]:
+            return match
+    return None
+
+
+def remove_one(store: Store, t: Target, match: Match) -> None:
+    _remove(store, t, {match[0]: {match[1]}}, None, None)
+
+
+def replace_one(store: Store, t: Target, match: Match, post: dict[str, Any]) -> bool:
+    """`match`'s measurement out of its bucket and `post` in, through the bucket catalog;
+    False (nothing written) when the update changed nothing."""
+    if post == match[2]:
+        return False
+    timeseries.measurement_time(post, t.options["timeField"])
+    _remove(store, t, {match[0]: {match[1]}}, None, None)
+    store.insert_document(store.ensure_collection(t.db, t.coll), post)
+    return True

@@ -479,3 +479,28 @@ def test_updates_and_deletes_write_measurements(server, fcv):
             raw = client.test.command("delete", "ts", deletes=[{"q": {"meta": "e"}, "limit": 0}],
                                       rawData=True)
             assert raw["n"] == 1 and ts.count_documents({}) == 0
+
+
+@pytest.mark.parametrize("fcv", ["8.0", "9.0"], ids=["viewful", "viewless"])
+def test_find_and_modify_takes_one_measurement(server, fcv):
+    """findAndModify on the collection's name (timeseries_findAndModify_basic.js): one
+    measurement removed or updated (the first, or the first by sort), the value before or
+    after, an upsert's document a measurement."""
+    with server.client() as client:
+        _fcv(client, fcv)
+        client.test.create_collection("ts", timeseries={"timeField": "t"})
+        ts = client.test.ts
+        ts.insert_many([{"_id": i, "t": T0, "v": i} for i in range(4)])
+        before = ts.find_one_and_update({"v": {"$gt": 0}}, {"$set": {"w": 1}})
+        assert before == {"t": T0, "_id": 1, "v": 1}
+        after = ts.find_one_and_update({"v": {"$gt": 0}}, {"$inc": {"v": 10}},
+                                       sort=[("v", -1)], return_document=True)
+        assert after["_id"] == 3 and after["v"] == 13
+        assert ts.count_documents({"w": 1}) == 1
+        removed = ts.find_one_and_delete({"w": 1})
+        assert removed["_id"] == 1 and removed["w"] == 1
+        assert sorted(d["_id"] for d in ts.find()) == [0, 2, 3]
+        assert ts.find_one_and_delete({"v": 99}) is None
+        upserted = ts.find_one_and_update({"v": 99}, {"$set": {"t": T0}}, upsert=True,
+                                          return_document=True)
+        assert upserted["v"] == 99 and ts.count_documents({}) == 4
