@@ -15,6 +15,12 @@ makes time-series collections viewless (9.0: `Release.viewless_timeseries_fcv`) 
 one of them, each logged as one `upgradeDowngradeViewlessTimeseries` entry (upgrade to it), or
 back (downgrade below it), as setFeatureCompatibilityVersion's upgradeAllTimeseriesToViewless /
 downgradeAllTimeseriesFromViewless do on a replica set.
+
+A front's coordinator (sharding/router/admin.py) sends each shard the config server's phases
+one at a time (`phase: "start" | "prepare" | "complete"` with `fromConfigServer: true`: the
+transitional document, the conversions, the final document). A transitional state is taken as
+mongod's FCVTransitions take it: the same target again finishes the transition, an upgrade under
+way may turn back down, a downgrade under way may not go back up (5147403).
 """
 
 from __future__ import annotations
