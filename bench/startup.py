@@ -29,7 +29,7 @@ import bson
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CLI = ["-c", "import sys; from cdcserver.cli import main; sys.exit(main())"]
-_LISTENING = re.compile(rb"\bserving .*; on mongodb://\S+:(\d+)/;")
+_LISTENING = re.compile(rb"\bserving .*; on mongodb://[^\s/]+:(\d+)/[; ]")
 
 
 def _env() -> dict[str, str]:

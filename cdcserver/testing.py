@@ -70,7 +70,7 @@ START_TIMEOUT_S = 30.0  # a hang guard, never a performance expectation
 _CANONICAL = json_util.JSONOptions(json_mode=json_util.JSONMode.CANONICAL)
 # The line `serve` logs once everything listens (a cluster's shards log their own listeners
 # before it): its wire port.
-_LISTENING = re.compile(rb"\bserving .*; on mongodb://\S+:(\d+)/;")
+_LISTENING = re.compile(rb"\bserving .*; on mongodb://[^\s/]+:(\d+)/[; ]")
 
 PathLike = str | os.PathLike[str]
 
