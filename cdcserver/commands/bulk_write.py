@@ -369,9 +369,10 @@ async def bulk_write(
         try:
             if op.kind == "insert":
                 if done is NOT_DONE:
-                    doc = writes.prepare_insert(spec["document"])
+                    doc, raw = writes.prepare_decoded_insert(spec["document"])
                     c = store.get(ns_db, coll) or store.ensure_collection(ns_db, coll)
-                    store.insert_document(c, doc, retry.session, stmt, validate=validate)
+                    store.insert_document(c, doc, retry.session, stmt, validate=validate,
+                                          raw=raw)
                     retry.record(stmt, True)
                 replies.n_inserted += 1
                 item: dict[str, Any] = {"ok": 1.0, "idx": i, "n": 1}

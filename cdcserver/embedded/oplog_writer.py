@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import bson
 from bson.binary import Binary
 from bson.int64 import Int64
+from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 from cdcserver.embedded.persist import CommitFailed
@@ -190,7 +191,10 @@ class OplogWriterMixin(StoreState):
         stmt_id: int | None = None,
         wall: datetime.datetime | None = None,
         needs_retry_image: str | None = None,
+        o_raw: bytes | None = None,
     ) -> tuple[Timestamp, datetime.datetime]:
+        """Log one entry (into the running transaction's operations, in one); `o_raw`: `o`'s
+        BSON, put in the entry as it is."""
         if self.unreplicated:
             return self._last_ts, _now_ms()
         if session is not None and op in ("i", "u", "d") and self.before_retryable_write:
@@ -216,7 +220,7 @@ class OplogWriterMixin(StoreState):
         entry["ns"] = ns
         if ui is not None:
             entry["ui"] = ui
-        entry["o"] = o
+        entry["o"] = o if o_raw is None else RawBSONDocument(o_raw)
         if o2 is not None:
             entry["o2"] = o2
         if marked:

@@ -207,6 +207,7 @@ class StoreState(EntryList):
         session: OpSession | None = None,
         stmt_id: int | None = None,
         validate: bool = False,
+        raw: bytes | None = None,
     ) -> None:
         raise NotImplementedError
 
@@ -227,6 +228,7 @@ class StoreState(EntryList):
         stmt_id: int | None = None,
         wall: datetime.datetime | None = None,
         needs_retry_image: str | None = None,
+        o_raw: bytes | None = None,
     ) -> tuple[Timestamp, datetime.datetime]:
         raise NotImplementedError
 

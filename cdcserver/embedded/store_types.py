@@ -11,6 +11,7 @@ re-export them, as before) and no import circle runs through state.py.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -110,8 +111,8 @@ class Collection:
     def ns(self) -> str:
         return f"{self.db}.{self.name}"
 
-    @property
-    def ui(self) -> Binary:
+    @functools.cached_property
+    def ui(self) -> Binary:  # once: every entry the collection logs carries it
         return Binary(self.uuid, 4)
 
     @property

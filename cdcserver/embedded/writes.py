@@ -32,13 +32,15 @@ class WritesMixin(StoreState):
 
     def insert_document(
         self, c: Collection, doc: dict[str, Any], session: OpSession | None = None,
-        stmt_id: int | None = None, validate: bool = False,
+        stmt_id: int | None = None, validate: bool = False, raw: bytes | None = None,
     ) -> None:
-        """Insert one document (`_id` first, normalized). Raises DuplicateKeyError."""
+        """Insert one document (`_id` first, normalized; `raw`: its BSON, if the caller has
+        it). Raises DuplicateKeyError."""
         if isinstance(c, TimeseriesView):  # a measurement: into a bucket (catalog.py)
             insert_measurement(self, c, doc, session, stmt_id)
             return
-        raw = bson.encode(doc)
+        if raw is None:
+            raw = bson.encode(doc)
         check_insert_depth(doc, raw)  # first, as mongod's fixDocumentForInsert
         key = id_key(doc["_id"])
         self._check_write_conflict(c, key)
@@ -53,8 +55,11 @@ class WritesMixin(StoreState):
                              f"max size: {MAX_BSON}")
         if c.options.get("capped") and len(raw) > int(c.options.get("size") or 0):
             raise MongoError(2, "object to insert exceeds cappedMaxSize")  # WiredTiger's
+        # The entry's `o` is the document's own bytes, not encoded again, where they are what
+        # encoding it inside the entry gives: with `_id` first (a top-level encode moves it).
+        o_raw = raw if next(iter(doc)) == "_id" else None
         self.append_oplog("i", c.ns, doc, ui=c.ui, o2={"_id": doc["_id"]}, session=session,
-                          stmt_id=stmt_id)
+                          stmt_id=stmt_id, o_raw=o_raw)
         self._put(c, key, None, doc, raw, edits)
         if c.options.get("capped"):
             self.cap_collection(c, key)
