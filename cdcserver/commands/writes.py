@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import bson
+from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
@@ -242,29 +243,43 @@ def prepare_insert(doc: Any) -> dict[str, Any]:
 
 # An empty Timestamp's 8 value bytes: what normalize() replaces (by the current time).
 _EMPTY_TIMESTAMP = bytes(8)
+# How the engine holds datetimes (naive UTC, milliseconds), decoded so in C.
+_NAIVE: CodecOptions[dict[str, Any]] = CodecOptions(
+    tz_aware=False, datetime_conversion=DatetimeConversion.DATETIME_AUTO
+)
 
 
 def prepare_decoded_insert(doc: Any) -> tuple[dict[str, Any], bytes]:
-    """prepare_insert of a document the wire decoded, with its BSON. normalize() changes only
-    datetimes (the wire's are tz-aware) and empty Timestamps in what the decoder makes (no
-    tuple, no OrderedDict), so a document whose bytes hold neither a 0x09 (date) type byte nor
-    a 0x11 (timestamp) one with eight zero bytes skips its copy of every value, the
-    per-document cost the raw SQLite floor does not have."""
+    """prepare_insert of a document the wire decoded, with its BSON. Of what the decoder makes
+    (no tuple, no OrderedDict), normalize() changes only datetimes (the wire's are tz-aware)
+    and empty Timestamps, and copies every value on the way (the per-document cost the raw
+    SQLite floor does not have): here a document whose bytes may hold a date (a 0x09 byte)
+    is decoded again from them with naive datetimes, and only one that may hold an empty
+    Timestamp (a 0x11 byte and eight zero bytes) goes through normalize()."""
     if type(doc) is not dict:
         prepared = prepare_insert(doc)
         return prepared, bson.encode(prepared)
     prepared = _id_checked_first(dict(doc))
     raw = bson.encode(prepared)
-    if b"\x09" in raw or (b"\x11" in raw and _EMPTY_TIMESTAMP in raw):
+    if b"\x11" in raw and _EMPTY_TIMESTAMP in raw:
         prepared = engine.normalize(prepared)
-        raw = bson.encode(prepared)
+        return prepared, bson.encode(prepared)
+    if b"\x09" in raw:
+        prepared = bson.decode(raw, _NAIVE)
     return prepared, raw
+
+
+_PLAIN_IDS = frozenset({int, str, float, ObjectId, Int64})
 
 
 def _id_checked_first(doc: dict[str, Any]) -> dict[str, Any]:
     """`doc` with a valid `_id` (an ObjectId if it had none) as its first field."""
     if "_id" in doc:
         _id = doc["_id"]
+        if type(_id) in _PLAIN_IDS:  # none of the checks below can refuse it
+            if next(iter(doc)) == "_id":
+                return doc
+            return {"_id": _id, **{k: v for k, v in doc.items() if k != "_id"}}
         if isinstance(_id, list):
             raise MongoError(53, "The '_id' value cannot be of type array")
         if isinstance(_id, bson.regex.Regex) or hasattr(_id, "pattern"):

@@ -50,6 +50,11 @@ def _now_ms() -> datetime.datetime:
     return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_T = Int64(1)  # the term of every entry (immutable: shared)
+_V = Int64(2)
+
+
 class OplogWriterMixin(StoreState):
     """Oplog entries, the batches that publish them, and the capped oplog."""
 
@@ -173,11 +178,22 @@ class OplogWriterMixin(StoreState):
     # -- the oplog --------------------------------------------------------------------------------
 
     def _next_ts(self) -> Timestamp:
-        now = int(time.time())
+        return self._next_ts_and_wall()[0]
+
+    # the last wall clock millisecond read and its datetime (kept: many entries share one)
+    _wall_ms = -1
+    _wall = _EPOCH
+
+    def _next_ts_and_wall(self) -> tuple[Timestamp, datetime.datetime]:
+        """The next entry's `ts` and `wall` (milliseconds), from one reading of the clock."""
+        ms = time.time_ns() // 1_000_000
+        if ms != self._wall_ms:
+            self._wall_ms, self._wall = ms, _EPOCH + datetime.timedelta(milliseconds=ms)
+        now = ms // 1000
         last = self._last_ts
         ts = Timestamp(now, 1) if now > last.time else Timestamp(last.time, last.inc + 1)
         self._last_ts = ts
-        return ts
+        return ts, self._wall
 
     def append_oplog(
         self,
@@ -210,8 +226,8 @@ class OplogWriterMixin(StoreState):
                 inner["isTimeseries"] = True
             self.txn.ops.append(inner)
             return Timestamp(0, len(self.txn.ops) - 1), _now_ms()
-        ts = self._next_ts()
-        wall = wall or _now_ms()
+        ts, now = self._next_ts_and_wall()
+        wall = wall or now
         entry: dict[str, Any] = {}
         if session is not None:
             entry["lsid"] = session.lsid
@@ -230,13 +246,13 @@ class OplogWriterMixin(StoreState):
         if session is not None and stmt_id is not None:
             entry["stmtId"] = stmt_id
         entry["ts"] = ts
-        entry["t"] = Int64(1)
-        entry["v"] = Int64(2)
+        entry["t"] = _T
+        entry["v"] = _V
         entry["wall"] = wall
         if session is not None:
             prev = session.prev_ts
             entry["prevOpTime"] = (
-                dict(NULL_OP_TIME) if prev is None else {"ts": prev, "t": Int64(1)}
+                dict(NULL_OP_TIME) if prev is None else {"ts": prev, "t": _T}
             )
             key = session_key(session.lsid)
             if key not in self._session_undo:  # as it was before this batch (_roll_back)
@@ -250,7 +266,7 @@ class OplogWriterMixin(StoreState):
             # config.transactions: the session's txnNumber and last write, durable with it
             self._session_records[key] = {
                 "_id": session.lsid, "txnNum": Int64(session.txn_number),
-                "lastWriteOpTime": {"ts": ts, "t": Int64(1)}, "lastWriteDate": wall,
+                "lastWriteOpTime": {"ts": ts, "t": _T}, "lastWriteDate": wall,
             }
         raw = bson.encode(entry)
         self._pending.append((ts, raw))
