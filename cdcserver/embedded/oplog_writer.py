@@ -177,23 +177,23 @@ class OplogWriterMixin(StoreState):
 
     # -- the oplog --------------------------------------------------------------------------------
 
-    def _next_ts(self) -> Timestamp:
-        return self._next_ts_and_wall()[0]
+    def _next_ts(self) -> Timestamp:  # a sharded cluster's shard overrides it (its clock)
+        now = int(time.time())
+        last = self._last_ts
+        ts = Timestamp(now, 1) if now > last.time else Timestamp(last.time, last.inc + 1)
+        self._last_ts = ts
+        return ts
 
     # the last wall clock millisecond read and its datetime (kept: many entries share one)
     _wall_ms = -1
     _wall = _EPOCH
 
-    def _next_ts_and_wall(self) -> tuple[Timestamp, datetime.datetime]:
-        """The next entry's `ts` and `wall` (milliseconds), from one reading of the clock."""
+    def _now_wall(self) -> datetime.datetime:
+        """_now_ms(), without building a datetime for each entry of the same millisecond."""
         ms = time.time_ns() // 1_000_000
         if ms != self._wall_ms:
             self._wall_ms, self._wall = ms, _EPOCH + datetime.timedelta(milliseconds=ms)
-        now = ms // 1000
-        last = self._last_ts
-        ts = Timestamp(now, 1) if now > last.time else Timestamp(last.time, last.inc + 1)
-        self._last_ts = ts
-        return ts, self._wall
+        return self._wall
 
     def append_oplog(
         self,
@@ -226,8 +226,8 @@ class OplogWriterMixin(StoreState):
                 inner["isTimeseries"] = True
             self.txn.ops.append(inner)
             return Timestamp(0, len(self.txn.ops) - 1), _now_ms()
-        ts, now = self._next_ts_and_wall()
-        wall = wall or now
+        ts = self._next_ts()
+        wall = wall or self._now_wall()
         entry: dict[str, Any] = {}
         if session is not None:
             entry["lsid"] = session.lsid
