@@ -6,7 +6,8 @@ against `cdcserver serve --data-dir` (durable, `synchronous` as the floor's) and
 transaction per batch, WAL, `synchronous=NORMAL`, both encoded in Python with `bson.encode`.
 
 Scans: `find({u: 5})` over those documents with no index, against the floor of
-`bson.decode_all` over every document of the collection (the raw rows, in this process).
+`bson.decode_all` over every document of the collection (the raw rows, in this process);
+then the same find with an index on `u` (an IXSCAN reading only the 200 matches).
 
 Median of `--rounds` runs. Prints only; not a test.
 `python bench/store.py [--docs N] [--rounds R] [--only writes|scans]`.
@@ -93,8 +94,9 @@ def through_pymongo(uri: str, docs: list[dict[str, Any]]) -> float:
     return elapsed
 
 
-def scan(uri: str, raws: list[bytes]) -> tuple[float, float, int]:
-    """(seconds of find({u: 5}), seconds of bson.decode_all over every document, matches)."""
+def scan(uri: str, raws: list[bytes]) -> tuple[float, float, int, float]:
+    """(seconds of find({u: 5}), seconds of bson.decode_all over every document, matches,
+    seconds of find({u: 5}) with an index on u)."""
     blob = b"".join(raws)
     start = time.perf_counter()
     bson.decode_all(blob)
@@ -105,7 +107,14 @@ def scan(uri: str, raws: list[bytes]) -> tuple[float, float, int]:
         start = time.perf_counter()
         found = list(coll.find({"u": 5}))
         elapsed = time.perf_counter() - start
-    return elapsed, floor, len(found)
+        coll.create_index("u")
+        list(coll.find({"u": 5}))  # warm: builds the index's table
+        start = time.perf_counter()
+        indexed = list(coll.find({"u": 5}))
+        with_index = time.perf_counter() - start
+        assert len(indexed) == len(found)
+        coll.drop_index("u_1")
+    return elapsed, floor, len(found), with_index
 
 
 def main() -> None:
@@ -119,7 +128,7 @@ def main() -> None:
     print(f"{len(docs)} documents of ~{sum(map(len, raws)) / len(raws):.0f} bytes, "
           f"insert_many batches of {BATCH}, median of {args.rounds}")
     times: dict[str, list[float]] = {"raw": [], "durable": [], "memory": [],
-                                     "find": [], "decode": []}
+                                     "find": [], "decode": [], "indexed": []}
     with tempfile.TemporaryDirectory(prefix="cdcserver-bench-") as tmp:
         config = pathlib.Path(tmp, "bench.toml")
         config.write_text('[store]\nsynchronous = "normal"\nnoop_interval_s = 0\n')
@@ -138,10 +147,11 @@ def main() -> None:
                 if args.only != "scans":
                     times["memory"].append(t)
                 if args.only != "writes":
-                    found, floor, n = scan(memory.uri, raws)
+                    found, floor, n, indexed = scan(memory.uri, raws)
                     assert n == sum(1 for d in docs if d["u"] == 5), n
                     times["find"].append(found)
                     times["decode"].append(floor)
+                    times["indexed"].append(indexed)
             finally:
                 memory.stop()
     med = {k: statistics.median(v) for k, v in times.items() if v}
@@ -155,6 +165,8 @@ def main() -> None:
         print(f"bson.decode_all of every document (floor):       {med['decode'] * 1e3:7.1f} ms")
         print(f"find({{u: 5}}), no index:                         {med['find'] * 1e3:7.1f} ms"
               f"   ratio {med['find'] / med['decode']:.2f}")
+        print(f"find({{u: 5}}), index on u:                       {med['indexed'] * 1e3:7.1f} ms"
+              f"   ratio {med['indexed'] / med['decode']:.2f}")
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from cdcserver.commands.write_parsing import GENERIC_ARGUMENTS
 from cdcserver.config import unix_socket_mode
 from cdcserver.context import ConnectionState, Handler, Route, ServerState
 from cdcserver.cursors import ChangeStreamCursor
-from cdcserver.embedded import engine
+from cdcserver.embedded import engine, index_table, query
 from cdcserver.embedded.catalog import Collection
 from cdcserver.embedded.store import Store
 from cdcserver.sources.base import EntryList
@@ -1555,6 +1555,44 @@ def _execution_stages(plan: dict[str, Any], returned: int, examined: int) -> dic
     return stages
 
 
+def _find_index_plan(server: ServerState, db: str, coll: str, inner: Mapping[str, Any],
+                     filter_doc: Any) -> index_table.IndexPlan | None:
+    """The index scan the find reads (commands/queries.py _find_scan plans it the same way):
+    none with a hint, min / max, a collation (the command's or the collection's), `$text`."""
+    store = _store(server)
+    c = store.get(db, coll) if store is not None else None
+    if store is None or c is None or not isinstance(filter_doc, Mapping) or "$text" in filter_doc:
+        return None
+    if any(inner.get(k) is not None for k in ("hint", "min", "max")):
+        return None
+    try:
+        if query.collation_of(inner.get("collation"), c.options.get("collation")) is not None:
+            return None
+    except MongoError:  # the find itself refuses it
+        return None
+    records = store.documents(c)
+    if records is not c.records:
+        return None
+    return index_table.plan(c, records, engine.normalize(dict(filter_doc)))
+
+
+def _index_scan_stats(stages: dict[str, Any], index_plan: index_table.IndexPlan) -> None:
+    """The FETCH over IXSCAN of executionStages with what the scan examined."""
+    while stages.get("stage") != "FETCH" and "inputStage" in stages:
+        stages = stages["inputStage"]
+    scan = stages.get("inputStage")
+    if stages.get("stage") != "FETCH" or not isinstance(scan, dict):
+        return
+    docs, keys = len(index_plan.doc_keys), index_plan.keys_examined
+    stages["docsExamined"] = docs
+    stages["alreadyHasObj"] = 0
+    scan.update({"nReturned": docs, "works": keys + 1, "advanced": docs,
+                 "needTime": max(0, keys - docs), "keysExamined": keys,
+                 "seeks": len(index_plan.intervals),
+                 "dupsTested": keys if index_plan.multikey else 0,
+                 "dupsDropped": keys - docs if index_plan.multikey else 0})
+
+
 def _doc_count(server: ServerState, db: str, coll: str) -> int:
     store = _store(server)
     c = store.get(db, coll) if store is not None else None
@@ -1637,8 +1675,12 @@ async def explain(
         filter_doc = first.get("q", {}) if isinstance(first, Mapping) else {}
     else:
         filter_doc, sort = inner.get("query") or {}, inner.get("sort")
-    plan = _plan(filter_doc, sort, abs(limit), skip,
-                 _partial_index_leaf(server, db, target, filter_doc))
+    leaf = _partial_index_leaf(server, db, target, filter_doc)
+    index_plan = _find_index_plan(server, db, target, inner, filter_doc) if (
+        leaf is None and name == "find") else None
+    if index_plan is not None:
+        leaf = index_plan.winning_plan()
+    plan = _plan(filter_doc, sort, abs(limit), skip, leaf)
     if name == "count":
         plan = {"stage": "COUNT", "inputStage": plan}
     elif name in ("update", "delete", "findAndModify", "findandmodify"):
@@ -1647,15 +1689,19 @@ async def explain(
     reply: dict[str, Any] = {"explainVersion": "1",
                              "queryPlanner": _query_planner(ns, filter_doc, plan)}
     if verbosity != "queryPlanner":
-        examined = _doc_count(server, db, target)
+        examined = (_doc_count(server, db, target) if index_plan is None
+                    else len(index_plan.doc_keys))
         returned = await _returned(server, conn, inner, db) if name != "findAndModify" else 0
+        stages = _execution_stages(plan, returned, examined)
+        if index_plan is not None:
+            _index_scan_stats(stages, index_plan)
         stats = {
             "executionSuccess": True,
             "nReturned": returned,
             "executionTimeMillis": 0,
-            "totalKeysExamined": 0,
+            "totalKeysExamined": 0 if index_plan is None else index_plan.keys_examined,
             "totalDocsExamined": examined,
-            "executionStages": _execution_stages(plan, returned, examined),
+            "executionStages": stages,
         }
         if verbosity == "allPlansExecution":
             stats["allPlansExecution"] = []

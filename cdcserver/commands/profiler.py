@@ -133,6 +133,7 @@ def _insert(store: Store, db: str, doc: dict[str, Any]) -> None:
     key = b"\x00profile" + c.last_record_id.to_bytes(8, "big")
     size = len(bson.encode(doc))
     c.records[key] = doc
+    c.secondary.clear()  # index tables rebuilt when read (index_table.py)
     c.capped_sizes[key] = (doc, size)
     total = sum(s for _, s in c.capped_sizes.values())
     while total > PROFILE_SIZE and len(c.records) > 1:

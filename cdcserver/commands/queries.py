@@ -35,7 +35,7 @@ from cdcserver.commands.transactions import get_store, snapshot_reads
 from cdcserver.commands.writes import _write_out
 from cdcserver.context import ConnectionState, ServerState
 from cdcserver.cursors import QUERY_RESULT, GetMore, HeldHere
-from cdcserver.embedded import engine, query, text_search, timeseries
+from cdcserver.embedded import engine, index_table, query, text_search, timeseries
 from cdcserver.embedded.store import Store
 from cdcserver.scan_deadline import ScanBudget
 from pipeline_stages.errors import MongoError
@@ -230,8 +230,15 @@ def _find_scan(
     applied = None
     if collation is not None:
         applied = query.collation_of(collation[0], c.options.get("collation"), collation[1])
-    docs = list(store.documents(c).values())
-    if hint_args is not None and any(a is not None for a in hint_args):  # hint, min, max
+    hinted = hint_args is not None and any(a is not None for a in hint_args)
+    records = store.documents(c)
+    plan = None
+    if not hinted and text_q is None and applied is None and records is c.records:
+        # not in a transaction's or a snapshot's view: the tables index the working set
+        plan = index_table.plan(c, records, normalized)
+    docs: list[dict[str, Any]] = list(
+        plan.documents(records) if plan is not None else records.values())
+    if hint_args is not None and hinted:  # hint, min, max
         hint, min_doc, max_doc = hint_args
         docs = engine.index_scan(docs, engine.hinted_index(c.indexes, hint, c.ns), hint,
                                  min_doc, max_doc, c.ns)

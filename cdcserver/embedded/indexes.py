@@ -376,6 +376,7 @@ class IndexMixin(StoreState):
 
     def _rebuild_unique(self, c: Collection) -> None:
         c.unique = {}
+        c.secondary.clear()  # documents loaded or put back whole: tables rebuilt when read
         for spec in c.indexes[1:]:
             if spec.get("unique"):
                 self._build_unique(c, spec)

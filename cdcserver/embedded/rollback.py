@@ -57,6 +57,7 @@ def restore_committed(store: StoreState, journal: Journal) -> None:
         raw = persist.document(uuid, key)
         committed = None if raw is None else bson.decode(raw, _DECODE)
         current = c.records.get(key)
+        c.secondary.clear()  # tables rebuilt when read (index_table.py)
         store._apply_edits(store._index_edits(c, current, committed), key)
         if committed is None:
             c.records.pop(key, None)

@@ -96,6 +96,9 @@ class Collection:
     named_seq: int = 0
     # Its documents (the working set: committed ones only), document key -> document in
     # natural order; plain dicts the store owns, read by the query engine.
+    # index name -> its IndexTable, for the indexes a find has read (index_table.py, which
+    # imports this module: not named here)
+    secondary: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     records: OrderedDict[bytes, dict[str, Any]] = field(
         default_factory=OrderedDict, compare=False, repr=False
     )

@@ -19,6 +19,7 @@ import bson
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
+from cdcserver.embedded import index_table
 from cdcserver.embedded.indexes import index_entries
 from cdcserver.embedded.oplog_writer import NULL_OP_TIME, _now_ms, pack_transaction
 from cdcserver.embedded.persist import _DECODE
@@ -367,6 +368,8 @@ class TransactionMixin(StoreState):
                     docs[key] = doc
                     if new_record:
                         docs.move_to_end(key)
+                if c.secondary:
+                    index_table.change(c, key, old, doc, new_record or old is None)
                 if self.persist is not None:
                     if doc is None or (new_record and old is not None):
                         self.persist.delete_document(uuid, key)  # a new record: a new row

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import bson
 
+from cdcserver.embedded import index_table
 from cdcserver.embedded.bson_depth import check_insert_depth, check_update_depth
 from cdcserver.embedded.indexes import DuplicateKeyError
 from cdcserver.embedded.oplog_writer import MAX_BSON
@@ -147,6 +148,8 @@ class WritesMixin(StoreState):
             del docs[key]
         else:
             docs[key] = doc
+        if c.secondary:
+            index_table.change(c, key, pre, doc, new_record=pre is None)
         self._apply_edits(edits, key)
         self._persist_doc(c, key, raw, pre)
 
