@@ -26,7 +26,7 @@ from bson.timestamp import Timestamp
 
 from cdcserver.embedded.persist import CommitFailed
 from cdcserver.embedded.rollback import commit_error, restore_committed
-from cdcserver.embedded.sessions import OpSession, session_key
+from cdcserver.embedded.sessions import OpSession
 from cdcserver.embedded.timeseries import is_viewless
 from cdcserver.embedded.update_diff import modifier_update_diff, pipeline_update_diff
 from pipeline_stages.oplog_entry import decode_entry
@@ -254,7 +254,7 @@ class OplogWriterMixin(StoreState):
             entry["prevOpTime"] = (
                 dict(NULL_OP_TIME) if prev is None else {"ts": prev, "t": _T}
             )
-            key = session_key(session.lsid)
+            key = session.key
             if key not in self._session_undo:  # as it was before this batch (_roll_back)
                 owner = self.sessions.get(key)
                 self._session_undo[key] = (

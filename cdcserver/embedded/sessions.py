@@ -8,6 +8,7 @@ runs transactions is in `transactions.py`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,10 @@ class OpSession:
     lsid: dict[str, Any]
     txn_number: int
     prev_ts: Timestamp | None = None
+
+    @functools.cached_property
+    def key(self) -> bytes:  # session_key(lsid), once: each of its entries needs it
+        return session_key(self.lsid)
 
 
 @dataclass(frozen=True)

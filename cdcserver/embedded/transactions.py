@@ -155,6 +155,8 @@ class TransactionMixin(StoreState):
         transactions waits for the other transaction to end (TxnBlocked)."""
         txn = self._txn()
         creator = c.created_by
+        if txn is None and creator is None and not self._owners:
+            return  # no transaction in progress holds it
         self.check_catalog_for_write(c)
         owner = self._owners.get((c.uuid, key))
         if creator is not None and creator is not txn and creator.state == "in progress":
