@@ -18,6 +18,8 @@ ones RE2 cannot in a worker process when a scan is offloaded).
 from __future__ import annotations
 
 import asyncio
+import datetime
+import math
 import time
 from collections.abc import (
     Awaitable,
@@ -32,6 +34,9 @@ from contextvars import ContextVar, Token
 from typing import Any
 
 import bson
+from bson.decimal128 import Decimal128
+from bson.int64 import Int64
+from bson.objectid import ObjectId
 
 from cdcserver.embedded import engine, regex
 from pipeline_stages import collation, keystring
@@ -143,9 +148,90 @@ def matcher(
 ) -> Callable[[Any], bool]:
     """A predicate for `filter_doc` under `collation` (None: binary comparisons)."""
     if collation is None or not filter_doc:
-        return engine.matcher(filter_doc)
+        general = engine.matcher(filter_doc)  # parse errors as written, before any document
+        return compile_equalities(filter_doc, general) or general
     engine.matcher(filter_doc)  # parse errors as written
     return collation.matcher(filter_doc)
+
+
+# The operand types an equality is compiled for, with the document value types it can equal
+# as the general matcher (mongomock's `doc_val == search`) compares them today, so that both
+# decide alike: numbers across int, long and double, and booleans equal to 0 and 1 as Python
+# has them (mongod keeps booleans apart: a change for the engine, not for this predicate);
+# a Code is no string. Any other value in a document is not equal, but for a Decimal128 and
+# an ObjectId operand's arrays (the general matcher decides those) and an array (its
+# elements, one level down).
+_NUMBER_TYPES = frozenset({int, Int64, float, bool})
+_EQUAL_TYPES: dict[type, frozenset[type]] = {
+    int: _NUMBER_TYPES, Int64: _NUMBER_TYPES, float: _NUMBER_TYPES, bool: _NUMBER_TYPES,
+    str: frozenset({str}), ObjectId: frozenset({ObjectId}),
+    datetime.datetime: frozenset({datetime.datetime}),
+}
+_MISSING: Any = object()
+
+
+def compile_equalities(
+    filter_doc: Mapping[str, Any] | None, general: Callable[[Any], bool],
+) -> Callable[[Any], bool] | None:
+    """A predicate for a filter made only of top-level equalities to scalars (`{u: 5, s:
+    "x"}`), compiled once per query: one dict lookup and one comparison per field, where the
+    general matcher walks the filter for every document. None for any other filter. A
+    document holding a value it does not decide (a Decimal128) is matched by `general`."""
+    if not filter_doc:
+        return None
+    tests: list[tuple[str, Any, frozenset[type]]] = []
+    for path, operand in filter_doc.items():
+        if not isinstance(path, str) or not path or path.startswith("$") or "." in path:
+            return None
+        if isinstance(operand, Mapping) and len(operand) == 1 and "$eq" in operand:
+            operand = operand["$eq"]
+        kinds = _EQUAL_TYPES.get(type(operand))
+        if kinds is None or (type(operand) is float and math.isnan(operand)) or (
+                type(operand) is datetime.datetime and operand.tzinfo is not None):
+            return None  # NaN equals NaN; stored dates are naive (normalize)
+        tests.append((path, operand, kinds))
+
+    def equal(value: Any, operand: Any, kinds: frozenset[type]) -> bool | None:
+        kind = type(value)
+        if kind in kinds:
+            return bool(value == operand)
+        if kind is list:
+            if type(operand) is ObjectId:
+                return None  # mongomock also matches its hex string in an array
+            undecided = False
+            for element in value:
+                inner = type(element)
+                if inner in kinds:
+                    if element == operand:
+                        return True
+                elif inner is Decimal128:
+                    undecided = True
+            return None if undecided else False
+        return None if kind is Decimal128 else False
+
+    if len(tests) == 1:
+        ((path, operand, kinds),) = tests
+
+        def match_one(doc: Mapping[str, Any]) -> bool:
+            value = doc.get(path, _MISSING)
+            kind = type(value)
+            if kind in kinds:
+                return bool(value == operand)
+            found = equal(value, operand, kinds)
+            return general(doc) if found is None else found
+
+        return match_one
+
+    def match_all(doc: Mapping[str, Any]) -> bool:
+        for path, operand, kinds in tests:
+            found = equal(doc.get(path, _MISSING), operand, kinds)
+            if found is None:
+                return general(doc)
+            if not found:
+                return False
+        return True
+
+    return match_all
 
 
 def find(
