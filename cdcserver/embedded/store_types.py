@@ -11,7 +11,6 @@ re-export them, as before) and no import circle runs through state.py.
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -96,6 +95,7 @@ class Collection:
     named_seq: int = 0
     # Its documents (the working set: committed ones only), document key -> document in
     # natural order; plain dicts the store owns, read by the query engine.
+    _ui: tuple[bytes, Binary] | None = field(default=None, init=False, compare=False, repr=False)
     # index name -> its IndexTable, for the indexes a find has read (index_table.py, which
     # imports this module: not named here)
     secondary: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -114,9 +114,14 @@ class Collection:
     def ns(self) -> str:
         return f"{self.db}.{self.name}"
 
-    @functools.cached_property
-    def ui(self) -> Binary:  # once: every entry the collection logs carries it
-        return Binary(self.uuid, 4)
+    @property
+    def ui(self) -> Binary:
+        # built once per uuid (every entry the collection logs carries it; a shard gives a new
+        # collection the sharded collection's uuid after its create)
+        cached = self._ui
+        if cached is None or cached[0] is not self.uuid:
+            cached = self._ui = (self.uuid, Binary(self.uuid, 4))
+        return cached[1]
 
     @property
     def pre_images(self) -> bool:
