@@ -14,6 +14,7 @@ import bisect
 import contextlib
 import datetime
 import logging
+import struct
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 import bson
 from bson.binary import Binary
 from bson.int64 import Int64
-from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 from cdcserver.embedded.persist import CommitFailed
@@ -53,6 +53,23 @@ def _now_ms() -> datetime.datetime:
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _T = Int64(1)  # the term of every entry (immutable: shared)
 _V = Int64(2)
+
+
+_INT32 = struct.Struct("<i")
+
+
+def _entry_head(op: str, ns: str, ui: Binary | None, session: OpSession | None
+                ) -> dict[str, Any]:
+    """An entry's fields before `o`, in mongod's order."""
+    head: dict[str, Any] = {}
+    if session is not None:
+        head["lsid"] = session.lsid
+        head["txnNumber"] = Int64(session.txn_number)
+    head["op"] = op
+    head["ns"] = ns
+    if ui is not None:
+        head["ui"] = ui
+    return head
 
 
 class OplogWriterMixin(StoreState):
@@ -228,30 +245,22 @@ class OplogWriterMixin(StoreState):
             return Timestamp(0, len(self.txn.ops) - 1), _now_ms()
         ts = self._next_ts()
         wall = wall or self._now_wall()
-        entry: dict[str, Any] = {}
-        if session is not None:
-            entry["lsid"] = session.lsid
-            entry["txnNumber"] = Int64(session.txn_number)
-        entry["op"] = op
-        entry["ns"] = ns
-        if ui is not None:
-            entry["ui"] = ui
-        entry["o"] = o if o_raw is None else RawBSONDocument(o_raw)
+        tail: dict[str, Any] = {}  # the fields after `o`
         if o2 is not None:
-            entry["o2"] = o2
+            tail["o2"] = o2
         if marked:
-            entry["isTimeseries"] = True
+            tail["isTimeseries"] = True
         if needs_retry_image is not None:
-            entry["needsRetryImage"] = needs_retry_image
+            tail["needsRetryImage"] = needs_retry_image
         if session is not None and stmt_id is not None:
-            entry["stmtId"] = stmt_id
-        entry["ts"] = ts
-        entry["t"] = _T
-        entry["v"] = _V
-        entry["wall"] = wall
+            tail["stmtId"] = stmt_id
+        tail["ts"] = ts
+        tail["t"] = _T
+        tail["v"] = _V
+        tail["wall"] = wall
         if session is not None:
             prev = session.prev_ts
-            entry["prevOpTime"] = (
+            tail["prevOpTime"] = (
                 dict(NULL_OP_TIME) if prev is None else {"ts": prev, "t": _T}
             )
             key = session.key
@@ -268,11 +277,43 @@ class OplogWriterMixin(StoreState):
                 "_id": session.lsid, "txnNum": Int64(session.txn_number),
                 "lastWriteOpTime": {"ts": ts, "t": _T}, "lastWriteDate": wall,
             }
-        raw = bson.encode(entry)
+        if o_raw is None:
+            entry = _entry_head(op, ns, ui, session)
+            entry["o"] = o
+            entry.update(tail)
+            raw = bson.encode(entry)
+        else:
+            # the bytes bson.encode gives for the whole entry, `o` spliced in as it is: the
+            # fields before it encoded once for a command's run of entries, those after it
+            # encoded alone
+            head = self._head_elements(op, ns, ui, session)
+            after = bson.encode(tail)
+            raw = b"".join((_INT32.pack(len(head) + len(o_raw) + len(after) + 3), head,
+                            b"\x03o\x00", o_raw, after[4:-1], b"\x00"))
         self._pending.append((ts, raw))
         if self.persist is not None:
             self.persist.append_oplog(ts, raw)
         return ts, wall
+
+    # (op, ns, ui, lsid, txnNumber, BSON elements) of the last entry head encoded; ui and the
+    # lsid are held, so the identities compared are never another object's
+    _head: tuple[Any, ...] = ()
+
+    def _head_elements(self, op: str, ns: str, ui: Binary | None,
+                       session: OpSession | None) -> bytes:
+        """The BSON elements of an entry's fields before `o` (lsid, txnNumber, op, ns, ui)."""
+        lsid = session.lsid if session is not None else None
+        number = session.txn_number if session is not None else None
+        last = self._head
+        # identity for ui (Collection.ui is built once) and lsid: cheap, and a miss only
+        # encodes the head again
+        if last and last[3] is lsid and last[2] is ui and last[0] == op and last[1] == ns and (
+                last[4] == number):
+            elements: bytes = last[5]
+            return elements
+        elements = bson.encode(_entry_head(op, ns, ui, session))[4:-1]
+        self._head = (op, ns, ui, lsid, number, elements)
+        return elements
 
     def oplog_entries(self) -> list[bytes]:
         return list(self._raw)
