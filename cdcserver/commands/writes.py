@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import Token
@@ -18,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import bson
-from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
@@ -243,19 +243,16 @@ def prepare_insert(doc: Any) -> dict[str, Any]:
 
 # An empty Timestamp's 8 value bytes: what normalize() replaces (by the current time).
 _EMPTY_TIMESTAMP = bytes(8)
-# How the engine holds datetimes (naive UTC, milliseconds), decoded so in C.
-_NAIVE: CodecOptions[dict[str, Any]] = CodecOptions(
-    tz_aware=False, datetime_conversion=DatetimeConversion.DATETIME_AUTO
-)
 
 
 def prepare_decoded_insert(doc: Any) -> tuple[dict[str, Any], bytes]:
     """prepare_insert of a document the wire decoded, with its BSON. Of what the decoder makes
     (no tuple, no OrderedDict), normalize() changes only datetimes (the wire's are tz-aware)
     and empty Timestamps, and copies every value on the way (the per-document cost the raw
-    SQLite floor does not have): here a document whose bytes may hold a date (a 0x09 byte)
-    is decoded again from them with naive datetimes, and only one that may hold an empty
-    Timestamp (a 0x11 byte and eight zero bytes) goes through normalize()."""
+    SQLite floor does not have): here only a document whose bytes may hold an empty
+    Timestamp (a 0x11 byte and eight zero bytes) goes through normalize(), and only one that
+    may hold a date (a 0x09 byte) is walked for its datetimes, copying just the containers
+    on their way (the bytes stay: a date encodes the same naive or aware)."""
     if type(doc) is not dict:
         prepared = prepare_insert(doc)
         return prepared, bson.encode(prepared)
@@ -265,10 +262,40 @@ def prepare_decoded_insert(doc: Any) -> tuple[dict[str, Any], bytes]:
         prepared = engine.normalize(prepared)
         return prepared, bson.encode(prepared)
     if b"\x09" in raw:
-        prepared = bson.decode(raw, _NAIVE)
+        prepared = _normalized_dates(prepared)
     return prepared, raw
 
 
+def _normalized_dates(value: Any) -> Any:
+    """`value` (decoded BSON) with each datetime as normalize() makes it: the same object where
+    it holds none, else a copy of the dicts and lists on the way to one."""
+    kind = type(value)
+    if kind is dict:
+        out: Any = None
+        for k, v in value.items():
+            if type(v) in _WALKED:
+                new = _normalized_dates(v)
+                if new is not v:
+                    if out is None:
+                        out = dict(value)
+                    out[k] = new
+        return value if out is None else out
+    if kind is list:
+        out = None
+        for i, v in enumerate(value):
+            if type(v) in _WALKED:
+                new = _normalized_dates(v)
+                if new is not v:
+                    if out is None:
+                        out = list(value)
+                    out[i] = new
+        return value if out is None else out
+    if kind is datetime.datetime:
+        return engine.normalize(value)
+    return value
+
+
+_WALKED = frozenset({dict, list, datetime.datetime})
 _PLAIN_IDS = frozenset({int, str, float, ObjectId, Int64})
 
 

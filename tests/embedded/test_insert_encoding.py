@@ -54,14 +54,51 @@ def test_dates_and_empty_timestamps_still_normalized(cdcserver_embedded: Embedde
             {"_id": 1, "d": datetime.datetime(2024, 5, 1, 12, 0, 0, 123456, tzinfo=tz)},
             {"_id": 2, "t": Timestamp(0, 0), "in": {"t": Timestamp(0, 0)}},
             {"_id": 3, "zeros": bson.Int64(0), "f": 0.0},  # eight zero bytes, no timestamp
+            {"_id": 4, "n": {"a": [1, {"d": datetime.datetime(2024, 1, 2, tzinfo=tz)}]},
+             "same": {"x": [1, 2]}, "s": "\t"},
         ])
         d = coll.find_one({"_id": 1})["d"]
         assert d == datetime.datetime(2024, 5, 1, 10, 0, 0, 123000, tzinfo=datetime.UTC)
         two = coll.find_one({"_id": 2})
         assert two["t"] != Timestamp(0, 0) and two["in"]["t"] != Timestamp(0, 0)
         assert coll.find_one({"_id": 3}) == {"_id": 3, "zeros": 0, "f": 0.0}
-        # the stored dates are naive UTC, as the engine compares them
+        # the stored dates are naive UTC, as the engine compares them, nested ones too
         stored = server.call(lambda: list(server.store.get("enc", "c").records.values()))
         assert stored[0]["d"].tzinfo is None
+        assert stored[3]["n"]["a"][1]["d"] == datetime.datetime(2024, 1, 1, 22)
+        assert coll.count_documents({"n.a.d": {"$lt": datetime.datetime(2024, 1, 1, 23)}}) == 1
         for doc in stored:
             assert _inserted_o(server, doc["_id"]) == bson.encode(doc)
+
+
+def test_entries_spliced_as_encoding_them_whole(cdcserver_embedded: EmbeddedServer) -> None:
+    """An insert's entry is built from its head's bytes (kept while the namespace and session
+    are the same), the document's and its tail's: byte for byte what encoding it whole gives,
+    across sessions, namespaces and commands that interleave."""
+    server = cdcserver_embedded
+    with server.client() as retryable, server.client(retryWrites=False) as plain:
+        for round_ in range(2):
+            for tag, client in (("", retryable), ("p", plain)):
+                for name in ("a", "b"):
+                    client.enc[name].insert_many(
+                        [{"_id": f"{tag}{round_}{name}{i}", "n": i} for i in range(3)])
+                    client.enc[name].insert_one({"_id": f"{tag}{round_}{name}-one"})
+            with retryable.start_session() as s:
+                retryable.enc.a.insert_many([{"_id": f"{round_}s{i}"} for i in range(2)],
+                                            session=s)
+    inserts = [bson.decode(raw) for raw in server.call(server.store.oplog_entries)
+               if bson.decode(raw)["op"] == "i"]
+    assert len(inserts) == 2 * (2 * 2 * 4 + 2)
+    for raw in server.call(server.store.oplog_entries):
+        assert bson.encode(bson.decode(raw)) == raw
+    orders = {tuple(e) for e in inserts}
+    assert orders == {
+        ("lsid", "txnNumber", "op", "ns", "ui", "o", "o2", "stmtId", "ts", "t", "v", "wall",
+         "prevOpTime"),
+        ("op", "ns", "ui", "o", "o2", "ts", "t", "v", "wall"),
+    }
+    by_id = {e["o"]["_id"]: e for e in inserts}
+    assert by_id["0a1"]["ns"] == "enc.a" and by_id["0b1"]["ns"] == "enc.b"
+    assert "lsid" not in by_id["p0a1"] and by_id["p1b1"]["ns"] == "enc.b"
+    assert by_id["0a1"]["stmtId"] == 1 and by_id["0a1"]["txnNumber"] != by_id["1a1"][
+        "txnNumber"]
