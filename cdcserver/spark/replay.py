@@ -662,7 +662,7 @@ def _verify(shard: _Shard) -> tuple[set[int], str | None]:
             first_ts = meta["first_ts"]
             if first_ts is not None and prev_ts is not None and first_ts <= prev_ts:
                 if split.is_json:
-                    where = f"{split.path}: line {lines_before + meta['first_line']}"
+                    where = f"{split.path}:{lines_before + meta['first_line']}"
                 else:
                     where = f"{split.path}: byte offset {first}"
                 return broken, (

@@ -337,7 +337,7 @@ def iter_split(
             text = raw_line.strip()
             if not text:
                 continue
-            where = f"{path}: line {LINE_MARK}"
+            where = f"{path}:{LINE_MARK}"  # file:line, as the single-machine reader says it
             try:
                 doc = json_util.loads(text, json_options=_CANONICAL)
             except ValueError as exc:
