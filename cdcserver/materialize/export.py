@@ -26,12 +26,7 @@ from bson.timestamp import Timestamp
 from cdcserver.embedded.persist import DataDirError
 from cdcserver.materialize.store import FILE_NAME, CopyStore
 from cdcserver.sources.mongo_common import next_ts
-from cdcserver.sources.retained import (
-    ARCHIVE_EXPORT,
-    archive_retain_dir,
-    open_read_only,
-    parse_since,
-)
+from cdcserver.sources.retained import open_read_only, run_archive_export
 
 
 def _write(path: str, chunks: Iterable[bytes]) -> int:
@@ -94,26 +89,10 @@ def _int(ts: Timestamp) -> int:
 
 def cmd_snapshot_export(args: Any) -> int:
     """`cdcserver archive export --snapshot [TIME] --out DIR`: export_snapshot, one line."""
-    import sys
 
-    prog = ARCHIVE_EXPORT
-    retain_dir = archive_retain_dir(args)
-    if retain_dir is None:
-        return 2
-    try:
-        at = None if args.snapshot == "latest" else parse_since(args.snapshot)
-    except Exception as exc:  # noqa: BLE001 - any unparsable value: one line
-        print(f"{prog}: --snapshot {args.snapshot!r} is neither a resume token nor a time "
-              f"({exc})", file=sys.stderr)
-        return 2
-    try:
+    def export(retain_dir: str, at: Timestamp | None) -> str:
         t, counts, n = export_snapshot(retain_dir, args.out, at)
-    except DataDirError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"{prog}: cannot write --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    print(f"{args.out}: the copy at {t}: {sum(counts.values())} documents in {len(counts)} "
-          f"collections, then {n} oplog entries after it", file=sys.stderr)
-    return 0
+        return (f"{args.out}: the copy at {t}: {sum(counts.values())} documents in "
+                f"{len(counts)} collections, then {n} oplog entries after it")
+
+    return run_archive_export(args, "--snapshot", export)

@@ -550,32 +550,48 @@ def archive_retain_dir(args: Any) -> str | None:
     return retain_dir
 
 
-def cmd_archive_export(args: Any) -> int:
+def run_archive_export(
+    args: Any, flag: str, export: Callable[[str, Timestamp | None], str]
+) -> int:
+    """An `archive export` action: the retained log's directory and `flag`'s time (None for
+    "latest") to `export(retain_dir, time)`, which writes under `--out` and returns the line to
+    print; errors as one line (2: the input, 1: writing)."""
     import sys
 
-    prog = ARCHIVE_EXPORT
     retain_dir = archive_retain_dir(args)
     if retain_dir is None:
         return 2
+    value = getattr(args, flag.removeprefix("--"))
     try:
-        since = parse_since(args.since)
+        at = None if value == "latest" else parse_since(value)
     except Exception as exc:  # noqa: BLE001 - any unparsable value: one line
-        print(f"{prog}: --since {args.since!r} is neither a resume token nor a time ({exc})",
+        print(f"{ARCHIVE_EXPORT}: {flag} {value!r} is neither a resume token nor a time ({exc})",
               file=sys.stderr)
         return 2
     try:
-        path, n = export_oplog(retain_dir, since, args.out)
+        line = export(retain_dir, at)
     except DataDirError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+        print(f"{ARCHIVE_EXPORT}: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"{prog}: cannot write --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"{ARCHIVE_EXPORT}: cannot write --out {args.out}: {exc.strerror or exc}",
+              file=sys.stderr)
         return 1
-    print(f"{path}: {n} entries from {since}", file=sys.stderr)
+    print(line, file=sys.stderr)
     return 0
+
+
+def cmd_archive_export(args: Any) -> int:
+    def export(retain_dir: str, since: Timestamp | None) -> str:
+        assert since is not None  # --since has no "latest"
+        path, n = export_oplog(retain_dir, since, args.out)
+        return f"{path}: {n} entries from {since}"
+
+    return run_archive_export(args, "--since", export)
 
 
 __all__ = [
     "RetainedLog", "RetainedWriteError", "export_oplog", "open_read_only", "parse_since",
     "pre_image_ids", "pre_image_key", "cmd_archive_export", "archive_retain_dir",
+    "run_archive_export",
 ]
