@@ -23,6 +23,11 @@ Exposed names (all `cdcserver_`):
 - `upstream_retained_entries`, `upstream_retained_bytes`,
   `upstream_retained_oldest_timestamp_seconds`, `upstream_retained_beyond_upstream_seconds`,
   `upstream_retained_write_errors_total`, `upstream_retained_failing` (with `upstream.retain_dir`)
+- `materialized_ready`, `materialized_applied_timestamp_seconds`,
+  `materialized_consistent_timestamp_seconds`, `materialized_lag_seconds`,
+  `materialized_versions`, `materialized_version_bytes`, `materialized_resyncs_total`,
+  `materialized_failures_total`, `materialized_images_served_total` (with
+  `upstream.materialize`; `{shard="<name>"}` on a sidecar of a sharded cluster)
 - `source_failed` (1 once a followed file met an entry it cannot serve)
 - `shutting_down`, `requests_in_flight`
 
@@ -210,6 +215,66 @@ class StateCollector(Collector):
             retained = st.get("retained")
             if retained is not None:  # the durable log (upstream.retain_dir)
                 yield from _retained_metrics(retained, st.get("upstreamOldest"))
+        yield from _materialized_metrics(source)
+
+
+def _materialized_metrics(source: Any) -> Iterator[Metric]:
+    """`upstream.materialize`: the copy's state (a sidecar of a sharded cluster has one per
+    shard, labelled with the shard's name)."""
+    copies: dict[str, Any] = dict(getattr(source, "copies", None) or {})
+    sharded = bool(copies)
+    if not sharded:
+        copy = getattr(getattr(source, "images", None), "copy", None)
+        if copy is None:
+            return
+        copies = {"": copy}
+    labels = ["shard"] if sharded else []
+    families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+        "ready": GaugeMetricFamily(
+            "cdcserver_materialized_ready",
+            "1 while the materialized copy is consistent and applying", labels=labels),
+        "applied": GaugeMetricFamily(
+            "cdcserver_materialized_applied_timestamp_seconds",
+            "Time of the newest entry the copy applied (0: none)", labels=labels),
+        "consistent": GaugeMetricFamily(
+            "cdcserver_materialized_consistent_timestamp_seconds",
+            "Time from which the copy answers images and snapshot reads (0: not yet)",
+            labels=labels),
+        "lag": GaugeMetricFamily(
+            "cdcserver_materialized_lag_seconds",
+            "Seconds between the newest retained entry and the newest the copy applied",
+            labels=labels),
+        "versions": GaugeMetricFamily(
+            "cdcserver_materialized_versions", "Document versions the copy keeps",
+            labels=labels),
+        "bytes": GaugeMetricFamily(
+            "cdcserver_materialized_version_bytes", "Bytes of the versions the copy keeps",
+            labels=labels),
+        "resyncs": CounterMetricFamily(
+            "cdcserver_materialized_resyncs",
+            "Times the copy was thrown away and synced again", labels=labels),
+        "failures": CounterMetricFamily(
+            "cdcserver_materialized_failures",
+            "Initial syncs or apply passes that failed and were retried", labels=labels),
+        "images": CounterMetricFamily(
+            "cdcserver_materialized_images_served",
+            "Pre-images answered from the copy (no upstream read)", labels=labels),
+    }
+    for name, copy in sorted(copies.items()):
+        st = copy.status()
+        at = [name] if sharded else []
+        applied, consistent = st["appliedThrough"], st["consistentAt"]
+        families["ready"].add_metric(at, 1.0 if st["state"] == "ready" else 0.0)
+        families["applied"].add_metric(at, 0.0 if applied is None else float(applied.time))
+        families["consistent"].add_metric(
+            at, 0.0 if consistent is None else float(consistent.time))
+        families["lag"].add_metric(at, st["lagSeconds"])
+        families["versions"].add_metric(at, st["versions"])
+        families["bytes"].add_metric(at, st["versionBytes"])
+        families["resyncs"].add_metric(at, st["resyncs"])
+        families["failures"].add_metric(at, st["failures"])
+        families["images"].add_metric(at, st["imagesServed"])
+    yield from families.values()
 
 
 def _retained_metrics(retained: dict[str, Any], upstream_oldest: Any) -> Iterator[Metric]:

@@ -42,6 +42,7 @@ from cdcserver.cursors import ChangeStreamCursor
 from cdcserver.embedded import engine, index_table, query
 from cdcserver.embedded.catalog import Collection
 from cdcserver.embedded.store import Store
+from cdcserver.materialize.protocol import insert_section, status_section
 from cdcserver.sources.base import EntryList
 from cdcserver.sources.mongo import UpstreamOplog
 from pipeline_stages.errors import MongoError
@@ -776,6 +777,9 @@ async def server_status(
             "backupCursorOpen": False,
         },
     }
+    copy = server.oplog.images.copy if isinstance(server.oplog, UpstreamOplog) else None
+    if copy is not None:  # a sidecar's materialized copy (cdcserver/materialize/)
+        reply = insert_section(reply, "materialized", status_section(copy.status()))
     # {serverStatus: 1, repl: 0, ...}: a section given as 0 / false is left out.
     for key, value in cmd.items():
         if key in reply and key not in ("host", "version", "process", "pid", "uptime",

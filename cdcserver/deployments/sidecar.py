@@ -33,6 +33,7 @@ SIDECAR = CommandTable(
         "ping": sidecar._ping,
         "configureFailPoint": failpoints.configure_fail_point,
         "aggregate": sidecar._aggregate,
+        "serverStatus": sidecar._server_status,  # the mongos's, with the shards' copies
         # Every cursor's: a merged stream here, the mongos's forwarded to it.
         "getMore": cursors.get_more,
         "killCursors": cursors.kill_cursors,

@@ -116,11 +116,21 @@ class Materializer:
     # -- what others ask ------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
+        """serverStatus's `materialized` section and the metrics (commands/admin.py,
+        metrics.py): `lagSeconds` is how far the copy is behind the newest retained entry (the
+        tail's own lag is the retained log's)."""
+        retained = self.source.retained
+        newest = None if retained is None else retained.last_ts()
+        lag = 0.0
+        if newest is not None and (self.applied is None or self.applied < newest):
+            lag = float(newest.time - (self.applied.time if self.applied is not None
+                                       else (self.t0 or newest).time))
         return {
             "state": self.state, "patterns": list(self.patterns.patterns),
             "consistentAt": self.consistent, "appliedThrough": self.applied,
+            "retainedThrough": newest, "lagSeconds": max(0.0, lag),
             "resyncs": self.resyncs, "failures": self.failures,
-            "imagesServed": self.images_served,
+            "imagesServed": self.images_served, "clonedDocuments": self.cloned_documents,
             **self.store.stats(),
         }
 

@@ -40,12 +40,16 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
+import bson
+from bson.codec_options import CodecOptions
+from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 from cdcserver.commands.stream_namespace import refusal, stream_collection, upstream_kind
 from cdcserver.context import ConnectionState, ServerState
 from cdcserver.deployment import server_state
 from cdcserver.deployments.upstream import UpstreamDeployment
+from cdcserver.materialize.protocol import insert_section, status_section
 from cdcserver.materialize.sync import Materializer
 from cdcserver.sharding.sidecar_nudge import NUDGE_NOTE, Demand, PromiseReads
 from cdcserver.sharding.sidecar_tail import ShardTail, SidecarShard, heard_cluster_time, next_ts
@@ -67,6 +71,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+_DECODE: CodecOptions[dict[str, Any]] = CodecOptions(tz_aware=True)  # dates as they came
 
 # How long a shard's tail may be lost before the merged streams fail (a failover's election
 # stays under it; a shard that is gone does not hold streams silently).
@@ -347,6 +352,23 @@ async def _forward(
     # The mongos's RawBSONDocument, which registry.run_command passes on as it came (as
     # proxy.forward_command's): the shared Handler type says dict.
     return cast("dict[str, Any]", reply)
+
+
+async def _server_status(
+    server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
+) -> dict[str, Any]:
+    """The mongos's serverStatus, with the shards' materialized copies as a `materialized`
+    section (`{shards: {<name>: <the copy's status>}}`) when there are any."""
+    reply = await _forward(server, conn, cmd, db)
+    copies = _upstream(server).copies
+    if not copies or not reply.get("ok"):
+        return reply
+    section = {"shards": {name: status_section(copy.status())
+                          for name, copy in sorted(copies.items())}}
+    decoded = bson.decode(bson.encode(reply), _DECODE)
+    # Passed on whole as the forwarded reply is (its $clusterTime and operationTime included).
+    return cast("dict[str, Any]", RawBSONDocument(
+        bson.encode(insert_section(decoded, "materialized", section))))
 
 
 async def _aggregate(

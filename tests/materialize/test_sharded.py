@@ -87,3 +87,27 @@ def test_images_on_a_disabled_collection_come_from_each_shards_copy(world):
     served = world["side_server"].call(
         lambda: [c.images_served for c in world["side_server"].upstream.copies.values()])
     assert all(n > 0 for n in served), served  # both shards' copies answered
+
+
+def test_server_status_and_metrics_show_each_shards_copy(world):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from cdcserver.metrics import Metrics
+
+    side = world["side_server"]
+    with MongoClient(side.uri) as client:
+        reply = client.admin.command("serverStatus")
+    assert reply["process"] == "mongos"  # the mongos's own, with the copies added
+    keys = list(reply)
+    assert keys.index("localTime") < keys.index("materialized") < keys.index("ok")
+    section = reply["materialized"]["shards"]
+    names = side.call(lambda: sorted(side.upstream.copies))
+    assert sorted(section) == names and len(names) == 2
+    for name in names:
+        assert section[name]["state"] == "ready"
+        assert section[name]["imagesServed"] > 0
+        assert section[name]["versions"] > 0
+    text = side.call(lambda: Metrics(side.state).exposition()).decode()
+    served = {s.labels["shard"]: s.value for f in text_string_to_metric_families(text)
+              for s in f.samples if s.name == "cdcserver_materialized_images_served_total"}
+    assert served == {name: float(section[name]["imagesServed"]) for name in names}
