@@ -189,13 +189,15 @@ class Ddl:
     to_db: str = ""  # rename: the new name
     to_coll: str = ""
     drop_target: bytes | None = None  # rename onto an existing collection: its UUID
+    collation: bytes | None = None  # create: the collection's default collation (BSON)
 
 
 def ddl_of(op: Op) -> Ddl:
     db = op.ns.partition(".")[0]
     o = op.o
     if "create" in o:
-        return Ddl("create", db, str(o["create"]), op.uuid)
+        return Ddl("create", db, str(o["create"]), op.uuid,
+                   collation=collation_bson(o.get("collation")))
     if "drop" in o:
         return Ddl("drop", db, str(o["drop"]), op.uuid)
     if "renameCollection" in o:
@@ -211,3 +213,11 @@ def ops_in_order(entries: Iterator[Entry], txns: Transactions) -> Iterator[tuple
     """Each entry with the operations it applies at its `ts`."""
     for entry in entries:
         yield entry, txns.feed(entry)
+
+
+def collation_bson(spec: Any) -> bytes | None:
+    """A collection's default collation as the copy keeps it (None: simple, as mongod leaves
+    the field out for `{locale: "simple"}`)."""
+    if not isinstance(spec, Mapping) or spec.get("locale") in (None, "simple"):
+        return None
+    return bson.encode(dict(spec.items()))

@@ -16,12 +16,21 @@ of the sidecar read the copy as it was at that time, for any time from its consi
   MaxTimeMSExpired); later than the cluster time: 72, as mongod refuses it.
 
 Everything else (another read concern, a transaction, a namespace not materialized) goes to
-the upstream as before. The documents come in `_id` order (the copy's key order) where mongod
-gives its record order; filters, sorts, projections, pipelines and collations run on the
-embedded store's query engine (the copy keeps no collection options: a collection's default
-collation is not applied). A read holds its result in memory, as the embedded store's does.
-Stages that read other collections (`$lookup`, `$graphLookup`, `$unionWith`) or write (`$out`,
-`$merge`) are refused here.
+the upstream as before. As mongod reads:
+
+* documents come in the collection's natural order, mongod's record order (the copy numbers
+  records as they come in: the clone in the upstream's natural order, then each insert of a
+  document that was not there; updates and replacements keep theirs);
+* the collection's default collation applies when the command gives none (to the filter, the
+  sort, `distinct`, and an aggregate's leading `$match`, as the embedded store applies it);
+* `$lookup` / `$graphLookup` (also in sub-pipelines) and a top-level `$unionWith` read the
+  other collection from the copy at the same time, as mongod allows in a snapshot read; the
+  collection must be materialized too (else InvalidOptions, 72: the copy has nothing else);
+* `$out` / `$merge` are refused with InvalidOptions (72).
+
+Filters, sorts, projections and pipelines run on the embedded store's query engine. A read
+holds its result in memory, as the embedded store's does. A sidecar of a sharded cluster
+sends its snapshot reads to the mongos (each shard's copy answers images only).
 """
 
 from __future__ import annotations
@@ -47,7 +56,6 @@ from pipeline_stages.spec import is_change_stream_aggregate
 _DECODE: CodecOptions[dict[str, Any]] = CodecOptions(tz_aware=False)
 _ZERO_SIGNATURE = {"hash": Binary(bytes(20), 0), "keyId": Int64(0)}
 WAIT_S = 10.0  # a read at a time the copy has not applied yet waits this long by default
-_OTHER_COLLECTIONS = frozenset({"$lookup", "$graphLookup", "$unionWith", "$out", "$merge"})
 
 
 def materializer_of(server: ServerState) -> Materializer | None:
@@ -118,10 +126,101 @@ async def read_time(server: ServerState, copy: Materializer, cmd: Mapping[str, A
 
 
 def documents_at(copy: Materializer, db: str, coll: str, at: Timestamp) -> list[dict[str, Any]]:
+    """db.coll's documents at `at` in mongod's natural (record) order."""
     cid = copy.store.collection_at(db, coll, at)
     if cid is None:
         return []
-    return [bson.decode(raw, _DECODE) for raw in copy.store.documents_at(cid, at)]
+    return [bson.decode(raw, _DECODE) for raw in copy.store.records_at(cid, at)]
+
+
+def default_collation(copy: Materializer, db: str, coll: str, at: Timestamp) -> Any:
+    """db.coll's default collation at `at` (None: simple), as collation_of takes it."""
+    cid = copy.store.collection_at(db, coll, at)
+    raw = None if cid is None else copy.store.collation(cid)
+    return None if raw is None else bson.decode(raw, _DECODE)
+
+
+def _other_collections(pipeline: list[Any]) -> list[tuple[str, Any]]:
+    """(stage, collection) for every stage of `pipeline` (and of its sub-pipelines) that reads
+    another collection or writes one."""
+    out: list[tuple[str, Any]] = []
+    for stage in pipeline:
+        if not isinstance(stage, Mapping) or not stage:
+            continue
+        name, arg = next(iter(stage.items()))
+        if name in ("$out", "$merge"):
+            out.append((name, None))
+        elif name in ("$lookup", "$graphLookup") and isinstance(arg, Mapping):
+            out.append((name, arg.get("from")))
+            if isinstance(arg.get("pipeline"), list):
+                out.extend(_other_collections(arg["pipeline"]))
+        elif name == "$unionWith":
+            coll = arg if isinstance(arg, str) else (
+                arg.get("coll") if isinstance(arg, Mapping) else None)
+            out.append((name, coll))
+            if isinstance(arg, Mapping) and isinstance(arg.get("pipeline"), list):
+                out.extend(_other_collections(arg["pipeline"]))
+        elif name == "$facet" and isinstance(arg, Mapping):
+            for sub in arg.values():
+                if isinstance(sub, list):
+                    out.extend(_other_collections(sub))
+    return out
+
+
+def check_other_collections(copy: Materializer, db: str, pipeline: list[Any]) -> None:
+    """`$out` / `$merge` are refused as mongod refuses them in a snapshot read (InvalidOptions);
+    `$lookup` / `$graphLookup` / `$unionWith` read the copy at the same time, so the
+    collection they name must be materialized too."""
+    for name, coll in _other_collections(pipeline):
+        if name in ("$out", "$merge"):
+            raise MongoError(72, f"{name} cannot be used with a 'snapshot' read concern level")
+        if isinstance(coll, str) and not copy.patterns.matches(db, coll):
+            raise MongoError(72, f"{name} reads {db}.{coll}, which the sidecar does not "
+                             "materialize: a snapshot read of its copy can only read "
+                             "materialized collections")
+
+
+async def run_pipeline(copy: Materializer, db: str, docs: list[Any], stages: list[Any],
+                       at: Timestamp, collation: Any, deadline: query.Deadline) -> list[Any]:
+    """`stages` over `docs`, the other collections read at `at`: `$lookup` / `$graphLookup`
+    through the engine's Database, a top-level `$unionWith` here (the engine has none)."""
+    cache: dict[str, dict[bytes, Any]] = {}
+
+    def resolve(name: str) -> dict[bytes, Any] | None:
+        if not copy.patterns.matches(db, name):
+            return None
+        if name not in cache:
+            cache[name] = {str(i).encode(): d
+                           for i, d in enumerate(documents_at(copy, db, name, at))}
+        return cache[name]
+
+    database = engine.query_database(db, resolve)
+    current = docs
+    start = 0
+    for i, stage in enumerate([*stages, None]):
+        union = isinstance(stage, Mapping) and next(iter(stage), "") == "$unionWith"
+        if stage is not None and not union:
+            continue
+        out: list[Any] = []
+        with crud_common.engine_errors():
+            await query.run_async(query.pipeline(current, database, stages[start:i], out,
+                                                  collation), deadline)
+        current = out
+        start = i + 1
+        if union:
+            assert isinstance(stage, Mapping)
+            arg = stage["$unionWith"]
+            coll = arg if isinstance(arg, str) else (
+                arg.get("coll") if isinstance(arg, Mapping) else None)
+            sub = arg.get("pipeline", []) if isinstance(arg, Mapping) else []
+            if not isinstance(coll, str) or not isinstance(sub, list):
+                raise MongoError(40414 if coll is None else 14,
+                                 "BSON field '$unionWith.coll' is missing but a required field"
+                                 if coll is None else "$unionWith: 'coll' must be a string "
+                                 "and 'pipeline' an array")
+            current = current + await run_pipeline(
+                copy, db, documents_at(copy, db, coll, at), sub, at, collation, deadline)
+    return current
 
 
 def _reply(server: ServerState, reply: dict[str, Any], at: Timestamp) -> dict[str, Any]:
@@ -157,7 +256,8 @@ async def snapshot_find(
         assert fields is not None
         return engine.project(doc, fields)
 
-    collation = query.collation_of(cmd.get("collation"), None, "find")
+    collation = query.collation_of(cmd.get("collation"),
+                                   default_collation(copy, db, coll, at), "find")
     docs = documents_at(copy, db, coll, at)
     out: list[Any] = []
     with crud_common.engine_errors():
@@ -185,20 +285,25 @@ async def snapshot_aggregate(
     if not isinstance(cursor_doc, Mapping):
         raise MongoError(
             9, "The 'cursor' option is required, except for aggregate with the explain argument")
-    for stage in pipeline:
-        name = next(iter(stage), "") if isinstance(stage, Mapping) else ""
-        if name in _OTHER_COLLECTIONS:
-            raise MongoError(72, f"{name} is not supported by a snapshot read of the "
-                             "sidecar's materialized copy")
+    check_other_collections(copy, db, pipeline)
     batch_size = cursor_doc.get("batchSize")
     at = await read_time(server, copy, cmd)
     stages = [engine.normalize(dict(s)) if isinstance(s, Mapping) else s for s in pipeline]
     docs = documents_at(copy, db, coll, at)
-    out: list[Any] = []
-    collation = query.collation_of(cmd.get("collation"), None, "aggregate")
-    with crud_common.engine_errors():
-        await query.run_async(query.pipeline(docs, None, stages, out, collation),
-                              query.Deadline.of(cmd))
+    collation = query.collation_of(cmd.get("collation"),
+                                   default_collation(copy, db, coll, at), "aggregate")
+    deadline = query.Deadline.of(cmd)
+    if stages and isinstance(stages[0], Mapping) and list(stages[0]) == ["$match"] and (
+            isinstance(stages[0]["$match"], Mapping)):
+        # A leading $match under the collation (as the embedded store runs one: the engine's
+        # own $match compares binary).
+        matched: list[Any] = []
+        with crud_common.engine_errors():
+            engine.validate_filter(stages[0]["$match"])
+            await query.run_async(query.select(docs, stages[0]["$match"], matched,
+                                               collation=collation), deadline)
+        docs, stages = matched, stages[1:]
+    out = await run_pipeline(copy, db, docs, stages, at, collation, deadline)
     reply = queries.cursor_first_batch(server, f"{db}.{coll}", out,
                                        batch_size if isinstance(batch_size, int) else None,
                                        max_time_ms=cmd.get("maxTimeMS"))
@@ -223,7 +328,8 @@ async def snapshot_distinct(
                          "'object'")
     at = await read_time(server, copy, cmd)
     engine.validate_filter(predicate or {})
-    collation = query.collation_of(cmd.get("collation"), None, "distinct")
+    collation = query.collation_of(cmd.get("collation"),
+                                   default_collation(copy, db, coll, at), "distinct")
     docs = documents_at(copy, db, coll, at)
     matched: list[Any] = []
     values: list[Any] = []

@@ -9,6 +9,12 @@ retained log, whose directory lock covers it).
   BSON (NULL: deleted), `pre` the `config.system.preimages` `_id` mongod would give the write's
   pre-image (`retained.pre_image_key`: the version before this one is that pre-image).
   The clone writes each document's first version at the clone's start time with `ord` -1.
+  `rec` is the document's record id as mongod would have it: numbered in the order the
+  documents came into the collection (the clone's in the order the upstream's `find` gave
+  them, then each insert of a document that was not there), kept by its updates; a snapshot
+  read returns documents in its order, mongod's natural order.
+* `collections.collation`: the collection's default collation (BSON; NULL: simple), from
+  `listCollections` for a cloned collection, from its `create` entry otherwise.
 * `meta`: the sync state (`state` empty | cloning | ready, the clone's start `t0`, the
   consistent point `consistent`, the last applied entry `applied`, where reading resumes
   `resume`, the patterns it was made for).
@@ -20,6 +26,7 @@ restart (also after SIGKILL) continues exactly after the last applied entry.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -28,18 +35,21 @@ from bson.timestamp import Timestamp
 
 from cdcserver.embedded.persist import int_ts, open_database, ts_int
 
+log = logging.getLogger(__name__)
+
 FILE_NAME = "materialized.sqlite3"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (
     id INTEGER PRIMARY KEY, uuid BLOB UNIQUE NOT NULL, db TEXT NOT NULL, name TEXT NOT NULL,
-    created INTEGER NOT NULL, dropped INTEGER);
+    created INTEGER NOT NULL, dropped INTEGER, collation BLOB);
 CREATE TABLE IF NOT EXISTS names (
     coll INTEGER NOT NULL, db TEXT NOT NULL, name TEXT NOT NULL, since INTEGER NOT NULL,
     until INTEGER);
 CREATE INDEX IF NOT EXISTS names_ns ON names (db, name);
 CREATE TABLE IF NOT EXISTS versions (
     coll INTEGER NOT NULL, key BLOB NOT NULL, ts INTEGER NOT NULL, ord INTEGER NOT NULL,
-    doc BLOB, pre BLOB, PRIMARY KEY (coll, key, ts, ord)) WITHOUT ROWID;
+    doc BLOB, pre BLOB, rec INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (coll, key, ts, ord))
+    WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS versions_pre ON versions (pre) WHERE pre IS NOT NULL;
 CREATE INDEX IF NOT EXISTS versions_ts ON versions (ts);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value);
@@ -55,8 +65,18 @@ class CopyStore:
         os.makedirs(data_dir, exist_ok=True)
         self.path = os.path.join(data_dir, FILE_NAME)
         self.db, _ = open_database(data_dir, FILE_NAME, SCHEMA, synchronous, lock=False)
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(versions)")}
+        if "rec" not in columns:
+            # A copy from before record ids: a copy can always be made again, so it is
+            # (the state left empty: the next run syncs it).
+            log.warning("materialize: %s has an older layout: it is synced again", self.path)
+            for table in ("collections", "names", "versions", "meta"):
+                self.db.execute(f"DROP TABLE IF EXISTS {table}")
+            self.db.executescript(SCHEMA)
         self._by_uuid: dict[bytes, int] = {}
         self._load_catalog()
+        row = self.db.execute("SELECT max(rec) FROM versions").fetchone()
+        self._next_rec = int(row[0] or 0) + 1
 
     def close(self) -> None:
         self.db.close()
@@ -105,6 +125,7 @@ class CopyStore:
         self.set_meta("patterns", json.dumps(list(patterns)))
         self.commit()
         self._by_uuid.clear()
+        self._next_rec = 1
 
     # -- catalog --------------------------------------------------------------------------------
 
@@ -121,10 +142,11 @@ class CopyStore:
         row = self.db.execute("SELECT dropped FROM collections WHERE id = ?", (cid,)).fetchone()
         return row is not None and row[0] is None
 
-    def create(self, uuid: bytes, db: str, name: str, ts: Timestamp) -> int:
+    def create(self, uuid: bytes, db: str, name: str, ts: Timestamp,
+               collation: bytes | None = None) -> int:
         cur = self.db.execute(
-            "INSERT INTO collections (uuid, db, name, created) VALUES (?, ?, ?, ?)",
-            (bytes(uuid), db, name, ts_int(ts)))
+            "INSERT INTO collections (uuid, db, name, created, collation) VALUES (?, ?, ?, ?, ?)",
+            (bytes(uuid), db, name, ts_int(ts), collation))
         cid = int(cur.lastrowid or 0)
         self.db.execute("INSERT INTO names (coll, db, name, since) VALUES (?, ?, ?, ?)",
                         (cid, db, name, ts_int(ts)))
@@ -170,6 +192,11 @@ class CopyStore:
             (db, name, t, t)).fetchone()
         return None if row is None else int(row[0])
 
+    def collation(self, cid: int) -> bytes | None:
+        """The collection's default collation (BSON), None for the simple one."""
+        row = self.db.execute("SELECT collation FROM collections WHERE id = ?", (cid,)).fetchone()
+        return None if row is None or row[0] is None else bytes(row[0])
+
     def names_at(self, db: str, ts: Timestamp) -> list[str]:
         t = ts_int(ts)
         return sorted(n for (n,) in self.db.execute(
@@ -184,13 +211,29 @@ class CopyStore:
             "LIMIT 1", (cid, key)).fetchone()
         return None if row is None or row[0] is None else bytes(row[0])
 
+    def current_record(self, cid: int, key: bytes) -> tuple[bytes | None, int | None]:
+        """The document now (None: none) and its record id (None: it has no live record)."""
+        row = self.db.execute(
+            "SELECT doc, rec FROM versions WHERE coll = ? AND key = ? ORDER BY ts DESC, ord DESC "
+            "LIMIT 1", (cid, key)).fetchone()
+        if row is None or row[0] is None:
+            return None, None
+        return bytes(row[0]), int(row[1])
+
+    def new_record(self) -> int:
+        """A record id for a document coming into a collection (after every earlier one)."""
+        rec = self._next_rec
+        self._next_rec += 1
+        return rec
+
     def put_versions(
-        self, rows: Iterable[tuple[int, bytes, Timestamp, int, bytes | None, bytes | None]]
+        self,
+        rows: Iterable[tuple[int, bytes, Timestamp, int, bytes | None, bytes | None, int]],
     ) -> None:
         self.db.executemany(
-            "INSERT OR REPLACE INTO versions (coll, key, ts, ord, doc, pre) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            ((c, k, ts_int(ts), o, d, p) for c, k, ts, o, d, p in rows))
+            "INSERT OR REPLACE INTO versions (coll, key, ts, ord, doc, pre, rec) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            ((c, k, ts_int(ts), o, d, p, r) for c, k, ts, o, d, p, r in rows))
 
     def before_write(self, pre_key: bytes, not_before: Timestamp) -> Any:
         """The document as it was just before the write whose pre-image key is `pre_key`: its
@@ -226,6 +269,26 @@ class CopyStore:
             last_doc = None if doc is None else bytes(doc)
         if last_doc is not None:
             yield last_doc
+
+    def records_at(self, cid: int, ts: Timestamp) -> list[bytes]:
+        """Every document of the collection as of `ts` in record order (mongod's natural
+        order: `rec`), where `documents_at` gives `_id` order."""
+        found: list[tuple[int, bytes]] = []
+        last_key: bytes | None = None
+        last: tuple[int, bytes] | None = None
+        for key, doc, rec in self.db.execute(
+            "SELECT key, doc, rec FROM versions WHERE coll = ? AND ts <= ? ORDER BY key, ts, ord",
+            (cid, ts_int(ts))):
+            key = bytes(key)
+            if key != last_key:
+                if last is not None:
+                    found.append(last)
+                last_key = key
+            last = None if doc is None else (int(rec), bytes(doc))
+        if last is not None:
+            found.append(last)
+        found.sort(key=lambda item: item[0])
+        return [doc for _, doc in found]
 
     def prune(self, before: Timestamp, limit: int = 5_000) -> int:
         """Drop versions no read at or after `before` can need: each document's versions

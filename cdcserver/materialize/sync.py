@@ -35,6 +35,7 @@ from cdcserver.materialize.apply import (
     Skipped,
     Transactions,
     apply_crud,
+    collation_bson,
     ddl_of,
     document_id,
     id_key,
@@ -282,7 +283,8 @@ class Materializer:
                 uuid = (info.get("info") or {}).get("uuid")
                 if uuid is None:
                     continue
-                count += await self._clone(client, db, name, _uuid(uuid), t0)
+                collation = collation_bson((info.get("options") or {}).get("collation"))
+                count += await self._clone(client, db, name, _uuid(uuid), t0, collation)
         hello = await client.admin.command("hello")
         t1 = _majority_ts(hello) or retained.last_ts() or t0
         if t1 < t0:
@@ -298,17 +300,20 @@ class Materializer:
         log.info("materialize: cloned %d documents in %.3fs; consistent from %s", count,
                  time.monotonic() - started, t1)
 
-    async def _clone(self, client: Any, db: str, name: str, uuid: bytes, t0: Timestamp) -> int:
+    async def _clone(self, client: Any, db: str, name: str, uuid: bytes, t0: Timestamp,
+                     collation: bytes | None) -> int:
         store = self.store
         store.begin()
-        cid = store.create(uuid, db, name, t0)
+        cid = store.create(uuid, db, name, t0, collation)
         store.commit()
         coll = client[db].get_collection(name, codec_options=RAW)
         n = 0
-        batch: list[tuple[int, bytes, Timestamp, int, bytes | None, bytes | None]] = []
+        batch: list[tuple[int, bytes, Timestamp, int, bytes | None, bytes | None, int]] = []
+        # In the upstream's natural order (a plain find's, as mongod's collection cloner's),
+        # numbered so: the copy's record order is the source's.
         async for doc in coll.find({}, batch_size=CLONE_BATCH):
             raw = bytes(doc.raw)
-            batch.append((cid, stored_id_key(raw), t0, -1, raw, None))
+            batch.append((cid, stored_id_key(raw), t0, -1, raw, None, store.new_record()))
             if len(batch) >= CLONE_BATCH:
                 n += self._write_clone(batch)
         n += self._write_clone(batch)
@@ -382,8 +387,9 @@ class Materializer:
                         continue  # created and dropped while cloning
                     raise Resync(f"a write to {op.ns}, a collection the copy does not have")
                 key = id_key(document_id(op))
+                current, rec = store.current_record(cid, key)
                 try:
-                    doc = apply_crud(op, store.current(cid, key))
+                    doc = apply_crud(op, current)
                 except Skipped:
                     if not initial:
                         log.warning("materialize: %s %s at %s: no such document in the copy",
@@ -392,7 +398,9 @@ class Materializer:
                 pre = None
                 if op.op in ("u", "d") and op.uuid is not None:
                     pre = pre_image_key(op.uuid, op.entry_ts, op.index)
-                store.put_versions([(cid, key, ts, ord_, doc, pre)])
+                if rec is None:  # a document coming in: the next record id (mongod's)
+                    rec = store.new_record() if doc is not None else 0
+                store.put_versions([(cid, key, ts, ord_, doc, pre, rec)])
             elif op.op == "c":
                 self._apply_ddl(ddl_of(op), ts, initial)
 
@@ -401,7 +409,7 @@ class Materializer:
         if ddl.kind == "create":
             if ddl.uuid is not None and patterns.matches(ddl.db, ddl.coll):
                 if store.coll_id(ddl.uuid) is None:
-                    store.create(ddl.uuid, ddl.db, ddl.coll, ts)
+                    store.create(ddl.uuid, ddl.db, ddl.coll, ts, ddl.collation)
         elif ddl.kind == "drop":
             if ddl.uuid is not None:
                 store.drop(ddl.uuid, ts)

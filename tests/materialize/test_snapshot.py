@@ -111,12 +111,13 @@ def test_reads_outside_the_copys_range(pair):
         with pytest.raises(errors.OperationFailure) as future:
             snapshot_cmd(cb, "seed", Timestamp(latest_ts(a).time + 3600, 1))
         assert future.value.code == 72
-        with pytest.raises(errors.OperationFailure) as lookup:
-            cb.shop.command({"aggregate": "seed", "cursor": {},
-                             "pipeline": [{"$lookup": {"from": "x", "as": "y",
-                                                       "localField": "a", "foreignField": "b"}}],
-                             "readConcern": {"level": "snapshot"}})
-        assert lookup.value.code == 72
+        for stage in ({"$out": "x"}, {"$merge": {"into": "x"}},
+                      {"$facet": {"f": [{"$lookup": {"from": "x", "as": "y",
+                                                     "pipeline": [{"$out": "z"}]}}]}}):
+            with pytest.raises(errors.OperationFailure) as write:
+                cb.shop.command({"aggregate": "seed", "cursor": {}, "pipeline": [stage],
+                                 "readConcern": {"level": "snapshot"}})
+            assert write.value.code == 72  # InvalidOptions, as mongod refuses them
         # not materialized, or not a snapshot read: the upstream answers
         reply = cb.other.command({"find": "x", "readConcern": {"level": "snapshot"}})
         assert "atClusterTime" in reply["cursor"]
@@ -325,3 +326,126 @@ def test_archive_export_snapshot_writes_the_copy_at_a_time_beside_the_sidecar(pa
     both = _cli("archive", "export", "--retain-dir", retain, "--snapshot", "--since", "1:0",
                 "--out", str(tmp_path / "y"))
     assert both.returncode == 2 and "not allowed with" in both.stderr, both.stderr
+
+
+# -- as mongod reads: record order, default collation, other collections at the same time ----
+
+
+def snapshot_agg(client: MongoClient, coll: str, pipeline: list[Any], at: Timestamp,
+                 **fields: Any) -> list[Any]:
+    reply = client.shop.command({"aggregate": coll, "pipeline": pipeline, "cursor": {},
+                                 "readConcern": {"level": "snapshot", "atClusterTime": at},
+                                 **fields})
+    assert reply["cursor"]["id"] == 0
+    return list(reply["cursor"]["firstBatch"])
+
+
+def test_natural_order_is_the_record_order(pair):
+    a, b = pair
+    ca = raw_client(a.uri)
+    coll = ca.shop.natural
+    coll.insert_many([{"_id": i} for i in (5, 1, 3)])
+    coll.update_one({"_id": 5}, {"$set": {"grown": "x" * 500}})  # keeps its record
+    coll.delete_one({"_id": 1})
+    coll.insert_one({"_id": 1, "again": True})  # a new record: last
+    coll.insert_one({"_id": 0})
+    coll.replace_one({"_id": 3}, {"r": 1})  # keeps its record
+    at = latest_ts(a)
+    b.wait_applied(at)
+    upstream = [d["_id"] for d in coll.find({})]
+    with b.client() as cb:
+        mine = [d["_id"] for d in cb.shop.command(
+            {"find": "natural", "readConcern": {"level": "snapshot", "atClusterTime": at}}
+        )["cursor"]["firstBatch"]]
+        assert mine == [5, 3, 1, 0]
+        assert [d["_id"] for d in snapshot_agg(cb, "natural", [], at)] == mine
+    assert upstream == mine  # the upstream's own natural order
+    ca.close()
+
+
+def test_cloned_documents_keep_the_upstreams_order(tmp_path):
+    a = EmbeddedServer()
+    b = None
+    try:
+        ca = raw_client(a.uri)
+        ca.shop.c.insert_many([{"_id": i} for i in (9, 2, 7, 4)])
+        ca.shop.c.delete_one({"_id": 2})
+        ca.shop.c.insert_one({"_id": 2})
+        upstream = [d["_id"] for d in ca.shop.c.find({})]
+        b = MaterializedSidecar(a.uri, str(tmp_path / "b"), ["shop.*"])
+        b.wait_applied(latest_ts(a))
+        with b.client() as cb:
+            mine = [d["_id"] for d in cb.shop.command(
+                {"find": "c", "readConcern": {"level": "snapshot"}})["cursor"]["firstBatch"]]
+        assert mine == upstream
+    finally:
+        if b is not None:
+            b.stop()
+        a.stop()
+
+
+def test_the_collections_default_collation_applies(pair):
+    a, b = pair
+    ca = raw_client(a.uri)
+    ca.shop.create_collection("folded", collation={"locale": "en", "strength": 2})
+    ca.shop.folded.insert_many([{"_id": 1, "s": "ABC"}, {"_id": 2, "s": "abc"},
+                                {"_id": 3, "s": "b"}])
+    at = latest_ts(a)
+    b.wait_applied(at)
+    with b.client() as cb:
+        rc = {"level": "snapshot", "atClusterTime": at}
+        found = cb.shop.command({"find": "folded", "filter": {"s": "abc"}, "readConcern": rc})
+        assert sorted(d["_id"] for d in found["cursor"]["firstBatch"]) == [1, 2]
+        # the command's own collation wins over the collection's
+        simple = cb.shop.command({"find": "folded", "filter": {"s": "abc"}, "readConcern": rc,
+                                  "collation": {"locale": "simple"}})
+        assert [d["_id"] for d in simple["cursor"]["firstBatch"]] == [2]
+        values = cb.shop.command({"distinct": "folded", "key": "s", "readConcern": rc})
+        assert len(values["values"]) == 2  # "ABC" and "abc" are one value, as on mongod
+        grouped = snapshot_agg(cb, "folded", [{"$match": {"s": "ABC"}}], at)
+        assert sorted(d["_id"] for d in grouped) == [1, 2]
+        # the upstream agrees
+        upstream = ca.shop.command({"find": "folded", "filter": {"s": "abc"}})
+        assert sorted(d["_id"] for d in upstream["cursor"]["firstBatch"]) == [1, 2]
+    ca.close()
+
+
+def test_other_collections_are_read_at_the_same_time(pair):
+    a, b = pair
+    ca = raw_client(a.uri)
+    ca.shop.orders.insert_many([{"_id": 1, "cust": "x"}, {"_id": 2, "cust": "y"}])
+    ca.shop.customers.insert_many([{"_id": "x", "up": None}, {"_id": "y", "up": "x"}])
+    at = latest_ts(a)
+    ca.shop.customers.insert_one({"_id": "z", "up": "y"})
+    ca.shop.customers.update_one({"_id": "x"}, {"$set": {"late": True}})
+    ca.shop.orders.insert_one({"_id": 3, "cust": "z"})
+    b.wait_applied(latest_ts(a))
+    with b.client() as cb:
+        joined = snapshot_agg(cb, "orders", [
+            {"$lookup": {"from": "customers", "localField": "cust", "foreignField": "_id",
+                         "as": "c"}},
+            {"$sort": {"_id": 1}}], at)
+        assert joined == [{"_id": 1, "cust": "x", "c": [{"_id": "x", "up": None}]},
+                          {"_id": 2, "cust": "y", "c": [{"_id": "y", "up": "x"}]}]
+        piped = snapshot_agg(cb, "orders", [
+            {"$lookup": {"from": "customers", "let": {"c": "$cust"}, "as": "c",
+                         "pipeline": [{"$match": {"$expr": {"$eq": ["$_id", "$$c"]}}},
+                                      {"$project": {"_id": 1}}]}},
+            {"$sort": {"_id": 1}}], at)
+        assert [d["c"] for d in piped] == [[{"_id": "x"}], [{"_id": "y"}]]
+        graph = snapshot_agg(cb, "customers", [
+            {"$match": {"_id": "y"}},
+            {"$graphLookup": {"from": "customers", "startWith": "$up", "connectFromField": "up",
+                              "connectToField": "_id", "as": "chain"}}], at)
+        assert [c["_id"] for c in graph[0]["chain"]] == ["x"]
+        union = snapshot_agg(cb, "orders", [
+            {"$project": {"_id": 1}},
+            {"$unionWith": {"coll": "customers", "pipeline": [{"$project": {"_id": 1}}]}},
+            {"$unionWith": "orders"},
+            {"$count": "n"}], at)
+        assert union == [{"n": 2 + 2 + 2}]
+        # the same reads now see the later writes
+        now = latest_ts(a)
+        assert snapshot_agg(cb, "orders", [{"$unionWith": "customers"}, {"$count": "n"}],
+                            now) == [{"n": 3 + 3}]
+    ca.close()
