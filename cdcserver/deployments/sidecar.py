@@ -12,7 +12,7 @@ import pymongo
 from cdcserver.commands import cursors, failpoints
 from cdcserver.commands.proxy import ForwardedCursor
 from cdcserver.config import Config
-from cdcserver.context import CommandTable
+from cdcserver.context import CommandTable, Route
 from cdcserver.cursors import CursorManager
 from cdcserver.deployment import Standalone
 from cdcserver.deployments.upstream import upstream_options
@@ -32,7 +32,11 @@ SIDECAR = CommandTable(
         "ismaster": handshake.is_master,
         "ping": sidecar._ping,
         "configureFailPoint": failpoints.configure_fail_point,
-        "aggregate": sidecar._aggregate,
+        # Snapshot reads of materialized namespaces: the shards' copies (materialize/
+        # snapshot.py), merged; every other find / distinct / aggregate as before.
+        "aggregate": Route(sidecar.route_aggregate),
+        "find": Route(sidecar.route_find),
+        "distinct": Route(sidecar.route_distinct),
         "serverStatus": sidecar._server_status,  # the mongos's, with the shards' copies
         # Every cursor's: a merged stream here, the mongos's forwarded to it.
         "getMore": cursors.get_more,
@@ -81,7 +85,7 @@ def open_sidecar(config: Config) -> SidecarDeployment | None:
         return None
     if config.upstream.materialize:
         log.warning("upstream.materialize of a sharded cluster: each shard's copy answers the "
-                    "images of its writes; snapshot reads go to the mongos")
+                    "images of its writes; snapshot reads merge the shards' copies")
     upstream = ShardedUpstream(upstream_options(config), shards, config.upstream.materialize)
     upstream.prime()
     log.info("upstream is a mongos: tailing %d shards (%s)", len(shards),

@@ -43,6 +43,7 @@ class Op:
     o2: Mapping[str, Any] | None
     entry_ts: Timestamp  # the entry holding it: its pre-image `_id`'s ts
     index: int  # its index in that applyOps (0 for a plain entry)
+    from_migrate: bool = False  # a chunk migration's (its clone, range deletion, cleanup)
 
 
 def _uuid(value: Any) -> bytes | None:
@@ -57,7 +58,7 @@ def _op(raw: Mapping[str, Any], entry_ts: Timestamp, index: int) -> Op:
     return Op(
         str(raw.get("op", "")), str(raw.get("ns", "")), _uuid(raw.get("ui")),
         o if isinstance(o, Mapping) else {}, o2 if isinstance(o2, Mapping) else None,
-        entry_ts, index,
+        entry_ts, index, raw.get("fromMigrate") is True,
     )
 
 

@@ -30,12 +30,15 @@ the upstream as before. As mongod reads:
 
 Filters, sorts, projections and pipelines run on the embedded store's query engine. A read
 holds its result in memory, as the embedded store's does. A sidecar of a sharded cluster
-sends its snapshot reads to the mongos (each shard's copy answers images only).
+reads its shards' copies merged (`Copies`; sharding/sidecar.py routes the commands here).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import bson
@@ -48,6 +51,7 @@ from bson.timestamp import Timestamp
 from cdcserver.commands import crud_common, proxy, queries, txn_rules
 from cdcserver.context import ConnectionState, Handler, ServerState
 from cdcserver.embedded import engine, query
+from cdcserver.materialize.store import MIGRATED_AWAY
 from cdcserver.materialize.sync import Materializer
 from cdcserver.sources.mongo_tail import UpstreamOplog
 from pipeline_stages.errors import MongoError
@@ -56,6 +60,99 @@ from pipeline_stages.spec import is_change_stream_aggregate
 _DECODE: CodecOptions[dict[str, Any]] = CodecOptions(tz_aware=False)
 _ZERO_SIGNATURE = {"hash": Binary(bytes(20), 0), "keyId": Int64(0)}
 WAIT_S = 10.0  # a read at a time the copy has not applied yet waits this long by default
+WAIT_FOR_NEWEST_S = 1.0  # a sharded read without a time: for its idle shards' promises
+
+
+class Copies:
+    """What a snapshot read reads: the sidecar's copy, or a sharded sidecar's copies (one per
+    shard) merged: a document held by several shards' copies at T (a migration's orphan on
+    the donor until its range deletion, the recipient's clone) is the one whose newest
+    version at T is newest, a deletion included, a migration's deletion not (no routing
+    table history is tailed: an aborted migration's clone, deleted again on the recipient,
+    is the donor's own, newer, version)."""
+
+    def __init__(self, members: Sequence[Materializer],
+                 nudge: Callable[[Timestamp], None] | None = None) -> None:
+        self.members = list(members)
+        self.patterns = self.members[0].patterns
+        # A sharded sidecar's: has idle shards promise a time (their oplogs have no entry
+        # there; sharding/sidecar_nudge.py), so that their copies can be read at it.
+        self.nudge = nudge
+
+    @staticmethod
+    def _high(member: Materializer, applied: Timestamp) -> Timestamp:
+        """Up to when `member` can be read: past its last applied entry when it applied all
+        its shard's tail delivered and the shard promised a later time (nothing there)."""
+        promise = getattr(member.source, "promise_ts", None)
+        latest = member.source.latest_ts()
+        if callable(promise) and latest is not None and applied >= latest:
+            promised = promise()
+            if isinstance(promised, Timestamp) and promised > applied:
+                return promised
+        return applied
+
+    def readable_range(self) -> tuple[Timestamp, Timestamp] | None:
+        spans = [m.readable_range() for m in self.members]
+        if any(span is None for span in spans):
+            return None
+        low = max(span[0] for span in spans if span is not None)
+        high = min(self._high(m, span[1]) for m, span in zip(self.members, spans)
+                   if span is not None)
+        # (low > high: a shard's copy became consistent after another's last readable time;
+        # readable once the latter's shard promises a later time.)
+        return low, high
+
+    def newest(self) -> Timestamp | None:
+        """The latest time any member can be read at (a sharded read without a time is there)."""
+        spans = [(m, m.readable_range()) for m in self.members]
+        highs = [self._high(m, span[1]) for m, span in spans if span is not None]
+        return max(highs, default=None)
+
+    async def wait_applied(self, ts: Timestamp, timeout_s: float) -> bool:
+        if len(self.members) == 1:
+            return await self.members[0].wait_applied(ts, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        if self.nudge is not None:
+            self.nudge(ts)
+        while True:
+            span = self.readable_range()
+            if span is not None and span[1] >= ts and span[0] <= span[1]:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.01)  # the shards' tails and copies move meanwhile
+
+    def documents_at(self, db: str, coll: str, at: Timestamp) -> list[dict[str, Any]]:
+        """db.coll's documents at `at` in mongod's natural (record) order (a sharded one's:
+        shard by shard, as the mongos passes on its shards' batches)."""
+        if len(self.members) == 1:
+            store = self.members[0].store
+            cid = store.collection_at(db, coll, at)
+            return [] if cid is None else [
+                bson.decode(raw, _DECODE) for raw in store.records_at(cid, at)]
+        newest: dict[bytes, tuple[int, int, int, int, bytes | None]] = {}
+        for shard, member in enumerate(self.members):
+            cid = member.store.collection_at(db, coll, at)
+            if cid is None:
+                continue
+            for key, vts, ord_, rec, doc in member.store.newest_at(cid, at):
+                if doc is None and rec == MIGRATED_AWAY:
+                    continue  # moved to another shard, which has it (or its deletion)
+                held = newest.get(key)
+                if held is None or (vts, ord_) > (held[0], held[1]):
+                    newest[key] = (vts, ord_, shard, rec, doc)
+        live = sorted((shard, rec, doc) for _, _, shard, rec, doc in newest.values()
+                      if doc is not None)
+        return [bson.decode(doc, _DECODE) for _, _, doc in live]
+
+    def default_collation(self, db: str, coll: str, at: Timestamp) -> Any:
+        """db.coll's default collation at `at` (None: simple), as collation_of takes it."""
+        for member in self.members:
+            cid = member.store.collection_at(db, coll, at)
+            raw = None if cid is None else member.store.collation(cid)
+            if raw is not None:
+                return bson.decode(raw, _DECODE)
+        return None
 
 
 def materializer_of(server: ServerState) -> Materializer | None:
@@ -66,14 +163,35 @@ def materializer_of(server: ServerState) -> Materializer | None:
     return copy if isinstance(copy, Materializer) else None
 
 
-def on_the_copy(server: ServerState, cmd: Mapping[str, Any]) -> Materializer | None:
-    """The materializer answering this command as a snapshot read (None: the upstream's)."""
+def copies_of(server: ServerState) -> Copies | None:
+    """The copy (or a sharded sidecar's copies: its oplog's `copies`, by shard name)."""
+    single = materializer_of(server)
+    if single is not None:
+        return Copies([single])
+    oplog = server.oplog
+    by_shard = getattr(oplog, "copies", None)
+    if not isinstance(by_shard, Mapping) or not by_shard:
+        return None
+    names = sorted(by_shard)
+    promises = getattr(oplog, "promises", None)
+
+    def nudge(ts: Timestamp) -> None:
+        if promises is not None:
+            for name in names:
+                with contextlib.suppress(Exception):  # a shard gone meanwhile: no promise
+                    promises.ask(name, ts, waited=False)
+
+    return Copies([by_shard[name] for name in names], nudge)
+
+
+def on_the_copy(server: ServerState, cmd: Mapping[str, Any]) -> Copies | None:
+    """The copies answering this command as a snapshot read (None: the upstream's)."""
     rc = cmd.get("readConcern")
     if not isinstance(rc, Mapping) or rc.get("level") != "snapshot":
         return None
     if txn_rules.in_transaction(cmd):
         return None  # a transaction's reads belong with its writes, on the upstream
-    copy = materializer_of(server)
+    copy = copies_of(server)
     target = cmd.get(next(iter(cmd), ""))
     db = cmd.get("$db")
     if copy is None or not isinstance(target, str) or not isinstance(db, str):
@@ -95,7 +213,7 @@ def route_aggregate(server: ServerState, cmd: Mapping[str, Any]) -> Handler:
     return proxy.route_aggregate(server, cmd)
 
 
-async def read_time(server: ServerState, copy: Materializer, cmd: Mapping[str, Any]) -> Timestamp:
+async def read_time(server: ServerState, copy: Copies, cmd: Mapping[str, Any]) -> Timestamp:
     """The time the read is at (checked against the copy's range; waited for if need be)."""
     rc = cmd["readConcern"]
     at = rc.get("atClusterTime")
@@ -105,6 +223,16 @@ async def read_time(server: ServerState, copy: Materializer, cmd: Mapping[str, A
                          "initial sync is running): retry the snapshot read")
     low, high = span
     if at is None:
+        newest = max(copy.newest() or high, low)
+        if newest <= high:
+            return high
+        # A sharded sidecar's idle shards: promised up to the busiest one's time if they can
+        # be soon; else the latest time all can be read at (a snapshot as good).
+        if await copy.wait_applied(newest, WAIT_FOR_NEWEST_S):
+            return newest
+        if low > high:
+            raise MongoError(246, "the shards' copies cannot be read at one time yet (an "
+                             "idle shard has not promised a time): retry the snapshot read")
         return high
     if not isinstance(at, Timestamp):
         raise MongoError(14, "BSON field 'atClusterTime' is the wrong type, expected type "
@@ -113,6 +241,9 @@ async def read_time(server: ServerState, copy: Materializer, cmd: Mapping[str, A
         raise MongoError(239, f"Read timestamp Timestamp({at.time}, {at.inc}) is older than "
                          "the oldest available timestamp.")
     if at > high:
+        hear = getattr(server.oplog, "hear", None)
+        if callable(hear):  # a sharded sidecar: the client's $clusterTime gossip counts
+            hear(cmd)
         now = server.oplog.cluster_time()
         if at > now:
             raise MongoError(72, "readConcern atClusterTime value must not be greater than the "
@@ -123,21 +254,6 @@ async def read_time(server: ServerState, copy: Materializer, cmd: Mapping[str, A
         if not await copy.wait_applied(at, wait):
             raise MongoError(50, "operation exceeded time limit")
     return at
-
-
-def documents_at(copy: Materializer, db: str, coll: str, at: Timestamp) -> list[dict[str, Any]]:
-    """db.coll's documents at `at` in mongod's natural (record) order."""
-    cid = copy.store.collection_at(db, coll, at)
-    if cid is None:
-        return []
-    return [bson.decode(raw, _DECODE) for raw in copy.store.records_at(cid, at)]
-
-
-def default_collation(copy: Materializer, db: str, coll: str, at: Timestamp) -> Any:
-    """db.coll's default collation at `at` (None: simple), as collation_of takes it."""
-    cid = copy.store.collection_at(db, coll, at)
-    raw = None if cid is None else copy.store.collation(cid)
-    return None if raw is None else bson.decode(raw, _DECODE)
 
 
 def _other_collections(pipeline: list[Any]) -> list[tuple[str, Any]]:
@@ -167,7 +283,7 @@ def _other_collections(pipeline: list[Any]) -> list[tuple[str, Any]]:
     return out
 
 
-def check_other_collections(copy: Materializer, db: str, pipeline: list[Any]) -> None:
+def check_other_collections(copy: Copies, db: str, pipeline: list[Any]) -> None:
     """`$out` / `$merge` are refused as mongod refuses them in a snapshot read (InvalidOptions);
     `$lookup` / `$graphLookup` / `$unionWith` read the copy at the same time, so the
     collection they name must be materialized too."""
@@ -180,7 +296,7 @@ def check_other_collections(copy: Materializer, db: str, pipeline: list[Any]) ->
                              "materialized collections")
 
 
-async def run_pipeline(copy: Materializer, db: str, docs: list[Any], stages: list[Any],
+async def run_pipeline(copy: Copies, db: str, docs: list[Any], stages: list[Any],
                        at: Timestamp, collation: Any, deadline: query.Deadline) -> list[Any]:
     """`stages` over `docs`, the other collections read at `at`: `$lookup` / `$graphLookup`
     through the engine's Database, a top-level `$unionWith` here (the engine has none)."""
@@ -191,7 +307,7 @@ async def run_pipeline(copy: Materializer, db: str, docs: list[Any], stages: lis
             return None
         if name not in cache:
             cache[name] = {str(i).encode(): d
-                           for i, d in enumerate(documents_at(copy, db, name, at))}
+                           for i, d in enumerate(copy.documents_at(db, name, at))}
         return cache[name]
 
     database = engine.query_database(db, resolve)
@@ -219,7 +335,7 @@ async def run_pipeline(copy: Materializer, db: str, docs: list[Any], stages: lis
                                  if coll is None else "$unionWith: 'coll' must be a string "
                                  "and 'pipeline' an array")
             current = current + await run_pipeline(
-                copy, db, documents_at(copy, db, coll, at), sub, at, collation, deadline)
+                copy, db, copy.documents_at(db, coll, at), sub, at, collation, deadline)
     return current
 
 
@@ -257,8 +373,8 @@ async def snapshot_find(
         return engine.project(doc, fields)
 
     collation = query.collation_of(cmd.get("collation"),
-                                   default_collation(copy, db, coll, at), "find")
-    docs = documents_at(copy, db, coll, at)
+                                   copy.default_collation(db, coll, at), "find")
+    docs = copy.documents_at(db, coll, at)
     out: list[Any] = []
     with crud_common.engine_errors():
         scan = query.find(docs, normalized, sort_list, skip, limit, out,
@@ -289,9 +405,9 @@ async def snapshot_aggregate(
     batch_size = cursor_doc.get("batchSize")
     at = await read_time(server, copy, cmd)
     stages = [engine.normalize(dict(s)) if isinstance(s, Mapping) else s for s in pipeline]
-    docs = documents_at(copy, db, coll, at)
+    docs = copy.documents_at(db, coll, at)
     collation = query.collation_of(cmd.get("collation"),
-                                   default_collation(copy, db, coll, at), "aggregate")
+                                   copy.default_collation(db, coll, at), "aggregate")
     deadline = query.Deadline.of(cmd)
     if stages and isinstance(stages[0], Mapping) and list(stages[0]) == ["$match"] and (
             isinstance(stages[0]["$match"], Mapping)):
@@ -329,8 +445,8 @@ async def snapshot_distinct(
     at = await read_time(server, copy, cmd)
     engine.validate_filter(predicate or {})
     collation = query.collation_of(cmd.get("collation"),
-                                   default_collation(copy, db, coll, at), "distinct")
-    docs = documents_at(copy, db, coll, at)
+                                   copy.default_collation(db, coll, at), "distinct")
+    docs = copy.documents_at(db, coll, at)
     matched: list[Any] = []
     values: list[Any] = []
     deadline = query.Deadline.of(cmd)

@@ -58,6 +58,9 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value);
 # Sentinel meaning "the version before this write is unknown" (the write was applied before the
 # consistent point, or pruned).
 UNKNOWN = object()
+# `rec` of a deletion made by a chunk migration (the donor's range deletion, the recipient's
+# cleanup of an aborted one): the document left this shard, it was not deleted.
+MIGRATED_AWAY = -1
 
 
 class CopyStore:
@@ -270,25 +273,28 @@ class CopyStore:
         if last_doc is not None:
             yield last_doc
 
+    def newest_at(self, cid: int, ts: Timestamp) -> list[tuple[bytes, int, int, int, bytes | None]]:
+        """Each document's newest version at `ts`, deletions included: `(key, ts, ord, rec,
+        doc or None)` in key order (a sharded sidecar's copies are merged from these)."""
+        found: list[tuple[bytes, int, int, int, bytes | None]] = []
+        last: tuple[bytes, int, int, int, bytes | None] | None = None
+        for key, vts, ord_, rec, doc in self.db.execute(
+            "SELECT key, ts, ord, rec, doc FROM versions WHERE coll = ? AND ts <= ? "
+            "ORDER BY key, ts, ord", (cid, ts_int(ts))):
+            key = bytes(key)
+            if last is not None and key != last[0]:
+                found.append(last)
+            last = (key, int(vts), int(ord_), int(rec), None if doc is None else bytes(doc))
+        if last is not None:
+            found.append(last)
+        return found
+
     def records_at(self, cid: int, ts: Timestamp) -> list[bytes]:
         """Every document of the collection as of `ts` in record order (mongod's natural
         order: `rec`), where `documents_at` gives `_id` order."""
-        found: list[tuple[int, bytes]] = []
-        last_key: bytes | None = None
-        last: tuple[int, bytes] | None = None
-        for key, doc, rec in self.db.execute(
-            "SELECT key, doc, rec FROM versions WHERE coll = ? AND ts <= ? ORDER BY key, ts, ord",
-            (cid, ts_int(ts))):
-            key = bytes(key)
-            if key != last_key:
-                if last is not None:
-                    found.append(last)
-                last_key = key
-            last = None if doc is None else (int(rec), bytes(doc))
-        if last is not None:
-            found.append(last)
-        found.sort(key=lambda item: item[0])
-        return [doc for _, doc in found]
+        live = [(rec, doc) for _, _, _, rec, doc in self.newest_at(cid, ts) if doc is not None]
+        live.sort(key=lambda item: item[0])
+        return [doc for _, doc in live]
 
     def prune(self, before: Timestamp, limit: int = 5_000) -> int:
         """Drop versions no read at or after `before` can need: each document's versions

@@ -42,7 +42,7 @@ from cdcserver.materialize.apply import (
     stored_id_key,
 )
 from cdcserver.materialize.patterns import Patterns
-from cdcserver.materialize.store import UNKNOWN, CopyStore
+from cdcserver.materialize.store import MIGRATED_AWAY, UNKNOWN, CopyStore
 from cdcserver.sources.mongo_common import RAW, UpstreamError, next_ts
 from cdcserver.sources.mongo_tail import UpstreamOplog, _majority_ts
 from cdcserver.sources.retained import RetainedLog, pre_image_key
@@ -400,6 +400,8 @@ class Materializer:
                     pre = pre_image_key(op.uuid, op.entry_ts, op.index)
                 if rec is None:  # a document coming in: the next record id (mongod's)
                     rec = store.new_record() if doc is not None else 0
+                if doc is None and op.from_migrate:
+                    rec = MIGRATED_AWAY  # merged snapshot reads: not a deletion (snapshot.py)
                 store.put_versions([(cid, key, ts, ord_, doc, pre, rec)])
             elif op.op == "c":
                 self._apply_ddl(ddl_of(op), ts, initial)

@@ -46,9 +46,10 @@ from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 from cdcserver.commands.stream_namespace import refusal, stream_collection, upstream_kind
-from cdcserver.context import ConnectionState, ServerState
+from cdcserver.context import ConnectionState, Handler, ServerState
 from cdcserver.deployment import server_state
 from cdcserver.deployments.upstream import UpstreamDeployment
+from cdcserver.materialize import snapshot
 from cdcserver.materialize.protocol import insert_section, status_section
 from cdcserver.materialize.sync import Materializer
 from cdcserver.sharding.sidecar_nudge import NUDGE_NOTE, Demand, PromiseReads
@@ -369,6 +370,21 @@ async def _server_status(
     # Passed on whole as the forwarded reply is (its $clusterTime and operationTime included).
     return cast("dict[str, Any]", RawBSONDocument(
         bson.encode(insert_section(decoded, "materialized", section))))
+
+
+def route_find(server: ServerState, cmd: Mapping[str, Any]) -> Handler:
+    """A snapshot read of a materialized namespace reads the shards' copies; else the mongos."""
+    return snapshot.snapshot_find if snapshot.on_the_copy(server, cmd) else _forward
+
+
+def route_distinct(server: ServerState, cmd: Mapping[str, Any]) -> Handler:
+    return snapshot.snapshot_distinct if snapshot.on_the_copy(server, cmd) else _forward
+
+
+def route_aggregate(server: ServerState, cmd: Mapping[str, Any]) -> Handler:
+    if not is_change_stream_aggregate(cmd) and snapshot.on_the_copy(server, cmd):
+        return snapshot.snapshot_aggregate
+    return _aggregate
 
 
 async def _aggregate(

@@ -65,7 +65,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                     c.delete_one({"_id": 3})
                 client.shop.on.insert_one({"_id": "end", "x": 0})
                 front_events, side_events = until_end(front), until_end(through)
-            yield {"front": front_events, "side": side_events, "side_server": side}
+            yield {"front": front_events, "side": side_events, "side_server": side,
+                   "front_uri": cluster.uri}
         finally:
             side.stop()
             client.close()
@@ -111,3 +112,57 @@ def test_server_status_and_metrics_show_each_shards_copy(world):
     served = {s.labels["shard"]: s.value for f in text_string_to_metric_families(text)
               for s in f.samples if s.name == "cdcserver_materialized_images_served_total"}
     assert served == {name: float(section[name]["imagesServed"]) for name in names}
+
+
+def test_snapshot_reads_merge_the_shards_copies(world):
+    """find / aggregate / distinct at readConcern snapshot through the sidecar read the
+    shards' copies merged as the mongos merges its shards' results: each document once
+    (migrated ones too: orphans, the donor's range deletion), sort / skip / limit across
+    shards; a later read at the first read's time sees that time."""
+    from pymongo.read_concern import ReadConcern
+
+    side = world["side_server"]
+    side.wait_applied()
+    with MongoClient(side.uri) as through, MongoClient(world["front_uri"]) as front:
+        rc = {"level": "snapshot"}
+        first = through.shop.command({"find": "off", "readConcern": rc})
+        at = first["cursor"]["atClusterTime"]
+        assert first["operationTime"] == at
+        mine = sorted(first["cursor"]["firstBatch"], key=lambda d: d["_id"])
+        theirs = list(front.shop.off.find({}).sort("_id", 1))
+        assert mine == theirs and len(theirs) == 3
+        # sort, skip, limit across shards, as the mongos merges them
+        for fields in ({"sort": {"x": -1}, "skip": 1, "limit": 2},
+                       {"sort": {"n": 1, "_id": -1}, "limit": 2},
+                       {"filter": {"x": {"$gte": 100}}, "sort": {"_id": 1}}):
+            got = through.shop.command({"find": "off", "readConcern": rc, **fields})
+            want = front.shop.command({"find": "off", **fields})
+            assert got["cursor"]["firstBatch"] == want["cursor"]["firstBatch"], fields
+        pipeline = [{"$group": {"_id": None, "n": {"$sum": "$n"}, "c": {"$sum": 1}}}]
+        got = through.shop.command({"aggregate": "off", "pipeline": pipeline, "cursor": {},
+                                    "readConcern": rc})
+        assert got["cursor"]["firstBatch"] == list(front.shop.off.aggregate(pipeline))
+        values = through.shop.command({"distinct": "off", "key": "x", "readConcern": rc})
+        assert sorted(values["values"]) == sorted(front.shop.off.distinct("x"))
+        # a write after `at`, on one shard: the read at `at` does not see it, a new one does
+        with front.start_session() as session:
+            front.shop.off.insert_one({"_id": "late", "x": 500, "n": 0}, session=session)
+            written = session.operation_time
+            gossip = session.cluster_time
+        again = through.shop.command(
+            {"find": "off", "readConcern": {"level": "snapshot", "atClusterTime": at}})
+        assert sorted(again["cursor"]["firstBatch"], key=lambda d: d["_id"]) == mine
+        # at the write's time (on one shard; the other, idle, promises that time)
+        with through.start_session() as session:
+            session.advance_cluster_time(gossip)  # the front's time, as a driver gossips it
+            later = through.shop.command(
+                {"find": "off", "filter": {"_id": "late"},
+                 "readConcern": {"level": "snapshot", "atClusterTime": written}},
+                session=session)
+        assert later["cursor"]["firstBatch"] == [{"_id": "late", "x": 500, "n": 0}]
+        side.wait_applied()
+        # without a time: the latest time all the copies can be read at
+        latest = list(through.shop.get_collection(
+            "off", read_concern=ReadConcern("snapshot")).find({"_id": "late"}))
+        assert latest == [{"_id": "late", "x": 500, "n": 0}]
+        front.shop.off.delete_one({"_id": "late"})
