@@ -26,7 +26,8 @@ the upstream as before. As mongod reads:
 * `$lookup` / `$graphLookup` (also in sub-pipelines) and a top-level `$unionWith` read the
   other collection from the copy at the same time, as mongod allows in a snapshot read; the
   collection must be materialized too (else InvalidOptions, 72: the copy has nothing else);
-* `$out` / `$merge` are refused with InvalidOptions (72).
+* an aggregate with `$out` / `$merge` goes to the upstream whole (mongod 8.0 runs them at
+  readConcern snapshot, reading at T and writing now; the copy cannot write).
 
 Filters, sorts, projections and pipelines run on the embedded store's query engine. A read
 holds its result in memory, as the embedded store's does. A sidecar of a sharded cluster
@@ -207,8 +208,21 @@ def route_distinct(server: ServerState, cmd: Mapping[str, Any]) -> Handler:
     return snapshot_distinct if on_the_copy(server, cmd) is not None else proxy.forward_command
 
 
+def reads_the_copy(server: ServerState, cmd: Mapping[str, Any]) -> bool:
+    """An aggregate the copy answers: a snapshot read of a materialized namespace that writes
+    nothing. mongod 8.0 runs `$out` / `$merge` at readConcern snapshot (reading at T, writing
+    now: jstests/libs/global_snapshot_reads_util.js); the copy cannot write, so such an
+    aggregate goes to the upstream whole, which runs it as mongod does (at a T in its own
+    history window)."""
+    if is_change_stream_aggregate(cmd) or on_the_copy(server, cmd) is None:
+        return False
+    pipeline = cmd.get("pipeline")
+    return not (isinstance(pipeline, list) and any(
+        name in ("$out", "$merge") for name, _ in _other_collections(pipeline)))
+
+
 def route_aggregate(server: ServerState, cmd: Mapping[str, Any]) -> Handler:
-    if not is_change_stream_aggregate(cmd) and on_the_copy(server, cmd) is not None:
+    if reads_the_copy(server, cmd):
         return snapshot_aggregate
     return proxy.route_aggregate(server, cmd)
 
@@ -284,12 +298,12 @@ def _other_collections(pipeline: list[Any]) -> list[tuple[str, Any]]:
 
 
 def check_other_collections(copy: Copies, db: str, pipeline: list[Any]) -> None:
-    """`$out` / `$merge` are refused as mongod refuses them in a snapshot read (InvalidOptions);
-    `$lookup` / `$graphLookup` / `$unionWith` read the copy at the same time, so the
-    collection they name must be materialized too."""
+    """`$lookup` / `$graphLookup` / `$unionWith` read the copy at the same time, so the
+    collection they name must be materialized too (`$out` / `$merge` never come here:
+    `reads_the_copy`)."""
     for name, coll in _other_collections(pipeline):
         if name in ("$out", "$merge"):
-            raise MongoError(72, f"{name} cannot be used with a 'snapshot' read concern level")
+            continue
         if isinstance(coll, str) and not copy.patterns.matches(db, coll):
             raise MongoError(72, f"{name} reads {db}.{coll}, which the sidecar does not "
                              "materialize: a snapshot read of its copy can only read "

@@ -382,7 +382,7 @@ def route_distinct(server: ServerState, cmd: Mapping[str, Any]) -> Handler:
 
 
 def route_aggregate(server: ServerState, cmd: Mapping[str, Any]) -> Handler:
-    if not is_change_stream_aggregate(cmd) and snapshot.on_the_copy(server, cmd):
+    if snapshot.reads_the_copy(server, cmd):
         return snapshot.snapshot_aggregate
     return _aggregate
 
