@@ -166,3 +166,45 @@ def test_snapshot_reads_merge_the_shards_copies(world):
             "off", read_concern=ReadConcern("snapshot")).find({"_id": "late"}))
         assert latest == [{"_id": "late", "x": 500, "n": 0}]
         front.shop.off.delete_one({"_id": "late"})
+
+
+def test_a_snapshot_before_a_migration_reads_each_document_once(world):
+    """A chunk moved after T: the read at T has each document once, as it was at T (the
+    donor's version; the recipient's clone and the donor's range deletion come after); a read
+    after it has each once too, as the recipient holds it."""
+    side = world["side_server"]
+    with MongoClient(side.uri) as through, MongoClient(world["front_uri"]) as front:
+        coll = front.shop.off  # on both shards since the fixture (a new collection's first
+        # migration: see the report on the embedded recipient's create entry)
+        uuid = front.config.collections.find_one({"_id": "shop.off"})["uuid"]
+        with front.start_session() as session:
+            coll.update_many({}, {"$inc": {"v": 1}}, session=session)
+            before = session.operation_time
+            gossip = session.cluster_time
+        then = list(coll.find({}).sort("_id", 1))
+        chunk = front.config.chunks.find_one({"uuid": uuid, "min": {"x": 100}})
+        shards = [s["_id"] for s in front.admin.command("listShards")["shards"]]
+        away = next(s for s in shards if s != chunk["shard"])
+        front.admin.command("moveChunk", "shop.off", find={"x": 100}, to=away,
+                            _waitForDelete=True)
+        with front.start_session() as session:  # a time after the donor's range deletion
+            front.shop.marker.insert_one({}, session=session)
+            moved = session.operation_time
+        with front.start_session() as session:
+            coll.update_many({}, {"$inc": {"v": 1}}, session=session)
+            after = session.operation_time
+            gossip = session.cluster_time
+        now = list(coll.find({}).sort("_id", 1))
+        assert [d["_id"] for d in now] == [d["_id"] for d in then] and now != then
+
+        def read(at):
+            with through.start_session() as s:
+                s.advance_cluster_time(gossip)
+                reply = through.shop.command(
+                    {"find": "off", "sort": {"_id": 1},
+                     "readConcern": {"level": "snapshot", "atClusterTime": at}}, session=s)
+            return reply["cursor"]["firstBatch"]
+
+        assert read(before) == then
+        assert read(moved) == then  # the donor's deletions are not the documents' end
+        assert read(after) == now
