@@ -459,3 +459,33 @@ def test_other_collections_are_read_at_the_same_time(pair):
         assert snapshot_agg(cb, "orders", [{"$unionWith": "customers"}, {"$count": "n"}],
                             now) == [{"n": 3 + 3}]
     ca.close()
+
+
+def test_record_order_continues_after_a_restart(tmp_path):
+    """Record ids are kept in the copy: after a restart a new document comes after every
+    earlier one, as on mongod (not numbered from the start again)."""
+    a = EmbeddedServer()
+    b = None
+    try:
+        ca = raw_client(a.uri)
+        ca.shop.r.insert_many([{"_id": i} for i in (3, 1, 2)])
+        b = MaterializedSidecar(a.uri, str(tmp_path / "b"), ["shop.*"])
+        b.wait_applied(latest_ts(a))
+        ca.shop.r.insert_one({"_id": 0})
+        b.wait_applied(latest_ts(a))
+        b.stop()
+        ca.shop.r.delete_one({"_id": 3})
+        ca.shop.r.insert_one({"_id": 3})
+        ca.shop.r.insert_one({"_id": -1})
+        b = MaterializedSidecar(a.uri, str(tmp_path / "b"), ["shop.*"])
+        b.wait_applied(latest_ts(a))
+        assert b.call(lambda: b.materializer.resyncs) == 0  # continued, not synced again
+        with b.client() as cb:
+            mine = [d["_id"] for d in cb.shop.command(
+                {"find": "r", "readConcern": {"level": "snapshot"}})["cursor"]["firstBatch"]]
+        assert mine == [1, 2, 0, 3, -1]
+        assert mine == [d["_id"] for d in ca.shop.r.find({})]
+    finally:
+        if b is not None:
+            b.stop()
+        a.stop()
