@@ -45,7 +45,7 @@ CREATE TABLE IF NOT EXISTS transactions (lsid BLOB PRIMARY KEY, doc BLOB NOT NUL
 """
 
 SYNCHRONOUS = ("off", "normal", "full", "extra")
-# The queued statements (Persistence._queue), compared by identity when runs are batched.
+# The queued document statements (Persistence._queue), compared by identity in runs.
 _PUT_DOCUMENT = ("INSERT INTO documents (uuid, id, doc) VALUES (?, ?, ?) "
                  "ON CONFLICT (uuid, id) DO UPDATE SET doc = excluded.doc")
 _DELETE_DOCUMENT = "DELETE FROM documents WHERE uuid = ? AND id = ?"
@@ -183,9 +183,11 @@ class CommitFailed(Exception):
 class Persistence:
     """The SQLite side of the store. Writes are buffered into the open transaction; `commit()`
     makes them durable (`synchronous` = SQLite's PRAGMA synchronous). The per-document rows
-    (documents, oplog entries) are queued and sent in order, consecutive rows of one statement
-    by one `executemany`, before any other statement and at `commit()`: a command's thousand
-    rows cost two calls into SQLite, not two thousand. A write SQLite refuses poisons the
+    are queued, before any other statement and at `commit()`: document rows in order,
+    consecutive rows of one statement by one `executemany`, then the oplog rows by one more
+    (a table of their own, so their order against the documents' changes nothing, while
+    interleaved with them they would make runs of one): a command's thousand inserts cost two
+    calls into SQLite, not two thousand. A write SQLite refuses poisons the
     transaction: later writes of the batch are not sent (SQLite may already have rolled it
     back, and would then autocommit them one by one) and `commit()` rolls it back and raises
     CommitFailed."""
@@ -201,7 +203,8 @@ class Persistence:
         self._in_tx = False
         self.journal = Journal()
         self._failed: sqlite3.Error | None = None  # the error that poisoned the transaction
-        self._queued: list[tuple[str, tuple[Any, ...]]] = []  # rows not yet sent, in order
+        self._queued: list[tuple[str, tuple[Any, ...]]] = []  # document rows not yet sent
+        self._oplog_rows: list[tuple[int, bytes]] = []  # oplog rows not yet sent, in ts order
 
     def _unlock(self) -> None:
         if self._lock is not None:
@@ -230,11 +233,13 @@ class Persistence:
         self._queued.append((sql, params))
 
     def _send(self) -> None:
-        """Send the queued rows in order, a run of one statement by one executemany."""
-        queued = self._queued
-        if not queued:
+        """Send the queued rows: the documents' in order, a run of one statement by one
+        executemany, then the oplog's by one executemany."""
+        queued, oplog_rows = self._queued, self._oplog_rows
+        if not queued and not oplog_rows:
             return
         self._queued = []
+        self._oplog_rows = []
         if self._failed is not None:
             raise CommitFailed(self._failed, self.journal)
         i = 0
@@ -249,6 +254,8 @@ class Persistence:
                 else:
                     self.db.executemany(sql, [params for _, params in queued[i:j]])
                 i = j
+            if oplog_rows:
+                self.db.executemany(_APPEND_OPLOG, oplog_rows)
         except sqlite3.Error as exc:
             self._failed = exc
             raise CommitFailed(exc, self.journal) from None
@@ -263,6 +270,7 @@ class Persistence:
         except CommitFailed:
             pass  # _failed: rolled back below
         self._queued = []
+        self._oplog_rows = []
         self._in_tx = False
         journal, self.journal = self.journal, Journal()
         error, self._failed = self._failed, None
@@ -328,7 +336,7 @@ class Persistence:
 
     def append_oplog(self, ts: Timestamp, entry: bytes) -> None:
         self.begin()
-        self._queue(_APPEND_OPLOG, ((ts.time << 32) | ts.inc, entry))
+        self._oplog_rows.append(((ts.time << 32) | ts.inc, entry))
 
     def truncate_oplog(self, before: Timestamp) -> None:
         self.begin()
