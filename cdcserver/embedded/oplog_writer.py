@@ -56,6 +56,81 @@ _V = Int64(2)
 
 
 _INT32 = struct.Struct("<i")
+_TERM, _VERSION = int(_T), int(_V)
+# An insert entry's fields after `o`, as bson.encode gives them (o2's document is spliced in
+# before): stmtId, ts, t, v, wall [, prevOpTime]. A timestamp is its inc then its time.
+_TAIL = struct.Struct("<4sII 3sq 3sq 6sq")  # ts, t, v, wall
+_TAIL_NAMES = (b"\x11ts\x00", b"\x12t\x00", b"\x12v\x00", b"\x09wall\x00")
+_STMT_ID = struct.Struct("<8si")
+_PREV_OP_TIME = struct.Struct("<12si 4sII 3sq x")
+# The `_id` value sizes, by BSON type, of the ids whose element an insert's o2 copies from
+# the document's bytes (a fixed size, or an int32 prefix: its value counts from after it,
+# plus what the type adds to it; a document counts itself)
+_FIXED_ID_SIZES = {0x01: 8, 0x07: 12, 0x08: 1, 0x09: 8, 0x0A: 0, 0x10: 4, 0x11: 8, 0x12: 8,
+                   0x13: 16}
+_PREFIXED_ID_EXTRA = {0x02: 4, 0x05: 5, 0x03: 0, 0x04: 0}
+
+
+def _id_element(raw: bytes) -> bytes | None:
+    """The `_id` element that begins the document `raw`, if it does and its type's size is
+    known (else None: the caller encodes it)."""
+    if raw[5:9] != b"_id\x00":
+        return None
+    kind = raw[4]
+    size = _FIXED_ID_SIZES.get(kind)
+    if size is None:
+        extra = _PREFIXED_ID_EXTRA.get(kind)
+        if extra is None:
+            return None
+        size = _INT32.unpack_from(raw, 9)[0] + extra
+    end = 9 + size
+    return raw[4:end] if end < len(raw) else None
+
+
+def _tail(o2: Mapping[str, Any] | None, marked: bool, needs_retry_image: str | None,
+          session: OpSession | None, stmt_id: int | None, ts: Timestamp,
+          wall: datetime.datetime, prev: Timestamp | None) -> dict[str, Any]:
+    """An entry's fields after `o`, in mongod's order."""
+    tail: dict[str, Any] = {}
+    if o2 is not None:
+        tail["o2"] = o2
+    if marked:
+        tail["isTimeseries"] = True
+    if needs_retry_image is not None:
+        tail["needsRetryImage"] = needs_retry_image
+    if session is not None and stmt_id is not None:
+        tail["stmtId"] = stmt_id
+    tail["ts"] = ts
+    tail["t"] = _T
+    tail["v"] = _V
+    tail["wall"] = wall
+    if session is not None:
+        tail["prevOpTime"] = dict(NULL_OP_TIME) if prev is None else {"ts": prev, "t": _T}
+    return tail
+
+
+def _insert_tail(o_raw: bytes, in_session: bool, stmt_id: int | None, ts: Timestamp,
+                 wall_ms: int, prev: Timestamp | None) -> bytes | None:
+    """bson.encode of an insert entry's fields after `o` (o2 = {_id: o's _id}, [stmtId], ts,
+    t, v, wall [, prevOpTime]), packed; None where o's `_id` element is not copied."""
+    element = _id_element(o_raw)
+    if element is None:
+        return None
+    parts = [b"\x03o2\x00", _INT32.pack(len(element) + 5), element, b"\x00"]
+    if in_session and stmt_id is not None:
+        parts.append(_STMT_ID.pack(b"\x10stmtId\x00", stmt_id))
+    names = _TAIL_NAMES
+    parts.append(_TAIL.pack(names[0], ts.inc, ts.time, names[1], _TERM, names[2], _VERSION,
+                            names[3], wall_ms))
+    if in_session:
+        if prev is None:
+            parts.append(_PREV_OP_TIME.pack(b"\x03prevOpTime\x00", 28, b"\x11ts\x00", 0, 0,
+                                            b"\x12t\x00", -1))
+        else:
+            parts.append(_PREV_OP_TIME.pack(b"\x03prevOpTime\x00", 28, b"\x11ts\x00",
+                                            prev.inc, prev.time, b"\x12t\x00", _TERM))
+    body = b"".join(parts)
+    return b"".join((_INT32.pack(len(body) + 5), body, b"\x00"))
 
 
 def _entry_head(op: str, ns: str, ui: Binary | None, session: OpSession | None
@@ -244,25 +319,12 @@ class OplogWriterMixin(StoreState):
             self.txn.ops.append(inner)
             return Timestamp(0, len(self.txn.ops) - 1), _now_ms()
         ts = self._next_ts()
-        wall = wall or self._now_wall()
-        tail: dict[str, Any] = {}  # the fields after `o`
-        if o2 is not None:
-            tail["o2"] = o2
-        if marked:
-            tail["isTimeseries"] = True
-        if needs_retry_image is not None:
-            tail["needsRetryImage"] = needs_retry_image
-        if session is not None and stmt_id is not None:
-            tail["stmtId"] = stmt_id
-        tail["ts"] = ts
-        tail["t"] = _T
-        tail["v"] = _V
-        tail["wall"] = wall
+        wall_ms = -1  # wall's milliseconds, when read here (a wall given is not converted)
+        if wall is None:
+            wall = self._now_wall()
+            wall_ms = self._wall_ms
+        prev = session.prev_ts if session is not None else None
         if session is not None:
-            prev = session.prev_ts
-            tail["prevOpTime"] = (
-                dict(NULL_OP_TIME) if prev is None else {"ts": prev, "t": _T}
-            )
             key = session.key
             if key not in self._session_undo:  # as it was before this batch (_roll_back)
                 owner = self.sessions.get(key)
@@ -280,14 +342,20 @@ class OplogWriterMixin(StoreState):
         if o_raw is None:
             entry = _entry_head(op, ns, ui, session)
             entry["o"] = o
-            entry.update(tail)
+            entry.update(_tail(o2, marked, needs_retry_image, session, stmt_id, ts, wall, prev))
             raw = bson.encode(entry)
         else:
             # the bytes bson.encode gives for the whole entry, `o` spliced in as it is: the
             # fields before it encoded once for a command's run of entries, those after it
-            # encoded alone
+            # encoded alone (an insert's packed, its o2's `_id` copied from `o`)
             head = self._head_elements(op, ns, ui, session)
-            after = bson.encode(tail)
+            after = None
+            if (wall_ms >= 0 and not marked and needs_retry_image is None and o2 is not None
+                    and len(o2) == 1 and o2.get("_id", o2) is o.get("_id", o)):
+                after = _insert_tail(o_raw, session is not None, stmt_id, ts, wall_ms, prev)
+            if after is None:
+                after = bson.encode(
+                    _tail(o2, marked, needs_retry_image, session, stmt_id, ts, wall, prev))
             raw = b"".join((_INT32.pack(len(head) + len(o_raw) + len(after) + 3), head,
                             b"\x03o\x00", o_raw, after[4:-1], b"\x00"))
         self._pending.append((ts, raw))

@@ -102,3 +102,59 @@ def test_entries_spliced_as_encoding_them_whole(cdcserver_embedded: EmbeddedServ
     assert "lsid" not in by_id["p0a1"] and by_id["p1b1"]["ns"] == "enc.b"
     assert by_id["0a1"]["stmtId"] == 1 and by_id["0a1"]["txnNumber"] != by_id["1a1"][
         "txnNumber"]
+
+
+_IDS = [7, -2**40, 2.5, "k", "", bson.ObjectId(), True, None, bson.Int64(9),
+        datetime.datetime(2024, 1, 2, 3, 4, 5, 6000), Timestamp(5, 6),
+        bson.Decimal128("1.5"), {"a": 1, "b": [1]}, bson.Binary(b"\x00\x01", 4),
+        bson.Binary(b"xy", 0), bson.MinKey(), bson.regex.Regex("a", "i")]
+
+
+def test_insert_tail_packed_as_encoded() -> None:
+    """An insert entry's fields after `o`, packed, are what bson.encode gives for them, for
+    every `_id` type (those it cannot copy from `o` fall back: None), with and without a
+    session, a statement id and a previous write."""
+    from cdcserver.embedded.oplog_writer import NULL_OP_TIME, _insert_tail
+
+    ts, prev = Timestamp(1_700_000_000, 42), Timestamp(1_699_999_999, 7)
+    wall = datetime.datetime(2024, 5, 1, 12, 0, 0, 123000)
+    wall_ms = 1714564800123
+    copied = 0
+    for _id in _IDS:
+        o_raw = bson.encode({"_id": _id, "x": 1})
+        for in_session, stmt_id, prev_ts in ((False, None, None), (True, 0, None),
+                                             (True, 3, prev), (True, None, prev)):
+            tail: dict[str, object] = {"o2": {"_id": _id}}
+            if in_session and stmt_id is not None:
+                tail["stmtId"] = stmt_id
+            tail.update(ts=ts, t=bson.Int64(1), v=bson.Int64(2), wall=wall)
+            if in_session:
+                tail["prevOpTime"] = (dict(NULL_OP_TIME) if prev_ts is None
+                                      else {"ts": prev_ts, "t": bson.Int64(1)})
+            packed = _insert_tail(o_raw, in_session, stmt_id, ts, wall_ms, prev_ts)
+            if packed is not None:
+                copied += 1
+                assert packed == bson.encode(tail), (_id, in_session, stmt_id)
+    assert copied == 4 * (len(_IDS) - 2)  # all but MinKey's and the regex's are copied
+
+
+def test_insert_entries_of_every_id_type(cdcserver_embedded: EmbeddedServer) -> None:
+    """Through the server: each insert entry's o2 is its document's `_id`, and the entry is
+    byte for byte its own encoding, in and out of a session."""
+    server = cdcserver_embedded
+    with server.client() as retryable, server.client(retryWrites=False) as plain:
+        retryable.enc.ids.insert_many([{"_id": i, "n": 1} for i in _IDS[:9]])
+        plain.enc.ids.insert_many([{"_id": i, "n": 2} for i in _IDS[9:-1]])  # no regex _id
+    entries = [bson.decode(raw) for raw in server.call(server.store.oplog_entries)]
+    inserts = [e for e in entries if e["op"] == "i" and e["ns"] == "enc.ids"]
+    assert len(inserts) == len(_IDS) - 1
+    for raw in server.call(server.store.oplog_entries):
+        assert bson.encode(bson.decode(raw)) == raw
+    prev = None
+    for e in inserts[:9]:
+        assert e["o2"] == {"_id": e["o"]["_id"]}
+        assert e["prevOpTime"]["ts"] == (Timestamp(0, 0) if prev is None else prev)
+        prev = e["ts"]
+    assert [e["stmtId"] for e in inserts[:9]] == list(range(9))
+    assert all("stmtId" not in e and "prevOpTime" not in e for e in inserts[9:])
+    assert [e["o2"]["_id"] for e in inserts] == [e["o"]["_id"] for e in inserts]
