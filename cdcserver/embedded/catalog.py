@@ -172,14 +172,16 @@ class CatalogMixin(StoreState):
 
     def create_collection(
         self, db: str, coll: str, options: Mapping[str, Any] | None = None,
-        id_index: Mapping[str, Any] | None = None,
+        id_index: Mapping[str, Any] | None = None, uuid: bytes | None = None,
     ) -> Collection:
+        """A new collection; `uuid` gives it one already chosen (a sharded collection's, the
+        same on every shard) rather than a new one, so that its create entry has it too."""
         validate_collection_name(db, coll)
         # The oplog entry has the options the command gave (a capped size as given: the
         # create event shows it, ddl_create_event.js); the catalog keeps them as parsed.
         given = ordered_options(options or {}, as_stored=False)
         options = ordered_options(options or {})
-        c = Collection(db, coll, uuid_module.uuid4().bytes, options)
+        c = Collection(db, coll, uuid or uuid_module.uuid4().bytes, options)
         # The _id index as mongod builds it: the requested version, its own name and key, and
         # the collection's default collation; a clustered collection has none (its clustered
         # index, an option, takes its place).

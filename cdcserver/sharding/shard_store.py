@@ -35,7 +35,7 @@ from bson.max_key import MaxKey
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from cdcserver.embedded.store import Collection, Store, _now_ms
+from cdcserver.embedded.store import Store, _now_ms
 from cdcserver.sharding.catalog import ShardingCatalog, bound_bytes
 from pipeline_stages.keystring import encode_values
 
@@ -109,18 +109,6 @@ class ShardStore(Store):
             yield
         finally:
             self.from_migrate = False
-
-    def create_collection(
-        self, db: str, coll: str, options: Mapping[str, Any] | None = None, *args: Any,
-        uuid: bytes | None = None, **kwargs: Any,
-    ) -> Collection:
-        """Store.create_collection; with `uuid`, the sharded collection's UUID (the same on
-        every shard, as mongod's), given to the new, still empty collection."""
-        c = super().create_collection(db, coll, options, *args, **kwargs)
-        if uuid is not None and c.uuid != uuid:
-            c.uuid = uuid
-            self._save_meta(c)  # (db, coll) keys the row: the UUID is replaced
-        return c
 
     @contextlib.contextmanager
     def prepared_commit(self, prepare_ts: Timestamp, commit_ts: Timestamp) -> Iterator[None]:

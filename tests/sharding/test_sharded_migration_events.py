@@ -176,3 +176,20 @@ def test_a_recipients_first_chunk_is_announced_in_its_oplog_not_to_streams(clust
     events = [stream.next()["operationType"], stream.next()["operationType"]]
     stream.close()
     assert events == ["migrateLastChunkFromShard", "insert"]
+
+
+def test_a_first_migration_creates_the_collection_on_the_recipient_with_its_uuid(cluster, client):
+    """The recipient of a collection's first chunk creates it with the collection's UUID (the
+    same on every shard): its create entry and the cloned documents' entries carry one `ui`,
+    the donor's, as mongod's recipient creates it with the donor's options and UUID."""
+    _prepare(client)
+    uuid = _uuid(client)
+    client.admin.command("moveChunk", NS, find={"_id": 0}, to="shard1")
+    with pymongo.MongoClient(cluster.shard_uris[1]) as recipient:
+        entries = list(recipient.local["oplog.rs"].find(
+            {"$or": [{"ns": NS}, {"ns": f"{DB}.$cmd", "o.create": COLL}]}))
+        info = next(recipient[DB].list_collections(filter={"name": COLL}))
+    creates = [e for e in entries if e["op"] == "c" and "create" in e["o"]]
+    assert len(creates) == 1 and entries, entries
+    assert {e["ui"] for e in entries} == {uuid}
+    assert info["info"]["uuid"] == uuid
