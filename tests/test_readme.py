@@ -58,7 +58,6 @@ BLOCKS = {
     ("python", 'full_document="updateLookup"'): "test_command_1_serves_and_the_example_runs_twice",
     ("", "insert {'_id': ObjectId('...')"): "test_command_1_serves_and_the_example_runs_twice "
     "(what it prints)",
-    ("python", "pytest_plugins"): "test_the_pytest_example_passes",
     ("python", "def test_an_insert_is_seen"): "test_the_pytest_example_passes",
     ("", "cdcserver serve --sample"): "test_the_sample_section_prints_its_events",
     ("python", "start_at_operation_time"): "test_the_sample_section_prints_its_events",
@@ -207,7 +206,10 @@ def test_the_sample_section_prints_its_events(venv_here, default_metrics_port_he
 def test_the_pytest_example_passes(tmp_path):
     """The README's conftest.py and test file, with the plugin of this checkout: both its
     tests pass ("Both pass")."""
-    (tmp_path / "conftest.py").write_text(_block("python", "pytest_plugins"))
+    line = re.search(r"`conftest\.py` names it in one line, `(pytest_plugins =\s+\[[^`]*\])`",
+                     README)
+    assert line, "the README's conftest.py line"
+    (tmp_path / "conftest.py").write_text(re.sub(r"\s+", " ", line.group(1)) + "\n")
     (tmp_path / "test_orders.py").write_text(_block("python", "def test_an_insert_is_seen"))
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_orders.py"],
