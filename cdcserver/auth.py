@@ -28,12 +28,12 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-import bson
 from bson.raw_bson import RawBSONDocument
 
 from cdcserver.config import AuthConfig, ScramCredentials
 from cdcserver.roles import Grant, Resource, role_grants
 from cdcserver.roles import parse_role as parse_role  # this module's API (cli.py's add-user)
+from pipeline_stages import bson_bytes
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import bson_obj_string
 
@@ -656,14 +656,14 @@ class ServerAuth:
         if is_authorized(users, [(("cluster",), ("listDatabases",))]):
             return reply
         raw = isinstance(reply, RawBSONDocument)
-        out = bson.decode(reply.raw) if raw else reply
+        out = bson_bytes.decode(reply.raw) if raw else reply
         dbs = out.get("databases")
         if isinstance(dbs, list):
             out["databases"] = [
                 d for d in dbs if isinstance(d, Mapping)
                 and any(u.has_any_privilege_on(str(d.get("name"))) for u in users)
             ]
-        return RawBSONDocument(bson.encode(out)) if raw else out
+        return RawBSONDocument(bson_bytes.encode(out), bson_bytes.RAW) if raw else out
 
 
 def user_toml(

@@ -39,6 +39,7 @@ from cdcserver.tls import (
     tcp_sockets,
     unix_socket,
 )
+from pipeline_stages import bson_bytes
 from pipeline_stages.errors import MongoError
 from pipeline_stages.release import RELEASES
 
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # Commands arrive as plain dicts (tz-aware dates keep their instant exactly).
-REQUEST_CODEC: CodecOptions[dict[str, Any]] = CodecOptions(
+REQUEST_CODEC: CodecOptions[dict[str, Any]] = bson_bytes.codec_options(
     tz_aware=True, datetime_conversion=DatetimeConversion.DATETIME_AUTO
 )
 _request_ids = itertools.count(1)

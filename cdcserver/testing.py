@@ -54,11 +54,11 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import bson
 from bson import json_util
 from bson.raw_bson import RawBSONDocument
 
 from cdcserver.sources.base import OplogLog
+from pipeline_stages import bson_bytes
 
 if TYPE_CHECKING:
     from cdcserver.deployment import Deployment
@@ -134,9 +134,10 @@ def _is_json(path: PathLike) -> bool:
 def _encode(entries: Iterable[Mapping[str, Any]], as_json: bool) -> bytes:
     out: list[bytes | memoryview] = []
     for entry in entries:
-        raw = entry.raw if isinstance(entry, RawBSONDocument) else bson.encode(entry)
+        raw = entry.raw if isinstance(entry, RawBSONDocument) else bson_bytes.encode(entry)
         if as_json:
-            out.append(json_util.dumps(bson.decode(raw), json_options=_CANONICAL).encode() + b"\n")
+            text = json_util.dumps(bson_bytes.decode(raw), json_options=_CANONICAL)
+            out.append(text.encode() + b"\n")
         else:
             out.append(raw)
     return b"".join(out)
@@ -383,7 +384,7 @@ class EmbeddedServer(ThreadServer):
     def entries(self) -> list[dict[str, Any]]:
         """Every oplog entry, decoded (UUIDs as Binary, datetimes naive)."""
         raw = self.store.oplog_entries() if self._stopped else self.call(self.store.oplog_entries)
-        return [bson.decode(r) for r in raw]
+        return [bson_bytes.decode(r) for r in raw]
 
     def stop(self) -> None:
         if self._stopped:
@@ -545,12 +546,11 @@ def read_oplog(source: Any, *, since: Any = None) -> list[RawBSONDocument]:
     """The entries of a server's ``local.oplog.rs`` (those after the Timestamp ``since``, or
     all), read over the wire in natural order: works with any cdcserver (embedded or not)
     and with a real replica-set member."""
-    from bson.codec_options import CodecOptions
 
     client, own = _client_for(source)
     try:
         oplog = client.get_database(
-            "local", codec_options=CodecOptions(document_class=RawBSONDocument)
+            "local", codec_options=bson_bytes.codec_options(document_class=RawBSONDocument)
         )["oplog.rs"]
         query = {} if since is None else {"ts": {"$gt": since}}
         return list(oplog.find(query).sort("$natural", 1))

@@ -29,7 +29,7 @@ from typing import Any
 from bson.regex import Regex
 from bson.timestamp import Timestamp
 
-from pipeline_stages import date_expressions
+from pipeline_stages import bson_bytes, date_expressions
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
 
@@ -216,8 +216,8 @@ def _index_of(parser: Any, args: Any, name: str) -> Any:
                              f"{value}")
         bounds.append(int(value))
     if name == "$indexOfBytes":
-        text: str | bytes = string.encode()
-        needle: str | bytes = sub.encode()
+        text: str | bytes = bson_bytes.utf8(string)
+        needle: str | bytes = bson_bytes.utf8(sub)
     else:
         text, needle = string, sub
     start = bounds[0] if bounds else 0

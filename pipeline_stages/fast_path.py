@@ -20,12 +20,11 @@ import datetime
 import struct
 from typing import Any
 
-import bson
 from bson.binary import Binary
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from pipeline_stages import keystring, resume_token
+from pipeline_stages import bson_bytes, keystring, resume_token
 from pipeline_stages.oplog_entry import Entry, EntryDocument
 from pipeline_stages.split_large_event import BSON_OBJ_MAX_INTERNAL_SIZE
 from pipeline_stages.stage_chain import StageChain
@@ -66,7 +65,7 @@ def _ns_element(ns: str) -> bytes | None:
         db, _, coll = ns.partition(".")
         element = (
             None if coll == "system.views"
-            else bson.encode({"ns": {"db": db, "coll": coll}})[4:-1]
+            else bson_bytes.encode({"ns": {"db": db, "coll": coll}})[4:-1]
         )
         if len(_ns_elements) >= _NS_CACHE_MAX:
             _ns_elements.clear()
@@ -223,7 +222,7 @@ def encode_crud(
                     description = update_description(o["diff"], False)
                     body = (
                         ns_bytes, _DOCUMENT_KEY, key,
-                        bson.encode({"updateDescription": description})[4:-1], b"\x00",
+                        bson_bytes.encode({"updateDescription": description})[4:-1], b"\x00",
                     )
                 else:
                     return None  # legacy updates and errors: the general path
@@ -250,7 +249,7 @@ def encode_crud(
             ))
         else:
             event = b"".join((
-                bson.encode({"_id": token})[4:-1], head, _CLUSTER_TIME, pack_ts(inc, time),
+                bson_bytes.encode({"_id": token})[4:-1], head, _CLUSTER_TIME, pack_ts(inc, time),
                 wall_bytes, *body,
             ))
         size = len(event) + 4

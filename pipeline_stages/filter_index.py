@@ -42,11 +42,11 @@ import decimal
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
-import bson
 from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
+from pipeline_stages import bson_bytes
 from pipeline_stages.image_source import ImageSource
 from pipeline_stages.lookups import ExternalImages, LookupAnswers, NeedsLookup
 from pipeline_stages.oplog_entry import Entry, encode_in_order
@@ -261,7 +261,7 @@ def plain_event(event: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
     """The event as the query engine sees it (what `UserStages` converts it to), and whether it
     holds a value whose comparison can raise, a decimal NaN (then every filter must run)."""
     raw = encode_in_order(_without_missing(event))
-    plain = bson.decode(raw, codec_options=_PLAIN)
+    plain = bson_bytes.decode(raw, codec_options=_PLAIN)
     # 0x13 is the Decimal128 type byte: without it there is no decimal, so no NaN to find.
     return plain, b"\x13" in raw and _has_decimal_nan(plain)
 
@@ -307,7 +307,7 @@ class FilterIndex:
     def add(self, subscriber: Hashable, query: Mapping[str, Any] | None) -> None:
         """Register `subscriber` with its leading `$match` filter (None: none). The filter was
         validated when the stream was opened."""
-        key = b"" if query is None else bson.encode({"f": query})
+        key = b"" if query is None else bson_bytes.encode({"f": query})
         slot = self._slots.get(key)
         if slot is None:
             slot = Slot(key, query, None if query is None else compile_cover(query))
@@ -487,7 +487,7 @@ def group_key(spec: ChangeStreamSpec) -> bytes:
         "given_options",
     ):
         fields.pop(name, None)
-    return bson.encode({"group": fields})
+    return bson_bytes.encode({"group": fields})
 
 
 def ready_to_join(member: ChangeStreamPipeline, position: Timestamp) -> bool:
@@ -589,7 +589,7 @@ class FilterGroup:
         if test is None:
             self._unfiltered += delta
         else:
-            key = bson.encode({"f": member.spec.user_pipeline[0]})
+            key = bson_bytes.encode({"f": member.spec.user_pipeline[0]})
             held, n = self._prefilters.get(key, (test, 0))
             if n + delta > 0:
                 self._prefilters[key] = (held, n + delta)

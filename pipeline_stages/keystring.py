@@ -14,8 +14,7 @@ import struct
 from collections.abc import Iterable
 from types import ModuleType
 
-import bson
-
+from pipeline_stages import bson_bytes
 from pipeline_stages.errors import KeyStringError, MongoError
 
 # CType bytes (key_string.cpp `CType`).
@@ -298,7 +297,7 @@ class Builder(TypeBitsWriter):
     def append_string(self, s: str) -> None:
         out = self.out
         out.append(STRING_LIKE)
-        b = s.encode()
+        b = bson_bytes.utf8(s)
         out += b.replace(b"\x00", b"\x00\xff") if b"\x00" in b else b
         out.append(0)
         self.count += 1
@@ -450,7 +449,7 @@ def encode_bson(raw: bytes) -> tuple[bytes, bytes | None]:
 
 def encode_values(values: Iterable[object]) -> tuple[bytes, bytes | None]:
     """KeyString of Python/bson values (convenience; names are irrelevant)."""
-    return encode_bson(bson.encode({str(i): v for i, v in enumerate(values)}))
+    return encode_bson(bson_bytes.encode({str(i): v for i, v in enumerate(values)}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -705,7 +704,7 @@ def decode_to_bson(data: bytes, type_bits: bytes | None = None) -> bytes:
 
 def element_to_python(t: int, v: bytes) -> object:
     """A decoded value as pymongo gives it (lossy for undefined/symbol/DBPointer)."""
-    return bson.decode(_wrap(t, v))[""]
+    return bson_bytes.decode(_wrap(t, v))[""]
 
 
 def _wrap(t: int, v: bytes) -> bytes:

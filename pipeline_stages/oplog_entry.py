@@ -13,13 +13,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import bson
 from bson.codec_options import CodecOptions
 from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-OPLOG_CODEC_OPTIONS: CodecOptions[RawBSONDocument] = CodecOptions(document_class=RawBSONDocument)
+from pipeline_stages import bson_bytes
+
+OPLOG_CODEC_OPTIONS: CodecOptions[RawBSONDocument] = bson_bytes.RAW
 
 Entry = Mapping[str, Any]
 
@@ -47,7 +48,8 @@ class EntryDocument(RawBSONDocument):
         self._RawBSONDocument__codec_options = OPLOG_CODEC_OPTIONS
 
 
-_ENTRY_CODEC_OPTIONS: CodecOptions[RawBSONDocument] = CodecOptions(document_class=EntryDocument)
+_ENTRY_CODEC_OPTIONS: CodecOptions[RawBSONDocument] = bson_bytes.codec_options(
+    document_class=EntryDocument)
 
 
 try:  # pymongo's own top-level inflation of a RawBSONDocument (one C call)
@@ -100,8 +102,8 @@ def encode_in_order(doc: Any, codec_options: CodecOptions[Any] | None = None) ->
     (4-byte length, type 0x03, empty name's NUL ... trailing NUL).
     """
     if codec_options is None:
-        return bson.encode({"": doc})[6:-1]
-    return bson.encode({"": doc}, codec_options=codec_options)[6:-1]
+        return bson_bytes.encode({"": doc})[6:-1]
+    return bson_bytes.encode({"": doc}, codec_options=codec_options)[6:-1]
 
 
 def encode_many_in_order(docs: list[Any]) -> list[bytes]:
@@ -112,7 +114,7 @@ def encode_many_in_order(docs: list[Any]) -> list[bytes]:
     embedded documents, written as they are) and cut each element out: after its type byte
     and its key (the index as digits, NUL) comes the document with its own length.
     """
-    data = bson.encode({"": docs})
+    data = bson_bytes.encode({"": docs})
     out = []
     pos = 10  # total length, 0x04, "" NUL, the array's length
     index_of = data.index

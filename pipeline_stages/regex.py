@@ -61,6 +61,10 @@ class Matcher(Protocol):
     def search(self, text: str) -> Any: ...
 
 
+# A byte that was not UTF-8, as bson_bytes decodes it (surrogateescape).
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")
+
+
 class PythonMatcher:
     """The default fallback: Python's `re` (backtracking, no match limit), in-process."""
 
@@ -71,8 +75,16 @@ class PythonMatcher:
         self.pattern, self.flags = pattern, flags
 
     def search(self, text: str) -> bool:
-        # a CollatedStr holds its original: regexes ignore collation
-        return self.compiled.search(getattr(text, "original", text)) is not None
+        subject = self.subject(text)
+        return subject is not None and self.compiled.search(subject) is not None
+
+    @staticmethod
+    def subject(text: str) -> str | None:
+        """The string a match runs on (a CollatedStr holds its original: regexes ignore
+        collation); None for bytes that are not UTF-8, which PCRE's UTF check fails (so
+        does RE2's encode)."""
+        text = getattr(text, "original", text)
+        return None if _NOT_UTF8.search(text) else text
 
 
 # The matcher for a pattern RE2 cannot run, from its Python `re` spelling and flags; raises
@@ -90,7 +102,10 @@ class _Linear:
 
     def search(self, text: str) -> bool:
         # a CollatedStr holds its original: regexes ignore collation
-        return self._compiled.search(getattr(text, "original", text)) is not None
+        try:
+            return self._compiled.search(getattr(text, "original", text)) is not None
+        except UnicodeEncodeError:  # bytes that are not UTF-8: PCRE's UTF check fails the match
+            return False
 
 
 def check_options(options: str) -> None:

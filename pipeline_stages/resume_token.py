@@ -19,7 +19,7 @@ import bson
 from bson.binary import Binary
 from bson.timestamp import Timestamp
 
-from pipeline_stages import keystring
+from pipeline_stages import bson_bytes, keystring
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import document_string
 
@@ -48,7 +48,7 @@ def _raw_doc(body: bytes) -> bytes:
 
 
 def _raw_string_element(name: bytes, s: str) -> bytes:
-    b = s.encode()
+    b = bson_bytes.utf8(s)
     return b"\x02" + name + b"\x00" + _I32.pack(len(b) + 1) + b + b"\x00"
 
 
@@ -58,7 +58,7 @@ def _as_raw_document(doc: bytes | Mapping[str, Any]) -> bytes:
     if isinstance(doc, (bytes, bytearray, memoryview)):
         return bytes(doc)
     raw = getattr(doc, "raw", None)  # RawBSONDocument keeps its bytes
-    return raw if isinstance(raw, bytes) else bson.encode(doc)
+    return raw if isinstance(raw, bytes) else bson_bytes.encode(doc)
 
 
 def make_event_identifier(
@@ -185,7 +185,7 @@ class ResumeTokenData:
         )
 
     def event_identifier_document(self) -> dict[str, Any] | None:
-        return None if self.event_identifier is None else bson.decode(self.event_identifier)
+        return None if self.event_identifier is None else bson_bytes.decode(self.event_identifier)
 
     def _key(self) -> tuple[Any, ...]:
         return (
@@ -381,9 +381,9 @@ def _append_number(b: keystring.Builder, n: int) -> None:
     if -(1 << 30) < n < (1 << 30):
         b.append_int32(n)
     elif -(1 << 40) < n < (1 << 40):
-        b.append_values(bson.encode({"": float(n)}))
+        b.append_values(bson_bytes.encode({"": float(n)}))
     else:
-        b.append_values(bson.encode({"": bson.Int64(n)}))
+        b.append_values(bson_bytes.encode({"": bson.Int64(n)}))
 
 
 def identifier_keystring(raw: bytes | None) -> bytes | None:

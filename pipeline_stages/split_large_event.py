@@ -17,9 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import bson
-
-from pipeline_stages import resume_token
+from pipeline_stages import bson_bytes, resume_token
 from pipeline_stages.check_resumability import SPLIT_OF_RESUME_POINT, compare_to_client_token
 from pipeline_stages.errors import MongoError
 from pipeline_stages.resume_token import ResumeTokenData
@@ -62,7 +60,7 @@ def check_event_size(raw: bytes, event: Mapping[str, Any]) -> None:
 
 def element_size(name: str, value: Any) -> int:
     """The BSON size of the element `name: value`."""
-    return len(bson.encode({name: value})) - _ELEMENT_OVERHEAD
+    return len(bson_bytes.encode({name: value})) - _ELEMENT_OVERHEAD
 
 
 def _fields(event: Mapping[str, Any]) -> list[tuple[str, Any]]:
@@ -73,13 +71,13 @@ def bson_size(event: Mapping[str, Any]) -> int:
     """The event's BSON size (MISSING slots are not part of it)."""
     if any(v is MISSING for v in event.values()):
         event = dict(_fields(event))
-    return len(bson.encode(event))
+    return len(bson_bytes.encode(event))
 
 
 def _fragment_base_size(token: Mapping[str, Any], fragment: int) -> int:
     """`{_id: token, splitEvent: {fragment, of: 0}}` with its `$sortKey: [token]` metadata."""
     return len(
-        bson.encode(
+        bson_bytes.encode(
             {"_id": token, "splitEvent": {"fragment": fragment, "of": 0}, "$sortKey": [token]}
         )
     )
@@ -96,7 +94,7 @@ def split_change_event(
     fields = [(k, v) for k, v in _fields(event) if k != "_id"]
     # (element size, name) orders the fields; std::string compares bytes, as UTF-8 order does.
     sized = sorted(
-        ((element_size(k, v), k.encode(), k, v) for k, v in fields), key=lambda f: f[:2]
+        ((element_size(k, v), bson_bytes.utf8(k), k, v) for k, v in fields), key=lambda f: f[:2]
     )
     if not sized:
         raise MongoError(
@@ -183,7 +181,7 @@ class SplitLargeEvent:
                     check_resume_token(event, token)
                 out.append(event)
                 continue
-            token_size = len(bson.encode(token))
+            token_size = len(bson_bytes.encode(token))
             fragments = split_change_event(event, MAX_CHANGE_EVENT_SIZE - token_size, skip, token)
             if skip > 0 and not fragments:
                 raise MongoError(280, DIFFERENT_SPLIT_MESSAGE)

@@ -20,7 +20,7 @@ import bson
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from pipeline_stages import resume_token
+from pipeline_stages import bson_bytes, resume_token
 from pipeline_stages.errors import MongoError
 from pipeline_stages.oplog_entry import (
     VIEWLESS_TIMESERIES,
@@ -87,7 +87,7 @@ def _raw(doc: Mapping[str, Any]) -> bytes:
         raw = doc.raw
         # A view into a large entry's bytes: the token's KeyString builder reads bytes.
         return raw if type(raw) is bytes else bytes(raw)
-    return bson.encode(doc)
+    return bson_bytes.encode(doc)
 
 
 class ChangeStreamTransform:

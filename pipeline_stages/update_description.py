@@ -32,25 +32,15 @@ Known deviations (none can come from a diff that mongod wrote):
 
 from __future__ import annotations
 
-import datetime
-import uuid
 from collections.abc import Iterator, Mapping
 from itertools import chain
 from typing import Any
 
-from bson.binary import Binary
-from bson.code import Code
-from bson.datetime_ms import DatetimeMS
 from bson.dbref import DBRef
-from bson.decimal128 import Decimal128
-from bson.max_key import MaxKey
-from bson.min_key import MinKey
-from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
-from bson.regex import Regex
-from bson.timestamp import Timestamp
 
 from pipeline_stages.errors import MongoError
+from pipeline_stages.value_string import bson_obj_string
 
 __all__ = ["apply_diff", "legacy_update_description", "update_description"]
 
@@ -546,74 +536,4 @@ def _unordered_array_diff() -> MongoError:
 
 
 def _element_str(name: str, value: Any) -> str:
-    return f"{name}: {_value_str(value)}"
-
-
-def _double_nice(x: float) -> str:
-    # StringBuilder::appendDoubleNice: "%.16g", then ".0" unless it has '.', 'E' or 'N'.
-    s = format(x, ".16g")
-    if "." not in s and "E" not in s and "N" not in s:
-        s += ".0"
-    return s
-
-
-def _value_str(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "null"
-    if isinstance(v, int):  # int and Int64
-        return str(int(v))
-    if isinstance(v, float):
-        return _double_nice(v)
-    if isinstance(v, str):
-        raw = v.encode()
-        if len(raw) + 1 > 160:
-            return '"' + raw[:150].decode(errors="replace") + '..."'
-        return f'"{v}"'
-    if isinstance(v, Mapping):
-        if not v:
-            return "{}"
-        return "{ " + ", ".join(_element_str(k, x) for k, x in v.items()) + " }"
-    if isinstance(v, (list, tuple)):
-        if not v:
-            return "[]"
-        return "[ " + ", ".join(_value_str(x) for x in v) + " ]"
-    if isinstance(v, DBRef):
-        return _value_str(v.as_doc())
-    if isinstance(v, ObjectId):
-        return f"ObjectId('{v}')"
-    if isinstance(v, (datetime.datetime, DatetimeMS)):
-        ms = v if isinstance(v, DatetimeMS) else DatetimeMS(v)
-        return f"new Date({int(ms)})"
-    if isinstance(v, Timestamp):
-        return f"Timestamp({v.time}, {v.inc})"
-    if isinstance(v, uuid.UUID):
-        return f'UUID("{v}")'
-    if isinstance(v, (bytes, Binary)):
-        subtype = v.subtype if isinstance(v, Binary) else 0
-        data = bytes(v)
-        if subtype == 4 and len(data) == 16:
-            return f'UUID("{uuid.UUID(bytes=data)}")'
-        if len(data) > 80:
-            return f"BinData({subtype}, {data[:70].hex().upper()}...)"
-        return f"BinData({subtype}, {data.hex().upper()})"
-    if isinstance(v, Regex):
-        flags: int | str = v.flags
-        if isinstance(flags, int):
-            flags = "".join(c for c, bit in zip("ilmsux", (2, 4, 8, 16, 32, 64)) if flags & bit)
-        return f"/{v.pattern}/{flags}"
-    if isinstance(v, Decimal128):
-        return str(v)
-    if isinstance(v, Code):
-        if v.scope is not None:
-            return f"CodeWScope( {v}, {_value_str(v.scope)})"
-        code = str(v)
-        if len(code.encode()) + 1 > 80:
-            return code.encode()[:70].decode(errors="replace") + "..."
-        return code
-    if isinstance(v, MinKey):
-        return "MinKey"
-    if isinstance(v, MaxKey):
-        return "MaxKey"
-    return str(v)
+    return f"{name}: {bson_obj_string(value)}"

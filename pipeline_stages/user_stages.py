@@ -32,22 +32,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
-import bson
-from bson.binary import Binary
-from bson.code import Code
 from bson.codec_options import CodecOptions, DatetimeConversion, TypeCodec, TypeRegistry
-from bson.datetime_ms import DatetimeMS
 from bson.decimal128 import Decimal128
-from bson.int64 import Int64
-from bson.max_key import MaxKey
-from bson.min_key import MinKey
-from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
-from bson.regex import Regex
-from bson.timestamp import Timestamp
 from pymongo.errors import OperationFailure
 
-from pipeline_stages import query_engine
+from pipeline_stages import bson_bytes, query_engine
 from pipeline_stages.collation import Collation, parse_collation
 from pipeline_stages.dotted_path import set_document_value
 from pipeline_stages.errors import MongoError
@@ -58,7 +48,12 @@ from pipeline_stages.oplog_entry import encode_in_order
 from pipeline_stages.regex import compile_filter as _compile_regexes
 from pipeline_stages.spec import ALLOWED_USER_STAGES, KNOWN_STAGES
 from pipeline_stages.transform import MISSING
-from pipeline_stages.value_string import document_string, type_name, value_string
+from pipeline_stages.value_string import (
+    bson_obj_string,
+    document_string,
+    type_name,
+    value_string,
+)
 
 __all__ = [
     "ID_MODIFIED_MESSAGE",
@@ -101,13 +96,13 @@ _Doc = dict[str, Any]
 
 _REGISTRY = TypeRegistry([_DecimalCodec()])
 # Documents as OrderedDicts: their == is order-sensitive, as BSON document equality is.
-_PLAIN = CodecOptions(
+_PLAIN = bson_bytes.codec_options(
     document_class=OrderedDict,
     datetime_conversion=DatetimeConversion.DATETIME_AUTO,
     type_registry=_REGISTRY,
 )
-_ENCODE: CodecOptions[dict[str, Any]] = CodecOptions(type_registry=_REGISTRY)
-_RAW = CodecOptions(
+_ENCODE: CodecOptions[dict[str, Any]] = bson_bytes.codec_options(type_registry=_REGISTRY)
+_RAW = bson_bytes.codec_options(
     document_class=RawBSONDocument, datetime_conversion=DatetimeConversion.DATETIME_AUTO
 )
 
@@ -120,7 +115,7 @@ def _without_missing(event: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def _to_plain(event: Mapping[str, Any]) -> _Doc:
     """The event as plain Python values (one C encode + decode)."""
-    return bson.decode(encode_in_order(_without_missing(event)), codec_options=_PLAIN)
+    return bson_bytes.decode(encode_in_order(_without_missing(event)), codec_options=_PLAIN)
 
 
 def _from_plain(doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -133,12 +128,12 @@ def _to_bson_value(value: Any) -> Any:
     """A single engine value back to BSON types (for error messages)."""
     if value is MISSING:
         return value
-    return bson.decode(bson.encode({"v": value}, codec_options=_ENCODE))["v"]
+    return bson_bytes.decode(bson_bytes.encode({"v": value}, codec_options=_ENCODE))["v"]
 
 
 def _plain_spec(value: Any) -> Any:
     """A stage argument as plain Python values, the way documents are decoded."""
-    return bson.decode(bson.encode({"v": value}), codec_options=_PLAIN)["v"]
+    return bson_bytes.decode(bson_bytes.encode({"v": value}), codec_options=_PLAIN)["v"]
 
 
 # -- errors -------------------------------------------------------------------------------------
@@ -176,77 +171,16 @@ def _engine_error(exc: BaseException, stage: str) -> MongoError:
 
 
 def _element_string(name: str, value: Any) -> str:
-    return f"{name}: {_bson_value_string(value)}"
-
-
-def _truncated(data: bytes, limit: int, keep: int) -> tuple[bytes, bool]:
-    if len(data) > limit:
-        return data[:keep], True
-    return data, False
-
-
-def _bson_value_string(v: Any) -> str:
-    """BSONElement::toString(full=false) for one value (no field name)."""
-    if isinstance(v, Mapping):
-        return bsonobj_string(v)
-    if isinstance(v, (list, tuple)):
-        if not v:
-            return "[]"
-        return "[ " + ", ".join(_bson_value_string(x) for x in v) + " ]"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "null"
-    if isinstance(v, Code):
-        code, cut = _truncated(str(v).encode(), 79, 70)
-        return code.decode("utf-8", "ignore") + ("..." if cut else "")
-    if isinstance(v, str):
-        data, cut = _truncated(v.encode(), 159, 150)
-        text = data.decode("utf-8", "ignore")
-        return f'"{text}..."' if cut else f'"{text}"'
-    if isinstance(v, (int, Int64)):
-        return str(int(v))
-    if isinstance(v, float):
-        text = f"{v:.16g}"
-        if "." not in text and "E" not in text and "N" not in text:
-            text += ".0"
-        return text
-    if isinstance(v, Binary) and v.subtype == 4 and len(v) == 16:
-        h = bytes(v).hex()
-        return f'UUID("{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")'
-    if isinstance(v, bytes):
-        subtype = v.subtype if isinstance(v, Binary) else 0
-        data, cut = _truncated(bytes(v), 80, 70)
-        return f"BinData({subtype}, {data.hex().upper()}{'...' if cut else ''})"
-    if isinstance(v, ObjectId):
-        return f"ObjectId('{v}')"
-    if isinstance(v, Timestamp):
-        return f"Timestamp({v.time}, {v.inc})"
-    if isinstance(v, DatetimeMS):
-        return f"new Date({int(v)})"
-    if isinstance(v, (Decimal128, decimal.Decimal)):
-        return str(v)
-    if isinstance(v, Regex):
-        return f"/{v.pattern}/{value_string(v)[len(v.pattern) + 2:]}"
-    if isinstance(v, MinKey):
-        return "MinKey"
-    if isinstance(v, MaxKey):
-        return "MaxKey"
-    if hasattr(v, "isoformat"):  # datetime
-        return f"new Date({int(DatetimeMS(v))})"
-    return str(v)
+    return f"{name}: {bson_obj_string(value)}"
 
 
 def bsonobj_string(doc: Mapping[str, Any]) -> str:
-    """`BSONObj::toString()` as mongod streams a BSONObj into an error message: `{ a: 1 }`,
-    strings longer than 159 bytes cut to 150 and `..."`, BinData over 80 bytes cut to 70."""
-    if not doc:
-        return "{}"
-    return "{ " + ", ".join(_element_string(k, v) for k, v in doc.items()) + " }"
+    """`BSONObj::toString()` as mongod streams a BSONObj into an error message: `{ a: 1 }`."""
+    return bson_obj_string(doc)
 
 
 def _raw_value_equal(a: Any, b: Any) -> bool:
-    return bson.encode({"": a}) == bson.encode({"": b})
+    return bson_bytes.encode({"": a}) == bson_bytes.encode({"": b})
 
 
 def check_resume_token(event: Mapping[str, Any], token: Mapping[str, Any]) -> None:

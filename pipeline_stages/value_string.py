@@ -10,7 +10,6 @@ import datetime
 import uuid
 from collections.abc import Mapping
 
-import bson
 from bson.binary import Binary
 from bson.code import Code
 from bson.datetime_ms import DatetimeMS
@@ -22,6 +21,8 @@ from bson.min_key import MinKey
 from bson.objectid import ObjectId
 from bson.regex import Regex
 from bson.timestamp import Timestamp
+
+from pipeline_stages import bson_bytes
 
 
 def _double(x: float) -> str:
@@ -89,7 +90,7 @@ def document_string(doc: Mapping[str, object]) -> str:
 
 
 def raw_document_string(raw: bytes) -> str:
-    return document_string(bson.decode(raw))
+    return document_string(bson_bytes.decode(raw))
 
 
 def type_name(value: object) -> str:
@@ -135,28 +136,43 @@ def type_name(value: object) -> str:
     return type(value).__name__
 
 
-def _nice_double(x: float) -> str:
-    if x != x or x in (float("inf"), float("-inf")):
-        return {"nan": "nan", "inf": "inf", "-inf": "-inf"}[repr(x)]
-    if x == int(x) and abs(x) < 1e16:
-        return f"{int(x)}.0"  # appendDoubleNice
-    return repr(x)
+def nice_double(x: float) -> str:
+    """StringBuilder::appendDoubleNice: "%.16g", then ".0" unless it has '.', 'E' or 'N'."""
+    s = format(x, ".16g")
+    if "." not in s and "E" not in s and "N" not in s:
+        s += ".0"
+    return s
+
+
+def _cut(data: bytes, limit: int, keep: int) -> tuple[bytes, bool]:
+    return (data[:keep], True) if len(data) > limit else (data, False)
 
 
 def bson_obj_string(value: object) -> str:
-    """BSONObj::toString(), as mongod quotes documents in command-level messages (duplicate
-    keys, "not authorized ... command { ... }", index specs): `{ a: 1, b: "x" }`, spaced,
-    unlike the `Document` stream above."""
+    """BSONElement::toString(full=false) of a value, and so BSONObj::toString() of a document,
+    as mongod streams them into messages (duplicate keys, "not authorized ... command { ... }",
+    update and $match errors): `{ a: 1, b: "x" }`, spaced, unlike the `Document` stream above.
+    Written as mongod writes it: nothing escaped; a string over 159 bytes cut to 150 and `..."`,
+    JavaScript over 79 to 70 and `...`, BinData over 80 bytes to 70 and `...` (a character cut
+    in two stays cut: its first bytes, which are not UTF-8, as mongod sends them)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
         return "null"
+    if isinstance(value, Code):  # before str: Code is a str subclass
+        if value.scope is not None:
+            return f"CodeWScope( {value}, {bson_obj_string(value.scope)})"
+        code, cut = _cut(bson_bytes.utf8(str(value)), 79, 70)
+        return bson_bytes.from_utf8(code) + ("..." if cut else "")
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, (int, Int64)):
+        data, cut = _cut(bson_bytes.utf8(value), 159, 150)
+        return '"' + bson_bytes.from_utf8(data) + ('..."' if cut else '"')
+    if isinstance(value, int):  # int and Int64
         return str(int(value))
     if isinstance(value, float):
-        return _nice_double(value)
+        return nice_double(value)
+    if isinstance(value, DBRef):
+        value = value.as_doc()
     if isinstance(value, Mapping):
         if not value:
             return "{}"
@@ -167,20 +183,24 @@ def bson_obj_string(value: object) -> str:
         return "[ " + ", ".join(bson_obj_string(v) for v in value) + " ]"
     if isinstance(value, uuid.UUID):
         return f'UUID("{value}")'
-    if isinstance(value, Binary) and value.subtype == 4 and len(value) == 16:
-        return f'UUID("{uuid.UUID(bytes=bytes(value))}")'
     if isinstance(value, (bytes, Binary)):
         subtype = value.subtype if isinstance(value, Binary) else 0
-        return f"BinData({subtype}, {bytes(value).hex().upper()})"
+        raw = bytes(value)
+        if subtype == 4 and len(raw) == 16:
+            return f'UUID("{uuid.UUID(bytes=raw)}")'
+        data, cut = _cut(raw, 80, 70)
+        return f"BinData({subtype}, {data.hex().upper()}{'...' if cut else ''})"
     if isinstance(value, ObjectId):
         return f"ObjectId('{value}')"
     if isinstance(value, Timestamp):
         return f"Timestamp({value.time}, {value.inc})"
-    if isinstance(value, datetime.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=datetime.UTC)
-        ms = int(value.timestamp() * 1000)
-        return f"new Date({ms})"
+    if isinstance(value, (datetime.datetime, DatetimeMS)):
+        ms = value if isinstance(value, DatetimeMS) else DatetimeMS(value)
+        return f"new Date({int(ms)})"
     if isinstance(value, Regex):
         return f"/{value.pattern}/{_regex_flags(value.flags)}"
+    if isinstance(value, MinKey):
+        return "MinKey"
+    if isinstance(value, MaxKey):
+        return "MaxKey"
     return str(value)

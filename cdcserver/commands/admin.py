@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import bson
 from bson.binary import Binary
 from bson.int64 import Int64
 from bson.objectid import ObjectId
@@ -45,6 +44,7 @@ from cdcserver.embedded.store import Store
 from cdcserver.materialize.protocol import insert_section, status_section
 from cdcserver.sources.base import EntryList
 from cdcserver.sources.mongo import UpstreamOplog
+from pipeline_stages import bson_bytes
 from pipeline_stages.errors import MongoError
 from pipeline_stages.spec import ChangeStreamSpec
 from pipeline_stages.value_string import type_name, value_string
@@ -1171,7 +1171,7 @@ def _scale(cmd: Mapping[str, Any], field: str = "scale") -> int:
 
 def _coll_sizes(store: Store, c: Collection) -> tuple[int, int]:
     docs = store.documents(c)
-    size = sum(len(bson.encode(d)) for d in docs.values())
+    size = sum(len(bson_bytes.encode(d)) for d in docs.values())
     return len(docs), size
 
 

@@ -31,6 +31,7 @@ from cdcserver.commands.transactions import NOT_DONE, get_store
 from cdcserver.context import ConnectionState, ServerState
 from cdcserver.embedded import engine
 from cdcserver.embedded.store import DocumentValidationError, DuplicateKeyError
+from pipeline_stages import bson_bytes
 from pipeline_stages.errors import MongoError
 
 CURSOR_NS = "admin.$cmd.bulkWrite"  # NamespaceString::makeBulkWriteNSS
@@ -279,7 +280,7 @@ class _Replies:
             return
         size = _ITEM_SIZE + len(item.get("errmsg", ""))
         if "upserted" in item:
-            size += len(bson.encode(item["upserted"]))
+            size += len(bson_bytes.encode(item["upserted"]))
         self.size += size
         self.items.append(item)
 

@@ -18,13 +18,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import bson
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
 from cdcserver.cursors import QUERY_RESULT, GetMore, HeldHere
 from cdcserver.embedded import engine
 from cdcserver.scan_deadline import ScanBudget
+from pipeline_stages import bson_bytes
 from pipeline_stages.errors import MongoError
 
 DEFAULT_AWAIT_MS = 1000  # mongod's getMore on an awaitData cursor without maxTimeMS
@@ -118,7 +118,7 @@ class CappedCursor(HeldHere):
                     self.skip -= 1
                 else:
                     shown = engine.project(doc, self.projection) if self.projection else doc
-                    n = len(bson.encode(shown))
+                    n = len(bson_bytes.encode(shown))
                     if out and size + n > MAX_BATCH_BYTES:
                         break
                     out.append(shown)

@@ -7,7 +7,6 @@ import uuid as uuid_module
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import bson
 from bson.binary import Binary
 from bson.int64 import Int64
 
@@ -33,6 +32,7 @@ from cdcserver.embedded.store import (
     ordered_options,
     validate_collection_name,
 )
+from pipeline_stages import bson_bytes
 from pipeline_stages.errors import MongoError
 from pipeline_stages.spec import is_change_stream_aggregate
 from pipeline_stages.value_string import type_name
@@ -469,7 +469,8 @@ def _create_view(store: Store, cmd: Mapping[str, Any], db: str, coll: str) -> di
             if view["viewOn"] != view_on:
                 raise MongoError(48, f"namespace {db}.{coll} already exists, but is a view on "
                                  f"{db}.{view['viewOn']} rather than {db}.{view_on}")
-            if bson.encode({"p": view.get("pipeline", [])}) != bson.encode({"p": pipeline}):
+            old_pipeline = view.get("pipeline", [])
+            if bson_bytes.encode({"p": old_pipeline}) != bson_bytes.encode({"p": pipeline}):
                 raise MongoError(48, f"namespace {db}.{coll} already exists, but with pipeline "
                                  f"{_pipeline_string(view.get('pipeline', []))} rather than "
                                  f"{_pipeline_string(pipeline)}")
@@ -1187,11 +1188,10 @@ async def list_collections(
 
 
 def _db_size(store: Store, db: str) -> int:
-    import bson
 
     total = 0
     for c in store.collections_of(db):
-        total += sum(len(bson.encode(d)) for d in store.documents(c).values())
+        total += sum(len(bson_bytes.encode(d)) for d in store.documents(c).values())
     return total
 
 

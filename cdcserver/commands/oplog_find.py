@@ -29,7 +29,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import bson
 from bson.codec_options import CodecOptions
 from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
@@ -39,6 +38,7 @@ from cdcserver.cursors import OPLOG_FIND, GetMore, HeldHere
 from cdcserver.scan_deadline import ScanBudget
 from cdcserver.sources.base import CappedPositionLost, EntryList, OplogLog
 from cdcserver.sources.embedded import EmbeddedOplog
+from pipeline_stages import bson_bytes
 from pipeline_stages.errors import MongoError
 from pipeline_stages.oplog_entry import encode_in_order
 
@@ -49,8 +49,8 @@ DEFAULT_BATCH = 101
 MAX_BATCH_BYTES = 16 * 1024 * 1024
 DEFAULT_AWAIT_MS = 1000  # mongod's await on an awaitData getMore without maxTimeMS
 SCAN_CHUNK = 1024  # entries read per step
-_RAW = CodecOptions(document_class=RawBSONDocument)
-_DECODE: CodecOptions[dict[str, Any]] = CodecOptions()
+_RAW = bson_bytes.codec_options(document_class=RawBSONDocument)
+_DECODE: CodecOptions[dict[str, Any]] = bson_bytes.codec_options()
 _TS_OPS = ("$eq", "$gt", "$gte", "$lt", "$lte")
 MIN_TS = Timestamp(0, 0)
 MAX_TS = Timestamp(0xFFFFFFFF, 0xFFFFFFFF)
@@ -198,7 +198,7 @@ def _matcher(rest: dict[str, Any]) -> Callable[[bytes], bool] | None:
     engine.matches(rest, {})  # a bad filter fails the find, not the first match
 
     def match(raw: bytes) -> bool:
-        entry = bson.decode(raw, _DECODE)  # (named: inline, mypy reads the codec as Mapping)
+        entry = bson_bytes.decode(raw, _DECODE)  # (named: inline, mypy reads the codec as Mapping)
         return engine.matches(rest, entry)
 
     return match
@@ -207,7 +207,7 @@ def _matcher(rest: dict[str, Any]) -> Callable[[bytes], bool] | None:
 def _project(raw: bytes, projection: Mapping[str, Any]) -> dict[str, Any]:
     from cdcserver.embedded import engine
 
-    entry = bson.decode(raw, _DECODE)  # (named: inline, mypy reads the codec as Mapping)
+    entry = bson_bytes.decode(raw, _DECODE)  # (named: inline, mypy reads the codec as Mapping)
     return engine.project(entry, projection)
 
 
@@ -452,7 +452,7 @@ async def scan(
 
 
 def decoded(entries: list[RawBSONDocument]) -> list[dict[str, Any]]:
-    return [bson.decode(e.raw, _DECODE) for e in entries]
+    return [bson_bytes.decode(e.raw, _DECODE) for e in entries]
 
 
 def collection_info(log: OplogLog) -> dict[str, Any]:

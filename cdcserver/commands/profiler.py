@@ -16,12 +16,12 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-import bson
 from bson.int64 import Int64
 
 from cdcserver.context import ConnectionState, ServerState
 from cdcserver.embedded.catalog import Collection
 from cdcserver.embedded.store import Store
+from pipeline_stages import bson_bytes
 from pipeline_stages.errors import MongoError
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ def _document(
     doc["locks"] = {}
     doc["flowControl"] = {}
     if reply is not None:
-        doc["responseLength"] = len(bson.encode(_plain(reply)))
+        doc["responseLength"] = len(bson_bytes.encode(_plain(reply)))
     doc["protocol"] = "op_msg"
     doc["millis"] = int(seconds * 1000)
     if name in ("find", "count", "distinct", "aggregate", "update", "delete"):
@@ -131,7 +131,7 @@ def _insert(store: Store, db: str, doc: dict[str, Any]) -> None:
         store.catalog[(db, PROFILE_COLL)] = c
     c.last_record_id += 1  # the record's key: the profile documents have no _id
     key = b"\x00profile" + c.last_record_id.to_bytes(8, "big")
-    size = len(bson.encode(doc))
+    size = len(bson_bytes.encode(doc))
     c.records[key] = doc
     c.secondary.clear()  # index tables rebuilt when read (index_table.py)
     c.capped_sizes[key] = (doc, size)

@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sized
 from dataclasses import dataclass, field
 from typing import Any
 
-import bson
 from bson.int64 import Int64
 
 from cdcserver.commands import admin, capped_find, crud_common, oplog_find, search
@@ -38,6 +37,7 @@ from cdcserver.cursors import QUERY_RESULT, GetMore, HeldHere
 from cdcserver.embedded import engine, index_table, query, text_search, timeseries
 from cdcserver.embedded.store import Store
 from cdcserver.scan_deadline import ScanBudget
+from pipeline_stages import bson_bytes
 from pipeline_stages.errors import MongoError
 from pipeline_stages.spec import check_requires_change_stream, is_change_stream_aggregate
 from pipeline_stages.value_string import type_name
@@ -108,7 +108,7 @@ def _taking(cursor: ResultCursor, batch_size: int | None, out: list[Any]) -> que
             cursor.end_seen = True
             break
         doc = cursor.docs[cursor.pos]
-        n = len(bson.encode(doc)) if isinstance(doc, Mapping) else 16
+        n = len(bson_bytes.encode(doc)) if isinstance(doc, Mapping) else 16
         if out and size + n > MAX_REPLY_BYTES:
             break
         out.append(doc)

@@ -56,6 +56,7 @@ from cdcserver.embedded.store import (
     id_key,
     validate_collection_name,
 )
+from pipeline_stages import bson_bytes
 from pipeline_stages.dotted_path import document_value
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
@@ -255,12 +256,12 @@ def prepare_decoded_insert(doc: Any) -> tuple[dict[str, Any], bytes]:
     on their way (the bytes stay: a date encodes the same naive or aware)."""
     if type(doc) is not dict:
         prepared = prepare_insert(doc)
-        return prepared, bson.encode(prepared)
+        return prepared, bson_bytes.encode(prepared)
     prepared = _id_checked_first(dict(doc))
-    raw = bson.encode(prepared)
+    raw = bson_bytes.encode(prepared)
     if b"\x11" in raw and _EMPTY_TIMESTAMP in raw:
         prepared = engine.normalize(prepared)
-        return prepared, bson.encode(prepared)
+        return prepared, bson_bytes.encode(prepared)
     if b"\x09" in raw:
         prepared = _normalized_dates(prepared)
     return prepared, raw

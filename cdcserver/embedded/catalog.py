@@ -14,7 +14,6 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import bson
 from bson.int64 import Int64
 
 from cdcserver.embedded import engine, timeseries
@@ -23,6 +22,7 @@ from cdcserver.embedded.store_types import Collection as Collection
 from cdcserver.embedded.store_types import DocumentValidationError as DocumentValidationError
 from cdcserver.embedded.store_types import ErrorWithFields as ErrorWithFields
 from cdcserver.embedded.store_types import id_key as id_key
+from pipeline_stages import bson_bytes
 from pipeline_stages.errors import MongoError
 from pipeline_stages.query_engine import Database
 from pipeline_stages.value_string import bson_obj_string
@@ -231,7 +231,7 @@ class CatalogMixin(StoreState):
         for key, doc in records.items():
             known = sizes.get(key)
             if known is None or known[0] is not doc:
-                known = sizes[key] = (doc, len(bson.encode(doc)))
+                known = sizes[key] = (doc, len(bson_bytes.encode(doc)))
             total += known[1]
         count = len(records)
         while (max_size and total > max_size) or (max_docs > 0 and count > max_docs):
@@ -240,7 +240,7 @@ class CatalogMixin(StoreState):
                 break
             pre = records[oldest]
             known = sizes.pop(oldest, None)
-            total -= known[1] if known is not None else len(bson.encode(pre))
+            total -= known[1] if known is not None else len(bson_bytes.encode(pre))
             count -= 1
             self.delete_document(c, pre)
             c.capped_ids.pop(oldest, None)

@@ -19,12 +19,12 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import bson
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
 from cdcserver.embedded.sessions import OpSession, session_key
 from cdcserver.embedded.store_types import id_key
+from pipeline_stages import bson_bytes
 from pipeline_stages.errors import MongoError
 from pipeline_stages.image_source import (
     _pre_image_key,
@@ -110,7 +110,7 @@ class ImagesMixin(StoreState):
         self._pre_image_ts[key] = ts
         self._pre_image_meta[key] = (doc["_id"], wall)
         if self.persist is not None:
-            self.persist.put_pre_image(key, ts, bson.encode(doc))
+            self.persist.put_pre_image(key, ts, bson_bytes.encode(doc))
 
     def pre_image_documents(self, keys: Sequence[bytes] | None = None) -> list[dict[str, Any]]:
         """`config.system.preimages` as mongod holds it (`{_id: {nsUUID, ts, applyOpsIndex},
@@ -144,7 +144,7 @@ class ImagesMixin(StoreState):
         sid = session_key(session.lsid)  # config.image_collection's _id: the whole lsid
         self.retry_images[sid] = doc
         if self.persist is not None:
-            self.persist.put_retry_image(sid, bson.encode(doc))
+            self.persist.put_retry_image(sid, bson_bytes.encode(doc))
 
     def retry_image(
         self, lsid: Mapping[str, Any], txn_number: int, ts: Timestamp | None

@@ -24,7 +24,7 @@ from cdcserver.embedded.catalog import bson_string
 from cdcserver.embedded.modifiers import is_number
 from cdcserver.embedded.sessions import TxnBlocked
 from cdcserver.embedded.store_types import ErrorWithFields
-from pipeline_stages import keystring
+from pipeline_stages import bson_bytes, keystring
 from pipeline_stages.dotted_path import has_document_path
 from pipeline_stages.errors import MongoError
 
@@ -41,10 +41,16 @@ class DuplicateKeyError(ErrorWithFields):
     def __init__(
         self, ns: str, index: str, pattern: dict[str, Any], key_value: dict[str, Any]
     ) -> None:
+        # buildDupKeyErrorStatus: a key string that is not UTF-8 is quoted as "0x<hex>", so
+        # that a driver may take the message as UTF-8 (keyValue keeps the bytes); a long one is
+        # cut at 150 bytes by BSONObj::toString, and may end inside a character.
+        shown = {k: "0x" + bson_bytes.utf8(v).hex()
+                 if isinstance(v, str) and not bson_bytes.is_utf8(v) else v
+                 for k, v in key_value.items()}
         super().__init__(
             11000,
             f"E11000 duplicate key error collection: {ns} index: {index} dup key: "
-            f"{bson_string(key_value)}",
+            f"{bson_string(shown)}",
         )
         self.key_pattern = pattern
         self.key_value = key_value

@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-import bson
 from bson.binary import Binary
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
@@ -29,6 +28,7 @@ from cdcserver.embedded.rollback import commit_error, restore_committed
 from cdcserver.embedded.sessions import OpSession
 from cdcserver.embedded.timeseries import is_viewless
 from cdcserver.embedded.update_diff import modifier_update_diff, pipeline_update_diff
+from pipeline_stages import bson_bytes
 from pipeline_stages.oplog_entry import decode_entry
 
 if TYPE_CHECKING:
@@ -187,7 +187,7 @@ class OplogWriterMixin(StoreState):
         if self.persist is not None:
             try:
                 for key, record in self._session_records.items():  # same SQLite transaction
-                    self.persist.put_transaction(key, bson.encode(record))
+                    self.persist.put_transaction(key, bson_bytes.encode(record))
             except CommitFailed:
                 pass  # commit() rolls it back and raises, with what the batch changed
             try:
@@ -343,7 +343,7 @@ class OplogWriterMixin(StoreState):
             entry = _entry_head(op, ns, ui, session)
             entry["o"] = o
             entry.update(_tail(o2, marked, needs_retry_image, session, stmt_id, ts, wall, prev))
-            raw = bson.encode(entry)
+            raw = bson_bytes.encode(entry)
         else:
             # the bytes bson.encode gives for the whole entry, `o` spliced in as it is: the
             # fields before it encoded once for a command's run of entries, those after it
@@ -354,7 +354,7 @@ class OplogWriterMixin(StoreState):
                     and len(o2) == 1 and o2.get("_id", o2) is o.get("_id", o)):
                 after = _insert_tail(o_raw, session is not None, stmt_id, ts, wall_ms, prev)
             if after is None:
-                after = bson.encode(
+                after = bson_bytes.encode(
                     _tail(o2, marked, needs_retry_image, session, stmt_id, ts, wall, prev))
             raw = b"".join((_INT32.pack(len(head) + len(o_raw) + len(after) + 3), head,
                             b"\x03o\x00", o_raw, after[4:-1], b"\x00"))
@@ -379,7 +379,7 @@ class OplogWriterMixin(StoreState):
                 last[4] == number):
             elements: bytes = last[5]
             return elements
-        elements = bson.encode(_entry_head(op, ns, ui, session))[4:-1]
+        elements = bson_bytes.encode(_entry_head(op, ns, ui, session))[4:-1]
         self._head = (op, ns, ui, lsid, number, elements)
         return elements
 
@@ -427,9 +427,9 @@ class OplogWriterMixin(StoreState):
 def durable_op_size(op: Mapping[str, Any]) -> int:
     """mongod's DurableOplogEntry::getDurableReplOperationSize: the operation's in-memory
     size (its `ns`, `o` and `o2`, plus the struct itself, approximated by a constant)."""
-    size = _REPL_OPERATION_OVERHEAD + len(op["ns"]) + len(bson.encode(op["o"]))
+    size = _REPL_OPERATION_OVERHEAD + len(op["ns"]) + len(bson_bytes.encode(op["o"]))
     if op.get("o2") is not None:
-        size += len(bson.encode(op["o2"]))
+        size += len(bson_bytes.encode(op["o2"]))
     return size
 
 
@@ -449,7 +449,7 @@ def pack_transaction(
             op = ops[i]
             if chunk and total + durable_op_size(op) > max_bytes:
                 break
-            total += len(bson.encode(op)) + _BSON_ARRAY_ELEMENT_OVERHEAD
+            total += len(bson_bytes.encode(op)) + _BSON_ARRAY_ELEMENT_OVERHEAD
             chunk.append(op)
             i += 1
         chunks.append(chunk)
@@ -472,7 +472,7 @@ def simple_diff(pre: Mapping[str, Any], post: Mapping[str, Any]) -> dict[str, An
             i[k] = v
             continue
         old = pre[k]
-        if bson.encode({"v": old}) == bson.encode({"v": v}):
+        if bson_bytes.encode({"v": old}) == bson_bytes.encode({"v": v}):
             continue
         if isinstance(old, Mapping) and isinstance(v, Mapping) and list(old) == list(v)[
             : len(old)

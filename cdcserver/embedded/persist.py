@@ -28,6 +28,8 @@ except ImportError:  # pragma: no cover - not a POSIX system: no lock
 from bson.codec_options import CodecOptions
 from bson.timestamp import Timestamp
 
+from pipeline_stages import bson_bytes
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (
     db TEXT NOT NULL, coll TEXT NOT NULL, uuid BLOB NOT NULL, meta BLOB NOT NULL,
@@ -52,7 +54,7 @@ _PUT_DOCUMENT = ("INSERT INTO documents (uuid, id, doc) VALUES (?, ?, ?) "
 _DELETE_DOCUMENT = "DELETE FROM documents WHERE uuid = ? AND id = ?"
 _APPEND_OPLOG = "INSERT INTO oplog (ts, entry) VALUES (?, ?)"
 # How stored rows (documents, catalog, sessions) are decoded: naive datetimes, as written.
-_DECODE: CodecOptions[dict[str, Any]] = CodecOptions(tz_aware=False)
+_DECODE: CodecOptions[dict[str, Any]] = bson_bytes.codec_options(tz_aware=False)
 
 
 def ts_int(ts: Timestamp) -> int:

@@ -33,13 +33,12 @@ from collections.abc import (
 from contextvars import ContextVar, Token
 from typing import Any
 
-import bson
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 from bson.objectid import ObjectId
 
 from cdcserver.embedded import engine, regex
-from pipeline_stages import collation, keystring
+from pipeline_stages import bson_bytes, collation, keystring
 from pipeline_stages.errors import MongoError
 
 YIELD_AFTER_S = 0.005  # work between two turns of the event loop
@@ -443,7 +442,7 @@ _prematched: ContextVar[dict[bytes, Prematched] | None] = ContextVar("prematched
 
 def filter_key(filter_doc: Mapping[str, Any], collation: Collation | None = None) -> bytes | None:
     try:
-        return bson.encode({"q": filter_doc, "c": collation.spec if collation else None})
+        return bson_bytes.encode({"q": filter_doc, "c": collation.spec if collation else None})
     except Exception:  # noqa: BLE001 - a filter the store cannot encode is matched later
         return None
 

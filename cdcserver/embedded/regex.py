@@ -43,9 +43,11 @@ class _Fallback(_pure.PythonMatcher):
         deadline = backtracking_deadline.get()
         if deadline is _IN_PROCESS:
             return super().search(text)
+        subject = self.subject(text)
+        if subject is None:
+            return False
         stats["offloaded"] += 1
-        text = getattr(text, "original", text)  # regexes ignore collation
-        return _worker().search(self.pattern, self.flags, text, deadline)
+        return _worker().search(self.pattern, self.flags, subject, deadline)
 
 
 def compile_filter(filter_doc: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,10 +16,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-import bson
-
 from cdcserver.embedded.persist import _DECODE, CommitFailed, int_ts
 from cdcserver.embedded.store_types import Collection
+from pipeline_stages import bson_bytes
 from pipeline_stages.errors import MongoError
 
 if TYPE_CHECKING:
@@ -55,7 +54,7 @@ def restore_committed(store: StoreState, journal: Journal) -> None:
         if c is None or uuid in reloaded:
             continue
         raw = persist.document(uuid, key)
-        committed = None if raw is None else bson.decode(raw, _DECODE)
+        committed = None if raw is None else bson_bytes.decode(raw, _DECODE)
         current = c.records.get(key)
         c.secondary.clear()  # tables rebuilt when read (index_table.py)
         store._apply_edits(store._index_edits(c, current, committed), key)
@@ -85,7 +84,7 @@ def _restore_catalog(store: StoreState, persist: Persistence, journal: Journal) 
                 del store.catalog[(db, name)]
             continue
         uuid, meta_raw = row
-        meta = bson.decode(meta_raw, _DECODE)
+        meta = bson_bytes.decode(meta_raw, _DECODE)
         if current is not None and current.uuid == uuid:
             current.options, current.indexes = meta["options"], meta["indexes"]
             store._rebuild_unique(current)
@@ -99,7 +98,7 @@ def _restore_catalog(store: StoreState, persist: Persistence, journal: Journal) 
 
 def _reload_documents(store: StoreState, persist: Persistence, c: Collection) -> None:
     c.records = OrderedDict(
-        (bytes(k), bson.decode(raw, _DECODE)) for k, raw in persist.documents(c.uuid)
+        (bytes(k), bson_bytes.decode(raw, _DECODE)) for k, raw in persist.documents(c.uuid)
     )
     c.capped_sizes.clear()
     store._rebuild_unique(c)
@@ -114,7 +113,7 @@ def _restore_images(store: StoreState, persist: Persistence, journal: Journal) -
             store._pre_image_meta.pop(key, None)
             continue
         ts_value, raw = row
-        doc: dict[str, Any] = bson.decode(raw, _DECODE)
+        doc: dict[str, Any] = bson_bytes.decode(raw, _DECODE)
         store.images._pre_images[key] = doc["preImage"]
         store._pre_image_ts[key] = int_ts(ts_value)
         store._pre_image_meta[key] = (doc["_id"], doc["operationTime"])
@@ -123,4 +122,4 @@ def _restore_images(store: StoreState, persist: Persistence, journal: Journal) -
         if image is None:
             store.retry_images.pop(key, None)
         else:
-            store.retry_images[key] = bson.decode(image, _DECODE)
+            store.retry_images[key] = bson_bytes.decode(image, _DECODE)

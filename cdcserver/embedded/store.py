@@ -82,6 +82,7 @@ from cdcserver.embedded.transactions import TransactionMixin
 from cdcserver.embedded.ttl import BATCHED_DELETES_TARGET_DOCS, TTLMixin
 from cdcserver.embedded.writes import WritesMixin
 from cdcserver.sources.base import EntryList
+from pipeline_stages import bson_bytes
 
 __all__ = [
     "BATCHED_DELETES_TARGET_DOCS", "ID_INDEX", "MAX_BSON", "NULL_OP_TIME", "OPTION_ORDER",
@@ -189,11 +190,11 @@ class Store(
     def _load(self) -> None:
         assert self.persist is not None
         for db, coll, uuid, meta_raw in self.persist.collections():
-            meta = bson.decode(meta_raw, _DECODE)
+            meta = bson_bytes.decode(meta_raw, _DECODE)
             c = Collection(db, coll, bytes(uuid), meta["options"], meta["indexes"])
             self.catalog[(db, coll)] = c
             for key, raw in self.persist.documents(c.uuid):
-                c.records[bytes(key)] = bson.decode(raw, _DECODE)
+                c.records[bytes(key)] = bson_bytes.decode(raw, _DECODE)
             self._rebuild_unique(c)
         for ts_value, raw in self.persist.oplog():
             raw = bytes(raw)
@@ -203,11 +204,11 @@ class Store(
         if self._ts:
             self._last_ts = self._ts[-1]
         for _, raw in self.persist.retry_images():
-            doc = bson.decode(raw, _DECODE)
+            doc = bson_bytes.decode(raw, _DECODE)
             self.retry_images[session_key(doc["_id"])] = doc
         self._load_sessions()
         for key, ts_value, raw in self.persist.pre_images():
-            doc = bson.decode(raw, _DECODE)
+            doc = bson_bytes.decode(raw, _DECODE)
             self.images._pre_images[bytes(key)] = doc["preImage"]
             self._pre_image_ts[bytes(key)] = int_ts(ts_value)
             self._pre_image_meta[bytes(key)] = (doc["_id"], doc["operationTime"])

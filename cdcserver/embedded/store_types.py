@@ -16,12 +16,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import bson
 from bson.binary import Binary
 from bson.objectid import ObjectId
 
 from cdcserver.embedded import engine
-from pipeline_stages import keystring
+from pipeline_stages import bson_bytes, keystring
 from pipeline_stages.errors import MongoError
 from pipeline_stages.image_source import Document, MemoryImageSource, matches_document_key
 
@@ -152,7 +151,7 @@ class Collection:
         raise DocumentValidationError(doc.get("_id"), details)
 
     def meta_bytes(self) -> bytes:
-        return bson.encode({"options": self.options, "indexes": self.indexes})
+        return bson_bytes.encode({"options": self.options, "indexes": self.indexes})
 
     def index(self, name: str) -> dict[str, Any] | None:
         return next((i for i in self.indexes if i["name"] == name), None)

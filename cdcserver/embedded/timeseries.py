@@ -30,7 +30,7 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 
 from cdcserver.embedded.store_types import Collection, id_key
-from pipeline_stages import keystring, query_engine
+from pipeline_stages import bson_bytes, keystring, query_engine
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
 
@@ -479,7 +479,7 @@ def fits(bucket: Mapping[str, Any], doc: Mapping[str, Any], options: Mapping[str
         return False
     if count >= BUCKET_MAX_COUNT:
         return False
-    return size + len(bson.encode(dict(doc))) <= BUCKET_MAX_SIZE
+    return size + len(bson_bytes.encode(dict(doc))) <= BUCKET_MAX_SIZE
 
 
 def add_measurement(bucket: Mapping[str, Any], doc: Mapping[str, Any],
@@ -537,7 +537,7 @@ def meta_key(doc: Mapping[str, Any], options: Mapping[str, Any]) -> bytes:
     meta_field = options.get("metaField")
     if meta_field is None or meta_field not in doc:
         return b""
-    return bson.encode({"m": normalize_meta(doc[meta_field])})
+    return bson_bytes.encode({"m": normalize_meta(doc[meta_field])})
 
 
 # Open buckets: buckets collection uuid -> series key -> (bucket _id, measurements, size).
@@ -573,7 +573,7 @@ def insert_measurement(
     options = buckets.options["timeseries"]
     measurement_time(doc, options["timeField"])  # 2 BadValue first
     series = meta_key(doc, options)
-    size = len(bson.encode(doc))
+    size = len(bson_bytes.encode(doc))
     current = open_bucket(buckets.uuid, series)
     if current is not None:
         bucket_id, _, used = current

@@ -15,7 +15,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-import bson
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
@@ -32,6 +31,7 @@ from cdcserver.embedded.sessions import (
     session_key,
 )
 from cdcserver.embedded.store_types import Txn, id_key
+from pipeline_stages import bson_bytes
 from pipeline_stages.errors import MongoError
 from pipeline_stages.oplog_entry import decode_entry
 
@@ -68,7 +68,7 @@ class TransactionMixin(StoreState):
                 entry = decode_entry(raw)
                 if entry.get("txnNumber") is not None:
                     entries[entry["ts"]] = entry
-        records = [bson.decode(bytes(raw), _DECODE) for _, raw in self.persist.transactions()]
+        records = [bson_bytes.decode(bytes(raw), _DECODE) for _, raw in self.persist.transactions()]
         for record in records:
             self.transaction_records[session_key(record["_id"])] = record
             session = self.session(dict(record["_id"]))
@@ -376,7 +376,7 @@ class TransactionMixin(StoreState):
                     if doc is None or (new_record and old is not None):
                         self.persist.delete_document(uuid, key)  # a new record: a new row
                     if doc is not None:
-                        self.persist.put_document(uuid, key, bson.encode(doc))
+                        self.persist.put_document(uuid, key, bson_bytes.encode(doc))
         for c, index, pre in txn.pre_images:
             ts, in_entry = where[index]
             self._save_pre_image(c, ts, wall, pre, in_entry)

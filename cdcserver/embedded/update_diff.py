@@ -38,13 +38,14 @@ from decimal import Decimal
 from functools import cmp_to_key, reduce
 from typing import Any
 
-import bson
 from bson.binary import UuidRepresentation
 from bson.codec_options import CodecOptions
 from bson.dbref import DBRef
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
+
+from pipeline_stages import bson_bytes
 
 __all__ = [
     "DELTA_OPLOG_ENTRY_METADATA_SIZE",
@@ -66,7 +67,7 @@ _EMPTY_ARRAY_DIFF_SIZE = 9  # kSizeOfEmptyArrayDiffBuilder: {} + "a" + NUL + typ
 _SECTION_WRAP_SIZE = 8  # type + one-char name + NUL + empty object
 _RESIZE_ENTRY_SIZE = 7  # "l" + int32 + type + NUL
 
-_CODEC: CodecOptions[dict[str, Any]] = CodecOptions(
+_CODEC: CodecOptions[dict[str, Any]] = bson_bytes.codec_options(
     uuid_representation=UuidRepresentation.STANDARD
 )
 
@@ -80,7 +81,7 @@ _T_BOOL, _T_NULL, _T_INT32, _T_INT64, _T_DECIMAL = 0x08, 0x0A, 0x10, 0x12, 0x13
 
 def _encoded(value: Any) -> bytes:
     """The BSON document `{"": value}`: type byte at [4], value bytes at [6:-1]."""
-    return bson.encode({"": value}, codec_options=_CODEC)
+    return bson_bytes.encode({"": value}, codec_options=_CODEC)
 
 
 def _value_size(value: Any) -> int:

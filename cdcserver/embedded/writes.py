@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import bson
-
 from cdcserver.embedded import index_table
 from cdcserver.embedded.bson_depth import check_insert_depth, check_update_depth
 from cdcserver.embedded.indexes import DuplicateKeyError
 from cdcserver.embedded.oplog_writer import MAX_BSON
 from cdcserver.embedded.store_types import id_key
 from cdcserver.embedded.timeseries import TimeseriesView, insert_measurement
+from pipeline_stages import bson_bytes
 from pipeline_stages.errors import MongoError
 
 if TYPE_CHECKING:
@@ -41,7 +40,7 @@ class WritesMixin(StoreState):
             insert_measurement(self, c, doc, session, stmt_id)
             return
         if raw is None:
-            raw = bson.encode(doc)
+            raw = bson_bytes.encode(doc)
         check_insert_depth(doc, raw)  # first, as mongod's fixDocumentForInsert
         key = id_key(doc["_id"])
         self._check_write_conflict(c, key)
@@ -80,7 +79,7 @@ class WritesMixin(StoreState):
         retry_image: str | None = None,
     ) -> bool:
         """Replace `pre` by `post`; False (and nothing written) when nothing changed."""
-        pre_raw, post_raw = bson.encode(pre), bson.encode(post)
+        pre_raw, post_raw = bson_bytes.encode(pre), bson_bytes.encode(post)
         if pre_raw == post_raw:
             return False
         if "_id" not in post or id_key(post["_id"]) != id_key(pre["_id"]):

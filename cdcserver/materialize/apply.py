@@ -23,10 +23,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import bson
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
+from pipeline_stages import bson_bytes
 from pipeline_stages.image_source import equality_key
 from pipeline_stages.oplog_entry import OPLOG_CODEC_OPTIONS, Entry
 from pipeline_stages.update_description import apply_diff
@@ -75,7 +75,7 @@ def _txn_key(entry: Entry) -> bytes | None:
     lsid = entry.get("lsid")
     if lsid is None:
         return None
-    raw = lsid.raw if isinstance(lsid, RawBSONDocument) else bson.encode(lsid)
+    raw = lsid.raw if isinstance(lsid, RawBSONDocument) else bson_bytes.encode(lsid)
     return bytes(raw) + int(entry.get("txnNumber", 0)).to_bytes(8, "big", signed=True)
 
 
@@ -144,8 +144,8 @@ def stored_id_key(raw: bytes) -> bytes:
         if size is not None and 9 + size < len(raw):
             element = raw[4:9 + size]
             one = (len(element) + 5).to_bytes(4, "little") + element + b"\x00"
-            return id_key(bson.decode(one)["_id"])
-    return id_key(bson.decode(raw)["_id"])
+            return id_key(bson_bytes.decode(one)["_id"])
+    return id_key(bson_bytes.decode(raw)["_id"])
 
 
 class Skipped(Exception):  # noqa: N818 - an outcome, not an error
@@ -153,7 +153,7 @@ class Skipped(Exception):  # noqa: N818 - an outcome, not an error
 
 
 def raw_of(doc: Mapping[str, Any]) -> bytes:
-    return bytes(doc.raw) if isinstance(doc, RawBSONDocument) else bson.encode(doc)
+    return bytes(doc.raw) if isinstance(doc, RawBSONDocument) else bson_bytes.encode(doc)
 
 
 def apply_crud(op: Op, current: bytes | None) -> bytes | None:
@@ -173,7 +173,7 @@ def apply_crud(op: Op, current: bytes | None) -> bytes | None:
         if not isinstance(diff, Mapping):
             raise Skipped
         pre = RawBSONDocument(current, codec_options=OPLOG_CODEC_OPTIONS)
-        return bson.encode(apply_diff(pre, diff))
+        return bson_bytes.encode(apply_diff(pre, diff))
     if any(name.startswith("$") for name in o):  # a `$v: 1` modifier update (pre-5.0 oplogs)
         raise Skipped
     return raw_of(o)  # a replacement: the whole document, `_id` included
@@ -221,4 +221,4 @@ def collation_bson(spec: Any) -> bytes | None:
     the field out for `{locale: "simple"}`)."""
     if not isinstance(spec, Mapping) or spec.get("locale") in (None, "simple"):
         return None
-    return bson.encode(dict(spec.items()))
+    return bson_bytes.encode(dict(spec.items()))

@@ -42,7 +42,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import bson
 from bson.binary import Binary
 from bson.codec_options import CodecOptions
 from bson.int64 import Int64
@@ -55,10 +54,11 @@ from cdcserver.embedded import engine, query
 from cdcserver.materialize.store import MIGRATED_AWAY
 from cdcserver.materialize.sync import Materializer
 from cdcserver.sources.mongo_tail import UpstreamOplog
+from pipeline_stages import bson_bytes
 from pipeline_stages.errors import MongoError
 from pipeline_stages.spec import is_change_stream_aggregate
 
-_DECODE: CodecOptions[dict[str, Any]] = CodecOptions(tz_aware=False)
+_DECODE: CodecOptions[dict[str, Any]] = bson_bytes.codec_options(tz_aware=False)
 _ZERO_SIGNATURE = {"hash": Binary(bytes(20), 0), "keyId": Int64(0)}
 WAIT_S = 10.0  # a read at a time the copy has not applied yet waits this long by default
 WAIT_FOR_NEWEST_S = 1.0  # a sharded read without a time: for its idle shards' promises
@@ -130,7 +130,7 @@ class Copies:
             store = self.members[0].store
             cid = store.collection_at(db, coll, at)
             return [] if cid is None else [
-                bson.decode(raw, _DECODE) for raw in store.records_at(cid, at)]
+                bson_bytes.decode(raw, _DECODE) for raw in store.records_at(cid, at)]
         newest: dict[bytes, tuple[int, int, int, int, bytes | None]] = {}
         for shard, member in enumerate(self.members):
             cid = member.store.collection_at(db, coll, at)
@@ -144,7 +144,7 @@ class Copies:
                     newest[key] = (vts, ord_, shard, rec, doc)
         live = sorted((shard, rec, doc) for _, _, shard, rec, doc in newest.values()
                       if doc is not None)
-        return [bson.decode(doc, _DECODE) for _, _, doc in live]
+        return [bson_bytes.decode(doc, _DECODE) for _, _, doc in live]
 
     def default_collation(self, db: str, coll: str, at: Timestamp) -> Any:
         """db.coll's default collation at `at` (None: simple), as collation_of takes it."""
@@ -152,7 +152,7 @@ class Copies:
             cid = member.store.collection_at(db, coll, at)
             raw = None if cid is None else member.store.collation(cid)
             if raw is not None:
-                return bson.decode(raw, _DECODE)
+                return bson_bytes.decode(raw, _DECODE)
         return None
 
 
@@ -366,7 +366,7 @@ def _reply(server: ServerState, reply: dict[str, Any], at: Timestamp) -> dict[st
                              "signature": _ZERO_SIGNATURE}
     reply["operationTime"] = at
     # Typed as the handlers' dict (see proxy.forward_command): a RawBSONDocument in fact.
-    return RawBSONDocument(bson.encode(reply))  # type: ignore[return-value]
+    return RawBSONDocument(bson_bytes.encode(reply), bson_bytes.RAW)  # type: ignore[return-value]
 
 
 async def snapshot_find(

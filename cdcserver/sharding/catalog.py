@@ -19,7 +19,6 @@ import uuid as uuid_module
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import bson
 from bson.binary import Binary
 from bson.int64 import Int64
 from bson.max_key import MaxKey
@@ -27,6 +26,7 @@ from bson.min_key import MinKey
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
+from pipeline_stages import bson_bytes
 from pipeline_stages.dotted_path import document_value
 from pipeline_stages.keystring import encode_values
 
@@ -55,7 +55,7 @@ def _hash_element(md5: Any, type_byte: int, value: bytes, name: bytes | None) ->
             pos = name_end + 1 + size
         return
     if type_byte in (1, 16, 18, 19):  # numbers squash to safeNumberLong
-        number = bson.decode(_wrap(type_byte, value))["v"]
+        number = bson_bytes.decode(_wrap(type_byte, value))["v"]
         md5.update(struct.pack("<q", _safe_long(number)))
         return
     md5.update(value)
@@ -116,7 +116,7 @@ def _value_size(t: int, buf: bytes, pos: int) -> int:
 def hashed_value(value: Any) -> Int64:
     """mongod's hash of a shard key value (`BSONElementHasher::hash64(e, 0)`): MD5 over the
     seed, the canonical type and the value (numbers as 64-bit integers), first 8 bytes."""
-    raw = bson.encode({"v": value})
+    raw = bson_bytes.encode({"v": value})
     t = raw[4]
     md5 = hashlib.md5()
     md5.update(struct.pack("<i", 0))
@@ -157,7 +157,7 @@ class ShardingCatalog:
         self.tags: list[dict[str, Any]] = []
         if path is not None and os.path.exists(path):
             with open(path, "rb") as f:
-                saved = bson.decode(f.read())
+                saved = bson_bytes.decode(f.read())
             if "shards" in saved:  # added or removed shards outlive a restart
                 self.shard_names[:] = [s["_id"] for s in saved["shards"]]
                 self.topology_time = {s["_id"]: s["topologyTime"] for s in saved["shards"]}
@@ -189,7 +189,7 @@ class ShardingCatalog:
         }
         tmp = self.path + ".tmp"
         with open(tmp, "wb") as f:
-            f.write(bson.encode(doc))
+            f.write(bson_bytes.encode(doc))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)

@@ -18,10 +18,11 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import bson
 from bson.binary import Binary
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
+
+from pipeline_stages import bson_bytes
 
 if TYPE_CHECKING:
     from cdcserver.embedded.sessions import Txn
@@ -40,7 +41,7 @@ class CoordinatorLog:
         self.pending: list[dict[str, Any]] = []
         if self.path is not None and os.path.exists(self.path):
             with open(self.path, "rb") as f:
-                self.pending = list(bson.decode(f.read()).get("pending", []))
+                self.pending = list(bson_bytes.decode(f.read()).get("pending", []))
 
     def _save(self) -> None:
         if self.path is None:
@@ -51,7 +52,7 @@ class CoordinatorLog:
             return
         tmp = self.path + ".tmp"
         with open(tmp, "wb") as f:
-            f.write(bson.encode({"pending": self.pending}))
+            f.write(bson_bytes.encode({"pending": self.pending}))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)

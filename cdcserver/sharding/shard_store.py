@@ -28,8 +28,6 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import bson
-from bson.codec_options import CodecOptions
 from bson.int64 import Int64
 from bson.max_key import MaxKey
 from bson.raw_bson import RawBSONDocument
@@ -37,10 +35,11 @@ from bson.timestamp import Timestamp
 
 from cdcserver.embedded.store import Store, _now_ms
 from cdcserver.sharding.catalog import ShardingCatalog, bound_bytes
+from pipeline_stages import bson_bytes
 from pipeline_stages.keystring import encode_values
 
 # Decodes a logged entry for re-encoding as it was: sub-documents kept as their bytes.
-_RAW = CodecOptions(document_class=RawBSONDocument)
+_RAW = bson_bytes.codec_options(document_class=RawBSONDocument)
 
 
 class ClusterClock:
@@ -238,7 +237,7 @@ class ShardStore(Store):
         entry["t"] = Int64(1)
         entry["v"] = Int64(2)
         entry["wall"] = wall
-        raw = bson.encode(entry)
+        raw = bson_bytes.encode(entry)
         self._pending.append((ts, raw))
         if self.persist is not None:
             self.persist.append_oplog(ts, raw)
@@ -248,11 +247,11 @@ class ShardStore(Store):
 def _marked_from_migrate(raw: bytes) -> bytes:
     """The encoded oplog entry `raw` with `fromMigrate: true` after its `o2` (else its `o`);
     every other field's bytes as they were."""
-    entry = bson.decode(raw, _RAW)
+    entry = bson_bytes.decode(raw, _RAW)
     after = "o2" if "o2" in entry else "o"
     out: dict[str, Any] = {}
     for key, value in entry.items():
         out[key] = value
         if key == after:
             out["fromMigrate"] = True
-    return bson.encode(out)
+    return bson_bytes.encode(out)

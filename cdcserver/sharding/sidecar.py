@@ -40,7 +40,6 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
-import bson
 from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
@@ -63,6 +62,7 @@ from cdcserver.sharding.sidecar_topology import (
 )
 from cdcserver.sources.merged import MergedOplog
 from cdcserver.sources.mongo import UpstreamOplog, UpstreamOptions
+from pipeline_stages import bson_bytes
 from pipeline_stages.errors import MongoError
 from pipeline_stages.spec import is_change_stream_aggregate
 
@@ -72,7 +72,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-_DECODE: CodecOptions[dict[str, Any]] = CodecOptions(tz_aware=True)  # dates as they came
+_DECODE: CodecOptions[dict[str, Any]] = bson_bytes.codec_options(
+    tz_aware=True)  # dates as they came
 
 # How long a shard's tail may be lost before the merged streams fail (a failover's election
 # stays under it; a shard that is gone does not hold streams silently).
@@ -366,10 +367,10 @@ async def _server_status(
         return reply
     section = {"shards": {name: status_section(copy.status())
                           for name, copy in sorted(copies.items())}}
-    decoded = bson.decode(bson.encode(reply), _DECODE)
+    decoded = bson_bytes.decode(bson_bytes.encode(reply), _DECODE)
     # Passed on whole as the forwarded reply is (its $clusterTime and operationTime included).
     return cast("dict[str, Any]", RawBSONDocument(
-        bson.encode(insert_section(decoded, "materialized", section))))
+        bson_bytes.encode(insert_section(decoded, "materialized", section))))
 
 
 def route_find(server: ServerState, cmd: Mapping[str, Any]) -> Handler:

@@ -22,12 +22,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import bson
 from bson import json_util
 from bson.errors import BSONError
 from bson.timestamp import Timestamp
 
 from cdcserver.sources.base import EntryList, OplogLog, SourceFailed
+from pipeline_stages import bson_bytes
 from pipeline_stages.oplog_entry import Entry, decode_entry, with_oplog_types
 from pipeline_stages.unwind_transaction import APPLY_OPS_APPLIED_SEPARATELY
 from pipeline_stages.value_string import type_name
@@ -95,7 +95,7 @@ def _entries_in(
                 doc = json_util.loads(text, json_options=_JSON_OPTIONS)
             except ValueError as exc:
                 raise OplogFileError(f"{where}: invalid JSON ({exc})") from None
-            yield bson.encode(with_oplog_types(doc)), where, offset, cur.line
+            yield bson_bytes.encode(with_oplog_types(doc)), where, offset, cur.line
         return
     while True:
         pos = cur.offset

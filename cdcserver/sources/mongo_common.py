@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 from cdcserver.sources.retained import RetainedLog
+from pipeline_stages import bson_bytes
 from pipeline_stages.check_resumability import HISTORY_LOST_MESSAGE
 from pipeline_stages.error_codes import CATEGORIES
 from pipeline_stages.error_labels import NOT_PRIMARY_ERROR, SHUTDOWN_ERROR
@@ -30,7 +30,7 @@ from pipeline_stages.oplog_entry import Entry
 # pymongo types a RawBSONDocument's `raw` as `bytes | memoryview`; the documents of a cursor
 # read with RAW are made by bson's C decoder, which always gives them `bytes` (even from a
 # memoryview), so the modules here cast `doc.raw` to bytes where they keep or decode it.
-RAW = CodecOptions(document_class=RawBSONDocument)
+RAW = bson_bytes.codec_options(document_class=RawBSONDocument)
 MAX_TS = Timestamp(0xFFFFFFFF, 0xFFFFFFFF)
 # Codes of the upstream's errors that say "this oplog position is gone".
 CAPPED_POSITION_LOST = 136

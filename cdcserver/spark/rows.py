@@ -17,20 +17,19 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import bson
 from bson import json_util
 from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from pipeline_stages import resume_token
+from pipeline_stages import bson_bytes, resume_token
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 CANONICAL = json_util.JSONOptions(json_mode=json_util.JSONMode.CANONICAL)
 # What a RawBSONDocument inflates with (pymongo's DEFAULT_RAW_BSON_OPTIONS), as plain dicts.
-_DECODE: CodecOptions[dict[str, Any]] = CodecOptions(document_class=dict)
+_DECODE: CodecOptions[dict[str, Any]] = bson_bytes.codec_options(document_class=dict)
 
 COLUMNS = (
     "_id", "clusterTime", "operationType", "db", "coll", "documentKey", "event", "eventJson",
@@ -114,7 +113,7 @@ def canonical_json(doc: Any) -> str:
 def event_row(event: RawBSONDocument) -> tuple[Any, ...]:
     """The row of one event (a `RawBSONDocument`, as the pipeline and pymongo give them)."""
     raw = event.raw
-    doc = bson.decode(raw, _DECODE)
+    doc = bson_bytes.decode(raw, _DECODE)
     token = doc["_id"]
     ts = doc.get("clusterTime")
     if not isinstance(ts, Timestamp):
@@ -139,4 +138,4 @@ def event_row(event: RawBSONDocument) -> tuple[Any, ...]:
 
 def event_line(event: RawBSONDocument) -> str:
     """The event as canonical Extended JSON: the `eventJson` column, a `cdcserver replay` line."""
-    return canonical_json(bson.decode(event.raw, _DECODE))
+    return canonical_json(bson_bytes.decode(event.raw, _DECODE))

@@ -39,11 +39,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import bson
 from bson import json_util
 from bson.errors import BSONError
 from bson.timestamp import Timestamp
 
+from pipeline_stages import bson_bytes
 from pipeline_stages.oplog_entry import Entry, decode_entry, with_oplog_types
 
 # mongod's BSONObjMaxInternalSize: an oplog entry may exceed the 16 MiB user limit by 16 KiB.
@@ -190,7 +190,7 @@ def _entry_length(win: _Window, p: int, size: int) -> int | None:
     if raw[-1] != 0:
         return None
     try:
-        doc = bson.decode(raw)
+        doc = bson_bytes.decode(raw)
     except Exception:  # noqa: BLE001 - any failure to decode means "not here"
         return None
     if not isinstance(doc.get("ts"), Timestamp) or not isinstance(doc.get("op"), str):
@@ -342,7 +342,7 @@ def iter_split(
                 doc = json_util.loads(text, json_options=_CANONICAL)
             except ValueError as exc:
                 raise SplitError(f"{where}: invalid JSON ({exc})", line) from None
-            raw = bson.encode(with_oplog_types(doc))
+            raw = bson_bytes.encode(with_oplog_types(doc))
             entry = entry_of(raw, where, line)
             ts = entry["ts"]
             if prev is not None and ts <= prev:

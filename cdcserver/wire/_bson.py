@@ -15,16 +15,18 @@ from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
+from pipeline_stages import bson_bytes
+
 from .errors import ProtocolError
 from .header import BSON_OBJ_MAX_INTERNAL_SIZE
 
 # Commands decode to plain dicts. DATETIME_AUTO keeps dates outside Python's datetime range
 # (valid BSON) from being rejected as "invalid".
-DEFAULT_CODEC_OPTIONS: CodecOptions[Any] = CodecOptions(
+DEFAULT_CODEC_OPTIONS: CodecOptions[Any] = bson_bytes.codec_options(
     datetime_conversion=DatetimeConversion.DATETIME_AUTO
 )
 # Used only to check raw documents; the decoded values are thrown away.
-_VALIDATE_OPTIONS: CodecOptions[Any] = CodecOptions(
+_VALIDATE_OPTIONS: CodecOptions[Any] = bson_bytes.codec_options(
     datetime_conversion=DatetimeConversion.DATETIME_MS
 )
 
@@ -175,7 +177,7 @@ def raw_overflow(
             if len(ends) == 1 and name == "_id":
                 element = data[begin:pos]
                 single = (len(element) + 5).to_bytes(4, "little") + element + b"\x00"
-                id_text = element_text(bson.decode(single)["_id"])
+                id_text = element_text(bson_bytes.decode(single)["_id"])
     except (IndexError, ValueError, bson.errors.BSONError):
         return None
     return None
@@ -269,4 +271,4 @@ def encode_document(doc: Document, codec_options: CodecOptions[Any]) -> bytes:
     if isinstance(doc, (bytes, bytearray, memoryview)):
         return bytes(doc)
     # pymongo's C encoder copies embedded RawBSONDocument values byte for byte.
-    return bson.encode(doc, check_keys=False, codec_options=codec_options)
+    return bson_bytes.encode(doc, check_keys=False, codec_options=codec_options)

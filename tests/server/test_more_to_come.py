@@ -50,10 +50,8 @@ INSERT = {"insert": "mtc", "$db": "mtc"}
 # same messages with moreToCome on must get nothing.
 CASES = {
     "two body sections (40430)": (body({"ping": 1, "$db": "admin"}) * 2, 40430),
-    # {a: "\xff"}: a string that is not UTF-8
-    "invalid BSON in the body (22)": (
-        b"\x00\x0e\x00\x00\x00\x02a\x00\x02\x00\x00\x00\xff\x00\x00", 22,
-    ),
+    # {a: <element type 0x42>}: a type BSON does not have
+    "invalid BSON in the body (22)": (b"\x00\x08\x00\x00\x00\x42a\x00\x00", 22),
     "duplicate document sequence (40431)": (
         body(INSERT) + sequence(b"documents", {"_id": 1}) + sequence(b"documents", {"_id": 2}),
         40431,

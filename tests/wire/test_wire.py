@@ -42,6 +42,7 @@ from cdcserver.wire import (
     parse_op_msg,
     parse_op_query,
 )
+from pipeline_stages import bson_bytes
 
 # --- fixtures captured from real drivers ---------------------------------------------------
 # The first message a `MongoClient(..., appname="cdcserver-wire-fixture")` sent to a listening
@@ -531,14 +532,19 @@ def test_invalid_bson_body():
     err = raise_protocol_error(parse_op_msg, raw_msg(b"\x00" + bad_eoo, request_id=99))
     assert (err.code, err.code_name, err.fatal, err.request_id) == (22, "InvalidBSON", False, 99)
     assert err.to_error_document()["code"] == 22
-    # Invalid UTF-8 in a string value.
-    elements = b"\x02a\x00\x02\x00\x00\x00\xff\x00"
-    bad_utf8 = struct.pack("<i", len(elements) + 5) + elements + b"\x00"
-    assert raise_protocol_error(parse_op_msg, raw_msg(b"\x00" + bad_utf8)).code == 22
     # An unknown element type (0x42).
     elements = b"\x42a\x00\x00"
     bad_type = struct.pack("<i", len(elements) + 5) + elements + b"\x00"
     assert raise_protocol_error(parse_op_msg, raw_msg(b"\x00" + bad_type)).code == 22
+
+
+def test_strings_that_are_not_utf8_are_taken_as_their_bytes():
+    # mongod validates structure, not UTF-8: {a: "\xff"} is a valid body, kept byte for byte.
+    elements = b"\x02a\x00\x02\x00\x00\x00\xff\x00"
+    not_utf8 = struct.pack("<i", len(elements) + 5) + elements + b"\x00"
+    body = parse_op_msg(raw_msg(b"\x00" + not_utf8)).body
+    assert body == {"a": "\udcff"}
+    assert bson_bytes.encode(body) == not_utf8
 
 
 def test_invalid_bson_in_a_sequence():
@@ -606,7 +612,7 @@ def test_custom_document_class():
     req = parse_op_msg(raw_msg(kind0(nested)), codec_options=opts)
     assert type(req.body) is dict and isinstance(req.body["q"], RawBSONDocument)
     assert req.body["q"].raw == bson.encode({"x": 1})
-    elements = b"\x02a\x00\x02\x00\x00\x00\xff\x00"
+    elements = b"\x42a\x00\x00"  # an unknown element type
     bad_inner = struct.pack("<i", len(elements) + 5) + elements + b"\x00"
     outer = b"\x03q\x00" + bad_inner
     bad = struct.pack("<i", len(outer) + 5) + outer + b"\x00"

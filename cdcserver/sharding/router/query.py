@@ -13,7 +13,6 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import bson
 from bson.int64 import Int64
 
 from cdcserver.commands.base import family
@@ -35,6 +34,7 @@ from cdcserver.sharding.router.routing import (
     sharded_ns,
     targeted_shard,
 )
+from pipeline_stages import bson_bytes
 from pipeline_stages.dotted_path import document_value
 from pipeline_stages.spec import is_change_stream_aggregate
 
@@ -118,7 +118,7 @@ def _take(docs: deque[Any], size: int | None) -> list[Any]:
     out: list[Any] = []
     total = 0
     while docs and (size is None or len(out) < size):
-        n = len(bson.encode(docs[0]))
+        n = len(bson_bytes.encode(docs[0]))
         if out and total + n > _MAX_BATCH_BYTES:
             break
         total += n
