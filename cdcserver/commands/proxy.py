@@ -57,6 +57,7 @@ from cdcserver.sources.mongo import (
     UpstreamOplog,
     upstream_unavailable,
 )
+from pipeline_stages import bson_bytes
 from pipeline_stages.spec import is_change_stream_aggregate
 
 # Answered by cdcserver itself (the upstream mode's table: deployments/upstream.py).
@@ -181,7 +182,7 @@ async def forward(
     """Run `cmd` on the upstream (on the member at `address`, when given: a forwarded
     cursor's); its reply as the upstream's bytes. A cursor it opens is noted in `cursors`
     (the server's registry) as a forwarded cursor."""
-    from pymongo.errors import NotPrimaryError, PyMongoError
+    from pymongo.errors import PyMongoError
 
     name = next(iter(cmd))
     spec = {k: v for k, v in cmd.items() if k not in _DROPPED_FIELDS}
@@ -191,21 +192,13 @@ async def forward(
         target = cmd.get(name) if name == "getMore" else next(iter(cmd.get("cursors") or []), None)
         address = addresses.get(target)
     try:
-        server = await client._select_server(  # noqa: SLF001
-            _selector(cmd), None, name, address=address
-        )
-        checkout = client._checkout(server, None)  # noqa: SLF001
-        async with checkout as conn:
-            # RAW codec options: the reply is the upstream's bytes
-            reply: RawBSONDocument = await conn.command(
-                db, spec, codec_options=RAW, check=False, session=None, client=None
-            )
-            code = reply.get("code") if reply.get("ok") != 1 else None
-            if code in NOT_PRIMARY_CODES:
-                # Tell the topology, as a driver does, so the next command finds the primary.
-                await checkout.handle(
-                    NotPrimaryError, NotPrimaryError(str(reply.get("errmsg")), dict(reply))
-                )
+        try:
+            reply, server = await _run_on_upstream(client, cmd, spec, db, address)
+        except UnicodeEncodeError:
+            # A string that is not UTF-8 (PyMongo's encoder refuses it, before anything is
+            # sent, and drops that connection): again, its sub-documents sent as their bytes.
+            reply, server = await _run_on_upstream(
+                client, cmd, bson_bytes.raw_subdocuments(spec), db, address)
     except PyMongoError as exc:
         err = upstream_unavailable(f"forwarding {name}", exc)
         err.labels.extend(_error_labels(cmd))
@@ -220,6 +213,30 @@ async def forward(
     else:
         addresses.note(reply, server.description.address)
     return reply
+
+
+async def _run_on_upstream(
+    client: Any, cmd: Mapping[str, Any], spec: Mapping[str, Any], db: str, address: Any
+) -> tuple[RawBSONDocument, Any]:
+    from pymongo.errors import NotPrimaryError
+
+    name = next(iter(cmd))
+    server = await client._select_server(  # noqa: SLF001
+        _selector(cmd), None, name, address=address
+    )
+    checkout = client._checkout(server, None)  # noqa: SLF001
+    async with checkout as conn:
+        # RAW codec options: the reply is the upstream's bytes
+        reply: RawBSONDocument = await conn.command(
+            db, spec, codec_options=RAW, check=False, session=None, client=None
+        )
+        code = reply.get("code") if reply.get("ok") != 1 else None
+        if code in NOT_PRIMARY_CODES:
+            # Tell the topology, as a driver does, so the next command finds the primary.
+            await checkout.handle(
+                NotPrimaryError, NotPrimaryError(str(reply.get("errmsg")), dict(reply))
+            )
+    return reply, server
 
 
 async def forward_command(
