@@ -180,6 +180,7 @@ def group_sum(values: Any) -> Any:
 
 def _install_match_operators() -> None:
     """`$mod` (mongomock: "unknown operator"), `$type` with an array of types (a TypeError),
+    a compiled `$where`,
     and `$lte: null` / `$gte: null` matching a missing field as `$eq: null` does (mongod's
     ComparisonMatchExpression with a null operand; mongomock: missing compares with nothing)."""
     missing: Any = vars(_mm_filtering)["NOTHING"]
@@ -190,6 +191,10 @@ def _install_match_operators() -> None:
 
     operators["$lte"] = with_null(operators["$lte"])
     operators["$gte"] = with_null(operators["$gte"])
+    # A top-level `$where` arrives compiled into a predicate of the document (the embedded
+    # store's JavaScript, cdcserver/embedded/javascript.py); mongomock's logical operators are
+    # the hook it consults before its "not implemented" for $where.
+    _mm_filtering.LOGICAL_OPERATOR_MAP["$where"] = lambda doc, predicate, _apply: predicate(doc)
 
     def mod(dv: Any, sv: Any) -> bool:
         divisor, remainder = (_truncated(v) for v in sv)

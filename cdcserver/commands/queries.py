@@ -636,6 +636,7 @@ async def _aggregate(
         isinstance(pipeline[0]["$match"], Mapping)
     ):
         first_match = pipeline.pop(0)["$match"]
+        engine.check_match_stage(first_match)
     deadline = query.Deadline.of(cmd)
     docs = await find_documents(store, cmd, db, target, first_match, None, None, 0, 0,
                                 copy=True, deadline=deadline)

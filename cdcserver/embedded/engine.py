@@ -23,7 +23,14 @@ from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 from bson.objectid import ObjectId
 
-from cdcserver.embedded import doc_validation_error, json_schema, modifiers, oplog_update, regex
+from cdcserver.embedded import (
+    doc_validation_error,
+    javascript,
+    json_schema,
+    modifiers,
+    oplog_update,
+    regex,
+)
 from pipeline_stages import expressions, keystring, query_engine
 from pipeline_stages.dotted_path import (
     document_value,
@@ -136,14 +143,19 @@ def check_variables(expr: Any, defined: frozenset[str] = frozenset()) -> None:
         check_variables(v, defined)
 
 
+def check_match_stage(filter_doc: Mapping[str, Any]) -> None:
+    """What a `$match` stage refuses that a query takes: `$where` (DocumentSourceMatch parses
+    without MatchExpressionParser's kJavascript)."""
+    if javascript.names_where(filter_doc):
+        raise MongoError(2, "$where is not allowed in this context")
+
+
 def validate_filter(filter_doc: Mapping[str, Any]) -> None:
     """The parse errors mongod's MatchExpressionParser gives for the common mistakes, which
     mongomock answers with Python errors or silently (e.g. `$regex: 1` matching nothing)."""
     for key, value in filter_doc.items():
         if key == "$expr":
             check_variables(value)
-        if key == "$where":  # JavaScript: answered as a mongod without a script engine
-            raise MongoError(6108304, "no globalScriptEngine in $where parsing")
         if key in ("$and", "$or", "$nor"):
             if not isinstance(value, list):
                 raise MongoError(2, f"{key} must be an array")
@@ -185,6 +197,8 @@ def _validate_operators(spec: Mapping[str, Any]) -> None:
             raise MongoError(2, "$options needs a $regex")
         elif op == "$elemMatch" and not isinstance(arg, Mapping):
             raise MongoError(2, "$elemMatch needs an Object")
+        elif op == "$elemMatch" and javascript.names_where(arg):
+            raise MongoError(2, "$where can only be applied to the top-level document")
         elif op == "$mod":
             if not isinstance(arg, list):
                 raise MongoError(2, "malformed mod, needs to be an array")
@@ -222,14 +236,16 @@ def _compiled_filter(filter_doc: Mapping[str, Any]) -> dict[str, Any]:
     known, compiled = _compiled
     if known is not filter_doc:
         validate_filter(filter_doc)
-        compiled = query_engine.ordered_filter(compile_filter(filter_doc))
+        compiled = query_engine.ordered_filter(
+            compile_filter(javascript.compile_where(filter_doc)))
         _compiled = (filter_doc, compiled)
     return compiled
 
 
 def backtracks(filter_doc: Mapping[str, Any] | None) -> bool:
     """Whether the filter holds a regex RE2 cannot run (matched by backtracking, see
-    pipeline_stages/regex.py): its scan then runs off the event loop (embedded/regex.py)."""
+    pipeline_stages/regex.py) or a `$where` (JavaScript, javascript.py): its scan then runs off
+    the event loop (embedded/regex.py)."""
     if not filter_doc:
         return False
 
@@ -242,7 +258,8 @@ def backtracks(filter_doc: Mapping[str, Any] | None) -> bool:
             return any(walk(v) for v in value)
         return False
 
-    return walk(_compiled_filter(filter_doc))
+    compiled = _compiled_filter(filter_doc)
+    return javascript.has_where(compiled) or walk(compiled)
 
 
 def matcher(filter_doc: Mapping[str, Any] | None) -> Callable[[Mapping[str, Any]], bool]:
@@ -325,6 +342,7 @@ def rewrite_pipeline(pipeline: list[Any]) -> list[dict[str, Any]]:
             _check_project_stage(arg)
             out.append(dict(stage))
         elif name == "$match" and isinstance(arg, Mapping):
+            check_match_stage(arg)
             # regexes: regex.py's matcher; documents compared in field order
             out.append({"$match": query_engine.ordered_filter(compile_filter(arg))})
         else:

@@ -12,8 +12,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
     'test/test_database.py': {
     },
     'test/test_cursor.py': {
-        'TestCursor::test_to_list_csot_applied': 'where',
-        'TestCursor::test_where': 'where',
     },
     'test/test_bulk.py': {
     },
@@ -53,8 +51,6 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
     'test/asynchronous/test_database.py': {
     },
     'test/asynchronous/test_cursor.py': {
-        'TestCursor::test_to_list_csot_applied': 'where',
-        'TestCursor::test_where': 'where',
     },
     'test/asynchronous/test_bulk.py': {
     },
@@ -68,9 +64,7 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
         'TestUnifiedReadPref::test_secondary_readPreference': 'no-secondary',
     },
     'test/test_client.py': {
-        'TestClient::test_socket_timeout': 'where',
     },
     'test/asynchronous/test_client.py': {
-        'TestClient::test_socket_timeout': 'where',
     },
 }

@@ -262,11 +262,6 @@ CAUSES: dict[str, tuple[str, str]] = {
         '\\$setField|DotsAndDollars',
         '$setField / $getField (dotted and $-prefixed field names) are not supported',
     ),
-    'where': (
-        '\\$where|csot_applied',
-        '$where runs JavaScript: cdcserver has no JavaScript engine (a limit of the emulator; '
-        "it answers as a mongod without one: 6108304 'no globalScriptEngine in $where parsing')",
-    ),
     'exhaust': (
         '[Ee]xhaust',
         'exhaust cursors (moreToCome) are not supported',
@@ -318,11 +313,6 @@ NOT_RUN_CAUSES: dict[str, str] = {
         "resolves the mongodb+srv:// SRV and TXT records of test.build.10gen.cc (the driver "
         "alone, no server): it needs a resolver that reaches the public DNS"
     ),
-    "interrupt-alarm": (
-        "arms a 1 s SIGALRM around a $where query that should still run when it fires; "
-        "cdcserver has no JavaScript engine and fails $where at once (6108304, as a mongod "
-        "without one), so the alarm would fire in a later test and interrupt the whole run"
-    ),
 }
 
 _HANDSHAKE_ENV_TESTS = [
@@ -364,7 +354,6 @@ NOT_RUN: dict[str, dict[str, str]] = {
         "TestClient::test_repr_srv_host": "dns-srv",
         "TestClient::test_service_name_from_kwargs": "dns-srv",
         "TestClient::test_srv_max_hosts_kwarg": "dns-srv",
-        "TestClient::test_interrupt_signal": "interrupt-alarm",
     },
     "test/asynchronous/test_client.py": {
         "AsyncClientUnitTest::test_container_metadata": "container-metadata",

@@ -1,0 +1,242 @@
+"""`$where`: a query's JavaScript predicate, run by V8 (mini-racer) as mongod runs its own.
+
+mongod hands `$where` code to its script engine: the code is turned into a function
+(`parseJSFunctionOrExpression`: a function stays one, an expression or statements become a
+function returning the last expression), called once per document with the document as `this`
+(and `obj`); a truthy result matches. Server-side JavaScript has `sleep(ms)`. A JavaScript
+error fails the query with 139 JSInterpreterFailure; the operation's time limit stops it
+(50 MaxTimeMSExpired).
+
+A scan whose filter holds `$where` runs in a thread (query.py's OFFLOAD, as for backtracking
+regexes): V8 runs without the GIL, so a `sleep` or a long predicate holds that operation only,
+and the thread's deadline bounds each call. Each thread has its own V8 isolate. Inside a write
+(update or delete filters) the predicate runs on the loop thread, as the write itself does.
+
+Documents reach JavaScript as JSON with mongod's shell types where a predicate is likely to
+touch them: dates are `Date`s, ObjectIds have `str` and compare by `str`, 64-bit integers and
+decimals are numbers; binary data is an object `{base64, subType}`.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+import re
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from bson.binary import Binary
+from bson.code import Code
+from bson.decimal128 import Decimal128
+from bson.objectid import ObjectId
+from bson.regex import Regex
+from bson.timestamp import Timestamp
+
+from cdcserver.embedded import regex as embedded_regex
+from pipeline_stages.errors import MongoError
+
+# What every scope has before a predicate: sleep() (Atomics.wait blocks this isolate only, and
+# V8's termination on timeout interrupts it), ObjectId-like values, and the document reviver.
+_PRELUDE = r"""
+function sleep(ms) { Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms); }
+function ObjectId(hex) {
+  if (!(this instanceof ObjectId)) return new ObjectId(hex);
+  this.str = hex;
+}
+ObjectId.prototype.toString = function () { return 'ObjectId("' + this.str + '")'; };
+ObjectId.prototype.valueOf = function () { return this.str; };
+ObjectId.prototype.equals = function (other) {
+  return other instanceof ObjectId && other.str === this.str;
+};
+function __cdcRevive(key, value) {
+  if (value !== null && typeof value === "object" && !Array.isArray(value)) {
+    var one = Object.keys(value).length === 1;
+    if (one && typeof value.$date === "number") return new Date(value.$date);
+    if (one && typeof value.$oid === "string") return new ObjectId(value.$oid);
+  }
+  return value;
+}
+// parseJSFunctionOrExpression, without SpiderMonkey's Reflect.parse: V8 compiling each
+// reading decides. A function stays one; code with a top-level `return` is a function body;
+// else the last expression (the whole code, or what follows its last `;` or line break) is
+// returned.
+function __cdcSource(src) {
+  src = src.trim();
+  while (src.endsWith(";")) src = src.slice(0, -1).trimEnd();
+  if (/^function\b/.test(src)) {
+    try { eval("(" + src + "\n)"); return "(" + src + "\n)"; } catch (e) {}
+  }
+  try { eval("if (false) {\n" + src + "\n}"); } catch (e) {
+    return "(function() {\n" + src + "\n})";  // a body (return outside a function)
+  }
+  var cuts = [-1];
+  for (var i = src.length - 1; i >= 0; i--) if (src[i] === ";" || src[i] === "\n") cuts.push(i);
+  for (var k = 0; k < cuts.length; k++) {
+    var head = src.slice(0, cuts[k] + 1), tail = src.slice(cuts[k] + 1);
+    if (!tail.trim() || /^\s*(var|let|const|if|for|while|do|switch|try|throw|class)\b/.test(tail))
+      continue;
+    var candidate = "(function() {\n" + head + "\nreturn (" + tail + "\n);\n})";
+    try { eval(candidate); return candidate; } catch (e) {}
+  }
+  return "(function() {\n" + src + "\n})";
+}
+var __cdcFunctions = [];
+function __cdcDefine(code) {
+  __cdcFunctions.push(eval(__cdcSource(code)));
+  return __cdcFunctions.length - 1;
+}
+function __cdcWhere(n, json) {
+  var doc = JSON.parse(json, __cdcRevive);
+  globalThis.obj = doc;
+  return !!__cdcFunctions[n].call(doc);
+}
+"""
+
+
+class _Isolate(threading.local):
+    """One V8 isolate per thread, with its own compiled predicates."""
+
+    def __init__(self) -> None:
+        from py_mini_racer import MiniRacer  # V8 loads on the first $where only
+
+        self.racer = MiniRacer()
+        self.racer.eval(_PRELUDE)
+        self.functions: dict[str, int] = {}
+
+
+_ISOLATES: _Isolate | None = None
+_ISOLATES_LOCK = threading.Lock()
+
+
+def _isolate() -> _Isolate:
+    global _ISOLATES
+    if _ISOLATES is None:
+        with _ISOLATES_LOCK:
+            if _ISOLATES is None:
+                _ISOLATES = _Isolate()
+    return _ISOLATES
+
+
+def _js_value(value: Any) -> Any:
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.UTC)
+        return {"$date": int(value.timestamp() * 1000)}
+    if isinstance(value, ObjectId):
+        return {"$oid": str(value)}
+    if isinstance(value, Decimal128):
+        return float(value.to_decimal())
+    if isinstance(value, (bytes, Binary)):
+        subtype = value.subtype if isinstance(value, Binary) else 0
+        return {"base64": base64.b64encode(bytes(value)).decode(), "subType": subtype}
+    if isinstance(value, uuid.UUID):
+        return {"base64": base64.b64encode(value.bytes).decode(), "subType": 4}
+    if isinstance(value, Timestamp):
+        return {"t": value.time, "i": value.inc}
+    if isinstance(value, Regex):
+        return {"source": value.pattern, "flags": str(value.flags)}
+    return str(value)
+
+
+def _document_json(doc: Mapping[str, Any]) -> str:
+    return json.dumps(doc, default=_js_value, ensure_ascii=False, allow_nan=True)
+
+
+_JS_ERROR = re.compile(r"\b(\w*Error: [^\n]*)")
+
+
+def _interpreter_failure(exc: Exception) -> MongoError:
+    """139 with the JavaScript error's `Name: message` (mongod adds SpiderMonkey's stack,
+    which V8's differs from)."""
+    found = _JS_ERROR.search(str(exc))
+    return MongoError(139, found.group(1).strip() if found else type(exc).__name__)
+
+
+class WherePredicate:
+    """A parsed `$where`: called with a document, whether it matches."""
+
+    def __init__(self, code: str) -> None:
+        self.code = code
+
+    def __bool__(self) -> bool:  # mongomock tests a logical operator's operand for emptiness
+        return True
+
+    def _function(self, isolate: _Isolate) -> int:
+        n = isolate.functions.get(self.code)
+        if n is None:
+            try:
+                n = int(isolate.racer.call("__cdcDefine", self.code))
+            except Exception as exc:  # noqa: BLE001 - a SyntaxError
+                raise _interpreter_failure(exc) from None
+            isolate.functions[self.code] = n
+        return n
+
+    def __call__(self, doc: Mapping[str, Any]) -> bool:
+        from py_mini_racer import JSTimeoutException
+
+        isolate = _isolate()
+        n = self._function(isolate)
+        deadline = embedded_regex.backtracking_deadline.get()
+        timeout_ms: float | None = None
+        if isinstance(deadline, float):
+            timeout_ms = max(1.0, (deadline - time.monotonic()) * 1000)
+        try:
+            return bool(isolate.racer.call("__cdcWhere", n, _document_json(doc),
+                                           timeout=timeout_ms))
+        except JSTimeoutException:
+            raise MongoError(50, "operation exceeded time limit") from None
+        except MongoError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - JSEvalException and its kinds
+            raise _interpreter_failure(exc) from None
+
+
+def parse_where(value: Any) -> WherePredicate:
+    """ExtensionsCallback::extractWhereMatchExpressionParams: a string or Code without scope."""
+    if isinstance(value, Code) and value.scope is not None:
+        raise MongoError(4649201, "$where no longer supports deprecated BSON type CodeWScope")
+    if not isinstance(value, str):
+        raise MongoError(2, "$where got bad type")
+    if not value:
+        raise MongoError(2, "code for $where cannot be empty")
+    return WherePredicate(str(value))
+
+
+def compile_where(filter_doc: Mapping[str, Any]) -> dict[str, Any]:
+    """`filter_doc` with each `$where` (top level, or in `$and` / `$or` / `$nor` clauses, where
+    mongod takes it) parsed into a WherePredicate."""
+    out: dict[str, Any] = {}
+    for key, value in filter_doc.items():
+        if key == "$where":
+            out[key] = parse_where(value)
+        elif key in ("$and", "$or", "$nor") and isinstance(value, list):
+            out[key] = [compile_where(c) if isinstance(c, Mapping) else c for c in value]
+        else:
+            out[key] = value
+    return out
+
+
+def has_where(compiled: Mapping[str, Any]) -> bool:
+    for key, value in compiled.items():
+        if isinstance(value, WherePredicate):
+            return True
+        if key in ("$and", "$or", "$nor") and isinstance(value, list):
+            if any(isinstance(c, Mapping) and has_where(c) for c in value):
+                return True
+    return False
+
+
+def names_where(filter_doc: Mapping[str, Any]) -> bool:
+    """Whether `filter_doc` has a `$where` (top level or in `$and` / `$or` / `$nor`), before
+    parsing: for the places mongod's parser refuses one."""
+    for key, value in filter_doc.items():
+        if key == "$where":
+            return True
+        if key in ("$and", "$or", "$nor") and isinstance(value, list):
+            if any(isinstance(c, Mapping) and names_where(c) for c in value):
+                return True
+    return False
