@@ -235,3 +235,10 @@ _FIELD_OPERATORS: dict[str, Callable[[Any, Any], Any]] = {
     "$unsetField": lambda parser, args: _set_field(parser, args, "$unsetField"),
     **date_expressions.OPERATORS,
 }
+
+
+def install_operator(name: str, evaluate: Callable[[Any, Any], Any]) -> None:
+    """Evaluate expression operator `name` with `evaluate(parser, argument)`: for operators
+    whose evaluation needs what pipeline_stages/ must not hold (the embedded store's
+    JavaScript engine registers `$function`)."""
+    _FIELD_OPERATORS[name] = evaluate

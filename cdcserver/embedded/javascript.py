@@ -1,4 +1,4 @@
-"""`$where`: a query's JavaScript predicate, run by V8 (mini-racer) as mongod runs its own.
+"""`$where` and `$function`: JavaScript, run by V8 (mini-racer) as mongod runs its own.
 
 mongod hands `$where` code to its script engine: the code is turned into a function
 (`parseJSFunctionOrExpression`: a function stays one, an expression or statements become a
@@ -12,6 +12,10 @@ regexes): V8 runs without the GIL, so a `sleep` or a long predicate holds that o
 and the thread's deadline bounds each call. Each thread has its own V8 isolate. Inside a write
 (update or delete filters) the predicate runs on the loop thread, as the write itself does.
 
+`$function` (an expression operator, registered into pipeline_stages/expressions.py) calls its
+body with its evaluated `args`; the result comes back as mongod's ValueWriter writes it (every
+number a double). It runs where its pipeline runs (on the loop for an aggregation).
+
 Documents reach JavaScript as JSON with mongod's shell types where a predicate is likely to
 touch them: dates are `Date`s, ObjectIds have `str` and compare by `str`, 64-bit integers and
 decimals are numbers; binary data is an object `{base64, subType}`.
@@ -19,6 +23,7 @@ decimals are numbers; binary data is an object `{base64, subType}`.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import datetime
 import json
@@ -37,7 +42,9 @@ from bson.regex import Regex
 from bson.timestamp import Timestamp
 
 from cdcserver.embedded import regex as embedded_regex
+from pipeline_stages import expressions
 from pipeline_stages.errors import MongoError
+from pipeline_stages.value_string import type_name
 
 # What every scope has before a predicate: sleep() (Atomics.wait blocks this isolate only, and
 # V8's termination on timeout interrupts it), ObjectId-like values, and the document reviver.
@@ -89,6 +96,17 @@ function __cdcDefine(code) {
   __cdcFunctions.push(eval(__cdcSource(code)));
   return __cdcFunctions.length - 1;
 }
+function __cdcReplace(key, value) {
+  var raw = this[key];
+  if (raw instanceof Date) return {$date: raw.getTime()};
+  if (raw instanceof ObjectId) return {$oid: raw.str};
+  if (raw === undefined) return null;
+  return value;
+}
+function __cdcApply(n, json) {
+  var args = JSON.parse(json, __cdcRevive);
+  return JSON.stringify({v: __cdcFunctions[n].apply(null, args)}, __cdcReplace);
+}
 function __cdcWhere(n, json) {
   var doc = JSON.parse(json, __cdcRevive);
   globalThis.obj = doc;
@@ -106,6 +124,23 @@ class _Isolate(threading.local):
         self.racer = MiniRacer()
         self.racer.eval(_PRELUDE)
         self.functions: dict[str, int] = {}
+        with _RACERS_LOCK:
+            _RACERS.append(self.racer)
+
+
+# Every isolate made, closed at exit: one left for the interpreter's shutdown to collect
+# (the main thread's, say) hangs it in V8's teardown.
+_RACERS: list[Any] = []
+_RACERS_LOCK = threading.Lock()
+
+
+@atexit.register
+def _close_isolates() -> None:
+    with _RACERS_LOCK:
+        racers = list(_RACERS)
+        _RACERS.clear()
+    for racer in racers:
+        racer.close()
 
 
 _ISOLATES: _Isolate | None = None
@@ -156,6 +191,97 @@ def _interpreter_failure(exc: Exception) -> MongoError:
     return MongoError(139, found.group(1).strip() if found else type(exc).__name__)
 
 
+def _define(isolate: _Isolate, code: str) -> int:
+    """The isolate's function of `code` (compiled once per isolate)."""
+    n = isolate.functions.get(code)
+    if n is None:
+        try:
+            n = int(isolate.racer.call("__cdcDefine", code))
+        except Exception as exc:  # noqa: BLE001 - a SyntaxError
+            raise _interpreter_failure(exc) from None
+        isolate.functions[code] = n
+    return n
+
+
+def _timeout_ms() -> float | None:
+    deadline = embedded_regex.backtracking_deadline.get()
+    if isinstance(deadline, float):
+        return max(1.0, (deadline - time.monotonic()) * 1000)
+    return None
+
+
+def _run(isolate: _Isolate, name: str, *args: Any) -> Any:
+    from py_mini_racer import JSTimeoutException
+
+    try:
+        return isolate.racer.call(name, *args, timeout=_timeout_ms())
+    except JSTimeoutException:
+        raise MongoError(50, "operation exceeded time limit") from None
+    except Exception as exc:  # noqa: BLE001 - JSEvalException and its kinds
+        raise _interpreter_failure(exc) from None
+
+
+_EPOCH = datetime.datetime(1970, 1, 1)
+
+
+def _from_js(value: Any) -> Any:
+    """A JavaScript result as BSON values: a number is a double (mongod's ValueWriter), a
+    Date a date, an ObjectId an ObjectId."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, list):
+        return [_from_js(v) for v in value]
+    if isinstance(value, dict):
+        if len(value) == 1 and isinstance(value.get("$date"), (int, float)):
+            return _EPOCH + datetime.timedelta(milliseconds=value["$date"])
+        if len(value) == 1 and isinstance(value.get("$oid"), str):
+            return ObjectId(value["$oid"])
+        return {k: _from_js(v) for k, v in value.items()}
+    return value
+
+
+def _evaluate(parser: Any, expression: Any) -> Any:
+    try:
+        return parser.parse(expression)
+    except KeyError:  # mongomock's missing
+        return None
+
+
+def function_expression(parser: Any, spec: Any) -> Any:
+    """`$function` (ExpressionFunction::parse, then evaluate): `body` called with `args`."""
+    if not isinstance(spec, Mapping):
+        raise MongoError(31260, "$function requires an object as an argument, found: "
+                         f"{type_name(spec)}")
+    if "body" not in spec:
+        raise MongoError(31261, "The body function must be specified.")
+    body = spec["body"]
+    if (isinstance(body, str) and not isinstance(body, Code) and body.startswith("$")) or (
+            isinstance(body, (Mapping, list))):
+        raise MongoError(31432, "The body function must be a constant expression")
+    if not isinstance(body, str):
+        raise MongoError(31262, "The body function must evaluate to type string or code")
+    if "args" not in spec:
+        raise MongoError(31263, "The args field must be specified.")
+    if "lang" not in spec:
+        raise MongoError(31418, "The lang field must be specified.")
+    if spec["lang"] != "js":
+        raise MongoError(31419, "Currently the only supported language specifier is 'js'.")
+    isolate = _isolate()
+    n = _define(isolate, str(body))
+    args = _evaluate(parser, spec["args"])
+    if isinstance(spec["args"], list):  # an array literal: each element (missing is null)
+        args = [_evaluate(parser, a) for a in spec["args"]]
+    if not isinstance(args, list):
+        raise MongoError(31266, "The args field must be of type array")
+    out = _run(isolate, "__cdcApply", n, json.dumps(args, default=_js_value, allow_nan=True))
+    return _from_js(json.loads(out)["v"])
+
+
+expressions.install_operator("$function", function_expression)
+
+
 class WherePredicate:
     """A parsed `$where`: called with a document, whether it matches."""
 
@@ -165,34 +291,10 @@ class WherePredicate:
     def __bool__(self) -> bool:  # mongomock tests a logical operator's operand for emptiness
         return True
 
-    def _function(self, isolate: _Isolate) -> int:
-        n = isolate.functions.get(self.code)
-        if n is None:
-            try:
-                n = int(isolate.racer.call("__cdcDefine", self.code))
-            except Exception as exc:  # noqa: BLE001 - a SyntaxError
-                raise _interpreter_failure(exc) from None
-            isolate.functions[self.code] = n
-        return n
-
     def __call__(self, doc: Mapping[str, Any]) -> bool:
-        from py_mini_racer import JSTimeoutException
-
         isolate = _isolate()
-        n = self._function(isolate)
-        deadline = embedded_regex.backtracking_deadline.get()
-        timeout_ms: float | None = None
-        if isinstance(deadline, float):
-            timeout_ms = max(1.0, (deadline - time.monotonic()) * 1000)
-        try:
-            return bool(isolate.racer.call("__cdcWhere", n, _document_json(doc),
-                                           timeout=timeout_ms))
-        except JSTimeoutException:
-            raise MongoError(50, "operation exceeded time limit") from None
-        except MongoError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - JSEvalException and its kinds
-            raise _interpreter_failure(exc) from None
+        n = _define(isolate, self.code)
+        return bool(_run(isolate, "__cdcWhere", n, _document_json(doc)))
 
 
 def parse_where(value: Any) -> WherePredicate:
