@@ -23,10 +23,10 @@ from bson.decimal128 import Decimal128
 from pipeline_stages import keystring
 from pipeline_stages.date_expressions import MISSING
 from pipeline_stages.errors import MongoError
-from pipeline_stages.value_string import type_name, value_string
+from pipeline_stages.value_string import bson_obj_string, type_name, value_string
 
-__all__ = ["MISSING", "OPERATORS", "integral32", "is_numeric", "operands", "sort_key", "value",
-           "value_type_name"]
+__all__ = ["MISSING", "OPERATORS", "integral32", "is_numeric", "nullish", "operands", "sort_key",
+           "value", "value_type_name"]
 
 
 # -- evaluation helpers (shared with math_expressions.py) -----------------------------------------
@@ -583,7 +583,7 @@ def _n_spec(name: str, spec: Any) -> tuple[Any, Any]:
     if not isinstance(spec, Mapping):
         code = 5787900 if name in ("$maxN", "$minN") else 5787801
         raise MongoError(code, f"specification must be an object; found {name}: "
-                         f"{value_string(spec)}")
+                         f"{bson_obj_string(spec)}")
     n = array = None
     seen = set()
     for key, item in spec.items():

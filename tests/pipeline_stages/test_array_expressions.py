@@ -129,7 +129,8 @@ def test_result_types_and_cases_mongomock_had(coll: Collection[Any]) -> None:
 
 @pytest.mark.parametrize(("expr", "code", "message"), [
     ({"$firstN": 1}, 5787801, "specification must be an object; found $firstN: 1"),
-    ({"$maxN": [1]}, 5787900, "specification must be an object; found $maxN: [1]"),
+    ({"$maxN": [1]}, 5787900, "specification must be an object; found $maxN: [ 1 ]"),
+    ({"$lastN": 1.5}, 5787801, "specification must be an object; found $lastN: 1.5"),
     ({"$firstN": {"input": [], "n": 1, "x": 1}}, 5787901, "Unknown argument for 'n' operator: x"),
     ({"$lastN": {"input": []}}, 5787906, "Missing value for 'n'"),
     ({"$lastN": {"n": 1}}, 5787907, "Missing value for 'input'"),
