@@ -29,7 +29,13 @@ from typing import Any
 from bson.regex import Regex
 from bson.timestamp import Timestamp
 
-from pipeline_stages import array_expressions, bson_bytes, date_expressions, math_expressions
+from pipeline_stages import (
+    array_expressions,
+    bson_bytes,
+    date_expressions,
+    date_part_expressions,
+    math_expressions,
+)
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name
 
@@ -236,6 +242,7 @@ _FIELD_OPERATORS: dict[str, Callable[[Any, Any], Any]] = {
     **date_expressions.OPERATORS,
     **array_expressions.OPERATORS,
     **math_expressions.OPERATORS,
+    **date_part_expressions.OPERATORS,
 }
 
 
