@@ -2,7 +2,7 @@
 errors (exec/expression evaluate_math.cpp, expression_trigonometric.h, accumulator_std_dev.cpp):
 `$round`, `$trunc` (with a place), the trigonometric and hyperbolic functions,
 `$degreesToRadians`, `$radiansToDegrees`, `$bitAnd`, `$bitOr`, `$bitXor`, `$bitNot`,
-`$stdDevPop`, `$stdDevSamp` (expression forms) and `$rand`.
+`$stdDevPop`, `$stdDevSamp`, `$percentile`, `$median` (expression forms) and `$rand`.
 
 Decimal arithmetic follows IEEE 754 decimal128 (34 digits, ties to even), as mongod's
 Decimal128 does. A decimal operand of a trigonometric function, `$atan2`, or a standard
@@ -33,7 +33,7 @@ from pipeline_stages.array_expressions import (
     value_type_name,
 )
 from pipeline_stages.errors import MongoError
-from pipeline_stages.value_string import type_name
+from pipeline_stages.value_string import bson_obj_string, type_name, value_string
 
 __all__ = ["OPERATORS"]
 
@@ -270,6 +270,105 @@ def _std_dev(name: str, sample: bool) -> Callable[[Any, Any], Any]:
     return evaluate
 
 
+# -- $percentile, $median (expression forms) ---------------------------------------------------
+
+
+def _discrete_rank(n: int, p: float) -> int:
+    """PercentileAlgorithm::computeTrueRank: the lower of the ambiguous ranks."""
+    return n - 1 if p >= 1.0 else max(0, math.ceil(n * p) - 1)
+
+
+def _percentiles(samples: list[float], ps: list[float]) -> list[float]:
+    """DiscretePercentile, which the expression forms use for method "approximate"."""
+    finite = sorted(x for x in samples if not math.isinf(x) and x == x)
+    low = sum(1 for x in samples if x == -_INF)
+    high = sum(1 for x in samples if x == _INF)
+    if not finite and not low and not high:
+        return []
+    out = []
+    for p in ps:
+        rank = _discrete_rank(len(finite) + low + high, p)
+        if rank < low:
+            out.append(-_INF)
+        elif rank >= len(finite) + low:
+            out.append(_INF)
+        else:
+            out.append(finite[rank - low])
+    return out
+
+
+def _constant(expression: Any) -> bool:
+    if isinstance(expression, str):
+        return not expression.startswith("$")
+    if isinstance(expression, list):
+        return all(_constant(e) for e in expression)
+    if isinstance(expression, Mapping):
+        if len(expression) == 1 and next(iter(expression)) == "$literal":
+            return True
+        return not any(k.startswith("$") for k in expression) and all(
+            _constant(v) for v in expression.values())
+    return True
+
+
+def _check_quantile_spec(name: str, spec: Mapping[str, Any], fields: tuple[str, ...]) -> None:
+    """AccumulatorPercentileSpec / AccumulatorMedianSpec as IDL parses them."""
+    for key, item in spec.items():
+        if key not in fields:
+            raise MongoError(40415, f"BSON field '{name}.{key}' is an unknown field.")
+        if key == "method":
+            if not isinstance(item, str):
+                raise MongoError(14, f"BSON field '{name}.method' is the wrong type "
+                                 f"'{type_name(item)}', expected type 'string'")
+            if item != "approximate":
+                raise MongoError(2, "Currently only 'approximate' can be used as percentile "
+                                 "'method'.")
+    for key in fields:
+        if key not in spec:
+            raise MongoError(40414, f"BSON field '{name}.{key}' is missing but a required "
+                             "field")
+
+
+def _parse_p(parser: Any, expression: Any) -> list[float]:
+    if not _constant(expression):
+        raise MongoError(7750300, "The $percentile 'p' field must be an array of constant "
+                         f"values, but found value: {bson_obj_string(expression)}.")
+    values = value(parser, expression)
+    message = "The $percentile 'p' field must be an array of numbers from [0.0, 1.0], but found: "
+    if not isinstance(values, list) or not values:
+        raise MongoError(7750301, message + value_string(values))
+    ps = []
+    for v in values:
+        if not is_numeric(v):
+            raise MongoError(7750302, message + value_string(v))
+        p = _to_double(v)
+        if p < 0 or p > 1:
+            raise MongoError(7750303, message + f"{p:g}")
+        ps.append(p)
+    return ps
+
+
+def _quantile(name: str) -> Callable[[Any, Any], Any]:
+    def evaluate(parser: Any, spec: Any) -> Any:
+        median = name == "$median"
+        if not isinstance(spec, Mapping):
+            raise MongoError(7436201 if median else 7436200, "specification must be an object; "
+                             f"found {name}: {bson_obj_string(spec)}")
+        fields = ("input", "method") if median else ("input", "p", "method")
+        _check_quantile_spec(name, spec, fields)
+        ps = [0.5] if median else _parse_p(parser, spec["p"])
+        data = value(parser, spec["input"])
+        if is_numeric(data):
+            result = [_to_double(data)] * len(ps)
+        elif isinstance(data, list):
+            result = _percentiles([_to_double(x) for x in data if is_numeric(x)], ps)
+        else:
+            result = []
+        if median:
+            return result[0] if result else None
+        return result if result else [None] * len(ps)
+    return evaluate
+
+
 def _rand(parser: Any, spec: Any) -> Any:
     if not isinstance(spec, Mapping):
         raise MongoError(10065, "invalid parameter: expected an object ($rand)")
@@ -302,5 +401,7 @@ OPERATORS: dict[str, Callable[[Any, Any], Any]] = {
     "$bitNot": _bit_not,
     "$stdDevPop": _std_dev("$stdDevPop", False),
     "$stdDevSamp": _std_dev("$stdDevSamp", True),
+    "$percentile": _quantile("$percentile"),
+    "$median": _quantile("$median"),
     "$rand": _rand,
 }

@@ -140,3 +140,56 @@ def test_errors(coll: Collection[Any], expr: Any, code: int, message: str) -> No
     with pytest.raises(errors.OperationFailure) as exc:
         _one(coll, expr)
     assert (exc.value.code, exc.value.details["errmsg"]) == (code, message)  # type: ignore[index]
+
+
+def _q(name: str, **spec: Any) -> dict[str, Any]:
+    return {name: {**spec, "method": "approximate"}}
+
+
+@pytest.mark.parametrize(("expr", "expected"), [
+    (_q("$median", input=[4, 1, 3, 2]), 2.0),  # the lower of the two middle ranks
+    (_q("$median", input=[4, 1, "x", None, 3]), 3.0),  # non-numbers ignored
+    (_q("$median", input=[Int64(5), D("2.5")]), 2.5),
+    (_q("$median", input=7), 7.0),
+    (_q("$median", input=[]), None),
+    (_q("$median", input="$zz"), None),
+    (_q("$percentile", input="$n", p=[0, 0.5, 0.9, 1]), [1.0, 2.0, 4.0, 4.0]),
+    (_q("$percentile", input=7, p=[0.1, 0.2]), [7.0, 7.0]),
+    (_q("$percentile", input=["a"], p=[0.1, 0.2]), [None, None]),
+    (_q("$percentile", input=[math.inf, 1, -math.inf, math.nan], p=[0, 0.5, 1]),
+     [-math.inf, 1.0, math.inf]),  # NaN left out, infinities ranked
+    (_q("$percentile", input="$n", p={"$literal": [0.25]}), [1.0]),
+])
+def test_quantiles(coll: Collection[Any], expr: Any, expected: Any) -> None:
+    got = _one(coll, expr)
+    assert got == expected
+    if isinstance(expected, list):
+        assert [type(x) for x in got] == [type(x) for x in expected]
+    else:
+        assert type(got) is type(expected)
+
+
+@pytest.mark.parametrize(("expr", "code", "message"), [
+    ({"$median": 1}, 7436201, "specification must be an object; found $median: 1"),
+    ({"$percentile": [1]}, 7436200, "specification must be an object; found $percentile: [ 1 ]"),
+    ({"$median": {"input": 1}}, 40414,
+     "BSON field '$median.method' is missing but a required field"),
+    ({"$percentile": {"input": 1, "method": "approximate"}}, 40414,
+     "BSON field '$percentile.p' is missing but a required field"),
+    ({"$median": {"input": 1, "method": 1}}, 14,
+     "BSON field '$median.method' is the wrong type 'int', expected type 'string'"),
+    ({"$median": {"input": 1, "method": "approximate", "p": [1]}}, 40415,
+     "BSON field '$median.p' is an unknown field."),
+    ({"$median": {"input": 1, "method": "exact"}}, 2,
+     "Currently only 'approximate' can be used as percentile 'method'."),
+    (_q("$percentile", input=1, p="$x"), 7750300, "The $percentile 'p' field must be an array "
+     "of constant values, but found value: \"$x\"."),
+    (_q("$percentile", input=1, p=[]), 7750301, "The $percentile 'p' field must be an array of "
+     "numbers from [0.0, 1.0], but found: []"),
+    (_q("$percentile", input=1, p=["a"]), 7750302, "The $percentile 'p' field must be an array "
+     "of numbers from [0.0, 1.0], but found: \"a\""),
+    (_q("$percentile", input=1, p=[1.5]), 7750303, "The $percentile 'p' field must be an array "
+     "of numbers from [0.0, 1.0], but found: 1.5"),
+])
+def test_quantile_errors(coll: Collection[Any], expr: Any, code: int, message: str) -> None:
+    test_errors(coll, expr, code, message)
