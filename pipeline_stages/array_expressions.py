@@ -514,9 +514,29 @@ def _zip(parser: Any, spec: Any) -> Any:
 
 
 def _direction(v: Any) -> int | None:
-    if is_numeric(v) and not isinstance(v, Decimal128) and v in (1, -1):
-        return int(v)
+    """pattern_cmp::isPatternElement: a number equal to 1 or -1."""
+    if is_numeric(v) and _double(v) in (1.0, -1.0):
+        return int(_double(v))
     return None
+
+
+def _sort_fields(pattern: Mapping[str, Any]) -> list[tuple[list[str], int]]:
+    """pattern_cmp::checkSortClause (BadValue), as $sortArray checks an object `sortBy`."""
+    if not pattern:
+        raise MongoError(2, "The $sort pattern is empty when it should be a set of fields.")
+    fields = []
+    for path, direction in pattern.items():
+        d = _direction(direction)
+        if d is None:
+            raise MongoError(2, "The $sort element value must be either 1 or -1")
+        if not path:
+            raise MongoError(2, "The $sort field cannot be empty")
+        parts = path.split(".")
+        if any(not part for part in parts):
+            raise MongoError(2, "The $sort field is a dotted field but has an empty part: "
+                             f"{path}")
+        fields.append((parts, d))
+    return fields
 
 
 def _sort_array(parser: Any, spec: Any) -> Any:
@@ -534,14 +554,7 @@ def _sort_array(parser: Any, spec: Any) -> Any:
     fields: list[tuple[list[str], int]] = []
     whole = None
     if isinstance(sort_by, Mapping):
-        for path, direction in sort_by.items():
-            d = _direction(direction)
-            if d is None:
-                raise MongoError(15975, "$sort key ordering must be 1 (for ascending) or -1 "
-                                 "(for descending)")
-            fields.append((path.split("."), d))
-        if not fields:
-            raise MongoError(15976, "$sort stage must have at least one sort key")
+        fields = _sort_fields(sort_by)
     else:
         whole = _direction(sort_by)
         if whole is None:
@@ -555,24 +568,26 @@ def _sort_array(parser: Any, spec: Any) -> Any:
     if whole is not None:
         return sorted(array, key=sort_key, reverse=whole < 0)
     out = list(array)
-    for path, d in reversed(fields):  # stable sorts, last key first
-        keys = {id(elem): sort_key(_path_value(elem, path)) for elem in out}
-        out.sort(key=lambda elem: keys[id(elem)], reverse=d < 0)
+    for path, d in reversed(fields):  # stable sorts, the last key first
+        keys = [sort_key(_path_value(elem, path)) for elem in out]
+        order = sorted(range(len(out)), key=keys.__getitem__, reverse=d < 0)
+        out = [out[i] for i in order]
     return out
 
 
 def _path_value(elem: Any, path: list[str]) -> Any:
+    """extractElementsBasedOnTemplate(useNullIfMissing): the value at the dotted path, an array
+    entered only by its numeric field names ("a.0") and compared whole; null when missing (a
+    value that is not a document has no fields)."""
     current = elem
     for part in path:
-        if isinstance(current, list):
-            raise MongoError(2, "not supported by cdcserver's embedded store: $sortArray by a "
-                             "field path through an array")
-        if not isinstance(current, Mapping) or part not in current:
+        if isinstance(current, Mapping) and part in current:
+            current = current[part]
+        elif isinstance(current, list) and part.isascii() and part.isdigit() \
+                and str(int(part)) == part and int(part) < len(current):
+            current = current[int(part)]
+        else:
             return None
-        current = current[part]
-    if isinstance(current, list):
-        raise MongoError(2, "not supported by cdcserver's embedded store: $sortArray by a "
-                         "field holding an array")
     return current
 
 
