@@ -37,7 +37,7 @@ from pipeline_stages import (
     math_expressions,
 )
 from pipeline_stages.errors import MongoError
-from pipeline_stages.value_string import type_name
+from pipeline_stages.value_string import type_name, value_string
 
 __all__ = ["DOLLAR_FIELD_MESSAGE", "SYSTEM_VARIABLES", "install", "now", "system_variable"]
 
@@ -215,8 +215,8 @@ def _index_of(parser: Any, args: Any, name: str) -> Any:
         whole = isinstance(value, (int, float)) and not isinstance(value, bool) and (
             float(value).is_integer())
         if not whole:
-            raise MongoError(40096, f"{name} requires an integral {which} index, found a value "
-                             f"of type: {type_name(value)}, with value: {value}")
+            raise MongoError(40096, f"{name}requires an integral {which} index, found a value "
+                             f"of type: {type_name(value)}, with value: {value_string(value)}")
         if value < 0:
             raise MongoError(40097, f"{name} requires a nonnegative {which} index, found: "
                              f"{value}")
