@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from bson.int64 import Int64
 
+from cdcserver.commands import search
 from cdcserver.commands.base import family
 from cdcserver.commands.registry import int_arg
 from cdcserver.commands.stream_namespace import refusal, store_kind, stream_collection
@@ -238,6 +239,9 @@ async def aggregate(
 ) -> dict[str, Any]:
     cluster = cluster_of(server)
     if not is_change_stream_aggregate(cmd):
+        # mongos parses the pipeline itself: a search stage refuses there (31082, no mongot),
+        # before the collection is routed.
+        search.check_search_stages(cmd.get("pipeline"))
         if config_reads.is_config_read(cmd, db):
             return await config_reads.aggregate(cluster, cmd)
         ns = sharded_ns(cluster, cmd, db)
