@@ -360,12 +360,17 @@ _COLLECTION_ACTIONS: dict[str, tuple[str, ...]] = {
     "collMod": ("collMod",),
     "collStats": ("collStats",),
     "validate": ("validate",),
+    # search_index_commands.cpp: each on its namespace, with its own action
+    "createSearchIndexes": ("createSearchIndexes",),
+    "updateSearchIndex": ("updateSearchIndex",),
+    "dropSearchIndex": ("dropSearchIndex",),
     "listSearchIndexes": ("listSearchIndexes",),
 }
 _DB_ACTIONS: dict[str, tuple[str, ...]] = {
     "listCollections": ("listCollections",),
     "dropDatabase": ("dropDatabase",),
     "dbStats": ("dbStats",),
+    "dbstats": ("dbStats",),  # the alias, one command in mongod
     "dbHash": ("dbHash",),
 }
 _CLUSTER_ACTIONS: dict[str, tuple[str, ...]] = {
@@ -437,6 +442,9 @@ def _source_requirements(stage: str, spec: Any, caller: str | None) -> list[Requ
 
 
 _PRIVILEGED_SOURCES = ("$currentOp", "$listLocalSessions", "$listSessions")
+# Initial sources whose privilege is an action on the database, not find on the collection
+# (LiteParsedListSearchIndexes::requiredPrivileges, isInitialSource).
+_DB_ACTION_SOURCES = {"$listSearchIndexes": "listSearchIndexes"}
 
 
 def _aggregate_requirements(
@@ -450,6 +458,8 @@ def _aggregate_requirements(
         # initial sources: no find on the namespace (getPrivilegesForAggregate)
         reqs: list[Requirement] = _source_requirements(first, stages[0][first], caller)
         stages = stages[1:]
+    elif first in _DB_ACTION_SOURCES:
+        reqs = []  # an initial source: no find (its action: the loop below)
     elif first == "$changeStream":
         spec = stages[0]["$changeStream"]
         if db == "admin" and isinstance(spec, Mapping) and spec.get("allChangesForCluster"):
@@ -475,6 +485,8 @@ def _aggregate_requirements(
             target = _stage_target(db, stage[name], key)
             if target is not None:
                 reqs.append((target, ("find",)))
+        elif name in _DB_ACTION_SOURCES:
+            reqs.append((("db", db), (_DB_ACTION_SOURCES[name],)))
     return reqs
 
 

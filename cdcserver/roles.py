@@ -16,12 +16,14 @@ READ = frozenset(
 )
 READ_WRITE = READ | {
     "insert", "update", "remove", "createCollection", "dropCollection", "createIndex",
-    "dropIndex", "renameCollectionSameDB", "convertToCapped",
+    "dropIndex", "renameCollectionSameDB", "convertToCapped", "createSearchIndexes",
+    "updateSearchIndex", "dropSearchIndex",
 }
 DB_ADMIN = frozenset(
     {"collMod", "createCollection", "dropCollection", "createIndex", "dropIndex",
      "listCollections", "listIndexes", "dbStats", "collStats", "renameCollectionSameDB",
-     "dropDatabase", "enableProfiler", "compact", "validate", "reIndex", "killCursors"}
+     "dropDatabase", "enableProfiler", "compact", "validate", "reIndex", "killCursors",
+     "createSearchIndexes", "updateSearchIndex", "dropSearchIndex", "listSearchIndexes"}
 )
 USER_ADMIN = frozenset({"createUser", "dropUser", "grantRole", "revokeRole", "viewUser"})
 CLUSTER_MONITOR = frozenset(

@@ -24,6 +24,7 @@ import msgspec
 import pymongo
 import pytest
 from pymongo.errors import OperationFailure
+from pymongo.operations import SearchIndexModel
 
 from cdcserver import auth
 from cdcserver.config import AuthConfig, Config, RoleConfig, UserConfig
@@ -54,6 +55,7 @@ USERS = [
     make_user("admin", "root-pass", "root"),
     make_user("sha1only", "s-pass", "read@shop"),
     make_user("local", "l-pass", "read@shop", db="shop"),  # authenticates on shop
+    make_user("dba", "d-pass", "dbAdmin@shop"),
 ]
 USERS[4].scram_sha_256 = None
 
@@ -269,6 +271,60 @@ def test_read_write_role_allows_writes_and_ddl(server):
         with pytest.raises(OperationFailure) as excinfo:
             writer.drop_database("shop")  # dropDatabase is dbAdmin's
         assert excinfo.value.code == 13
+
+
+SEARCH_NOT_ENABLED = 31082  # past the authorization check: the command itself refuses
+
+
+def _code(run) -> int:
+    with pytest.raises(OperationFailure) as excinfo:
+        run()
+    return excinfo.value.code
+
+
+def test_dbstats_alias_needs_the_db_stats_action(server):
+    """dbStats and its alias dbstats are one command in mongod: the dbStats action on the
+    database (read and dbAdmin grant it), not root."""
+    with client_for(server, "reader", "r-pass") as reader, \
+            client_for(server, "dba", "d-pass") as dba:
+        for client in (reader, dba):
+            for name in ("dbStats", "dbstats"):
+                assert client.shop.command(name)["db"] == "shop"
+        with pytest.raises(OperationFailure) as excinfo:
+            reader.other.command("dbstats")
+        assert_unauthorized(excinfo, "not authorized on other to execute command { dbstats: 1")
+
+
+def test_search_index_commands_need_their_actions(server):
+    """createSearchIndexes / updateSearchIndex / dropSearchIndex are readWrite's and
+    dbAdmin's, listSearchIndexes (and the $listSearchIndexes stage, an action on the database,
+    no find) read's too (builtin_roles.yml); authorized, the command answers 31082."""
+    model = SearchIndexModel(definition={"mappings": {"dynamic": True}}, name="default")
+    with client_for(server, "writer", "w-pass") as writer, \
+            client_for(server, "dba", "d-pass") as dba, \
+            client_for(server, "reader", "r-pass") as reader:
+        for client in (writer, dba):
+            coll = client.shop.orders
+            assert _code(lambda c=coll: c.create_search_index(model)) == SEARCH_NOT_ENABLED
+            assert _code(lambda c=coll: c.update_search_index("default", {})) == (
+                SEARCH_NOT_ENABLED)
+            assert _code(lambda c=coll: c.drop_search_index("default")) == SEARCH_NOT_ENABLED
+        for client in (writer, dba, reader):
+            coll = client.shop.orders
+            assert _code(lambda c=coll: list(c.list_search_indexes())) == SEARCH_NOT_ENABLED
+            assert _code(lambda c=client: c.shop.command("listSearchIndexes", "orders")) == (
+                SEARCH_NOT_ENABLED)
+        with pytest.raises(OperationFailure) as excinfo:
+            reader.shop.orders.create_search_index(model)
+        assert_unauthorized(excinfo, 'not authorized on shop to execute command '
+                                     '{ createSearchIndexes: "orders"')
+        for run in (lambda: reader.shop.orders.update_search_index("default", {}),
+                    lambda: reader.shop.orders.drop_search_index("default"),
+                    lambda: writer.other.orders.create_search_index(model),
+                    lambda: list(dba.other.orders.list_search_indexes())):
+            assert _code(run) == 13
+        # dbAdmin may list search indexes but not read the documents
+        assert _code(lambda: dba.shop.orders.find_one()) == 13
 
 
 def test_list_databases_shows_only_the_users_databases(server):
