@@ -157,7 +157,12 @@ async def _get_more(
     try:
         reply = await cursor.get_more_reply(more)
     except MongoError as e:
-        server.cursors.kill(cursor.id)  # getMore's cursorDeleter: a failed cursor is closed
+        if router and cursor.kind == FORWARDED:
+            # mongos's failed pin kills its cursor and, through it, the shard's (killCursors):
+            # the shard may have kept its own (a pin check, a fail point before the command)
+            await _kill_where_held(server, cursor.id, coll, db)
+        else:
+            server.cursors.kill(cursor.id)  # getMore's cursorDeleter: a failed cursor closes
         if router and e.code == 2 and e.errmsg == MAX_TIME_NOT_AWAIT_DATA:
             # a shard's cursor read through the front: mongos checks its own cursor
             raise MongoError(2, ROUTER_MAX_TIME_NOT_AWAIT_DATA) from None
@@ -172,6 +177,16 @@ async def _get_more(
     # A cursor held elsewhere gives its holder's reply as it came (a RawBSONDocument, which
     # run_command passes on untouched): a Mapping that `Handler`'s dict does not describe.
     return cast("dict[str, Any]", reply)
+
+
+async def _kill_where_held(server: ServerState, cursor_id: int, coll: str, db: str) -> None:
+    """Kill a cursor here and where it is held, as killCursors does (its holder's error, if
+    any, does not replace the getMore's)."""
+    try:
+        await server.cursors.kill_requested(
+            cursor_id, {"killCursors": coll, "cursors": [Int64(cursor_id)]}, db)
+    except MongoError:
+        pass
 
 
 @command("killCursors")

@@ -169,3 +169,47 @@ def test_sharded_front_answers_as_mongos(front) -> None:
         stream = db.command({"aggregate": "sharded", "pipeline": [{"$changeStream": {}}],
                              "cursor": {}})["cursor"]
         assert _get_more(db, stream, maxTimeMS=10)["ok"] == 1.0
+
+
+def test_sharded_front_kills_the_shards_cursor_too(front) -> None:
+    """mongos's refused getMore kills its cursor (ClusterCursorManager::PinnedCursor's
+    destructor: returnAndKillCursor), and with it the shards' cursors (killCursors), where
+    a shard's mongod alone would have kept its cursor: nothing is left to the reaper."""
+    with pymongo.MongoClient(front.uri) as client:
+        db = client.gm_front
+        db.drop_collection("plain")
+        _fill(db.plain)
+        cursor = db.command({"find": "plain", "batchSize": 2})["cursor"]
+        _refused(db, cursor, MONGOS)
+        for uri in front.shard_uris:
+            with pymongo.MongoClient(uri) as shard:
+                reply = shard.gm_front.command(
+                    {"killCursors": "plain", "cursors": [Int64(cursor["id"])]})
+                assert reply["cursorsKilled"] == []
+                assert reply["cursorsNotFound"] == [cursor["id"]]
+        # a shard's failed getMore (its fail point: its cursor stays) kills both as well
+        db.drop_collection("sharded2")
+        client.admin.command("shardCollection", "gm_front.sharded2", key={"_id": 1})
+        _fill(db.sharded2)
+        cursor = db.command({"find": "sharded2", "filter": {"_id": 3}, "batchSize": 0})["cursor"]
+        assert cursor["id"]  # targeted to one shard: that shard's cursor
+        shards = [pymongo.MongoClient(uri) for uri in front.shard_uris]
+        try:
+            for shard in shards:
+                shard.admin.command("configureFailPoint", "failCommand",
+                                    mode={"times": 1},
+                                    data={"failCommands": ["getMore"], "errorCode": 96})
+            with pytest.raises(OperationFailure) as info:
+                _get_more(db, cursor)
+            assert info.value.code == 96
+            for shard in shards:
+                reply = shard.gm_front.command(
+                    {"killCursors": "sharded2", "cursors": [Int64(cursor["id"])]})
+                assert reply["cursorsKilled"] == []
+        finally:
+            for shard in shards:
+                shard.admin.command("configureFailPoint", "failCommand", mode="off")
+                shard.close()
+        with pytest.raises(OperationFailure) as info:
+            _get_more(db, cursor)
+        assert info.value.code == 43
