@@ -453,7 +453,7 @@ def server_parameters(server: ServerState) -> dict[str, Any]:
     if store is not None:
         lifetime = store.transaction_lifetime_limit_seconds
         params["transactionLifetimeLimitSeconds"] = int(lifetime) if lifetime > 0 else 2**31 - 1
-        params.setdefault("ttlMonitorEnabled", store.ttl_monitor_sleep_secs > 0)
+        params["ttlMonitorEnabled"] = store.ttl_monitor_enabled
         params["ttlMonitorSleepSecs"] = int(store.ttl_monitor_sleep_secs)
     return dict(sorted(params.items()))  # mongod walks its parameter map in name order
 
@@ -521,6 +521,8 @@ def _set_server_parameter(server: ServerState, name: str, value: Any) -> None:
         store.transaction_lifetime_limit_seconds = _coerced_long(name, value, 1)
     elif name == "ttlMonitorSleepSecs" and store is not None:
         store.ttl_monitor_sleep_secs = _coerced_long(name, value, 1)
+    elif name == "ttlMonitorEnabled" and store is not None:
+        store.ttl_monitor_enabled = _truth(value)  # the monitor reads it before each pass
     elif name == "tlsMode":
         current = server_parameters(server)["tlsMode"]
         if not is_string(value):

@@ -32,6 +32,7 @@ class StoreState(EntryList):
     """The attributes `Store.__init__` sets and the methods the mixins call on each other."""
 
     ttl_monitor_sleep_secs: float
+    ttl_monitor_enabled: bool
     txn_oplog_entry_bytes: int
     txn_oplog_entry_ops: int
     catalog: dict[tuple[str, str], Collection]

@@ -117,8 +117,10 @@ class Store(
         ttl_monitor_sleep_secs: float = 60.0,
         transaction_lifetime_limit_seconds: float = 60.0,
     ) -> None:
-        # mongod's TTL monitor pass interval (ttlMonitorSleepSecs); 0 turns the monitor off.
+        # mongod's TTL monitor pass interval (ttlMonitorSleepSecs); 0 turns the monitor off
+        # (ttlMonitorEnabled false, until setParameter turns it on).
         self.ttl_monitor_sleep_secs = ttl_monitor_sleep_secs
+        self.ttl_monitor_enabled = ttl_monitor_sleep_secs > 0
         # How mongod splits a transaction into applyOps entries: BSONObjMaxUserSize and the
         # maxNumberOfTransactionOperationsInSingleOplogEntry server parameter.
         self.txn_oplog_entry_bytes = txn_oplog_entry_bytes

@@ -22,6 +22,9 @@ else:
     StoreState = object  # a base for the type checker only (state.py)
 
 BATCHED_DELETES_TARGET_DOCS = 100  # mongod's batchedDeletesTargetBatchDocs
+# mongod's default ttlMonitorSleepSecs: the interval of a monitor turned on at runtime when the
+# configuration turned it off (ttl_monitor_sleep_secs = 0).
+TTL_MONITOR_SLEEP_SECS = 60.0
 
 
 def _ttl_date(doc: Mapping[str, Any], path: str) -> datetime.datetime | None:
@@ -37,12 +40,15 @@ class TTLMixin(StoreState):
     """mongod's TTL monitor."""
 
     async def ttl_monitor(self) -> None:
-        """mongod's TTL monitor: a pass every `ttl_monitor_sleep_secs`. The server runs it among
-        its background tasks (the store lives on the server's loop) and cancels it at close."""
-        if self.ttl_monitor_sleep_secs <= 0:
-            return
+        """mongod's TTL monitor: a pass every `ttl_monitor_sleep_secs`, skipped while
+        `ttl_monitor_enabled` is false (TTLMonitor::run reads ttlMonitorEnabled after each
+        sleep: setParameter stops and restarts it). The server runs it among its background
+        tasks (the store lives on the server's loop) and cancels it at close."""
         while True:
-            await asyncio.sleep(self.ttl_monitor_sleep_secs)
+            sleep = self.ttl_monitor_sleep_secs
+            await asyncio.sleep(sleep if sleep > 0 else TTL_MONITOR_SLEEP_SECS)
+            if not self.ttl_monitor_enabled:
+                continue
             with contextlib.suppress(MongoError):  # a failed commit (logged): next pass
                 self.ttl_pass()
 

@@ -4,6 +4,7 @@ given `now`), and the oplog entries mongod 8.0 writes for TTL deletes."""
 from __future__ import annotations
 
 import datetime
+import time
 
 import pytest
 
@@ -108,6 +109,29 @@ def test_the_monitor_runs_on_its_own_and_stops_with_the_server():
                 coll.insert_one({"_id": 1, "at": T0})
                 ops = [stream.next()["operationType"] for _ in range(2)]
             assert ops == ["insert", "delete"]
+            assert coll.count_documents({}) == 0
+    finally:
+        s.stop()
+
+
+def test_set_parameter_stops_and_restarts_the_monitor():
+    # ttlMonitorEnabled: false makes mongod's TTLMonitor::run skip its passes; true again, the
+    # next pass deletes what expired meanwhile.
+    s = EmbeddedServer(ttl_monitor_sleep_secs=0.05)
+    try:
+        with s.client() as c:
+            admin = c.admin
+            assert admin.command("setParameter", 1, ttlMonitorEnabled=False)["was"] is True
+            got = admin.command("getParameter", 1, ttlMonitorEnabled=1)
+            assert got["ttlMonitorEnabled"] is False
+            coll = c.ttl.paused
+            coll.create_index("at", expireAfterSeconds=0)
+            coll.insert_one({"_id": 1, "at": T0})
+            time.sleep(0.5)  # ten intervals of the monitor: no pass ran
+            assert coll.count_documents({}) == 1
+            with coll.watch(max_await_time_ms=200) as stream:
+                assert admin.command("setParameter", 1, ttlMonitorEnabled=True)["was"] is False
+                assert stream.next()["operationType"] == "delete"
             assert coll.count_documents({}) == 0
     finally:
         s.stop()
