@@ -924,6 +924,32 @@ def check_api_parameters(name: str, cmd: Mapping[str, Any]) -> None:
                                  "in API Version 1")
 
 
+# initialize_api_parameters.cpp enforceRequireAPIVersion
+API_VERSION_REQUIRED = 498870
+_API_VERSION_REQUIRED_TEXT = (
+    "The apiVersion parameter is required, please configure your MongoClient's API version"
+)
+_HELLO_NAMES = frozenset({"hello", "isMaster", "ismaster"})
+
+
+def check_api_version_required(server: ServerState, name: str, cmd: Mapping[str, Any]) -> None:
+    """With `requireApiVersion: true`, 498870 for a command sent without apiVersion, as
+    mongod's enforceRequireAPIVersion (once the API parameters and the transaction state are
+    set): a getMore has its cursor's parameters and a command that continues a transaction
+    the transaction's (jstests/noPassthrough/require_api_version.js), and a client claiming
+    to be internal in its handshake (`hello` with `internalClient`) is not checked."""
+    params = server.part_if_made(SetParameters)
+    if params is None or not params.values.get("requireApiVersion"):
+        return
+    if cmd.get("apiVersion") is not None or name == "getMore":
+        return
+    if cmd.get("autocommit") is False and cmd.get("startTransaction") is not True:
+        return
+    if name in _HELLO_NAMES and _truth(cmd.get("internalClient")):
+        return
+    raise MongoError(API_VERSION_REQUIRED, _API_VERSION_REQUIRED_TEXT)
+
+
 @_command("listCommands")
 async def list_commands(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
