@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -38,6 +39,7 @@ from bson.timestamp import Timestamp
 
 from pipeline_stages import expressions
 from pipeline_stages.errors import MongoError
+from pipeline_stages.regex import compile_filter
 from pipeline_stages.transform import MISSING
 
 __all__ = [
@@ -47,6 +49,7 @@ __all__ = [
     "evaluate",
     "filter_applies",
     "filter_function",
+    "match_filter",
     "normalize",
     "ordered_filter",
     "process_pipeline",
@@ -313,14 +316,16 @@ def _leaf_equal(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-class _OrderedDoc(dict):  # type: ignore[type-arg]
+class _OrderedDoc(OrderedDict):  # type: ignore[type-arg]
     """A document operand of a query's equality (`{a: {x: 1, y: 2}}`, `$eq`, `$in`...): equal
     only to a document with the same fields in the same order (mongod compares BSON objects
-    field by field), where Python's dict equality ignores the order. A dict subclass, so
-    Python asks its `__eq__` first when the other side is a plain dict."""
+    field by field), where Python's dict equality ignores the order. A subclass of both dict
+    and OrderedDict (the documents decoded from BSON), so Python asks its `__eq__` first
+    whichever the other side is: OrderedDict's own ignores the order against a plain dict,
+    as an expression-built one (`$addFields: {b: {y: ..., x: ...}}`) is."""
 
     __slots__ = ()
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # (unhashable, as a dict)
 
     def __eq__(self, other: object) -> bool:
         return _ordered_equal(self, other, _leaf_equal)
@@ -401,6 +406,27 @@ def ordered_filter(filter_doc: Mapping[str, Any]) -> dict[str, Any]:
         else:
             out[key] = _ordered_condition(value)
     return out
+
+
+def match_filter(filter_doc: Mapping[str, Any],
+                 compile_regexes: Callable[[Mapping[str, Any]], Any] | None = None
+                 ) -> dict[str, Any]:
+    """The one compiled form of a query filter, for the embedded store's find and `$match` and
+    for a change stream's `$match`: regexes compiled (by `compile_regexes`, the store's with
+    its worker-process fallback; pipeline_stages/regex.py's by default), equality operands
+    compared field by field in order (`ordered_filter`)."""
+    return ordered_filter((compile_regexes or compile_filter)(filter_doc))
+
+
+def _match_stage(docs: list[Any], database: Any, spec: Any,
+                 engine_handler: Callable[..., Any]) -> list[Any]:
+    """An aggregation's `$match` (the engine's, whose datetime patch of the filter rebuilds
+    its documents as plain dicts): the patched filter ordered again."""
+    if not isinstance(spec, Mapping):
+        return list(engine_handler(docs, database, spec))
+    compiled = ordered_filter(_mm_helpers.patch_datetime_awareness_in_document(spec))
+    return [d for d in docs if _mm_filtering.filter_applies(
+        compiled, _mm_helpers.patch_datetime_awareness_in_document(d))]
 
 
 def _all_op(doc_val: Any, search_val: Any) -> bool:
@@ -553,6 +579,9 @@ def set_stage_handler(
 
 
 _ENGINE_HANDLERS: dict[str, Any] = {}
+
+
+set_stage_handler("$match", _match_stage)
 
 
 def _install_stage_handlers() -> None:

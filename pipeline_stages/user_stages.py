@@ -45,7 +45,6 @@ from pipeline_stages.oplog_entry import encode_in_order
 
 # The one $regex matcher (RE2 where it means what PCRE does; here the in-process fallback for
 # the rest: the embedded store's scans pass a worker-process one, cdcserver/embedded/regex.py).
-from pipeline_stages.regex import compile_filter as _compile_regexes
 from pipeline_stages.spec import ALLOWED_USER_STAGES, KNOWN_STAGES
 from pipeline_stages.transform import MISSING
 from pipeline_stages.value_string import (
@@ -452,7 +451,8 @@ class _Match(_Stage):
             self.spec = collation.filter(self.spec)
         # Regexes compiled once, as the embedded store's queries compile them (PCRE's meaning,
         # linear time where RE2 can run the pattern); invalid ones fail here (51091, 51108).
-        self._compiled = _compile_regexes(self.spec)
+        # ... and equality operands compared in field order: the store's find's own filter.
+        self._compiled = query_engine.match_filter(self.spec)
         self._filter_applies = query_engine.filter_function()
         try:  # syntax errors mongomock finds without data: unknown operators, $in arguments...
             self._filter_applies(self._compiled, {})

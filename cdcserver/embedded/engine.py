@@ -236,8 +236,8 @@ def _compiled_filter(filter_doc: Mapping[str, Any]) -> dict[str, Any]:
     known, compiled = _compiled
     if known is not filter_doc:
         validate_filter(filter_doc)
-        compiled = query_engine.ordered_filter(
-            compile_filter(javascript.compile_where(filter_doc)))
+        compiled = query_engine.match_filter(javascript.compile_where(filter_doc),
+                                             compile_filter)
         _compiled = (filter_doc, compiled)
     return compiled
 
@@ -344,7 +344,7 @@ def rewrite_pipeline(pipeline: list[Any]) -> list[dict[str, Any]]:
         elif name == "$match" and isinstance(arg, Mapping):
             check_match_stage(arg)
             # regexes: regex.py's matcher; documents compared in field order
-            out.append({"$match": query_engine.ordered_filter(compile_filter(arg))})
+            out.append({"$match": query_engine.match_filter(arg, compile_filter)})
         else:
             out.append(dict(stage))
     return out

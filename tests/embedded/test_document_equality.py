@@ -73,3 +73,50 @@ def test_all_with_regexes(coll: Collection) -> None:
     assert _ids(coll, {"keywords": {"$all": [re.compile("ser")]}}) == [10, 12]
     assert _ids(coll, {"keywords": {"$all": [Regex("^da"), "server"]}}) == [10]
     assert _ids(coll, {"keywords": {"$all": [Regex("^da"), "client"]}}) == []
+
+
+
+def test_change_stream_match_compares_fields_in_order(coll: Collection) -> None:
+    """A change stream's `$match` is the same matcher as find's: an inserted `{a: {y: 2, x: 1}}`
+    does not match `{"fullDocument.a": {x: 1, y: 2}}`, as on mongod; nor does a document an
+    expression built in that order (`$addFields`), which Python's dict equality took as
+    equal to any order."""
+    watched = coll.database.watched
+    built = {"$addFields": {"b": {"y": "$fullDocument.a.y", "x": "$fullDocument.a.x"}}}
+    pipelines = {
+        "stored": [{"$match": {"$or": [
+            {"fullDocument.a": XY},
+            {"fullDocument.arr": {"$elemMatch": {"$eq": XY}}},
+            {"fullDocument.nested.in": {"$in": [XY]}},
+        ]}}],
+        "built_xy": [built, {"$match": {"b": XY}}],
+        "built_yx": [built, {"$match": {"b": YX}}],
+        "built_in": [built, {"$match": {"b": {"$in": [XY]}}}],
+    }
+    streams = {name: watched.watch(p, max_await_time_ms=100) for name, p in pipelines.items()}
+    try:
+        watched.insert_many([
+            {"_id": 1, "a": YX},
+            {"_id": 2, "arr": [YX]},
+            {"_id": 3, "nested": {"in": YX}},
+            {"_id": 4, "a": XY},
+            {"_id": 5, "arr": [XY]},
+            {"_id": 6, "nested": {"in": XY}},
+        ])
+        seen = {}
+        for name, stream in streams.items():
+            ids = []
+            while (event := stream.try_next()) is not None:
+                ids.append(event["documentKey"]["_id"])
+            seen[name] = ids
+    finally:
+        for stream in streams.values():
+            stream.close()
+    # built as {y: 2, x: 1} from either order (ids 1 and 4): equal to YX only
+    assert seen == {"stored": [4, 5, 6], "built_xy": [], "built_yx": [1, 4], "built_in": []}
+
+
+def test_aggregate_match_on_a_built_document(coll: Collection) -> None:
+    built = {"$addFields": {"b": {"y": "$nested.in.y", "x": "$nested.in.x"}}}
+    assert [d["_id"] for d in coll.aggregate([built, {"$match": {"b": XY}}])] == []
+    assert [d["_id"] for d in coll.aggregate([built, {"$match": {"b": YX}}])] == [1, 2]
