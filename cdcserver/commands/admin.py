@@ -29,7 +29,7 @@ from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from cdcserver.auth import User, true_value
+from cdcserver.auth import SYSTEM_USER, User, true_value
 from cdcserver.commands import crud_common, idle_ops, oplog_find, profiler, search
 from cdcserver.commands.arguments import is_number, is_string, safe_long
 from cdcserver.commands.failpoints import FailPoints
@@ -932,16 +932,20 @@ _API_VERSION_REQUIRED_TEXT = (
 _HELLO_NAMES = frozenset({"hello", "isMaster", "ismaster"})
 
 
-def check_api_version_required(server: ServerState, name: str, cmd: Mapping[str, Any]) -> None:
+def check_api_version_required(server: ServerState, conn: ConnectionState, name: str,
+                               cmd: Mapping[str, Any]) -> None:
     """With `requireApiVersion: true`, 498870 for a command sent without apiVersion, as
     mongod's enforceRequireAPIVersion (once the API parameters and the transaction state are
     set): a getMore has its cursor's parameters and a command that continues a transaction
-    the transaction's (jstests/noPassthrough/require_api_version.js), and a client claiming
-    to be internal in its handshake (`hello` with `internalClient`) is not checked."""
+    the transaction's (jstests/noPassthrough/require_api_version.js); an internal client
+    (the front's connection to its shard, authenticated as __system; `hello` with
+    `internalClient`) is not checked."""
     params = server.part_if_made(SetParameters)
     if params is None or not params.values.get("requireApiVersion"):
         return
     if cmd.get("apiVersion") is not None or name == "getMore":
+        return
+    if conn.internal_client or (conn.auth is not None and SYSTEM_USER in conn.auth.users):
         return
     if cmd.get("autocommit") is False and cmd.get("startTransaction") is not True:
         return

@@ -204,7 +204,7 @@ async def run_command(
                 arguments.check_read_concern(cmd)  # 9, 14, 2 (an unknown level)
                 txn_rules.check_allowed(name, cmd)  # 263, before the session is checked out
                 check_snapshot_read_concern(name, cmd)  # 72 outside a transaction
-                admin.check_api_version_required(server, name, cmd)  # requireApiVersion
+                admin.check_api_version_required(server, conn, name, cmd)  # requireApiVersion
                 checked_out = True
             at = _open_snapshot_read(server, name, cmd) if not forwarded else None
             # A DDL command or an aggregate with $out / $merge: its write concern, parsed

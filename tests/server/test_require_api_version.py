@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import pymongo
 import pytest
 from bson.int64 import Int64
 from pymongo.errors import OperationFailure
@@ -72,5 +73,25 @@ def test_transactions_need_it_on_their_first_command_only(server) -> None:
                 versioned.db.t.insert_one({"_id": 1}, session=session)  # apiVersion: the start
                 versioned.db.t.insert_one({"_id": 2}, session=session)  # none: continuing
             assert versioned.db.t.count_documents({}) == 2
+        finally:
+            versioned.admin.command("setParameter", 1, requireApiVersion=False)
+
+
+def test_the_fronts_own_commands_to_its_shards_are_internal() -> None:
+    """The front's connection to a shard is an internal client (mongos authenticates as
+    __system): the shard does not ask its commands for apiVersion. Set through the front,
+    requireApiVersion lands on a shard, and shardCollection (whose commands to the shards the
+    front sends itself) must still work."""
+    from cdcserver.sharding.testing import ShardedServer
+
+    with ShardedServer(2) as front, pymongo.MongoClient(
+            front.uri, server_api=ServerApi("1")) as versioned:
+        versioned.api_test.plain.insert_one({"_id": 1})
+        versioned.admin.command("setParameter", 1, requireApiVersion=True)
+        try:
+            versioned.admin.command("shardCollection", "api_test.sharded", key={"_id": 1})
+            versioned.api_test.sharded.insert_many([{"_id": i} for i in range(10)])
+            versioned.admin.command("split", "api_test.sharded", middle={"_id": 5})
+            assert versioned.api_test.sharded.count_documents({}) == 10
         finally:
             versioned.admin.command("setParameter", 1, requireApiVersion=False)
