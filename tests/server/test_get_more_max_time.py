@@ -213,3 +213,35 @@ def test_sharded_front_kills_the_shards_cursor_too(front) -> None:
         with pytest.raises(OperationFailure) as info:
             _get_more(db, cursor)
         assert info.value.code == 43
+
+
+def test_the_fronts_reaper_kills_the_shards_cursor(front) -> None:
+    """A cursor the front reaps (idle past cursorTimeoutMillis) is killed on its shard too,
+    as mongos's cursor manager kills a reaped cursor's remotes."""
+    import asyncio
+
+    with pymongo.MongoClient(front.uri) as client:
+        db = client.gm_front
+        db.drop_collection("reaped")
+        _fill(db.reaped)
+        cursor = db.command({"find": "reaped", "batchSize": 2})["cursor"]
+        cursors = front.state.cursors
+        timeout = cursors.idle_timeout_s
+
+        async def reap_now() -> int:
+            cursors.idle_timeout_s = -1.0
+            try:
+                return cursors.reap()
+            finally:
+                cursors.idle_timeout_s = timeout
+                await asyncio.sleep(0.05)  # the killCursors sent to the shard
+
+        assert front.run(reap_now()) >= 1
+        for uri in front.shard_uris:
+            with pymongo.MongoClient(uri) as shard:
+                reply = shard.gm_front.command(
+                    {"killCursors": "reaped", "cursors": [Int64(cursor["id"])]})
+                assert reply["cursorsKilled"] == []
+        with pytest.raises(OperationFailure) as info:
+            _get_more(db, cursor)
+        assert info.value.code == 43

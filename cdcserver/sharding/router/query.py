@@ -7,6 +7,8 @@ collections a client reads are answered from the catalog.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import time
 from collections import deque
@@ -37,6 +39,7 @@ from cdcserver.sharding.router.routing import (
 )
 from pipeline_stages import bson_bytes
 from pipeline_stages.dotted_path import document_value
+from pipeline_stages.errors import MongoError
 from pipeline_stages.spec import is_change_stream_aggregate
 
 if TYPE_CHECKING:
@@ -179,13 +182,36 @@ class ShardCursor:
         return reply
 
     async def kill(self, cmd: Mapping[str, Any], db: str) -> bool:
+        self.finished = True  # killed on the shard here, not again by close
         self.close()
         reply = await forward(self.cluster, self.cluster.shard(self.owner),
                               {**cmd, "cursors": [Int64(self.id)]}, db)
         return bool(reply.get("cursorsKilled"))
 
     def close(self) -> None:
+        """Forgotten here; a shard's cursor still open (the front's reaper, its shutdown) is
+        killed on the shard, as mongos's ClusterCursorManager kills a cursor's remotes."""
         self.cluster.cursor_owner.pop(self.id, None)
+        if self.finished:
+            return
+        self.finished = True
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (the server is gone): the shard reaps its own
+        db, _, coll = self.ns.partition(".")
+        task = loop.create_task(self._kill_on_shard(db, coll))
+        _KILLS.add(task)
+        task.add_done_callback(_KILLS.discard)
+
+    async def _kill_on_shard(self, db: str, coll: str) -> None:
+        with contextlib.suppress(MongoError):
+            await forward(self.cluster, self.cluster.shard(self.owner),
+                          {"killCursors": coll, "cursors": [Int64(self.id)]}, db)
+
+
+# killCursors sent to shards for cursors the front closed (held until done).
+_KILLS: set[asyncio.Task[None]] = set()
 
 
 def note_shard_cursor(server: ServerState, reply: Mapping[str, Any]) -> None:
