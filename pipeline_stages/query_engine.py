@@ -408,6 +408,25 @@ def ordered_filter(filter_doc: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def names_where(filter_doc: Mapping[str, Any]) -> bool:
+    """Whether `filter_doc` has a `$where` (top level or in `$and` / `$or` / `$nor`): for the
+    places mongod's parser refuses one, a `$match` stage among them."""
+    for key, value in filter_doc.items():
+        if key == "$where":
+            return True
+        if key in ("$and", "$or", "$nor") and isinstance(value, list):
+            if any(isinstance(c, Mapping) and names_where(c) for c in value):
+                return True
+    return False
+
+
+def check_match_stage(filter_doc: Mapping[str, Any]) -> None:
+    """What a `$match` stage refuses that a query takes: `$where` (DocumentSourceMatch parses
+    without MatchExpressionParser's kJavascript), in an aggregation or a change stream."""
+    if names_where(filter_doc):
+        raise MongoError(2, "$where is not allowed in this context")
+
+
 def match_filter(filter_doc: Mapping[str, Any],
                  compile_regexes: Callable[[Mapping[str, Any]], Any] | None = None
                  ) -> dict[str, Any]:

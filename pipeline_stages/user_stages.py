@@ -443,6 +443,7 @@ class _Match(_Stage):
         if not isinstance(spec, Mapping):
             raise MongoError(15959, "the match filter must be an expression in an object")
         _check_logical(spec)
+        query_engine.check_match_stage(spec)
         _check_query_expressions(spec)
         self.spec = query_engine.normalize(_plain_spec(spec))
         # The aggregate's collation: compared strings (filter and event) become their keys.

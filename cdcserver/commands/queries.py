@@ -37,7 +37,7 @@ from cdcserver.cursors import QUERY_RESULT, GetMore, HeldHere
 from cdcserver.embedded import engine, index_table, query, text_search, timeseries
 from cdcserver.embedded.store import Store
 from cdcserver.scan_deadline import ScanBudget
-from pipeline_stages import bson_bytes
+from pipeline_stages import bson_bytes, query_engine
 from pipeline_stages.errors import MongoError
 from pipeline_stages.spec import check_requires_change_stream, is_change_stream_aggregate
 from pipeline_stages.value_string import type_name
@@ -636,7 +636,7 @@ async def _aggregate(
         isinstance(pipeline[0]["$match"], Mapping)
     ):
         first_match = pipeline.pop(0)["$match"]
-        engine.check_match_stage(first_match)
+        query_engine.check_match_stage(first_match)
     deadline = query.Deadline.of(cmd)
     docs = await find_documents(store, cmd, db, target, first_match, None, None, 0, 0,
                                 copy=True, deadline=deadline)

@@ -143,13 +143,6 @@ def check_variables(expr: Any, defined: frozenset[str] = frozenset()) -> None:
         check_variables(v, defined)
 
 
-def check_match_stage(filter_doc: Mapping[str, Any]) -> None:
-    """What a `$match` stage refuses that a query takes: `$where` (DocumentSourceMatch parses
-    without MatchExpressionParser's kJavascript)."""
-    if javascript.names_where(filter_doc):
-        raise MongoError(2, "$where is not allowed in this context")
-
-
 def validate_filter(filter_doc: Mapping[str, Any]) -> None:
     """The parse errors mongod's MatchExpressionParser gives for the common mistakes, which
     mongomock answers with Python errors or silently (e.g. `$regex: 1` matching nothing)."""
@@ -197,7 +190,7 @@ def _validate_operators(spec: Mapping[str, Any]) -> None:
             raise MongoError(2, "$options needs a $regex")
         elif op == "$elemMatch" and not isinstance(arg, Mapping):
             raise MongoError(2, "$elemMatch needs an Object")
-        elif op == "$elemMatch" and javascript.names_where(arg):
+        elif op == "$elemMatch" and query_engine.names_where(arg):
             raise MongoError(2, "$where can only be applied to the top-level document")
         elif op == "$mod":
             if not isinstance(arg, list):
@@ -342,7 +335,7 @@ def rewrite_pipeline(pipeline: list[Any]) -> list[dict[str, Any]]:
             _check_project_stage(arg)
             out.append(dict(stage))
         elif name == "$match" and isinstance(arg, Mapping):
-            check_match_stage(arg)
+            query_engine.check_match_stage(arg)
             # regexes: regex.py's matcher; documents compared in field order
             out.append({"$match": query_engine.match_filter(arg, compile_filter)})
         else:

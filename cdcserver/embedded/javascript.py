@@ -331,14 +331,3 @@ def has_where(compiled: Mapping[str, Any]) -> bool:
                 return True
     return False
 
-
-def names_where(filter_doc: Mapping[str, Any]) -> bool:
-    """Whether `filter_doc` has a `$where` (top level or in `$and` / `$or` / `$nor`), before
-    parsing: for the places mongod's parser refuses one."""
-    for key, value in filter_doc.items():
-        if key == "$where":
-            return True
-        if key in ("$and", "$or", "$nor") and isinstance(value, list):
-            if any(isinstance(c, Mapping) and names_where(c) for c in value):
-                return True
-    return False

@@ -131,3 +131,10 @@ def test_only_at_the_top_level(coll):
         coll.find({"a": {"$elemMatch": {"$where": "true"}}}).to_list()
     assert (info.value.code, info.value.details["errmsg"]) == (
         2, "$where can only be applied to the top-level document")
+
+
+def test_not_in_a_change_stream_match(coll):
+    with pytest.raises(OperationFailure) as info:
+        coll.watch([{"$match": {"$where": "true"}}])
+    assert (info.value.code, info.value.details["errmsg"]) == (
+        2, "$where is not allowed in this context")
