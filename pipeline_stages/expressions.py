@@ -35,6 +35,7 @@ from pipeline_stages import (
     date_expressions,
     date_part_expressions,
     math_expressions,
+    string_expressions,
 )
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name, value_string
@@ -243,6 +244,7 @@ _FIELD_OPERATORS: dict[str, Callable[[Any, Any], Any]] = {
     **array_expressions.OPERATORS,
     **math_expressions.OPERATORS,
     **date_part_expressions.OPERATORS,
+    **string_expressions.OPERATORS,
 }
 
 
