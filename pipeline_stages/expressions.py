@@ -32,6 +32,7 @@ from bson.timestamp import Timestamp
 from pipeline_stages import (
     array_expressions,
     bson_bytes,
+    convert_expressions,
     date_expressions,
     date_part_expressions,
     math_expressions,
@@ -245,6 +246,7 @@ _FIELD_OPERATORS: dict[str, Callable[[Any, Any], Any]] = {
     **math_expressions.OPERATORS,
     **date_part_expressions.OPERATORS,
     **string_expressions.OPERATORS,
+    **convert_expressions.OPERATORS,
 }
 
 

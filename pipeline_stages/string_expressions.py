@@ -24,18 +24,15 @@ from bson.code import Code
 from bson.decimal128 import Decimal128
 from bson.timestamp import Timestamp
 
-from pipeline_stages import bson_bytes
+from pipeline_stages import bson_bytes, date_expressions
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name, value_string
 
 __all__ = ["MISSING", "OPERATORS", "coerce_to_string", "fixed_arguments", "missing_type_name"]
 
 
-class _Missing:
-    """A missing operand (mongod's `Value()`)."""
-
-
-MISSING = _Missing()
+MISSING = date_expressions.MISSING  # a missing operand (mongod's `Value()`), as expressions.py
+# knows it
 _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
 

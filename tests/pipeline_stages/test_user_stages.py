@@ -501,9 +501,9 @@ def test_literal_arguments_are_not_parsed():
 
 
 def test_an_expression_the_engine_lacks_is_238_when_evaluated():
-    stages = UserStages([{"$set": {"x": {"$bsonSize": "$$ROOT"}}}])
-    raises(238, "$set: the expression $bsonSize is not supported by cdcserver's expression "
-           "engine", stages.process, [insert_event()])
+    stages = UserStages([{"$set": {"x": {"$toHashedIndexKey": "$$ROOT"}}}])
+    raises(238, "$set: the expression $toHashedIndexKey is not supported by cdcserver's "
+           "expression engine", stages.process, [insert_event()])
 
 
 def test_get_field_and_set_field_evaluate_as_mongod():
