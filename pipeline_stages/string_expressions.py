@@ -2,7 +2,9 @@
 evaluate_string.cpp, str_trim_utils.cpp, substr_utils.cpp; parse errors from expression.cpp):
 `$concat`, `$strcasecmp`, `$toUpper`, `$toLower`, `$strLenBytes`, `$strLenCP`, `$substrBytes`
 (and its alias `$substr`), `$substrCP`, `$trim`, `$ltrim`, `$rtrim`, `$split`, `$replaceOne`,
-`$replaceAll`.
+`$replaceAll`, `$regexFind`, `$regexFindAll` (evaluate_regex.cpp: `idx` in code points, the
+next search after an empty match one code point on, PCRE's meaning through regex.py's RE2
+translation where it holds, Python's `re` otherwise).
 
 mongod works on a string's bytes, never decoding them: case mapping is ASCII only, byte by byte
 (boost::to_upper in the "C" locale: "café" -> "CAFé"); code points are counted by their lead
@@ -17,14 +19,22 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from bson.code import Code
 from bson.decimal128 import Decimal128
+from bson.regex import Regex
 from bson.timestamp import Timestamp
 
 from pipeline_stages import bson_bytes, date_expressions
+from pipeline_stages import regex as pcre
+
+try:  # the linear-time engine regex.py uses; without it every pattern runs on Python's `re`
+    import re2 as _re2  # type: ignore[import-untyped,unused-ignore]
+except ImportError:  # pragma: no cover - a dependency in pyproject.toml
+    _re2 = None  # type: ignore[assignment,unused-ignore]
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import type_name, value_string
 
@@ -389,6 +399,155 @@ def _replace(parser: Any, args: Any, name: str) -> Any:
     return _string(data.replace(find, replacement))
 
 
+# -- $regexFind, $regexFindAll -------------------------------------------------------------------
+
+_COMPILED: dict[tuple[str, str], Any] = {}
+
+
+def _compile(pattern: str, options: str, name: str) -> Any:
+    """A compiled pattern with `search(text, pos)` returning match objects: RE2 when it means
+    what PCRE means (regex.py's translation), else Python's `re`."""
+    key = (pattern, options)
+    found = _COMPILED.get(key)
+    if found is not None:
+        return found
+    for flag in options:
+        if flag not in "imsux":  # pcre_util::flagsToOptions
+            raise MongoError(51108, f"{name} invalid flag in regex options: {flag}")
+    if not bson_bytes.is_utf8(pattern):
+        raise NotImplementedError(f"{name} of a pattern that is not UTF-8")
+    compiled: Any = None
+    translated = pcre.to_re2(pattern, "m" in options, "x" in options) if _re2 else None
+    # regex.py spells PCRE's `$` / `\Z` (end, or before a final newline) for RE2 as a newline
+    # consumed at the end: right for a yes/no match, not for the text matched.
+    if translated is not None and "(?:\\n?\\z)" not in translated:
+        prefix = "".join(f for f in "is" if f in options) + ("m" if "m" in options else "")
+        settings = _re2.Options()
+        settings.log_errors = False
+        try:
+            compiled = _re2.compile(f"(?{prefix}){translated}" if prefix else translated,
+                                    settings)
+        except Exception:  # noqa: BLE001 - a feature RE2 lacks: Python's `re` below
+            compiled = None
+    if compiled is None:
+        flags = 0
+        for flag, bit in (("i", re.I), ("m", re.M), ("s", re.S), ("x", re.X)):
+            if flag in options:
+                flags |= bit
+        try:
+            compiled = re.compile(_python_end_anchors(pcre.python_pattern(pattern)), flags)
+        except (re.error, OverflowError, RecursionError, ValueError) as exc:
+            raise MongoError(51111, f"Invalid Regex in {name}: {exc}") from None
+    if len(_COMPILED) >= 512:
+        _COMPILED.clear()
+    _COMPILED[key] = compiled
+    return compiled
+
+
+def _python_end_anchors(pattern: str) -> str:
+    r"""PCRE's `\Z` (the end, or before a final newline) in Python's spelling (Python's `\Z` is
+    PCRE's `\z`; `$` already means the same in both)."""
+    out = []
+    i = 0
+    while i < len(pattern):
+        pair = pattern[i:i + 2]
+        if pattern[i] == "\\" and len(pair) == 2:
+            out.append(r"(?=\n?\Z)" if pair == r"\Z" else r"\Z" if pair == r"\z" else pair)
+            i += 2
+            continue
+        out.append(pattern[i])
+        i += 1
+    return "".join(out)
+
+
+def _regex_state(parser: Any, args: Any, name: str) -> tuple[Any, str] | None:
+    """The compiled regex and the input of a $regexFind / $regexFindAll (buildInitialState),
+    None when either is nullish."""
+    if not isinstance(args, Mapping):
+        raise MongoError(51103, f"{name} expects an object of named arguments but found: "
+                         f"{type_name(args)}")
+    for key in args:
+        if key not in ("input", "regex", "options"):
+            raise MongoError(31024, f"{name} found an unknown argument: {key}")
+    if "input" not in args:
+        raise MongoError(31022, f"{name} requires 'input' parameter")
+    if "regex" not in args:
+        raise MongoError(31023, f"{name} requires 'regex' parameter")
+    text = _value(parser, args["input"])
+    regex = _value(parser, args["regex"])
+    options = _value(parser, args["options"]) if "options" in args else None
+    is_regex = isinstance(regex, (Regex, re.Pattern))
+    if not (_nullish(regex) or is_regex or (isinstance(regex, str) and
+                                            not isinstance(regex, Code))):
+        raise MongoError(51105, f"{name} needs 'regex' to be of type string or regex")
+    if not (_nullish(options) or isinstance(options, str) and not isinstance(options, Code)):
+        raise MongoError(51106, f"{name} needs 'options' to be of type string")
+    pattern: str | None = None
+    flags: str | None = None
+    if is_regex:
+        own = pcre.options_of(regex)
+        pattern = regex.pattern if isinstance(regex.pattern, str) else bson_bytes.from_utf8(
+            regex.pattern)
+        if own and not _nullish(options):
+            raise MongoError(51107, f"{name}: found regex option(s) specified in both 'regex' "
+                             "and 'option' fields")
+        flags = own or None
+    elif isinstance(regex, str):
+        pattern = regex
+    if not _nullish(options):
+        flags = options
+    if pattern is not None and "\0" in pattern:
+        raise MongoError(51109, f"{name}: regular expression cannot contain an embedded null "
+                         "byte")
+    if flags is not None and "\0" in flags:
+        raise MongoError(51110, f"{name}: regular expression options cannot contain an "
+                         "embedded null byte")
+    compiled = _compile(pattern, flags or "", name) if pattern is not None else None
+    if not (_nullish(text) or isinstance(text, str) and not isinstance(text, Code)):
+        raise MongoError(51104, f"{name} needs 'input' to be of type string")
+    if compiled is None or _nullish(text):
+        return None
+    if not bson_bytes.is_utf8(text):  # PCRE's UTF check fails the match: 51156
+        raise NotImplementedError(f"{name} of a string that is not UTF-8")
+    return compiled, text
+
+
+def _match_document(match: Any) -> dict[str, Any]:
+    return {"match": match.group(0), "idx": match.start(), "captures": list(match.groups())}
+
+
+def _regex_find(parser: Any, args: Any) -> Any:
+    state = _regex_state(parser, args, "$regexFind")
+    if state is None:
+        return None
+    compiled, text = state
+    match = compiled.search(text, 0)
+    return None if match is None else _match_document(match)
+
+
+def _regex_find_all(parser: Any, args: Any) -> Any:
+    state = _regex_state(parser, args, "$regexFindAll")
+    if state is None:
+        return []
+    compiled, text = state
+    found = []
+    position = 0
+    while True:  # at least once: an empty input can match
+        match = compiled.search(text, position)
+        if match is None:
+            break
+        found.append(_match_document(match))
+        if match.end() == match.start():  # the next search starts a code point further on
+            if match.start() >= len(text):
+                break
+            position = match.start() + 1
+        else:
+            position = match.end()
+        if position >= len(text):
+            break
+    return found
+
+
 OPERATORS: dict[str, Callable[[Any, Any], Any]] = {
     "$concat": _concat,
     "$strcasecmp": _strcasecmp,
@@ -405,4 +564,6 @@ OPERATORS: dict[str, Callable[[Any, Any], Any]] = {
     "$split": _split,
     "$replaceOne": lambda parser, args: _replace(parser, args, "$replaceOne"),
     "$replaceAll": lambda parser, args: _replace(parser, args, "$replaceAll"),
+    "$regexFind": _regex_find,
+    "$regexFindAll": _regex_find_all,
 }

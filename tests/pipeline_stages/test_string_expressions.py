@@ -12,6 +12,7 @@ import pytest
 from bson.codec_options import CodecOptions
 from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
+from bson.regex import Regex
 from pymongo import errors
 from pymongo.collection import Collection
 
@@ -186,3 +187,57 @@ def test_concat(coll: Collection[Any]) -> None:
     assert _error(coll, {"$concat": ["a", 1]}) == (16702, "$concat only supports strings, not int")
     assert _error(coll, {"$concat": ["a", "$i"]}) == (16702, "$concat only supports strings, not "
                                                        "int")
+
+
+def test_regex_find(coll: Collection[Any]) -> None:
+    assert _one(coll, {"$regexFind": {"input": "$s", "regex": "f(é)(x)?"}}) == {
+        "match": "fé", "idx": 2, "captures": ["é", None]}  # an unmatched group is null
+    assert _one(coll, {"$regexFind": {"input": "aébé", "regex": "b"}}) == {
+        "match": "b", "idx": 2, "captures": []}  # idx in code points
+    assert _one(coll, {"$regexFind": {"input": "ABC", "regex": "b", "options": "i"}}) == {
+        "match": "B", "idx": 1, "captures": []}
+    assert _one(coll, {"$regexFind": {"input": "a\nb\n", "regex": "b$"}}) == {
+        "match": "b", "idx": 2, "captures": []}  # `$` before a final newline, not consuming it
+    assert _one(coll, {"$regexFind": {"input": "a1\u0663", "regex": "\\d+"}}) == {
+        "match": "1", "idx": 1, "captures": []}  # PCRE without UCP: \d is ASCII
+    assert _one(coll, {"$regexFind": {"input": "ABC", "regex": Regex("b", "i")}}) == {
+        "match": "B", "idx": 1, "captures": []}
+    assert _one(coll, {"$regexFind": {"input": "ab", "regex": "x"}}) is None
+    assert _one(coll, {"$regexFind": {"input": "$nope", "regex": "b"}}) is None
+    assert _one(coll, {"$regexFind": {"input": "b", "regex": "$n"}}) is None
+    assert _error(coll, {"$regexFind": {"input": 1, "regex": "b"}}) == (
+        51104, "$regexFind needs 'input' to be of type string")
+    assert _error(coll, {"$regexFind": {"input": "a", "regex": 1}}) == (
+        51105, "$regexFind needs 'regex' to be of type string or regex")
+    assert _error(coll, {"$regexFind": {"input": "a", "regex": "a", "options": 1}}) == (
+        51106, "$regexFind needs 'options' to be of type string")
+    assert _error(coll, {"$regexFind": {"input": "a", "regex": Regex("a", "i"),
+                                        "options": "i"}}) == (
+        51107, "$regexFind: found regex option(s) specified in both 'regex' and 'option' fields")
+    assert _error(coll, {"$regexFind": {"input": "a", "regex": "a", "options": "g"}}) == (
+        51108, "$regexFind invalid flag in regex options: g")
+    assert _error(coll, {"$regexFind": {"input": "a"}}) == (
+        31023, "$regexFind requires 'regex' parameter")
+    assert _error(coll, {"$regexFind": {"regex": "a"}}) == (
+        31022, "$regexFind requires 'input' parameter")
+    assert _error(coll, {"$regexFind": {"input": "a", "regex": "a", "flags": "i"}}) == (
+        31024, "$regexFind found an unknown argument: flags")
+    assert _error(coll, {"$regexFind": "a"}) == (
+        51103, "$regexFind expects an object of named arguments but found: string")
+
+
+def test_regex_find_all(coll: Collection[Any]) -> None:
+    def matches(text: str, regex: str) -> list[tuple[str, int]]:
+        found = _one(coll, {"$regexFindAll": {"input": text, "regex": regex}})
+        assert isinstance(found, list)
+        return [(m["match"], m["idx"]) for m in found]
+
+    assert matches("abcab", "(a)b") == [("ab", 0), ("ab", 3)]
+    assert matches("aébé", "") == [("", 0), ("", 1), ("", 2), ("", 3)]  # none at the end
+    assert matches("", "") == [("", 0)]
+    assert matches("xax", "a*") == [("", 0), ("a", 1), ("", 2)]
+    assert matches("aaa", "a*") == [("aaa", 0)]
+    assert _one(coll, {"$regexFindAll": {"input": "$nope", "regex": "a"}}) == []
+    assert _one(coll, {"$regexFindAll": {"input": "ab", "regex": "(a)|(b)"}}) == [
+        {"match": "a", "idx": 0, "captures": ["a", None]},
+        {"match": "b", "idx": 1, "captures": [None, "b"]}]
