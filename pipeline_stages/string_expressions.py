@@ -44,6 +44,7 @@ __all__ = ["MISSING", "OPERATORS", "coerce_to_string", "fixed_arguments", "missi
 MISSING = date_expressions.MISSING  # a missing operand (mongod's `Value()`), as expressions.py
 # knows it
 _INT32 = (-(2**31), 2**31 - 1)
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 _INT64 = (-(2**63), 2**63 - 1)
 
 
@@ -104,9 +105,12 @@ def coerce_to_string(value: Any) -> str:
         if moment.tzinfo is not None:
             moment = moment.astimezone(datetime.UTC).replace(tzinfo=None)
         return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
-    elif isinstance(value, Timestamp):  # Timestamp::toStringPretty (the server runs in UTC)
+    elif isinstance(value, Timestamp):
+        # Timestamp::toStringPretty: ctime()'s "Mmm dd hh:mm:ss" (weekday and year cut off),
+        # a colon and the increment; ctime is local time, and the server runs in UTC
         moment = datetime.datetime(1970, 1, 1) + datetime.timedelta(seconds=value.time)
-        return moment.strftime("%Y-%m-%dT%H:%M:%S") + f":{value.inc}"
+        return (f"{_MONTHS[moment.month - 1]} {moment.day:2d} "
+                f"{moment:%H:%M:%S}:{value.inc}")
     raise MongoError(16007, f"can't convert from BSON type {missing_type_name(value)} to String")
 
 

@@ -4,6 +4,7 @@ substr_utils.cpp): byte semantics, ASCII-only case mapping, null / missing handl
 
 from __future__ import annotations
 
+import datetime
 import struct
 from collections.abc import Iterator
 from typing import Any
@@ -13,6 +14,7 @@ from bson.codec_options import CodecOptions
 from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 from bson.regex import Regex
+from bson.timestamp import Timestamp
 from pymongo import errors
 from pymongo.collection import Collection
 
@@ -167,6 +169,9 @@ def test_case_mapping_is_ascii_only(coll: Collection[Any]) -> None:
     assert _one(coll, {"$toLower": "ÉCOLE"}) == "École"
     assert _one(coll, {"$toUpper": "$nope"}) == ""
     assert _one(coll, {"$toUpper": 1.23456789}) == "1.23457"
+    assert _one(coll, {"$toLower": Timestamp(86_400 * 31 + 3661, 7)}) == "feb  1 01:01:01:7"
+    assert _one(coll, {"$toUpper": datetime.datetime(2024, 1, 2, 3, 4, 5, 6000)}) == (
+        "2024-01-02T03:04:05.006Z")
     assert _one(coll, {"$toLower": "$s"}, 2) == "a\u00e9\udcffb"
     assert _one(coll, {"$strcasecmp": ["a", "B"]}) == -1
     assert _one(coll, {"$strcasecmp": ["é", "É"]}) == 1  # bytes after ASCII upper-casing
