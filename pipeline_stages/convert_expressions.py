@@ -5,7 +5,8 @@ messages), `$type`, `$isNumber`, `$cmp`, `$binarySize` and `$bsonSize`.
 
 Left to mongod's newer forms and not evaluated here (NotImplementedError, "not supported"):
 conversions to or from binData, a `to` document (`{type, subtype}`), the `format`, `base` and
-`byteOrder` arguments, and string -> date (timelib's date-string grammar).
+`byteOrder` arguments, string -> date (timelib's date-string grammar), and double -> string for
+a double that printf's %g and the shortest round-trip form print differently (`_format_double`).
 
 `$cmp` orders values as Value::compare does, by their KeyString (keystring.py encodes mongod's
 BSON order: canonical type, then value), a missing operand lowest but MinKey.
@@ -175,15 +176,21 @@ def _double_to_decimal(x: float) -> Decimal128:
 
 
 def _format_double(x: float) -> str:
-    """performFormatDouble: fmt's shortest round-trip form."""
+    """performFormatDouble. mongod's sources print a finite double either with
+    `str::stream() << x` (printf's %g) or, in later ones, with `fmt::format("{}", x)` (the
+    shortest round-trip form); which of the two 8.0 ships is not established here, so a double
+    the two print differently (1234567.0: "1.23457e+06" / "1234567") is not converted."""
     if math.isinf(x):
         return "-Infinity" if x < 0 else "Infinity"
     if x != x:
         return "NaN"
     if x == 0 and math.copysign(1.0, x) < 0:
         return "-0"
-    text = repr(x)
-    return text[:-2] if text.endswith(".0") else text
+    shortest = repr(x)
+    shortest = shortest[:-2] if shortest.endswith(".0") else shortest
+    if shortest != f"{x:g}":
+        raise NotImplementedError(f"$convert of the double {shortest} to a string")
+    return shortest
 
 
 def _date_string(moment: datetime.datetime) -> str:

@@ -51,9 +51,12 @@ def _typed(value: object) -> tuple[str, object]:
 
 
 def test_to_string(coll: Collection[Any]) -> None:
-    assert _one(coll, {"$toString": 0.1}) == "0.1"  # shortest round trip, not %g
+    assert _one(coll, {"$toString": 0.1}) == "0.1"
     assert _one(coll, {"$toString": 2.0}) == "2"
     assert _one(coll, {"$toString": 1e21}) == "1e+21"
+    assert _one(coll, {"$toString": 1e-05}) == "1e-05"
+    code, message = _error(coll, {"$toString": 1234567.0})  # %g and shortest differ: refused
+    assert code == 2 and "not supported" in message
     assert _one(coll, {"$toString": -0.0}) == "-0"
     assert _one(coll, {"$toString": float("-inf")}) == "-Infinity"
     assert _one(coll, {"$toString": Int64(5)}) == "5"
