@@ -163,15 +163,18 @@ def _decimal_to_double(value: Decimal128) -> float:
 def _double_to_decimal(x: float) -> Decimal128:
     """Decimal128(double): exactly 15 significant digits, ties to even (zero, infinities and
     NaN as they are)."""
-    if x == 0 or math.isinf(x) or x != x:
-        return Decimal128(_DECIMAL.create_decimal(repr(x) if x == x else "NaN"))
-    exact = decimal.Decimal(x)
-    exponent = exact.adjusted() - 14
-    rounded = exact.quantize(decimal.Decimal(1).scaleb(exponent), decimal.ROUND_HALF_EVEN,
-                             _DECIMAL)
+    if x == 0:  # binary64_to_bid128's zero: 0E+0, signed
+        return Decimal128("-0" if math.copysign(1.0, x) < 0 else "0")
+    if math.isinf(x) or x != x:
+        return Decimal128(repr(x) if x == x else "NaN")
+    # binary64_to_bid128 first (34 digits, ties to even), then quantized to 15 digits
+    converted = _DECIMAL.plus(decimal.Decimal(x))
+    exponent = converted.adjusted() - 14
+    rounded = converted.quantize(decimal.Decimal(1).scaleb(exponent), decimal.ROUND_HALF_EVEN,
+                                 _DECIMAL)
     if len(rounded.as_tuple().digits) > 15:  # 9.99...95 rounded up a digit: requantize
-        rounded = exact.quantize(decimal.Decimal(1).scaleb(exponent + 1),
-                                 decimal.ROUND_HALF_EVEN, _DECIMAL)
+        rounded = converted.quantize(decimal.Decimal(1).scaleb(exponent + 1),
+                                     decimal.ROUND_HALF_EVEN, _DECIMAL)
     return Decimal128(rounded)
 
 

@@ -79,6 +79,8 @@ def test_to_numbers(coll: Collection[Any]) -> None:
     assert _typed(_one(coll, {"$toDouble": True})) == ("float", 1.0)
     assert _one(coll, {"$toDouble": "-1.5e3"}) == -1500.0
     assert _one(coll, {"$toDecimal": 2.5}) == Decimal128("2.50000000000000")  # 15 digits
+    assert str(_one(coll, {"$toDecimal": 9.999999999999998})) == "10.0000000000000"
+    assert str(_one(coll, {"$toDecimal": 0.0})) == "0"
     assert _one(coll, {"$toDecimal": Int64(3)}) == Decimal128("3")
     assert _one(coll, {"$toInt": [Decimal128("-2.7")]}) == -2
     parse = "Failed to parse number '{}' " + NO_ON_ERROR + ": {}"
