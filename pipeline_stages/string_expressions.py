@@ -23,8 +23,10 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from bson.binary import Binary
 from bson.code import Code
 from bson.decimal128 import Decimal128
+from bson.objectid import ObjectId
 from bson.regex import Regex
 from bson.timestamp import Timestamp
 
@@ -65,8 +67,25 @@ def missing_type_name(value: Any) -> str:
 
 
 def _shown(value: Any) -> str:
-    """Value::toString() of an operand (ostream << Value): MISSING for a missing one."""
-    return "MISSING" if value is MISSING else value_string(value)
+    """Value::toString() of an operand (operator<<(ostream&, const Value&)): MISSING for a
+    missing one, an ObjectId as its hex, a date as its ISO string, Code("..."),
+    BinData(t, "HEX"), documents and arrays of those; the rest as value_string prints it."""
+    if value is MISSING:
+        return "MISSING"
+    if isinstance(value, ObjectId):
+        return str(value)
+    if isinstance(value, datetime.datetime):
+        return coerce_to_string(value)
+    if isinstance(value, Code) and value.scope is None:
+        return f'Code("{value}")'
+    if isinstance(value, (Binary, bytes)) and not isinstance(value, str):
+        subtype = value.subtype if isinstance(value, Binary) else 0
+        return f'BinData({subtype}, "{bytes(value).hex().upper()}")'
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {_shown(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_shown(v) for v in value) + "]"
+    return value_string(value)
 
 
 def fixed_arguments(parser: Any, args: Any, name: str, count: int) -> list[Any]:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from bson.codec_options import CodecOptions
 from bson.int64 import Int64
+from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
 from bson.regex import Regex
 from bson.timestamp import Timestamp
@@ -117,6 +118,12 @@ def test_trim(coll: Collection[Any]) -> None:
     assert _one(coll, {"$trim": {"input": "a", "chars": "$n"}}) is None
     assert _error(coll, {"$trim": {"input": 5}}) == (
         50699, "$trim requires its input to be a string, got 5 (of type int) instead.")
+    assert _error(coll, {"$trim": {"input": datetime.datetime(2024, 1, 2)}}) == (
+        50699, "$trim requires its input to be a string, got 2024-01-02T00:00:00.000Z (of type "
+        "date) instead.")  # Value's stream prints a date as its ISO string
+    assert _error(coll, {"$trim": {"input": [ObjectId("5ab9cbe531c2ab715d42129e"), "a"]}}) == (
+        50699, '$trim requires its input to be a string, got [5ab9cbe531c2ab715d42129e, "a"] '
+        "(of type array) instead.")
     assert _error(coll, {"$ltrim": {"input": "a", "chars": 1.5}}) == (
         50700, "$ltrim requires 'chars' to be a string, got 1.5 (of type double) instead.")
     assert _error(coll, {"$rtrim": "a"}) == (
