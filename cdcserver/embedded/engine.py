@@ -31,7 +31,7 @@ from cdcserver.embedded import (
     oplog_update,
     regex,
 )
-from pipeline_stages import expressions, keystring, query_engine
+from pipeline_stages import expressions, group_stage, keystring, query_engine
 from pipeline_stages.dotted_path import (
     document_value,
     has_document_path,
@@ -578,6 +578,7 @@ def _lookup(docs: list[Any], database: Any, spec: Any, engine_lookup: Any) -> li
 
 
 query_engine.set_stage_handler("$lookup", _lookup)
+query_engine.set_stage_handler("$group", group_stage.group_stage)
 
 
 def run_pipeline(

@@ -1,0 +1,389 @@
+"""The `$group` accumulators as mongod 8.0 computes them (accumulator_*.cpp).
+
+Each accumulator takes the evaluated argument of every document of its group in input order
+(`process`, MISSING for a missing path) and gives its value (`result`, MISSING where mongod's
+is missing: `$group` makes that null). `parse(name, argument)` gives the factory, the argument
+expression and the initializer expression (None: these accumulators take none), or None for an
+unknown name.
+
+Values are compared in BSON order, numbers by value (1, 1.0, NumberLong(1) and
+NumberDecimal("1") are equal): `value_key` is the hashable identity used for group keys and
+`$addToSet`, `order_key` the sort key for `$min`/`$max` and their N forms.
+"""
+
+from __future__ import annotations
+
+import decimal
+import fractions
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from bson.decimal128 import Decimal128, create_decimal128_context
+from bson.int64 import Int64
+
+from pipeline_stages.errors import MongoError
+from pipeline_stages.keystring import encode_values
+from pipeline_stages.transform import MISSING
+from pipeline_stages.value_string import type_name, value_string
+
+__all__ = [
+    "MISSING", "Accumulator", "numeric", "order_key", "parse", "value_key",
+]
+
+_DECIMAL = create_decimal128_context()
+_INT32 = (-(2**31), 2**31)
+_INT64 = (-(2**63), 2**63)
+
+
+def numeric(v: Any) -> int | float | decimal.Decimal | None:
+    """A number's value (None for a non-number; booleans are not numbers)."""
+    t = type(v)
+    if t is int or t is float or t is Int64:
+        return v  # type: ignore[no-any-return]
+    if t is Decimal128:
+        return v.to_decimal()  # type: ignore[no-any-return]
+    return None
+
+
+def value_key(v: Any) -> Any:
+    """A hashable key equal for values mongod compares equal (strings by code point, numbers
+    by value, documents field by field): native for strings, numbers and null, the KeyString
+    otherwise."""
+    t = type(v)
+    if t is str:
+        return v
+    if (t is int or t is Int64) or (t is float and v == v):
+        return (0, v)  # a tuple: never equal to a str, and True is not 1 here
+    if v is None:
+        return (1,)
+    if t is Decimal128:
+        d = v.to_decimal()
+        if d.is_finite():
+            return (0, d)  # a Decimal equals (and hashes as) the int or float of its value
+    try:
+        return encode_values((v,))[0]
+    except Exception:  # noqa: BLE001 - a type KeyString cannot encode
+        return (2, repr(v))
+
+
+def order_key(v: Any) -> Any:
+    """A sort key in BSON order (KeyString)."""
+    return encode_values((v,))[0]
+
+
+def _less(a: Any, b: Any) -> bool:
+    ta, tb = type(a), type(b)
+    if (ta is int or ta is float or ta is Int64) and (tb is int or tb is float or tb is Int64) \
+            and a == a and b == b:
+        return bool(a < b)
+    if ta is str and tb is str:
+        return bool(a < b)
+    return bool(order_key(a) < order_key(b))
+
+
+def _nullish(v: Any) -> bool:
+    return v is MISSING or v is None
+
+
+class Accumulator:
+    needs_input = True
+
+    def process(self, value: Any) -> None:
+        raise NotImplementedError
+
+    def result(self) -> Any:
+        raise NotImplementedError
+
+
+# -- $sum, $avg, $count ----------------------------------------------------------------------
+
+
+class _Total:
+    """mongod's sum: ints and longs exact, doubles summed as one correctly rounded double
+    (mongod's DoubleDoubleSummation), decimals apart; the widest type met."""
+
+    __slots__ = ("count", "decimals", "floats", "ints", "widest")
+
+    def __init__(self) -> None:
+        self.ints = 0
+        self.floats: list[float] = []
+        self.decimals: list[decimal.Decimal] = []
+        self.widest = 0  # 0 int, 1 long, 2 double, 3 decimal
+        self.count = 0
+
+    def add(self, v: Any) -> None:
+        t = type(v)
+        if t is int:
+            self.ints += v
+            if not _INT32[0] <= v < _INT32[1] and self.widest < 1:
+                self.widest = 1
+        elif t is float:
+            self.floats.append(v)
+            if self.widest < 2:
+                self.widest = 2
+        elif t is Int64:
+            self.ints += int(v)
+            if self.widest < 1:
+                self.widest = 1
+        elif t is Decimal128:
+            self.decimals.append(v.to_decimal())
+            self.widest = 3
+        else:
+            return
+        self.count += 1
+
+    def _double(self) -> float:
+        floats = self.floats
+        if not floats:
+            return float(self.ints)
+        try:
+            return math.fsum([*floats, self.ints]) if abs(self.ints) < 2**53 else \
+                float(decimal.Decimal(math.fsum(floats)) + self.ints)
+        except (OverflowError, ValueError):  # infinities, NaN or a sum past the double range
+            return float(sum(floats) + self.ints)
+
+    def _decimal(self) -> decimal.Decimal:
+        """The decimals summed in order, plus the other numbers' total as mongod converts its
+        double-double sum (each double exactly, rounded to 34 digits)."""
+        with decimal.localcontext(_DECIMAL) as ctx:
+            total = ctx.create_decimal(0)
+            for d in self.decimals:
+                total = ctx.add(total, d)
+            if not self.floats:
+                return ctx.add(total, ctx.create_decimal(self.ints))
+            head = self._double()
+            if not math.isfinite(head):
+                return ctx.add(total, ctx.create_decimal(head))
+            exact = sum((fractions.Fraction(f) for f in self.floats), fractions.Fraction(0))
+            tail = float(exact + self.ints - fractions.Fraction(head))
+            others = ctx.create_decimal(head)
+            if tail:
+                others = ctx.add(others, ctx.create_decimal(tail))
+            return ctx.add(total, others)
+
+    def value(self) -> Any:
+        if self.widest == 3:
+            return Decimal128(self._decimal())
+        if self.widest == 2:
+            return self._double()
+        total = self.ints
+        if self.widest == 0 and _INT32[0] <= total < _INT32[1]:
+            return total
+        if _INT64[0] <= total < _INT64[1]:
+            return Int64(total)
+        return float(total)
+
+
+class Sum(Accumulator):
+    """AccumulatorSum: numbers only (booleans and arrays skipped); 0 (an int) for none."""
+
+    def __init__(self, _n: Any = None) -> None:
+        self.total = _Total()
+
+    def process(self, value: Any) -> None:
+        self.total.add(value)
+
+    def result(self) -> Any:
+        return self.total.value()
+
+
+class ConstantSum(Accumulator):
+    """AccumulatorSum of a constant double (`$sum: 0.5`): plain double additions, as mongod's
+    constant-sum state adds them (no compensated summation)."""
+
+    def __init__(self, addend: float) -> None:
+        self.addend = addend
+        self.total = 0.0
+
+    def process(self, value: Any) -> None:
+        self.total += self.addend
+
+    def result(self) -> Any:
+        return self.total
+
+
+class Avg(Accumulator):
+    """AccumulatorAvg: a double (a decimal when a decimal was met); null for no number."""
+
+    def __init__(self, _n: Any = None) -> None:
+        self.total = _Total()
+
+    def process(self, value: Any) -> None:
+        self.total.add(value)
+
+    def result(self) -> Any:
+        total = self.total
+        if not total.count:
+            return None
+        if total.widest == 3:
+            with decimal.localcontext(_DECIMAL) as ctx:
+                return Decimal128(ctx.divide(total._decimal(), ctx.create_decimal(total.count)))
+        return total._double() / total.count
+
+
+# -- $min, $max, $first, $last, $push, $addToSet, $mergeObjects ------------------------------
+
+
+class Min(Accumulator):
+    """AccumulatorMinMax: null and missing skipped; the first of equal values kept."""
+
+    sense = 1
+
+    def __init__(self, _n: Any = None) -> None:
+        self.value: Any = MISSING
+
+    def process(self, value: Any) -> None:
+        if value is MISSING or value is None:
+            return
+        current = self.value
+        if current is MISSING or (_less(value, current) if self.sense > 0
+                                  else _less(current, value)):
+            self.value = value
+
+    def result(self) -> Any:
+        return None if self.value is MISSING else self.value
+
+
+class Max(Min):
+    sense = -1
+
+
+class First(Accumulator):
+    """AccumulatorFirst: the first document's value, even a missing one (then null)."""
+
+    def __init__(self, _n: Any = None) -> None:
+        self.value: Any = MISSING
+
+    def process(self, value: Any) -> None:
+        self.value = value
+        self.needs_input = False
+
+    def result(self) -> Any:
+        return self.value
+
+
+class Last(First):
+    def process(self, value: Any) -> None:
+        self.value = value
+
+
+class Push(Accumulator):
+    """AccumulatorPush: every value but missing ones, in input order."""
+
+    def __init__(self, _n: Any = None) -> None:
+        self.values: list[Any] = []
+
+    def process(self, value: Any) -> None:
+        if value is not MISSING:
+            self.values.append(value)
+
+    def result(self) -> Any:
+        return self.values
+
+
+class AddToSet(Accumulator):
+    """AccumulatorAddToSet: distinct values (missing skipped), the first of equal ones kept,
+    in the order first met."""
+
+    def __init__(self, _n: Any = None) -> None:
+        self.seen: dict[Any, Any] = {}
+
+    def process(self, value: Any) -> None:
+        if value is not MISSING:
+            self.seen.setdefault(value_key(value), value)
+
+    def result(self) -> Any:
+        return list(self.seen.values())
+
+
+class MergeObjects(Accumulator):
+    """AccumulatorMergeObjects: documents merged left to right (null and missing skipped)."""
+
+    def __init__(self, _n: Any = None) -> None:
+        self.merged: dict[str, Any] = {}
+
+    def process(self, value: Any) -> None:
+        if _nullish(value):
+            return
+        if not isinstance(value, Mapping):
+            raise MongoError(
+                40400, f"$mergeObjects requires object inputs, but input {value_string(value)} "
+                f"is of type {type_name(value)}",
+            )
+        self.merged.update(value)
+
+    def result(self) -> Any:
+        return self.merged
+
+
+# -- $stdDevPop, $stdDevSamp -----------------------------------------------------------------
+
+
+class StdDevPop(Accumulator):
+    """AccumulatorStdDev: Welford's running variance over the numbers, as doubles."""
+
+    sample = False
+
+    def __init__(self, _n: Any = None) -> None:
+        self.count = 0
+        self.mean = 0.0
+        self.m2 = 0.0
+
+    def process(self, value: Any) -> None:
+        x = numeric(value)
+        if x is None:
+            return
+        x = float(x)
+        self.count += 1
+        delta = x - self.mean
+        if delta != 0.0:
+            self.mean += delta / self.count
+            self.m2 += delta * (x - self.mean)
+
+    def result(self) -> Any:
+        n = self.count - 1 if self.sample else self.count
+        if n <= 0:
+            return None
+        return math.sqrt(self.m2 / n)
+
+
+class StdDevSamp(StdDevPop):
+    sample = True
+
+
+# -- parsing ---------------------------------------------------------------------------------
+
+Parsed = tuple[Callable[[Any], Accumulator], Any, Any]
+
+
+_SIMPLE: dict[str, Callable[[Any], Accumulator]] = {
+    "$sum": Sum, "$avg": Avg, "$min": Min, "$max": Max, "$first": First, "$last": Last,
+    "$push": Push, "$addToSet": AddToSet, "$mergeObjects": MergeObjects,
+    "$stdDevPop": StdDevPop, "$stdDevSamp": StdDevSamp,
+}
+
+def parse(name: str, arg: Any) -> Parsed | None:
+    """(factory, argument expression, initializer expression or None) for accumulator `name`,
+    None when the name is not an accumulator this module has."""
+    if name == "$sum" and type(arg) is float:
+        addend = arg
+        return (lambda _n: ConstantSum(addend)), arg, None
+    simple = _SIMPLE.get(name)
+    if simple is not None:
+        return simple, arg, None
+    if name == "$count":
+        if not (isinstance(arg, Mapping) and not arg):
+            raise MongoError(14, "$count takes no arguments, i.e. $count:{}")
+        return Sum, 1, None
+    if name in NOT_SUPPORTED:
+        raise MongoError(2, f"not supported by cdcserver's embedded store: group operator "
+                         f"'{name}'")
+    return None
+
+
+# mongod 8.0's other accumulators, which this module does not compute yet.
+NOT_SUPPORTED = frozenset({
+    "$firstN", "$lastN", "$minN", "$maxN", "$top", "$bottom", "$topN", "$bottomN", "$median",
+    "$percentile", "$accumulator",
+})

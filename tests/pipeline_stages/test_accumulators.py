@@ -1,0 +1,160 @@
+"""The `$group` accumulators (pipeline_stages/accumulators.py) through a real pymongo client
+against the embedded store, as mongod 8.0 computes them (accumulator_sum.cpp,
+accumulator_avg.cpp, accumulator_min_max.cpp, accumulator_first.cpp, accumulator_last.cpp,
+accumulator_push.cpp, accumulator_add_to_set.cpp, accumulator_merge_objects.cpp,
+accumulator_std_dev.cpp, accumulator_multi.cpp)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pymongo
+import pytest
+from bson import Decimal128, Int64
+
+from cdcserver.testing import EmbeddedServer
+
+
+@pytest.fixture(scope="module")
+def db() -> Any:
+    with EmbeddedServer() as server:
+        yield server.client().get_database("accumulators")
+
+
+def group(db: Any, docs: list[dict[str, Any]], fields: dict[str, Any], key: Any = None) -> Any:
+    """The one group's fields (after `_id`) as (name, type name, value) triples."""
+    coll = db["c"]
+    coll.drop()
+    if docs:
+        coll.insert_many(docs)
+    out = list(coll.aggregate([{"$group": {"_id": key, **fields}}]))
+    assert len(out) == 1
+    doc = out[0]
+    assert list(doc)[0] == "_id"
+    return [(k, type(v).__name__, v) for k, v in list(doc.items())[1:]]
+
+
+def error(db: Any, docs: list[dict[str, Any]], fields: dict[str, Any]) -> tuple[int, str]:
+    with pytest.raises(pymongo.errors.OperationFailure) as info:
+        group(db, docs, fields)
+    return info.value.code, info.value.details["errmsg"]
+
+
+def docs_of(field: str, values: list[Any]) -> list[dict[str, Any]]:
+    return [{"_id": i, field: v} for i, v in enumerate(values)]
+
+
+# -- $sum, $avg, $count ----------------------------------------------------------------------
+
+
+def test_sum_types(db: Any) -> None:
+    big = 2**31 - 1
+    assert group(db, docs_of("v", [1, 2]), {"s": {"$sum": "$v"}}) == [("s", "int", 3)]
+    assert group(db, docs_of("v", [big, big]), {"s": {"$sum": "$v"}}) == [
+        ("s", "Int64", 2 * big)]
+    assert group(db, docs_of("v", [Int64(1), 2]), {"s": {"$sum": "$v"}}) == [("s", "Int64", 3)]
+    assert group(db, docs_of("v", [Int64(2**62)] * 2), {"s": {"$sum": "$v"}}) == [
+        ("s", "float", 2.0**63)]
+    assert group(db, docs_of("v", [1, 2.5]), {"s": {"$sum": "$v"}}) == [("s", "float", 3.5)]
+    assert group(db, docs_of("v", [1, Decimal128("2.5")]), {"s": {"$sum": "$v"}}) == [
+        ("s", "Decimal128", Decimal128("3.5"))]
+
+
+def test_sum_skips_non_numbers(db: Any) -> None:
+    values = [True, "3", [1, 2], None, {"a": 1}, 4]
+    assert group(db, docs_of("v", values) + [{"_id": 9}], {"s": {"$sum": "$v"}}) == [
+        ("s", "int", 4)]
+    assert group(db, docs_of("v", ["x"]), {"s": {"$sum": "$v"}}) == [("s", "int", 0)]
+
+
+def test_sum_of_doubles_is_compensated_a_constant_is_not(db: Any) -> None:
+    # DoubleDoubleSummation for values; plain additions for a constant addend
+    assert group(db, docs_of("v", [0.1] * 10), {"s": {"$sum": "$v"}, "c": {"$sum": 0.1}}) == [
+        ("s", "float", 1.0), ("c", "float", 0.9999999999999999)]
+
+
+def test_sum_of_decimals_and_doubles(db: Any) -> None:
+    values = [Decimal128("1.5")] + [0.1] * 9
+    assert group(db, docs_of("v", values), {"s": {"$sum": "$v"}}) == [
+        ("s", "Decimal128", Decimal128("2.400000000000000049960036108132044"))]
+
+
+def test_count(db: Any) -> None:
+    assert group(db, docs_of("v", [1, None, 3]), {"n": {"$count": {}}}) == [("n", "int", 3)]
+    assert error(db, docs_of("v", [1]), {"n": {"$count": 1}}) == (
+        14, "$count takes no arguments, i.e. $count:{}")
+    assert error(db, docs_of("v", [1]), {"n": {"$count": {"a": 1}}}) == (
+        14, "$count takes no arguments, i.e. $count:{}")
+
+
+def test_avg(db: Any) -> None:
+    assert group(db, docs_of("v", [1, 2]), {"a": {"$avg": "$v"}}) == [("a", "float", 1.5)]
+    assert group(db, docs_of("v", [2, 2]), {"a": {"$avg": "$v"}}) == [("a", "float", 2.0)]
+    assert group(db, docs_of("v", [1, "x", None]), {"a": {"$avg": "$v"}}) == [
+        ("a", "float", 1.0)]
+    assert group(db, docs_of("v", ["x"]), {"a": {"$avg": "$v"}}) == [("a", "NoneType", None)]
+    assert group(db, docs_of("v", [1, Decimal128("2")]), {"a": {"$avg": "$v"}}) == [
+        ("a", "Decimal128", Decimal128("1.5"))]
+
+
+# -- $min, $max, $first, $last, $push, $addToSet, $mergeObjects ------------------------------
+
+
+def test_min_max_skip_null_and_missing(db: Any) -> None:
+    docs = docs_of("v", [None, 3, "a", 1.5]) + [{"_id": 9}]
+    assert group(db, docs, {"mn": {"$min": "$v"}, "mx": {"$max": "$v"}}) == [
+        ("mn", "float", 1.5), ("mx", "str", "a")]
+    assert group(db, docs_of("v", [None]), {"mn": {"$min": "$v"}, "mx": {"$max": "$v"}}) == [
+        ("mn", "NoneType", None), ("mx", "NoneType", None)]
+
+
+def test_min_max_keep_the_first_of_equal_values(db: Any) -> None:
+    docs = docs_of("v", [1.0, 1, Int64(1)])
+    assert group(db, docs, {"mn": {"$min": "$v"}, "mx": {"$max": "$v"}}) == [
+        ("mn", "float", 1.0), ("mx", "float", 1.0)]
+
+
+def test_first_last_of_missing_are_null(db: Any) -> None:
+    docs = [{"_id": 1}, {"_id": 2, "v": 2}, {"_id": 3}]
+    assert group(db, docs, {"f": {"$first": "$v"}, "l": {"$last": "$v"}}) == [
+        ("f", "NoneType", None), ("l", "NoneType", None)]
+    docs = [{"_id": 1, "v": 1}, {"_id": 2}, {"_id": 3, "v": 3}]
+    assert group(db, docs, {"f": {"$first": "$v"}, "l": {"$last": "$v"}}) == [
+        ("f", "int", 1), ("l", "int", 3)]
+
+
+def test_push_keeps_order_and_null_skips_missing(db: Any) -> None:
+    docs = [{"_id": 1, "v": 3}, {"_id": 2}, {"_id": 3, "v": None}, {"_id": 4, "v": 1}]
+    assert group(db, docs, {"p": {"$push": "$v"}}) == [("p", "list", [3, None, 1])]
+
+
+def test_add_to_set(db: Any) -> None:
+    docs = docs_of("v", [0, 2, 4, 2, 0.0])
+    assert group(db, docs, {"s": {"$addToSet": "$v"}}) == [("s", "list", [0, 2, 4])]
+    docs = docs_of("v", [{"a": 1, "b": 2}, {"b": 2, "a": 1}, {"a": 1, "b": 2}]) + [{"_id": 9}]
+    assert group(db, docs, {"s": {"$addToSet": "$v"}}) == [
+        ("s", "list", [{"a": 1, "b": 2}, {"b": 2, "a": 1}])]
+
+
+def test_merge_objects(db: Any) -> None:
+    docs = docs_of("v", [{"a": 1, "b": 1}, None, {"b": 2, "c": 3}]) + [{"_id": 9}]
+    out = group(db, docs, {"m": {"$mergeObjects": "$v"}})
+    assert out == [("m", "dict", {"a": 1, "b": 2, "c": 3})]
+    assert list(out[0][2]) == ["a", "b", "c"]
+    assert group(db, [{"_id": 1}], {"m": {"$mergeObjects": "$v"}}) == [("m", "dict", {})]
+    assert error(db, docs_of("v", ["x"]), {"m": {"$mergeObjects": "$v"}}) == (
+        40400, '$mergeObjects requires object inputs, but input "x" is of type string')
+
+
+# -- $stdDevPop, $stdDevSamp -----------------------------------------------------------------
+
+
+def test_std_dev(db: Any) -> None:
+    docs = docs_of("v", [1, 2, 3, 4, "x", None])
+    assert group(db, docs, {"p": {"$stdDevPop": "$v"}, "s": {"$stdDevSamp": "$v"}}) == [
+        ("p", "float", 1.118033988749895), ("s", "float", 1.2909944487358056)]
+    assert group(db, docs_of("v", [5]), {"p": {"$stdDevPop": "$v"},
+                                         "s": {"$stdDevSamp": "$v"}}) == [
+        ("p", "float", 0.0), ("s", "NoneType", None)]
+    assert group(db, docs_of("v", ["x"]), {"p": {"$stdDevPop": "$v"}}) == [
+        ("p", "NoneType", None)]

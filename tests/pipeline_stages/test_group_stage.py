@@ -1,0 +1,148 @@
+"""`$group` and `$bucketAuto` (pipeline_stages/group_stage.py) through a real pymongo client
+against the embedded store, as mongod 8.0 answers them (document_source_group_base.cpp,
+group_processor_base.cpp, accumulation_statement.cpp, document_source_bucket_auto.cpp)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pymongo
+import pytest
+from bson import Decimal128, Int64
+
+from cdcserver.testing import EmbeddedServer
+
+
+@pytest.fixture(scope="module")
+def db() -> Any:
+    with EmbeddedServer() as server:
+        yield server.client().get_database("group_stage")
+
+
+def run(db: Any, docs: list[dict[str, Any]], pipeline: list[dict[str, Any]]) -> list[Any]:
+    """The output as lists of (field, value) pairs: field order and value types count."""
+    coll = db["c"]
+    coll.drop()
+    if docs:
+        coll.insert_many(docs)
+    return [_items(d) for d in coll.aggregate(pipeline)]
+
+
+def _items(value: Any) -> Any:
+    if isinstance(value, dict):
+        return [(k, _items(v)) for k, v in value.items()]
+    if isinstance(value, list):
+        return [_items(v) for v in value]
+    return (type(value).__name__, value)
+
+
+def error(db: Any, docs: list[dict[str, Any]], pipeline: list[dict[str, Any]]) -> tuple[int, str]:
+    with pytest.raises(pymongo.errors.OperationFailure) as info:
+        run(db, docs, pipeline)
+    return info.value.code, info.value.details["errmsg"]
+
+
+def test_id_first_then_accumulators_in_spec_order(db: Any) -> None:
+    out = run(db, [{"_id": 1, "v": 3}, {"_id": 2, "v": 3}],
+              [{"$group": {"_id": 0, "x": {"$sum": "$v"}, "a": {"$max": "$v"}}}])
+    assert out == [[("_id", ("int", 0)), ("x", ("int", 6)), ("a", ("int", 3))]]
+
+
+def test_numbers_one_group_the_first_key_kept(db: Any) -> None:
+    docs = [{"_id": 1, "k": 1.0}, {"_id": 2, "k": 1}, {"_id": 3, "k": Int64(1)},
+            {"_id": 4, "k": Decimal128("1")}, {"_id": 5, "k": "1"}]
+    out = run(db, docs, [{"$group": {"_id": "$k", "n": {"$sum": 1}}}])
+    assert out == [[("_id", ("float", 1.0)), ("n", ("int", 4))],
+                   [("_id", ("str", "1")), ("n", ("int", 1))]]
+
+
+def test_documents_grouped_in_field_order(db: Any) -> None:
+    docs = [{"_id": 1, "k": {"a": 1, "b": 2}}, {"_id": 2, "k": {"b": 2, "a": 1}},
+            {"_id": 3, "k": {"a": 1.0, "b": 2}}]
+    out = run(db, docs, [{"$group": {"_id": "$k", "ids": {"$push": "$_id"}}}])
+    assert out == [
+        [("_id", [("a", ("int", 1)), ("b", ("int", 2))]), ("ids", [("int", 1), ("int", 3)])],
+        [("_id", [("b", ("int", 2)), ("a", ("int", 1))]), ("ids", [("int", 2)])],
+    ]
+
+
+def test_missing_key_is_null_and_groups_with_null(db: Any) -> None:
+    docs = [{"_id": 1}, {"_id": 2, "k": None}, {"_id": 3, "k": 5}]
+    out = run(db, docs, [{"$group": {"_id": "$k", "ids": {"$push": "$_id"}}}])
+    assert out == [[("_id", ("NoneType", None)), ("ids", [("int", 1), ("int", 2)])],
+                   [("_id", ("int", 5)), ("ids", [("int", 3)])]]
+
+
+def test_composite_id_missing_fields(db: Any) -> None:
+    # Several fields: a missing value stays missing (and is not null); one field: null.
+    docs = [{"_id": 1, "a": 1}, {"_id": 2, "a": 1, "b": None}, {"_id": 3, "b": 2},
+            {"_id": 4, "a": 1}]
+    out = run(db, docs, [{"$group": {"_id": {"a": "$a", "b": "$b"}, "n": {"$sum": 1}}}])
+    assert out == [
+        [("_id", [("a", ("int", 1))]), ("n", ("int", 2))],
+        [("_id", [("a", ("int", 1)), ("b", ("NoneType", None))]), ("n", ("int", 1))],
+        [("_id", [("b", ("int", 2))]), ("n", ("int", 1))],
+    ]
+    out = run(db, docs, [{"$group": {"_id": {"b": "$b"}, "n": {"$sum": 1}}}])
+    assert out == [[("_id", [("b", ("NoneType", None))]), ("n", ("int", 3))],
+                   [("_id", [("b", ("int", 2))]), ("n", ("int", 1))]]
+
+
+def test_id_expression(db: Any) -> None:
+    docs = [{"_id": i, "v": i} for i in range(5)]
+    key = {"$cond": [{"$gt": ["$v", 2]}, "big", "small"]}
+    out = run(db, docs, [{"$group": {"_id": key, "t": {"$sum": "$v"}}}])
+    assert out == [[("_id", ("str", "big")), ("t", ("int", 7))],
+                   [("_id", ("str", "small")), ("t", ("int", 3))]]
+
+
+def test_empty_input_gives_no_group(db: Any) -> None:
+    assert run(db, [], [{"$group": {"_id": None, "n": {"$sum": 1}}}]) == []
+
+
+@pytest.mark.parametrize("spec, code, message", [
+    ([1], 15947, "a group's fields must be specified in an object"),
+    ({"n": {"$sum": 1}}, 15955, "a group specification must include an _id"),
+    ({"_id": 1, "x": 1}, 40234, "The field 'x' must be an accumulator object"),
+    ({"_id": 1, "x": {}}, 40234, "The field 'x' must be an accumulator object"),
+    ({"_id": 1, "x": {"a": 1}}, 40234, "The field 'x' must be an accumulator object"),
+    ({"_id": 1, "a.b": {"$sum": 1}}, 40235, "The field name 'a.b' cannot contain '.'"),
+    ({"_id": 1, "$a": {"$sum": 1}}, 40236, "The field name '$a' cannot be an operator name"),
+    ({"_id": 1, "x": {"$sum": 1, "$avg": 1}}, 40238,
+     "The field 'x' must specify one accumulator"),
+    ({"_id": 1, "x": {"$push": [1]}}, 40237, "The $push accumulator is a unary operator"),
+    ({"_id": 1, "x": {"$foo": 1}}, 15952, "unknown group operator '$foo'"),
+    ({"_id": {"a": 1}}, 17390, "$group does not support inclusion-style expressions"),
+    ({"_id": {"a": "$a", "b": True}}, 17390,
+     "$group does not support inclusion-style expressions"),
+    # in field order: the accumulator's error before the missing _id
+    ({"x": {"$foo": 1}}, 15952, "unknown group operator '$foo'"),
+])
+def test_spec_errors(db: Any, spec: Any, code: int, message: str) -> None:
+    assert error(db, [{"_id": 1}], [{"$group": spec}]) == (code, message)
+
+
+def test_spec_errors_without_documents(db: Any) -> None:
+    # mongod parses the stage before it reads anything
+    assert error(db, [], [{"$group": {"_id": 1, "x": {"$foo": 1}}}])[0] == 15952
+
+
+def test_sort_by_count(db: Any) -> None:
+    docs = [{"_id": i, "k": "ab"[i % 3 == 0]} for i in range(6)]
+    out = run(db, docs, [{"$sortByCount": "$k"}])
+    assert out == [[("_id", ("str", "a")), ("count", ("int", 4))],
+                   [("_id", ("str", "b")), ("count", ("int", 2))]]
+
+
+def test_group_of_20000_documents_is_fast(db: Any) -> None:
+    coll = db["big"]
+    coll.drop()
+    coll.insert_many([{"_id": i, "k": i % 100, "v": i} for i in range(20000)])
+    started = time.perf_counter()
+    out = list(coll.aggregate([{"$group": {"_id": "$k", "t": {"$sum": "$v"},
+                                           "a": {"$avg": "$v"}}}]))
+    elapsed = time.perf_counter() - started
+    assert len(out) == 100
+    assert list(out[0].items()) == [("_id", 0), ("t", sum(range(0, 20000, 100))), ("a", 9950.0)]
+    assert elapsed < 5.0
