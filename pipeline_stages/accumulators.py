@@ -3,8 +3,8 @@
 Each accumulator takes the evaluated argument of every document of its group in input order
 (`process`, MISSING for a missing path) and gives its value (`result`, MISSING where mongod's
 is missing: `$group` makes that null). `parse(name, argument)` gives the factory, the argument
-expression and the initializer expression (None: these accumulators take none), or None for an
-unknown name.
+expression and the initializer expression (`n` of the N accumulators, evaluated once per group
+on `{_id: <key>}`), or None for an unknown name.
 
 Values are compared in BSON order, numbers by value (1, 1.0, NumberLong(1) and
 NumberDecimal("1") are equal): `value_key` is the hashable identity used for group keys and
@@ -13,6 +13,7 @@ NumberDecimal("1") are equal): `value_key` is the hashable identity used for gro
 
 from __future__ import annotations
 
+import bisect
 import decimal
 import fractions
 import math
@@ -352,9 +353,112 @@ class StdDevSamp(StdDevPop):
     sample = True
 
 
+# -- $firstN, $lastN, $minN, $maxN -----------------------------------------------------------
+
+
+def _validate_n(value: Any) -> int:
+    """AccumulatorN::validateN."""
+    number = numeric(value)
+    shown = "MISSING" if value is MISSING else value_string(value)
+    if number is None:
+        raise MongoError(5787902, f"Value for 'n' must be of integral type, but found {shown}")
+    try:
+        n = int(number)
+    except (ValueError, OverflowError):
+        n = None
+    if n is None or n != number:
+        raise MongoError(5787903, f"Value for 'n' must be of integral type, but found {shown}")
+    if n <= 0:
+        raise MongoError(5787908, f"'n' must be greater than 0, found {n}")
+    return n
+
+
+class FirstN(Accumulator):
+    """AccumulatorFirstN: the first n values, missing ones as null."""
+
+    def __init__(self, n: Any) -> None:
+        self.n = _validate_n(n)
+        self.values: list[Any] = []
+
+    def process(self, value: Any) -> None:
+        self.values.append(None if value is MISSING else value)
+        if len(self.values) >= self.n:
+            self.needs_input = False
+
+    def result(self) -> Any:
+        return self.values
+
+
+class LastN(FirstN):
+    def process(self, value: Any) -> None:
+        self.values.append(None if value is MISSING else value)
+        if len(self.values) > self.n:
+            del self.values[0]
+
+
+class MinN(Accumulator):
+    """AccumulatorMinMaxN, min sense: the n smallest non-null values, ascending. mongod keeps a
+    multiset (an equal value goes after the ones it holds); when full, a value replaces the
+    largest held only when smaller. MaxN: when full, a value larger than the smallest held
+    replaces it (the earliest of the equal smallest ones); the values come out descending."""
+
+    sense = 1
+
+    def __init__(self, n: Any) -> None:
+        self.n = _validate_n(n)
+        self.entries: list[tuple[Any, int, Any]] = []  # (KeyString, arrival, value), ascending
+        self.position = 0
+
+    def process(self, value: Any) -> None:
+        if _nullish(value):
+            return
+        key = order_key(value)
+        entries = self.entries
+        if len(entries) == self.n:
+            if self.sense > 0:
+                if not entries[-1][0] > key:
+                    return
+                entries.pop()
+            else:
+                if not entries[0][0] < key:
+                    return
+                del entries[0]
+        self.position += 1
+        bisect.insort(entries, (key, self.position, value), key=lambda e: (e[0], e[1]))
+
+    def result(self) -> Any:
+        values = [value for _, _, value in self.entries]
+        return values if self.sense > 0 else values[::-1]
+
+
+class MaxN(MinN):
+    sense = -1
+
+
 # -- parsing ---------------------------------------------------------------------------------
 
 Parsed = tuple[Callable[[Any], Accumulator], Any, Any]
+
+
+def _parse_n(name: str, arg: Any, code: int, factory: Callable[[Any], Accumulator]) -> Parsed:
+    """AccumulatorN::parseArgs."""
+    if not isinstance(arg, Mapping):
+        raise MongoError(code, f"specification must be an object; found {name}: "
+                         f"{value_string(arg)}")
+    n: Any = MISSING
+    argument: Any = MISSING
+    for field, value in arg.items():
+        if field == "input":
+            argument = value
+        elif field == "n":
+            n = value
+        else:
+            raise MongoError(5787901, f"Unknown argument for 'n' operator: {field}")
+    if n is MISSING:
+        raise MongoError(5787906, "Missing value for 'n'")
+    if argument is MISSING:
+        raise MongoError(5787907, "Missing value for 'input'")
+    return factory, argument, n
 
 
 _SIMPLE: dict[str, Callable[[Any], Accumulator]] = {
@@ -362,6 +466,11 @@ _SIMPLE: dict[str, Callable[[Any], Accumulator]] = {
     "$push": Push, "$addToSet": AddToSet, "$mergeObjects": MergeObjects,
     "$stdDevPop": StdDevPop, "$stdDevSamp": StdDevSamp,
 }
+_N: dict[str, tuple[int, Callable[[Any], Accumulator]]] = {
+    "$firstN": (5787801, FirstN), "$lastN": (5787801, LastN),
+    "$minN": (5787900, MinN), "$maxN": (5787900, MaxN),
+}
+
 
 def parse(name: str, arg: Any) -> Parsed | None:
     """(factory, argument expression, initializer expression or None) for accumulator `name`,
@@ -376,6 +485,9 @@ def parse(name: str, arg: Any) -> Parsed | None:
         if not (isinstance(arg, Mapping) and not arg):
             raise MongoError(14, "$count takes no arguments, i.e. $count:{}")
         return Sum, 1, None
+    n_form = _N.get(name)
+    if n_form is not None:
+        return _parse_n(name, arg, *n_form)
     if name in NOT_SUPPORTED:
         raise MongoError(2, f"not supported by cdcserver's embedded store: group operator "
                          f"'{name}'")
@@ -384,6 +496,5 @@ def parse(name: str, arg: Any) -> Parsed | None:
 
 # mongod 8.0's other accumulators, which this module does not compute yet.
 NOT_SUPPORTED = frozenset({
-    "$firstN", "$lastN", "$minN", "$maxN", "$top", "$bottom", "$topN", "$bottomN", "$median",
-    "$percentile", "$accumulator",
+    "$top", "$bottom", "$topN", "$bottomN", "$median", "$percentile", "$accumulator",
 })

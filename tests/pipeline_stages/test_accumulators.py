@@ -158,3 +158,64 @@ def test_std_dev(db: Any) -> None:
         ("p", "float", 0.0), ("s", "NoneType", None)]
     assert group(db, docs_of("v", ["x"]), {"p": {"$stdDevPop": "$v"}}) == [
         ("p", "NoneType", None)]
+
+
+# -- $firstN, $lastN, $minN, $maxN -----------------------------------------------------------
+
+
+def test_first_n_last_n_keep_nulls(db: Any) -> None:
+    docs = [{"_id": 1, "v": 1}, {"_id": 2}, {"_id": 3, "v": None}, {"_id": 4, "v": 4}]
+    assert group(db, docs, {"f": {"$firstN": {"n": 3, "input": "$v"}},
+                            "l": {"$lastN": {"input": "$v", "n": 2}},
+                            "all": {"$firstN": {"n": 10, "input": "$v"}}}) == [
+        ("f", "list", [1, None, None]), ("l", "list", [None, 4]),
+        ("all", "list", [1, None, None, 4])]
+
+
+def test_min_n_max_n_skip_nulls_in_order(db: Any) -> None:
+    docs = docs_of("v", [5, None, "s", 1, 3.5, 1]) + [{"_id": 9}]
+    assert group(db, docs, {"mn": {"$minN": {"n": 3, "input": "$v"}},
+                            "mx": {"$maxN": {"n": 2, "input": "$v"}},
+                            "few": {"$maxN": {"n": 9, "input": "$v"}}}) == [
+        ("mn", "list", [1, 1, 3.5]), ("mx", "list", ["s", 5]),
+        ("few", "list", ["s", 5, 3.5, 1, 1])]
+
+
+def test_max_n_among_equal_values(db: Any) -> None:
+    # mongod's multiset: a larger value evicts the earliest of the equal smallest ones, and
+    # equal values come out latest first
+    docs = docs_of("v", [5.0, Int64(5), 7])
+    assert group(db, docs, {"mx": {"$maxN": {"n": 2, "input": "$v"}}}) == [
+        ("mx", "list", [7, 5])]
+    out = group(db, docs, {"mx": {"$maxN": {"n": 2, "input": "$v"}}})
+    assert [type(v).__name__ for v in out[0][2]] == ["int", "Int64"]
+    out = group(db, docs_of("v", [5.0, Int64(5)]), {"mx": {"$maxN": {"n": 3, "input": "$v"}}})
+    assert [type(v).__name__ for v in out[0][2]] == ["Int64", "float"]
+
+
+def test_n_from_the_group_key(db: Any) -> None:
+    coll = db["c"]
+    coll.drop()
+    coll.insert_many([{"_id": i, "k": 1 + i % 2, "v": i} for i in range(6)])
+    out = list(coll.aggregate([{"$group": {
+        "_id": {"k": "$k"}, "f": {"$firstN": {"n": "$k", "input": "$v"}}}}]))
+    assert out == [{"_id": {"k": 1}, "f": [0]}, {"_id": {"k": 2}, "f": [1, 3]}]
+
+
+@pytest.mark.parametrize("spec, code, message", [
+    ({"$firstN": 5}, 5787801, "specification must be an object; found $firstN: 5"),
+    ({"$maxN": "x"}, 5787900, 'specification must be an object; found $maxN: "x"'),
+    ({"$firstN": {"n": 1, "input": "$v", "x": 1}}, 5787901,
+     "Unknown argument for 'n' operator: x"),
+    ({"$lastN": {"input": "$v"}}, 5787906, "Missing value for 'n'"),
+    ({"$minN": {"n": 2}}, 5787907, "Missing value for 'input'"),
+    ({"$firstN": {"n": "a", "input": "$v"}}, 5787902,
+     "Value for 'n' must be of integral type, but found \"a\""),
+    ({"$firstN": {"n": 2.5, "input": "$v"}}, 5787903,
+     "Value for 'n' must be of integral type, but found 2.5"),
+    ({"$maxN": {"n": 0, "input": "$v"}}, 5787908, "'n' must be greater than 0, found 0"),
+    ({"$maxN": {"n": Int64(-3), "input": "$v"}}, 5787908,
+     "'n' must be greater than 0, found -3"),
+])
+def test_n_errors(db: Any, spec: Any, code: int, message: str) -> None:
+    assert error(db, docs_of("v", [1]), {"x": spec}) == (code, message)
