@@ -1,5 +1,6 @@
-"""`$group` as mongod 8.0 runs it (document_source_group_base.cpp, group_processor_base.cpp,
-accumulation_statement.cpp, accumulator_*.cpp).
+"""`$group` and `$bucketAuto` as mongod 8.0 runs them (document_source_group_base.cpp,
+group_processor_base.cpp, accumulation_statement.cpp, accumulator_*.cpp,
+document_source_bucket_auto.cpp).
 
 The stage: its spec parsed in mongod's order with mongod's errors (15947, 15948, 15955, 17390,
 the accumulator statement's 40234-40238 and 15952), documents grouped by their key as mongod
@@ -24,8 +25,9 @@ from pipeline_stages import accumulators, query_engine
 from pipeline_stages.accumulators import MISSING, Accumulator, value_key
 from pipeline_stages.errors import MongoError
 from pipeline_stages.keystring import encode_values
+from pipeline_stages.value_string import type_name, value_string
 
-__all__ = ["compile_expression", "group_stage", "parse_group"]
+__all__ = ["bucket_auto_stage", "compile_expression", "group_stage", "parse_group"]
 
 Evaluator = Callable[[Mapping[str, Any]], Any]
 
@@ -191,3 +193,144 @@ def _start(statements: list[Statement], key: Any) -> list[Accumulator]:
         s.factory(None if s.initializer is None else s.initializer(group_doc))
         for s in statements
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# $bucketAuto
+
+
+def _parse_bucket_auto(spec: Any) -> tuple[Evaluator, int, list[Statement], Any]:
+    if not isinstance(spec, Mapping):
+        raise MongoError(
+            40240, f"The argument to $bucketAuto must be an object, but found type: "
+            f"{type_name(spec)}",
+        )
+    group_by: Evaluator | None = None
+    buckets: int | None = None
+    statements: list[Statement] = []
+    granularity: Any = None
+    for name, arg in spec.items():
+        if name == "groupBy":
+            if isinstance(arg, Mapping) and arg and str(next(iter(arg))).startswith("$"):
+                group_by = compile_expression(dict(arg))
+            elif isinstance(arg, str) and len(arg) > 1 and arg.startswith("$"):
+                group_by = compile_expression(arg)
+            else:
+                raise MongoError(
+                    40239, "The $bucketAuto 'groupBy' field must be defined as a $-prefixed "
+                    f"path or an expression object, but found: {_element_value(arg)}",
+                )
+        elif name == "buckets":
+            number = accumulators.numeric(arg)
+            if number is None:
+                raise MongoError(
+                    40241, "The $bucketAuto 'buckets' field must be a numeric value, but found "
+                    f"type: {type_name(arg)}",
+                )
+            if not -(2**31) <= number < 2**31 or number != int(number):
+                raise MongoError(  # the double as a C++ stream prints it (%g)
+                    40242, "The $bucketAuto 'buckets' field must be representable as a 32-bit "
+                    f"integer, but found {float(number):g}",
+                )
+            buckets = int(number)
+        elif name == "output":
+            if not isinstance(arg, Mapping):
+                raise MongoError(
+                    40244, "The $bucketAuto 'output' field must be an object, but found type: "
+                    f"{type_name(arg)}",
+                )
+            for field, value in arg.items():
+                statement = parse_statement(field, value)
+                if statement.initializer is not None and not _constant(value):
+                    raise MongoError(4544714, "Can't refer to the group key in $bucketAuto")
+                statements.append(statement)
+        elif name == "granularity":
+            if not isinstance(arg, str):
+                raise MongoError(
+                    40261, "The $bucketAuto 'granularity' field must be a string, but found "
+                    f"type: {type_name(arg)}",
+                )
+            granularity = arg
+        else:
+            raise MongoError(40245, f"Unrecognized option to $bucketAuto: {name}")
+    if group_by is None or buckets is None:
+        raise MongoError(40246, "$bucketAuto requires 'groupBy' and 'buckets' to be specified")
+    if buckets <= 0:
+        raise MongoError(
+            40243, f"The $bucketAuto 'buckets' field must be greater than 0, but found: {buckets}"
+        )
+    if not statements:
+        statements = [parse_statement("count", {"$sum": 1})]
+    return group_by, buckets, statements, granularity
+
+
+def _constant(spec: Mapping[str, Any]) -> bool:
+    """Whether an N accumulator's `n` is a constant (it cannot read a group key here)."""
+    (arg,) = spec.values()
+    n = arg.get("n") if isinstance(arg, Mapping) else None
+    return not _reads_path(n)
+
+
+def _reads_path(expr: Any) -> bool:
+    if isinstance(expr, str):
+        return expr.startswith("$")
+    if isinstance(expr, Mapping):
+        if "$literal" in expr:
+            return False
+        return any(_reads_path(v) for v in expr.values())
+    if isinstance(expr, list):
+        return any(_reads_path(v) for v in expr)
+    return False
+
+
+def _element_value(value: Any) -> str:
+    """BSONElement::toString(false, false): the value alone, as the shell prints it."""
+    return value_string(value)
+
+
+def bucket_auto_stage(
+    docs: list[Any], database: Any, spec: Any, engine_bucket_auto: Any = None
+) -> list[Any]:
+    """The `$bucketAuto` stage: documents sorted by their groupBy value (missing is null),
+    about `count / buckets` (rounded) per bucket, a run of equal values never split, the last
+    bucket taking what remains; `_id: {min, max}`, max the next bucket's min (the last's own
+    max). `granularity` is left to the engine (not supported)."""
+    group_by, buckets, statements, granularity = _parse_bucket_auto(spec)
+    if granularity is not None:
+        if engine_bucket_auto is not None:
+            return engine_bucket_auto(docs, database, spec)  # type: ignore[no-any-return]
+        raise MongoError(2, "not supported by cdcserver's embedded store: $bucketAuto "
+                         "'granularity'")
+    keyed = []
+    for position, doc in enumerate(docs):
+        key = group_by(doc)
+        if key is MISSING:
+            key = None
+        keyed.append((encode_values((key,))[0], position, key, doc))
+    keyed.sort(key=lambda e: (e[0], e[1]))
+    total = len(keyed)
+    size = max(1, _round_half_away(total / buckets)) if total else 1
+    out: list[dict[str, Any]] = []
+    i = 0
+    args = [s.argument for s in statements]
+    while i < total and len(out) < buckets:
+        last_bucket = len(out) == buckets - 1
+        accs = [s.factory(None if s.initializer is None else s.initializer({}))
+                for s in statements]
+        end = total if last_bucket else min(total, i + size)
+        while end < total and keyed[end][0] == keyed[end - 1][0]:
+            end += 1  # equal values stay in one bucket
+        for _, _, _, doc in keyed[i:end]:
+            for acc, arg in zip(accs, args):
+                if acc.needs_input:
+                    acc.process(arg(doc))
+        low = keyed[i][2]
+        high = keyed[end][2] if end < total else keyed[end - 1][2]
+        out.append(_output({"min": low, "max": high}, accs, statements))
+        i = end
+    return out
+
+
+def _round_half_away(x: float) -> int:
+    """std::round."""
+    return int(x + 0.5) if x >= 0 else -int(-x + 0.5)

@@ -579,6 +579,7 @@ def _lookup(docs: list[Any], database: Any, spec: Any, engine_lookup: Any) -> li
 
 query_engine.set_stage_handler("$lookup", _lookup)
 query_engine.set_stage_handler("$group", group_stage.group_stage)
+query_engine.set_stage_handler("$bucketAuto", group_stage.bucket_auto_stage)
 
 
 def run_pipeline(

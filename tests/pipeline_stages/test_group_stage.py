@@ -146,3 +146,89 @@ def test_group_of_20000_documents_is_fast(db: Any) -> None:
     assert len(out) == 100
     assert list(out[0].items()) == [("_id", 0), ("t", sum(range(0, 20000, 100))), ("a", 9950.0)]
     assert elapsed < 5.0
+
+
+# -- $bucketAuto -----------------------------------------------------------------------------
+
+
+def test_bucket_auto_default_count(db: Any) -> None:
+    docs = [{"_id": i, "v": v} for i, v in enumerate([4, 0, 2, 1, 2**31 - 1])]
+    out = run(db, docs, [{"$bucketAuto": {"groupBy": "$v", "buckets": 2}}])
+    # round(5 / 2) = 3 per bucket; max is the next bucket's min, the last one's own max
+    assert out == [
+        [("_id", [("min", ("int", 0)), ("max", ("int", 4))]), ("count", ("int", 3))],
+        [("_id", [("min", ("int", 4)), ("max", ("int", 2**31 - 1))]), ("count", ("int", 2))],
+    ]
+
+
+def test_bucket_auto_equal_values_stay_together(db: Any) -> None:
+    docs = [{"_id": i, "v": v} for i, v in enumerate([1, 1, 1, 1.0, 2, 3])]
+    out = run(db, docs, [{"$bucketAuto": {"groupBy": "$v", "buckets": 3,
+                                          "output": {"ids": {"$push": "$_id"}}}}])
+    assert out == [
+        [("_id", [("min", ("int", 1)), ("max", ("int", 2))]),
+         ("ids", [("int", 0), ("int", 1), ("int", 2), ("int", 3)])],
+        # two per bucket: this one is full, and no third is made
+        [("_id", [("min", ("int", 2)), ("max", ("int", 3))]), ("ids", [("int", 4), ("int", 5)])],
+    ]
+
+
+def test_bucket_auto_last_bucket_takes_the_rest(db: Any) -> None:
+    docs = [{"_id": i, "v": i} for i in range(7)]
+    out = run(db, docs, [{"$bucketAuto": {"groupBy": "$v", "buckets": 3}}])
+    assert [d[1] for d in out] == [("count", ("int", 2)), ("count", ("int", 2)),
+                                   ("count", ("int", 3))]
+
+
+def test_bucket_auto_more_buckets_than_documents(db: Any) -> None:
+    docs = [{"_id": 1, "v": "b"}, {"_id": 2}, {"_id": 3, "v": None}, {"_id": 4, "v": 5}]
+    out = run(db, docs, [{"$bucketAuto": {"groupBy": "$v", "buckets": 10,
+                                          "output": {"n": {"$sum": 1}, "f": {"$first": "$x"}}}}])
+    # missing sorts (and is grouped) as null
+    assert out == [
+        [("_id", [("min", ("NoneType", None)), ("max", ("int", 5))]), ("n", ("int", 2)),
+         ("f", ("NoneType", None))],
+        [("_id", [("min", ("int", 5)), ("max", ("str", "b"))]), ("n", ("int", 1)),
+         ("f", ("NoneType", None))],
+        [("_id", [("min", ("str", "b")), ("max", ("str", "b"))]), ("n", ("int", 1)),
+         ("f", ("NoneType", None))],
+    ]
+
+
+def test_bucket_auto_expression_and_empty_input(db: Any) -> None:
+    docs = [{"_id": i, "v": i} for i in range(4)]
+    out = run(db, docs, [{"$bucketAuto": {"groupBy": {"$multiply": ["$v", -1]}, "buckets": 1,
+                                          "output": {"s": {"$sum": "$v"}}}}])
+    assert out == [[("_id", [("min", ("int", -3)), ("max", ("int", 0))]), ("s", ("int", 6))]]
+    assert run(db, [], [{"$bucketAuto": {"groupBy": "$v", "buckets": 2}}]) == []
+
+
+@pytest.mark.parametrize("spec, code, message", [
+    (1, 40240, "The argument to $bucketAuto must be an object, but found type: int"),
+    ({"groupBy": "v", "buckets": 1}, 40239,
+     "The $bucketAuto 'groupBy' field must be defined as a $-prefixed path or an expression "
+     'object, but found: "v"'),
+    ({"groupBy": "$", "buckets": 1}, 40239,
+     "The $bucketAuto 'groupBy' field must be defined as a $-prefixed path or an expression "
+     'object, but found: "$"'),
+    ({"groupBy": "$v", "buckets": "2"}, 40241,
+     "The $bucketAuto 'buckets' field must be a numeric value, but found type: string"),
+    ({"groupBy": "$v", "buckets": 2.5}, 40242,
+     "The $bucketAuto 'buckets' field must be representable as a 32-bit integer, but found "
+     "2.5"),
+    ({"groupBy": "$v", "buckets": 0}, 40243,
+     "The $bucketAuto 'buckets' field must be greater than 0, but found: 0"),
+    ({"groupBy": "$v", "buckets": 2, "output": 1}, 40244,
+     "The $bucketAuto 'output' field must be an object, but found type: int"),
+    ({"groupBy": "$v", "buckets": 2, "bad": 1}, 40245, "Unrecognized option to $bucketAuto: bad"),
+    ({"groupBy": "$v"}, 40246, "$bucketAuto requires 'groupBy' and 'buckets' to be specified"),
+    ({"buckets": -1}, 40246, "$bucketAuto requires 'groupBy' and 'buckets' to be specified"),
+    ({"groupBy": "$v", "buckets": 2, "granularity": 5}, 40261,
+     "The $bucketAuto 'granularity' field must be a string, but found type: int"),
+    ({"groupBy": "$v", "buckets": 2, "output": {"x": {"$foo": 1}}}, 15952,
+     "unknown group operator '$foo'"),
+    ({"groupBy": "$v", "buckets": 2, "output": {"x": {"$firstN": {"n": "$v", "input": 1}}}},
+     4544714, "Can't refer to the group key in $bucketAuto"),
+])
+def test_bucket_auto_errors(db: Any, spec: Any, code: int, message: str) -> None:
+    assert error(db, [{"_id": 1, "v": 1}], [{"$bucketAuto": spec}]) == (code, message)
