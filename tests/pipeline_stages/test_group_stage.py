@@ -232,3 +232,97 @@ def test_bucket_auto_expression_and_empty_input(db: Any) -> None:
 ])
 def test_bucket_auto_errors(db: Any, spec: Any, code: int, message: str) -> None:
     assert error(db, [{"_id": 1, "v": 1}], [{"$bucketAuto": spec}]) == (code, message)
+
+
+def test_bucket_auto_documented_example(db: Any) -> None:
+    # the MongoDB community forum's example: _id 1..100 (and 1..101) in 5 buckets
+    docs = [{"_id": i} for i in range(1, 101)]
+    out = run(db, docs, [{"$bucketAuto": {"groupBy": "$_id", "buckets": 5}}])
+    assert out == [[("_id", [("min", ("int", lo)), ("max", ("int", hi))]), ("count", ("int", 20))]
+                   for lo, hi in [(1, 21), (21, 41), (41, 61), (61, 81), (81, 100)]]
+    out = run(db, [*docs, {"_id": 101}], [{"$bucketAuto": {"groupBy": "$_id", "buckets": 5}}])
+    assert out[-1] == [("_id", [("min", ("int", 81)), ("max", ("int", 101))]),
+                       ("count", ("int", 21))]
+
+
+# -- $bucketAuto granularity -----------------------------------------------------------------
+
+
+def test_granularity_near_zero(db: Any) -> None:
+    # jstests/aggregation/sources/bucketauto/granularity_near_zero.js (SERVER-57091)
+    coll = db["c"]
+    coll.drop()
+    coll.insert_one({"v": 4.940656484124654e-324})
+    out = list(coll.aggregate([{"$bucketAuto": {"groupBy": "$v", "buckets": Int64(8),
+                                                "granularity": "R80"}}]))
+    assert out == [{"_id": {"min": 0, "max": 1.02e-321}, "count": 1}]
+
+
+def test_granularity_powers_of_two(db: Any) -> None:
+    # rounding the max up to the next power pulls the values below it into the bucket; the
+    # powers are ExpressionPow's ints
+    docs = [{"_id": i, "p": p} for i, p in enumerate([3, 8, 12, 18, 35, 45, 60, 230])]
+    out = run(db, docs, [{"$bucketAuto": {"groupBy": "$p", "buckets": 4,
+                                          "granularity": "POWERSOF2"}}])
+    assert out == [
+        [("_id", [("min", ("int", 2)), ("max", ("int", 16))]), ("count", ("int", 3))],
+        [("_id", [("min", ("int", 16)), ("max", ("int", 64))]), ("count", ("int", 4))],
+        [("_id", [("min", ("int", 64)), ("max", ("int", 256))]), ("count", ("int", 1))],
+    ]
+    docs = [{"_id": 1, "p": 0.3}, {"_id": 2, "p": 2**40}]
+    out = run(db, docs, [{"$bucketAuto": {"groupBy": "$p", "buckets": 2,
+                                          "granularity": "POWERSOF2"}}])
+    assert out == [
+        [("_id", [("min", ("float", 0.25)), ("max", ("float", 0.5))]), ("count", ("int", 1))],
+        [("_id", [("min", ("float", 0.5)), ("max", ("Int64", 2**41))]), ("count", ("int", 1))],
+    ]
+
+
+def test_granularity_preferred_numbers(db: Any) -> None:
+    # R20: 100, 112, 125 ... 630, 710, 800, 900 times powers of ten, scaled in doubles
+    docs = [{"_id": i} for i in range(100)]
+    out = run(db, docs, [{"$bucketAuto": {"groupBy": "$_id", "buckets": 5,
+                                          "granularity": "R20"}}])
+    assert out == [
+        [("_id", [("min", ("int", 0)), ("max", ("float", 20.0))]), ("count", ("int", 20))],
+        [("_id", [("min", ("float", 20.0)), ("max", ("float", 40.0))]), ("count", ("int", 20))],
+        [("_id", [("min", ("float", 40.0)), ("max", ("float", 63.0))]), ("count", ("int", 23))],
+        [("_id", [("min", ("float", 63.0)), ("max", ("float", 90.0))]), ("count", ("int", 27))],
+        [("_id", [("min", ("float", 90.0)), ("max", ("float", 100.0))]),
+         ("count", ("int", 10))],
+    ]
+
+
+def test_granularity_zero_max_takes_the_next_min_rounded_down(db: Any) -> None:
+    docs = [{"_id": 1, "v": 0}, {"_id": 2, "v": 0}, {"_id": 3, "v": 5}]
+    out = run(db, docs, [{"$bucketAuto": {"groupBy": "$v", "buckets": 2, "granularity": "R5"}}])
+    assert out == [
+        [("_id", [("min", ("int", 0)), ("max", ("float", 4.0))]), ("count", ("int", 2))],
+        [("_id", [("min", ("float", 4.0)), ("max", ("float", 63 * 0.1))]),
+         ("count", ("int", 1))],
+    ]
+
+
+@pytest.mark.parametrize("value, code, message", [
+    ("x", 40258, "$bucketAuto can specify a 'granularity' with numeric boundaries only, but "
+                 "found a value with type: string"),
+    (None, 40258, "$bucketAuto can specify a 'granularity' with numeric boundaries only, but "
+                  "found a value with type: null"),
+    (float("nan"), 40259, "$bucketAuto can specify a 'granularity' with numeric boundaries "
+                          "only, but found a NaN"),
+    (-1, 40260, "$bucketAuto can specify a 'granularity' with non-negative numbers only, but "
+                "found a negative number"),
+])
+def test_granularity_value_errors(db: Any, value: Any, code: int, message: str) -> None:
+    docs = [{"_id": 1, "v": 1}, {"_id": 2, "v": value}]
+    stage = {"$bucketAuto": {"groupBy": "$v", "buckets": 2, "granularity": "E12"}}
+    assert error(db, docs, [stage]) == (code, message)
+
+
+def test_granularity_missing_value_and_unknown_series(db: Any) -> None:
+    stage = {"$bucketAuto": {"groupBy": "$zz", "buckets": 2, "granularity": "E12"}}
+    assert error(db, [{"_id": 1}], [stage]) == (
+        40258, "$bucketAuto can specify a 'granularity' with numeric boundaries only, but found "
+        "a value with type: missing")
+    stage = {"$bucketAuto": {"groupBy": "$v", "buckets": 2, "granularity": "R7"}}
+    assert error(db, [{"_id": 1}], [stage]) == (40257, "Unknown rounding granularity 'R7'")
