@@ -68,7 +68,7 @@ def value_key(v: Any) -> Any:
         return (2, repr(v))
 
 
-def order_key(v: Any) -> Any:
+def order_key(v: Any) -> bytes:
     """A sort key in BSON order (KeyString)."""
     return encode_values((v,))[0]
 
@@ -435,6 +435,140 @@ class MaxN(MinN):
     sense = -1
 
 
+# -- $top, $bottom, $topN, $bottomN ---------------------------------------------------------
+
+_EMPTY_ARRAY_KEY = bytes([0x0F, 4])  # KeyString's undefined: an empty array sorts before null
+_NULL_KEY = encode_values((None,))[0]
+
+
+def _sort_field_key(value: Any, descending: bool) -> bytes:
+    """SortKeyGenerator for one field: an array by its least (greatest, descending) element,
+    an empty one before null, missing as null."""
+    if value is MISSING:
+        return _NULL_KEY
+    if isinstance(value, list):
+        if not value:
+            return _EMPTY_ARRAY_KEY
+        keys = [order_key(v) for v in value]
+        return max(keys) if descending else min(keys)
+    return order_key(value)
+
+
+class TopN(Accumulator):
+    """AccumulatorTopBottomN, top sense: the outputs of the n documents first in sortBy order
+    (missing outputs as null), in that order. mongod's multimap: an equal key goes after the
+    ones held; when full, a document replaces the last held only when it sorts before it (so
+    ties keep the first met). BottomN: the n last, in sortBy order; when full, a document that
+    sorts after the first held replaces it."""
+
+    top = True
+    single = False
+
+    def __init__(self, n: Any, directions: tuple[bool, ...]) -> None:
+        self.n = _validate_n(n)
+        self.directions = directions  # True: descending
+        self.entries: list[tuple[list[bytes], Any]] = []
+
+    def _compare(self, a: list[bytes], b: list[bytes]) -> int:
+        for x, y, descending in zip(a, b, self.directions):
+            if x != y:
+                return (1 if x > y else -1) * (-1 if descending else 1)
+        return 0
+
+    def process(self, value: Any) -> None:
+        fields = value if isinstance(value, Mapping) else {}
+        output = fields.get("output", MISSING)
+        key = [_sort_field_key(fields.get(f"sortFields{i}", MISSING), descending)
+               for i, descending in enumerate(self.directions)]
+        entries = self.entries
+        if len(entries) == self.n:
+            if self.top:
+                if not self._compare(entries[-1][0], key) > 0:
+                    return
+                entries.pop()
+            else:
+                if not self._compare(key, entries[0][0]) > 0:
+                    return
+                del entries[0]
+        low, high = 0, len(entries)
+        while low < high:  # after the equal keys
+            middle = (low + high) // 2
+            if self._compare(key, entries[middle][0]) < 0:
+                high = middle
+            else:
+                low = middle + 1
+        entries.insert(low, (key, None if output is MISSING else output))
+
+    def result(self) -> Any:
+        values = [value for _, value in self.entries]
+        if self.single:
+            return values[0] if values else None
+        return values
+
+
+class BottomN(TopN):
+    top = False
+
+
+class Top(TopN):
+    single = True
+
+
+class Bottom(BottomN):
+    single = True
+
+
+_TOP_BOTTOM: dict[str, type[TopN]] = {
+    "$topN": TopN, "$bottomN": BottomN, "$top": Top, "$bottom": Bottom,
+}
+
+
+def _parse_top_bottom(name: str, arg: Any) -> Parsed:
+    """accumulatorNParseArgs and parseAccumulatorTopBottomNSortBy: the argument becomes
+    `{output: <output>, sortFields0: "$<first sort field>", ...}`."""
+    kind = _TOP_BOTTOM[name]
+    if not isinstance(arg, Mapping):
+        raise MongoError(5788001, f"specification must be an object; found {name}: "
+                         f"{value_string(arg)}")
+    n: Any = 1 if kind.single else MISSING
+    output: Any = MISSING
+    sort_by: Any = MISSING
+    for field, value in arg.items():
+        if field == "n" and not kind.single:
+            n = value
+        elif field == "output":
+            output = value
+        elif field == "sortBy":
+            if not isinstance(value, Mapping):
+                raise MongoError(10065, "invalid parameter: expected an object (sortBy)")
+            sort_by = value
+        else:
+            raise MongoError(5788002, f"Unknown argument to {name} '{field}'")
+    if n is MISSING:
+        raise MongoError(5788003, "Missing value for 'n'")
+    if output is MISSING:
+        raise MongoError(5788004, "Missing value for 'output'")
+    if sort_by is MISSING:
+        raise MongoError(5788005, "Missing value for 'sortBy'")
+    directions: list[bool] = []
+    argument: dict[str, Any] = {"output": output}
+    for field, direction in sort_by.items():
+        if isinstance(direction, Mapping):
+            raise MongoError(2, f"not supported by cdcserver's embedded store: {name} with a "
+                             "$meta sortBy")
+        number = numeric(direction)
+        if number is None:
+            raise MongoError(15974, "Illegal key in $sort specification: "
+                             f"{field}: {value_string(direction)}")
+        if number not in (1, -1):
+            raise MongoError(15975, "$sort key ordering must be 1 (for ascending) or -1 (for "
+                             "descending)")
+        argument[f"sortFields{len(directions)}"] = f"${field}"
+        directions.append(number < 0)
+    frozen = tuple(directions)
+    return (lambda n_value: kind(n_value, frozen)), argument, n
+
+
 # -- parsing ---------------------------------------------------------------------------------
 
 Parsed = tuple[Callable[[Any], Accumulator], Any, Any]
@@ -488,6 +622,8 @@ def parse(name: str, arg: Any) -> Parsed | None:
     n_form = _N.get(name)
     if n_form is not None:
         return _parse_n(name, arg, *n_form)
+    if name in _TOP_BOTTOM:
+        return _parse_top_bottom(name, arg)
     if name in NOT_SUPPORTED:
         raise MongoError(2, f"not supported by cdcserver's embedded store: group operator "
                          f"'{name}'")
@@ -496,5 +632,5 @@ def parse(name: str, arg: Any) -> Parsed | None:
 
 # mongod 8.0's other accumulators, which this module does not compute yet.
 NOT_SUPPORTED = frozenset({
-    "$top", "$bottom", "$topN", "$bottomN", "$median", "$percentile", "$accumulator",
+    "$median", "$percentile", "$accumulator",
 })

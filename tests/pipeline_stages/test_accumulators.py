@@ -219,3 +219,61 @@ def test_n_from_the_group_key(db: Any) -> None:
 ])
 def test_n_errors(db: Any, spec: Any, code: int, message: str) -> None:
     assert error(db, docs_of("v", [1]), {"x": spec}) == (code, message)
+
+
+# -- $top, $bottom, $topN, $bottomN ----------------------------------------------------------
+
+
+SCORES = [{"_id": 1, "p": "a", "s": 31}, {"_id": 2, "p": "b", "s": 33},
+          {"_id": 3, "p": "c", "s": 99}, {"_id": 4, "p": "d", "s": 1},
+          {"_id": 5, "p": "e"}, {"_id": 6, "p": "f", "s": [50, 2]}]
+
+
+def test_top_bottom_n_in_sort_order(db: Any) -> None:
+    # a missing sort value is null (first ascending); an array by its least element
+    # ascending, its greatest descending
+    assert group(db, SCORES, {
+        "top": {"$topN": {"n": 3, "sortBy": {"s": 1}, "output": "$p"}},
+        "bottom": {"$bottomN": {"n": 2, "sortBy": {"s": 1}, "output": "$p"}},
+        "topDesc": {"$topN": {"n": 2, "sortBy": {"s": -1}, "output": {"p": "$p", "s": "$s"}}},
+    }) == [("top", "list", ["e", "d", "f"]), ("bottom", "list", ["b", "c"]),
+           ("topDesc", "list", [{"p": "c", "s": 99}, {"p": "f", "s": [50, 2]}])]
+
+
+def test_top_bottom_single(db: Any) -> None:
+    assert group(db, SCORES, {
+        "top": {"$top": {"sortBy": {"s": -1}, "output": "$p"}},
+        "bottom": {"$bottom": {"output": "$p", "sortBy": {"s": -1}}},
+        "missing": {"$top": {"sortBy": {"s": 1}, "output": "$s"}},
+    }) == [("top", "str", "c"), ("bottom", "str", "e"), ("missing", "NoneType", None)]
+
+
+def test_top_bottom_ties_keep_the_first_met(db: Any) -> None:
+    docs = [{"_id": i, "k": k, "t": t} for i, (k, t) in enumerate(
+        [(1, "a"), (2, "b"), (1, "c"), (2, "d"), (1, "e")])]
+    assert group(db, docs, {
+        "top": {"$topN": {"n": 2, "sortBy": {"k": 1}, "output": "$t"}},
+        "bottom": {"$bottomN": {"n": 2, "sortBy": {"k": 1}, "output": "$t"}},
+        "two": {"$topN": {"n": 3, "sortBy": {"k": -1, "t": -1}, "output": "$t"}},
+    }) == [("top", "list", ["a", "c"]), ("bottom", "list", ["b", "d"]),
+           ("two", "list", ["d", "b", "e"])]
+
+
+@pytest.mark.parametrize("spec, code, message", [
+    ({"$top": 1}, 5788001, "specification must be an object; found $top: 1"),
+    ({"$top": {"n": 1, "sortBy": {"a": 1}, "output": 1}}, 5788002,
+     "Unknown argument to $top 'n'"),
+    ({"$topN": {"n": 1, "sortBy": {"a": 1}, "output": 1, "x": 1}}, 5788002,
+     "Unknown argument to $topN 'x'"),
+    ({"$topN": {"sortBy": {"a": 1}, "output": 1}}, 5788003, "Missing value for 'n'"),
+    ({"$bottom": {"sortBy": {"a": 1}}}, 5788004, "Missing value for 'output'"),
+    ({"$bottomN": {"n": 2, "output": 1}}, 5788005, "Missing value for 'sortBy'"),
+    ({"$top": {"sortBy": {"a": "x"}, "output": 1}}, 15974,
+     'Illegal key in $sort specification: a: "x"'),
+    ({"$top": {"sortBy": {"a": 2}, "output": 1}}, 15975,
+     "$sort key ordering must be 1 (for ascending) or -1 (for descending)"),
+    ({"$topN": {"n": 0, "sortBy": {"a": 1}, "output": 1}}, 5787908,
+     "'n' must be greater than 0, found 0"),
+])
+def test_top_bottom_errors(db: Any, spec: Any, code: int, message: str) -> None:
+    assert error(db, docs_of("v", [1]), {"x": spec}) == (code, message)
