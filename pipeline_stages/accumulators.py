@@ -4,11 +4,14 @@ Each accumulator takes the evaluated argument of every document of its group in 
 (`process`, MISSING for a missing path) and gives its value (`result`, MISSING where mongod's
 is missing: `$group` makes that null). `parse(name, argument)` gives the factory, the argument
 expression and the initializer expression (`n` of the N accumulators, evaluated once per group
-on `{_id: <key>}`), or None for an unknown name.
+on the group key when it is a document, else on an empty one), or None for an unknown name;
+the accumulators mongod has and this module lacks ($median, $percentile, $accumulator) are
+"not supported" (code 2).
 
 Values are compared in BSON order, numbers by value (1, 1.0, NumberLong(1) and
 NumberDecimal("1") are equal): `value_key` is the hashable identity used for group keys and
-`$addToSet`, `order_key` the sort key for `$min`/`$max` and their N forms.
+`$addToSet`, `order_key` the sort key for `$min`/`$max`, their N forms and the sortBy keys of
+`$top`/`$bottom` and their N forms.
 """
 
 from __future__ import annotations

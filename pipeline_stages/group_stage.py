@@ -1,17 +1,23 @@
 """`$group` and `$bucketAuto` as mongod 8.0 runs them (document_source_group_base.cpp,
 group_processor_base.cpp, accumulation_statement.cpp, accumulator_*.cpp,
-document_source_bucket_auto.cpp).
+document_source_bucket_auto.cpp, granularity_rounder_*.cpp).
 
-The stage: its spec parsed in mongod's order with mongod's errors (15947, 15948, 15955, 17390,
+`$group`: its spec parsed in mongod's order with mongod's errors (15947, 15948, 15955, 17390,
 the accumulator statement's 40234-40238 and 15952), documents grouped by their key as mongod
-compares values (1, 1.0 and NumberLong(1) one group; documents field by field in order), each
-output document `_id` first, then the accumulators in spec order, a missing result as null.
-The accumulators are `accumulators.py`'s. Expressions (the key, each accumulator's argument)
-are evaluated by the engine's expression parser (query_engine's, with the project's patches);
-a path that is missing evaluates to MISSING.
+compares values (1, 1.0, NumberLong(1) and NumberDecimal("1") one group, the first key kept;
+documents field by field in order; a composite `_id` keeps a missing field missing, a one-field
+one makes it null), each output document `_id` first, then the accumulators in spec order, a
+missing result as null. The accumulators are `accumulators.py`'s; an N accumulator's `n` is
+evaluated once per group on the group key (when a document). Expressions (the key, each
+accumulator's argument) are evaluated by the engine's expression parser (query_engine's, with
+the project's patches); a missing path evaluates to MISSING.
 
 Groups come out in the BSON order of their keys (mongod's order is its hash table's, which no
 client may rely on; a stable one is kinder to tests).
+
+`$bucketAuto`: documents sorted by their groupBy value, about count / buckets per bucket, equal
+values never split; with a granularity, boundaries on the preferred-number series or powers of
+two (decimal and infinite values not supported).
 
 Pure and synchronous; registered on the engine with `query_engine.set_stage_handler`.
 """
