@@ -341,7 +341,10 @@ class FilterIndex:
             return
         self._indexed -= 1
         for path, keys in slot.cover:
-            parts, table = self._paths[path]
+            entry = self._paths.get(path)
+            if entry is None:  # emptied by another slot: this one's keys were none (`$in: []`)
+                continue
+            table = entry[1]
             for k in keys:
                 holders = table.get(k)
                 if holders is not None:

@@ -403,6 +403,20 @@ def test_equality_across_numeric_types_and_arrays(stored: Any) -> None:
     assert [s.subscribers for s in matched] == [{"s": None}] and not failed
 
 
+def test_a_path_whose_last_slot_has_no_keys_is_removed_once() -> None:
+    # `$in: []` covers its path with no key: the other slot's removal empties the path's table
+    # first (a hypothesis example of test_index_on_equals_own_pipelines found it: KeyError).
+    index = FilterIndex()
+    index.add("s", {"fullDocument.a": 5})
+    index.add("t", {"fullDocument.a": {"$in": []}})
+    index.remove("s")
+    index.remove("t")
+    assert len(index) == 0
+    index.add("u", {"fullDocument.a": 5})
+    plain, _ = plain_event(event_with({"a": 5}))
+    assert [list(s.subscribers) for s in index.candidates(plain)] == [["u"]]
+
+
 def test_paths_through_arrays_of_subdocuments() -> None:
     index = FilterIndex()
     index.add("s", {"fullDocument.a.b": "k"})
