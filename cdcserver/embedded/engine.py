@@ -31,7 +31,7 @@ from cdcserver.embedded import (
     oplog_update,
     regex,
 )
-from pipeline_stages import expressions, group_stage, keystring, query_engine, union_with
+from pipeline_stages import expressions, group_stage, keystring, query_engine, redact, union_with
 from pipeline_stages.dotted_path import (
     document_value,
     has_document_path,
@@ -582,6 +582,7 @@ query_engine.set_stage_handler("$group", group_stage.group_stage)
 query_engine.set_stage_handler("$bucketAuto", group_stage.bucket_auto_stage)
 query_engine.set_stage_handler(
     "$unionWith", lambda d, db, s, _: union_with.union_with(d, db, s, run_pipeline))
+query_engine.set_stage_handler("$redact", lambda d, db, s, _: redact.redact(d, s))
 
 
 def run_pipeline(
