@@ -31,7 +31,15 @@ from cdcserver.embedded import (
     oplog_update,
     regex,
 )
-from pipeline_stages import expressions, group_stage, keystring, query_engine, redact, union_with
+from pipeline_stages import (
+    expressions,
+    group_stage,
+    keystring,
+    query_engine,
+    redact,
+    union_with,
+    window_stage,
+)
 from pipeline_stages.dotted_path import (
     document_value,
     has_document_path,
@@ -583,6 +591,8 @@ query_engine.set_stage_handler("$bucketAuto", group_stage.bucket_auto_stage)
 query_engine.set_stage_handler(
     "$unionWith", lambda d, db, s, _: union_with.union_with(d, db, s, run_pipeline))
 query_engine.set_stage_handler("$redact", lambda d, db, s, _: redact.redact(d, s))
+query_engine.set_stage_handler(
+    "$setWindowFields", lambda d, db, s, _: window_stage.set_window_fields(d, s))
 
 
 def run_pipeline(
