@@ -34,6 +34,7 @@ from cdcserver.embedded import (
 from pipeline_stages import (
     expressions,
     group_stage,
+    fill_stage,
     keystring,
     query_engine,
     redact,
@@ -593,6 +594,7 @@ query_engine.set_stage_handler(
 query_engine.set_stage_handler("$redact", lambda d, db, s, _: redact.redact(d, s))
 query_engine.set_stage_handler(
     "$setWindowFields", lambda d, db, s, _: window_stage.set_window_fields(d, s))
+query_engine.set_stage_handler("$fill", lambda d, db, s, _: fill_stage.fill(d, s))
 
 
 def run_pipeline(
