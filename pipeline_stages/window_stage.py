@@ -43,7 +43,7 @@ from pipeline_stages.errors import MongoError
 from pipeline_stages.transform import MISSING
 from pipeline_stages.value_string import bson_obj_string, type_name, value_string
 
-__all__ = ["set_window_fields"]
+__all__ = ["evaluate_each", "set_window_fields", "sort_key"]
 
 STAGE = "$setWindowFields"
 
@@ -1100,6 +1100,17 @@ def _linear_fill(function: _Function, part: _Partition) -> list[Any]:
         slope = float(_difference(y2, y1)) / float(_difference(x2, x1))
         out.append(_plain_add(y1, float(_difference(x, x1)) * slope))
     return out
+
+
+def evaluate_each(expr: Any, docs: list[Any]) -> list[Any]:
+    """`expr` on each document, as the window functions evaluate their inputs (MISSING where
+    mongod's result is missing)."""
+    return _evaluate_all(expr, docs)
+
+
+def sort_key(doc: Any, path: str, descending: bool = False) -> bytes:
+    """The `$sort` key of `doc` for one path (compare as bytes)."""
+    return _sort_key(doc, path, descending)
 
 
 # -- the stage -------------------------------------------------------------------------------

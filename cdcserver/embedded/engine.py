@@ -32,6 +32,7 @@ from cdcserver.embedded import (
     regex,
 )
 from pipeline_stages import (
+    densify_stage,
     expressions,
     group_stage,
     fill_stage,
@@ -595,6 +596,7 @@ query_engine.set_stage_handler("$redact", lambda d, db, s, _: redact.redact(d, s
 query_engine.set_stage_handler(
     "$setWindowFields", lambda d, db, s, _: window_stage.set_window_fields(d, s))
 query_engine.set_stage_handler("$fill", lambda d, db, s, _: fill_stage.fill(d, s))
+query_engine.set_stage_handler("$densify", lambda d, db, s, _: densify_stage.densify(d, s))
 
 
 def run_pipeline(
