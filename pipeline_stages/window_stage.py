@@ -20,10 +20,13 @@ The spec is parsed with mongod's checks and messages, in its order. The expressi
 `partitionBy`) are evaluated by the query engine's parser, through `$project`, which gives
 null for a missing operand and omits a missing result, as mongod does.
 
+`$stdDevPop` / `$stdDevSamp` follow AccumulatorStdDev (Welford) over left-unbounded windows and
+WindowFunctionStdDev (its add/remove updates, double-double sums) over the others, in the
+order mongod's executors add and remove values.
+
 Not done here (a MongoError code 2, as the engine says of what it lacks): `$meta` in sortBy,
-`$stdDevPop` / `$stdDevSamp` over bounded (removable) windows, Decimal128 inputs to
-`$derivative` / `$integral` / `$linearFill`, and the window functions not listed above
-(`$topN`, `$minN`, `$percentile`, `$covariancePop`...).
+Decimal128 inputs to `$derivative` / `$integral` / `$linearFill`, and the window functions not
+listed above (`$topN`, `$minN`, `$percentile`, `$covariancePop`...).
 """
 
 from __future__ import annotations
@@ -872,6 +875,110 @@ def _std_dev_welford(values: list[Any], sample: bool) -> Any:
     return math.sqrt(m2 / adjusted)
 
 
+class _DoubleDouble:
+    """DoubleDoubleSummation (util/summation.h): a rounded sum and its compensation."""
+
+    __slots__ = ("addend", "special", "total")
+
+    def __init__(self) -> None:
+        self.total = self.addend = self.special = 0.0
+
+    def add(self, x: float) -> None:
+        self.special += x
+        s = x + self.addend  # Fast2Sum(x, addend)
+        x, self.addend = s, self.addend - (s - x)
+        s = self.total + x  # 2Sum(total, x)
+        a = s - x
+        b = s - a
+        self.total, x = s, (self.total - a) + (x - b)
+        self.addend += x
+
+    def add_long(self, n: int) -> None:
+        high = (abs(n) >> 32 << 32) * (1 if n >= 0 else -1)  # C++ division truncates
+        self.add(float(n - high))
+        self.add(float(high))
+
+    def value(self) -> float:
+        return self.special if math.isnan(self.total) else self.total + self.addend
+
+
+class _RemovableStdDev:
+    """WindowFunctionStdDev: the state bounded windows add values to and remove them from."""
+
+    def __init__(self, sample: bool) -> None:
+        self.sample = sample
+        self.reset()
+
+    def reset(self) -> None:
+        self.sum = _DoubleDouble()
+        self.m2 = _DoubleDouble()
+        self.count = 0
+        self.nonfinite = 0
+
+    def update(self, v: Any, quantity: int) -> None:
+        if not _is_number(v):
+            return
+        x = float(v.to_decimal()) if isinstance(v, Decimal128) else float(v)
+        if not math.isfinite(x):
+            self.nonfinite += quantity
+            self.count += quantity
+            return
+        if self.count == 0:
+            self.count = 1
+            if isinstance(v, Int64) or (isinstance(v, int) and not -(2**31) <= v < 2**31):
+                self.sum.add_long(int(v))
+            else:
+                self.sum.add(x)
+            return
+        if self.count + quantity == 0:
+            self.reset()
+            return
+        delta = self.count * x - self.sum.value()
+        self.count += quantity
+        self.sum.add(x * quantity)
+        self.m2.add(delta * delta * quantity / (self.count * (self.count - quantity)))
+
+    def value(self) -> Any:
+        if self.nonfinite > 0:
+            return math.nan
+        adjusted = self.count - 1 if self.sample else self.count
+        if adjusted == 0:
+            return None
+        squares = self.m2.value()
+        if squares < 0 or (not self.sample and self.count == 1):
+            self.m2 = _DoubleDouble()
+            return 0
+        return math.sqrt(self.m2.value() / adjusted)
+
+
+def _std_dev_removable(part: _Partition, bounds: _Bounds, values: list[Any],
+                       sample: bool) -> list[Any]:
+    """The removable executors: per document, the values entering the window added (in
+    order), then those leaving it removed (oldest first)."""
+    state = _RemovableStdDev(sample)
+    out: list[Any] = []
+    previous: tuple[int, int] | None = None
+    for i in range(len(part.docs)):
+        window = part.window(bounds, i)
+        if previous is None:
+            added = window
+            removed = None
+        elif window is None:
+            added, removed = None, previous
+        else:
+            added = (previous[1] + 1, window[1]) if previous[1] < window[1] else None
+            removed = (previous[0], window[0] - 1) if previous[0] < window[0] else None
+        if added is not None:
+            for j in range(added[0], added[1] + 1):
+                state.update(values[j], +1)
+        if removed is not None:
+            for j in range(removed[0], removed[1] + 1):
+                state.update(values[j], -1)
+        previous = window
+        out.append(state.value())
+    return out
+
+
 def _accumulate(name: str, values: list[Any], removable: bool) -> Any:
     if name == "$sum":
         return _sum(values, removable)
@@ -883,9 +990,7 @@ def _accumulate(name: str, values: list[Any], removable: bool) -> Any:
         return [v for v in values if v is not MISSING]
     if name == "$addToSet":
         return _add_to_set(values)
-    if removable:
-        raise _unsupported(f"{name} over a bounded window")
-    return _std_dev_welford(values, name == "$stdDevSamp")
+    return _std_dev_welford(values, name == "$stdDevSamp")  # bounded: _std_dev_removable
 
 
 def _outputs(function: _Function, part: _Partition) -> list[Any]:
@@ -909,6 +1014,8 @@ def _outputs(function: _Function, part: _Partition) -> list[Any]:
     if name == "$expMovingAvg":
         return _exp_moving_avg(function, part)
     values = _evaluate_all(function.input, part.docs)
+    if name in ("$stdDevPop", "$stdDevSamp") and function.bounds.removable:
+        return _std_dev_removable(part, function.bounds, values, name == "$stdDevSamp")
     if name in ("$derivative", "$integral"):
         times = part.sort_values()
         calc = _derivative if name == "$derivative" else _integral_of

@@ -34,8 +34,8 @@ from cdcserver.embedded import (
 from pipeline_stages import (
     densify_stage,
     expressions,
-    group_stage,
     fill_stage,
+    group_stage,
     keystring,
     query_engine,
     redact,

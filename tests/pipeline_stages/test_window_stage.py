@@ -204,6 +204,18 @@ def test_exp_moving_avg_derivative_integral_std_dev(db: Database[Any]) -> None:
     assert {d["pop"] for d in out} == {math.sqrt(1.25)}
 
 
+def test_std_dev_over_bounded_windows(db: Database[Any]) -> None:
+    db.spread.insert_many([{"_id": i, "v": v} for i, v in enumerate([1, 2, 3, 4, 10.5])])
+    out = list(db.spread.aggregate([{"$setWindowFields": {"sortBy": {"_id": 1}, "output": {
+        "pop": {"$stdDevPop": "$v", "window": {"documents": [-1, 0]}},
+        "samp": {"$stdDevSamp": "$v", "window": {"documents": [-2, 0]}},
+    }}}]))
+    # WindowFunctionStdDev: one value in a population window is the int 0
+    assert [(type(d["pop"]), d["pop"]) for d in out] == [
+        (int, 0), (float, 0.5), (float, 0.5), (float, 0.5), (float, 3.25)]
+    assert [d["samp"] for d in out] == [None, math.sqrt(0.5), 1.0, 1.0, 4.0722639076235385]
+
+
 def test_outputs_overwrite_in_place_and_dotted_paths(db: Database[Any]) -> None:
     out = _run(db, {"partitionBy": "$g", "sortBy": {"_id": 1},
                     "output": {"x": {"$max": "$x"}, "stats.n": {"$documentNumber": {}}}})
