@@ -80,7 +80,17 @@ def install(parser: Any) -> None:
                 return result
             if not first.startswith("$") and any(k.startswith("$") for k in expression):
                 raise MongoError(16410, DOLLAR_FIELD_MESSAGE)
+        if isinstance(expression, list):
+            # ExpressionArray: each element evaluated, a missing one null (mongomock returned
+            # the literal as written: `["$x"]` stayed the string "$x").
+            return [_element(self, e) for e in expression]
         return original_parse(self, expression)
+
+    def _element(self: Any, expression: Any) -> Any:
+        try:
+            return parse(self, expression)
+        except KeyError:
+            return None
 
     parser.parse = parse
     _INSTALLED = True

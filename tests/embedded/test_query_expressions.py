@@ -200,3 +200,14 @@ def test_sub_projection_and_constant_group_key(coll: Collection) -> None:
     assert list(coll.find({"_id": 3}, {"b": {"c": 1}})) == [{"_id": 3, "b": {"c": 1}}]
     assert list(coll.aggregate([{"$group": {"_id": 0, "n": {"$sum": 1}}}])) == [
         {"_id": 0, "n": 3}]
+
+
+def test_array_literals_are_evaluated_element_by_element(coll: Collection) -> None:
+    # ExpressionArray: `["$n", ...]` holds the values, a missing element null (mongomock gave
+    # the literal back as written); in $project, inside operators and in a find projection.
+    assert _one(coll, ["$_id", "$s", {"$add": ["$_id", 1]}, "$nosuch"]) == [
+        1, ["a", "b"], 2, None]
+    assert _one(coll, {"$map": {"input": [1, 2], "in": ["$$this", "$_id"]}}) == [[1, 1], [2, 1]]
+    assert _one(coll, {"$size": [["$_id", "$s"]]}) == 2
+    (doc,) = coll.find({"_id": 1}, {"_id": 0, "v": ["$_id", "$s"]})
+    assert doc == {"v": [1, ["a", "b"]]}
