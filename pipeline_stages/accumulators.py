@@ -627,13 +627,28 @@ def parse(name: str, arg: Any) -> Parsed | None:
         return _parse_n(name, arg, *n_form)
     if name in _TOP_BOTTOM:
         return _parse_top_bottom(name, arg)
+    installed = _INSTALLED.get(name)
+    if installed is not None:
+        return installed(arg)
     if name in NOT_SUPPORTED:
         raise MongoError(2, f"not supported by cdcserver's embedded store: group operator "
                          f"'{name}'")
     return None
 
 
-# mongod 8.0's other accumulators, which this module does not compute yet.
+# Accumulators whose evaluation needs what pipeline_stages/ must not hold (the embedded store's
+# JavaScript engine installs `$accumulator`): name -> its parse.
+_INSTALLED: dict[str, Callable[[Any], Parsed]] = {}
+
+
+def install(name: str, parse_spec: Callable[[Any], Parsed]) -> None:
+    """Accumulator `name` parsed by `parse_spec(argument)` into (factory, argument,
+    initializer), as this module's own are."""
+    _INSTALLED[name] = parse_spec
+
+
+# mongod 8.0's other accumulators, which this module does not compute yet (`$accumulator`
+# until an engine installs it).
 NOT_SUPPORTED = frozenset({
     "$median", "$percentile", "$accumulator",
 })

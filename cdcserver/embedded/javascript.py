@@ -1,4 +1,4 @@
-"""`$where` and `$function`: JavaScript, run by V8 (mini-racer) as mongod runs its own.
+"""`$where`, `$function`, `$accumulator`: JavaScript, run by V8 (mini-racer) as mongod runs it.
 
 mongod hands `$where` code to its script engine: the code is turned into a function
 (`parseJSFunctionOrExpression`: a function stays one, an expression or statements become a
@@ -42,9 +42,9 @@ from bson.regex import Regex
 from bson.timestamp import Timestamp
 
 from cdcserver.embedded import regex as embedded_regex
-from pipeline_stages import expressions
+from pipeline_stages import accumulators, expressions
 from pipeline_stages.errors import MongoError
-from pipeline_stages.value_string import type_name
+from pipeline_stages.value_string import type_name, value_string
 
 # What every scope has before a predicate: sleep() (Atomics.wait blocks this isolate only, and
 # V8's termination on timeout interrupts it), ObjectId-like values, and the document reviver.
@@ -106,6 +106,12 @@ function __cdcReplace(key, value) {
 function __cdcApply(n, json) {
   var args = JSON.parse(json, __cdcRevive);
   return JSON.stringify({v: __cdcFunctions[n].apply(null, args)}, __cdcReplace);
+}
+function __cdcAccumulate(n, state, json) {
+  var pending = JSON.parse(json, __cdcRevive), fn = __cdcFunctions[n];
+  state = JSON.parse(state, __cdcRevive).v;
+  for (var i = 0; i < pending.length; i++) state = fn.apply(null, [state].concat(pending[i]));
+  return JSON.stringify({v: state}, __cdcReplace);
 }
 function __cdcWhere(n, json) {
   var doc = JSON.parse(json, __cdcRevive);
@@ -280,6 +286,92 @@ def function_expression(parser: Any, spec: Any) -> Any:
 
 
 expressions.install_operator("$function", function_expression)
+
+
+def _accumulator_function(field: str, value: Any) -> str:
+    """AccumulatorJs's parseFunction: a constant String or Code."""
+    if (isinstance(value, str) and not isinstance(value, Code) and value.startswith("$")) or (
+            isinstance(value, (Mapping, list))):
+        raise MongoError(4544701, f"$accumulator '{field}' must be a constant expression")
+    if not isinstance(value, str):
+        raise MongoError(4544702, f"$accumulator '{field}' must be a String or Code")
+    return str(value)
+
+
+class _JsAccumulator(accumulators.Accumulator):
+    """AccumulatorJs: `init(...initArgs)` when the group starts, `accumulate(state, ...args)`
+    per document (in batches, as mongod calls a JavaScript loop), `finalize(state)` at the end.
+    The state crosses to Python and back as JSON, as mongod's goes through BSON."""
+
+    def __init__(self, functions: dict[str, str], init_args: Any) -> None:
+        if not isinstance(init_args, list):
+            raise MongoError(4544711, "$accumulator initArgs must evaluate to an array: "
+                             f"{value_string(init_args)}")
+        self.functions = functions
+        isolate = _isolate()
+        init = _define(isolate, functions["init"])
+        self.state: str = _run(isolate, "__cdcApply", init,
+                               json.dumps(init_args, default=_js_value, allow_nan=True))
+        self.pending: list[Any] = []
+
+    def process(self, value: Any) -> None:
+        if not isinstance(value, list):
+            raise MongoError(4544712, "$accumulator accumulateArgs must evaluate to an array: "
+                             f"{value_string(value)}")
+        self.pending.append(value)
+
+    def _reduce(self) -> None:
+        if self.pending:
+            isolate = _isolate()
+            n = _define(isolate, self.functions["accumulate"])
+            self.state = _run(isolate, "__cdcAccumulate", n, self.state,
+                              json.dumps(self.pending, default=_js_value, allow_nan=True))
+            self.pending = []
+
+    def result(self) -> Any:
+        self._reduce()
+        finalize = self.functions.get("finalize")
+        if finalize is None:
+            return _from_js(json.loads(self.state)["v"])
+        isolate = _isolate()
+        n = _define(isolate, finalize)
+        state = json.loads(self.state)["v"]
+        out = _run(isolate, "__cdcApply", n, json.dumps([state], allow_nan=True))
+        return _from_js(json.loads(out)["v"])
+
+
+def accumulator_parse(arg: Any) -> accumulators.Parsed:
+    """AccumulatorJs::parse: its fields in any order, then the required ones checked."""
+    if not isinstance(arg, Mapping):
+        raise MongoError(4544703, "$accumulator expects an object as an argument; found: "
+                         f"{type_name(arg)}")
+    functions: dict[str, str] = {}
+    init_args: Any = []
+    accumulate_args: Any = None
+    for name, value in arg.items():
+        if name in ("init", "accumulate", "merge", "finalize"):
+            functions[name] = _accumulator_function(name, value)
+        elif name == "initArgs":
+            init_args = value
+        elif name == "accumulateArgs":
+            accumulate_args = value
+        elif name == "lang":
+            if not isinstance(value, str):
+                raise MongoError(4544704, "$accumulator lang must be a string; found: "
+                                 f"{type_name(value)}")
+            if value != "js":
+                raise MongoError(4544705, "$accumulator only supports lang: 'js'")
+        else:
+            raise MongoError(4544706, f"$accumulator got an unexpected field: {name}")
+    for required, code in (("init", 4544707), ("accumulate", 4544708), ("merge", 4544709)):
+        if not functions.get(required):
+            raise MongoError(code, f"$accumulator missing required argument '{required}'")
+    if accumulate_args is None:
+        raise MongoError(4544710, "$accumulator missing required argument 'accumulateArgs'")
+    return (lambda evaluated: _JsAccumulator(functions, evaluated)), accumulate_args, init_args
+
+
+accumulators.install("$accumulator", accumulator_parse)
 
 
 class WherePredicate:

@@ -1,6 +1,7 @@
-"""`$function` on the embedded store (cdcserver/embedded/javascript.py): the body called with
-the evaluated args in V8, its result as mongod's ValueWriter writes it (numbers as doubles,
-Dates as dates), and ExpressionFunction::parse's errors in its order."""
+"""`$function` and `$accumulator` on the embedded store (cdcserver/embedded/javascript.py): the
+JavaScript called with the evaluated args in V8, results as mongod's ValueWriter writes them
+(numbers as doubles, Dates as dates), and ExpressionFunction::parse's and AccumulatorJs::parse's
+errors in their order."""
 
 from __future__ import annotations
 
@@ -66,4 +67,43 @@ def test_in_a_query_expr(coll):
 def test_errors(coll, spec, code, message):
     with pytest.raises(OperationFailure) as info:
         coll.aggregate([{"$project": {"v": {"$function": spec}}}]).to_list()
+    assert (info.value.code, info.value.details["errmsg"]) == (code, message)
+
+
+AVERAGE = {
+    "init": "function(base) { return {count: 0, sum: base} }", "initArgs": [10],
+    "accumulate": "function(state, v) { return {count: state.count + 1, sum: state.sum + v} }",
+    "accumulateArgs": ["$_id"],
+    "merge": "function(a, b) { return {count: a.count + b.count, sum: a.sum + b.sum} }",
+    "finalize": "function(state) { return state.sum / state.count }", "lang": "js",
+}
+
+
+def test_accumulator(coll):
+    out = coll.aggregate([{"$group": {"_id": None, "avg": {"$accumulator": AVERAGE}}}]).to_list()
+    assert out == [{"_id": None, "avg": 5.5}]  # (10 + 0 + 1) / 2
+    no_finalize = {k: v for k, v in AVERAGE.items() if k != "finalize"}
+    out = coll.aggregate([{"$group": {"_id": "$name", "state": {"$accumulator": no_finalize}}},
+                          {"$sort": {"_id": 1}}]).to_list()
+    assert out == [{"_id": "ann", "state": {"count": 1.0, "sum": 10.0}},
+                   {"_id": "bob", "state": {"count": 1.0, "sum": 11.0}}]
+
+
+@pytest.mark.parametrize(("change", "code", "message"), [
+    ({"init": "$name"}, 4544701, "$accumulator 'init' must be a constant expression"),
+    ({"merge": 1}, 4544702, "$accumulator 'merge' must be a String or Code"),
+    ({"lang": 1}, 4544704, "$accumulator lang must be a string; found: int"),
+    ({"lang": "py"}, 4544705, "$accumulator only supports lang: 'js'"),
+    ({"other": 1}, 4544706, "$accumulator got an unexpected field: other"),
+    ({"merge": None}, 4544709, "$accumulator missing required argument 'merge'"),
+    ({"accumulateArgs": None}, 4544710,
+     "$accumulator missing required argument 'accumulateArgs'"),
+    ({"initArgs": 5}, 4544711, "$accumulator initArgs must evaluate to an array: 5"),
+    ({"accumulateArgs": "$_id"}, 4544712,
+     "$accumulator accumulateArgs must evaluate to an array: 0"),
+])
+def test_accumulator_errors(coll, change, code, message):
+    spec = {k: v for k, v in {**AVERAGE, **change}.items() if v is not None}
+    with pytest.raises(OperationFailure) as info:
+        coll.aggregate([{"$group": {"_id": None, "a": {"$accumulator": spec}}}]).to_list()
     assert (info.value.code, info.value.details["errmsg"]) == (code, message)
