@@ -21,12 +21,12 @@ from typing import Any
 from bson.decimal128 import Decimal128
 
 from pipeline_stages import keystring
-from pipeline_stages.date_expressions import MISSING
+from pipeline_stages.date_expressions import MISSING, missing_type_name, nullish
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import bson_obj_string, type_name, value_string
 
-__all__ = ["MISSING", "OPERATORS", "integral32", "is_numeric", "nullish", "operands", "sort_key",
-           "value", "value_type_name"]
+__all__ = ["MISSING", "OPERATORS", "integral32", "is_numeric", "operands", "sort_key",
+           "value"]
 
 
 # -- evaluation helpers (shared with math_expressions.py) -----------------------------------------
@@ -50,14 +50,6 @@ def value(parser: Any, expression: Any) -> Any:
         return parser.parse(expression)
     except KeyError:
         return MISSING
-
-
-def nullish(v: Any) -> bool:
-    return v is None or v is MISSING
-
-
-def value_type_name(v: Any) -> str:
-    return "missing" if v is MISSING else type_name(v)
 
 
 def operands(name: str, spec: Any, low: int, high: int | None = None) -> list[Any]:
@@ -118,10 +110,10 @@ def _elem_at(name: str, array: Any, index: Any, arity: int) -> Any:
     if not isinstance(array, list):
         which = "argument" if arity == 1 else "first argument"
         raise MongoError(28689, f"{name}'s {which} must be an array, but is "
-                         f"{value_type_name(array)}")
+                         f"{missing_type_name(array)}")
     if not is_numeric(index):
         raise MongoError(28690, f"{name}'s second argument must be a numeric value, but is "
-                         f"{value_type_name(index)}")
+                         f"{missing_type_name(index)}")
     i = integral32(index)
     if i is None:
         raise MongoError(28691, f"{name}'s second argument must be representable as a 32-bit "
@@ -150,10 +142,10 @@ def _slice(parser: Any, spec: Any) -> Any:
         return None
     if not isinstance(array, list):
         raise MongoError(28724, "First argument to $slice must be an array, but is of type: "
-                         f"{value_type_name(array)}")
+                         f"{missing_type_name(array)}")
     if not is_numeric(second):
         raise MongoError(28725, "Second argument to $slice must be a numeric value, but is of "
-                         f"type: {value_type_name(second)}")
+                         f"type: {missing_type_name(second)}")
     first_int = integral32(second)
     if first_int is None:
         raise MongoError(28726, "Second argument to $slice can't be represented as a 32-bit "
@@ -167,7 +159,7 @@ def _slice(parser: Any, spec: Any) -> Any:
         return None
     if not is_numeric(count):
         raise MongoError(28727, "Third argument to $slice must be numeric, but is of type: "
-                         f"{value_type_name(count)}")
+                         f"{missing_type_name(count)}")
     n = integral32(count)
     if n is None:
         raise MongoError(28728, "Third argument to $slice can't be represented as a 32-bit "
@@ -185,7 +177,7 @@ def _concat_arrays(parser: Any, spec: Any) -> Any:
             return None
         if not isinstance(v, list):
             raise MongoError(28664, f"$concatArrays only supports arrays, not "
-                             f"{value_type_name(v)}")
+                             f"{missing_type_name(v)}")
         out.extend(v)
     return out
 
@@ -197,7 +189,7 @@ def _reverse_array(parser: Any, spec: Any) -> Any:
         return None
     if not isinstance(v, list):
         raise MongoError(34435, "The argument to $reverseArray must be an array, but was of "
-                         f"type: {value_type_name(v)}")
+                         f"type: {missing_type_name(v)}")
     return v[::-1]
 
 
@@ -209,7 +201,7 @@ def _index_of_array(parser: Any, spec: Any) -> Any:
         return None
     if not isinstance(array, list):
         raise MongoError(40090, f"{name} requires an array as a first argument, found: "
-                         f"{value_type_name(array)}")
+                         f"{missing_type_name(array)}")
     bounds = [0, len(array)]
     for position, which in ((2, "starting index"), (3, "ending index")):
         if len(args) <= position:
@@ -218,7 +210,7 @@ def _index_of_array(parser: Any, spec: Any) -> Any:
         n = integral32(v)
         if n is None:  # the missing space is mongod's
             raise MongoError(40096, f"{name}requires an integral {which}, found a value of "
-                             f"type: {value_type_name(v)}, with value: "
+                             f"type: {missing_type_name(v)}, with value: "
                              f"{'MISSING' if v is MISSING else value_string(v)}")
         if n < 0:
             raise MongoError(40097, f"{name} requires a nonnegative {which}, found: "
@@ -238,7 +230,7 @@ def _range(parser: Any, spec: Any) -> Any:
                             (value(parser, args[1]), "ending", (34445, 34446))):
         if not is_numeric(v):
             raise MongoError(codes[0], f"$range requires a numeric {which} value, found value "
-                             f"of type: {value_type_name(v)}")
+                             f"of type: {missing_type_name(v)}")
         n = integral32(v)
         if n is None:
             article = "a" if which == "starting" else "an"
@@ -250,7 +242,7 @@ def _range(parser: Any, spec: Any) -> Any:
         v = value(parser, args[2])
         if not is_numeric(v):
             raise MongoError(34447, "$range requires a numeric step value, found value of "
-                             f"type:{value_type_name(v)}")
+                             f"type:{missing_type_name(v)}")
         n = integral32(v)
         if n is None:
             raise MongoError(34448, "$range requires a step value that can be represented as a "
@@ -279,7 +271,7 @@ def _object_to_array(parser: Any, spec: Any) -> Any:
         return None
     if not isinstance(v, Mapping):
         raise MongoError(40390, "$objectToArray requires a document input, found: "
-                         f"{value_type_name(v)}")
+                         f"{missing_type_name(v)}")
     return [{"k": k, "v": item} for k, item in v.items()]
 
 
@@ -290,20 +282,20 @@ def _array_to_object(parser: Any, spec: Any) -> Any:
         return None
     if not isinstance(array, list):
         raise MongoError(40386, "$arrayToObject requires an array input, found: "
-                         f"{value_type_name(array)}")
+                         f"{missing_type_name(array)}")
     out: dict[str, Any] = {}
     if not array:
         return out
     pairs = isinstance(array[0], list)
     if not pairs and not isinstance(array[0], Mapping):
         raise MongoError(40398, "Unrecognised input type format for $arrayToObject: "
-                         f"{value_type_name(array[0])}")
+                         f"{missing_type_name(array[0])}")
     for elem in array:
         if pairs:
             if not isinstance(elem, list):
                 raise MongoError(40396, "$arrayToObject requires a consistent input format. "
                                  "Elements mustall be arrays or all be objects. Array was "
-                                 f"detected, now found: {value_type_name(elem)}")
+                                 f"detected, now found: {missing_type_name(elem)}")
             if len(elem) != 2:
                 raise MongoError(40397, "$arrayToObject requires an array of size 2 arrays,"
                                  f"found array of size: {len(elem)}")
@@ -311,14 +303,14 @@ def _array_to_object(parser: Any, spec: Any) -> Any:
             if not isinstance(key, str):
                 raise MongoError(40395, "$arrayToObject requires an array of key-value pairs, "
                                  "where the key must be of type string. Found key type: "
-                                 f"{value_type_name(key)}")
+                                 f"{missing_type_name(key)}")
             if "\0" in key:
                 raise MongoError(4940400, "Key field cannot contain an embedded null byte")
         else:
             if not isinstance(elem, Mapping):
                 raise MongoError(40391, "$arrayToObject requires a consistent input format. "
                                  "Elements mustall be arrays or all be objects. Object was "
-                                 f"detected, now found: {value_type_name(elem)}")
+                                 f"detected, now found: {missing_type_name(elem)}")
             if len(elem) != 2:
                 raise MongoError(40392, "$arrayToObject requires an object keys of 'k' and "
                                  f"'v'. Found incorrect number of keys:{len(elem)}")
@@ -330,7 +322,7 @@ def _array_to_object(parser: Any, spec: Any) -> Any:
             if not isinstance(key, str):
                 raise MongoError(40394, "$arrayToObject requires an object with keys 'k' and "
                                  "'v', where the value of 'k' must be of type string. Found "
-                                 f"type: {value_type_name(key)}")
+                                 f"type: {missing_type_name(key)}")
             if "\0" in key:
                 raise MongoError(4940401, "Key field cannot contain an embedded null byte")
         out[key] = item  # a repeated key keeps its first position, takes the last value
@@ -345,7 +337,7 @@ def _merge_objects(parser: Any, spec: Any) -> Any:
             continue
         if not isinstance(v, Mapping):
             raise MongoError(40400, f"$mergeObjects requires object inputs, but input "
-                             f"{value_string(v)} is of type {value_type_name(v)}")
+                             f"{value_string(v)} is of type {missing_type_name(v)}")
         for key, item in v.items():
             out[key] = item
     return out
@@ -369,7 +361,7 @@ def _elements_true(name: str, code: int) -> Callable[[Any, Any], Any]:
         v = value(parser, arg)
         if not isinstance(v, list):
             raise MongoError(code, f"{name}'s argument must be an array, but is "
-                             f"{value_type_name(v)}")
+                             f"{missing_type_name(v)}")
         if name == "$allElementsTrue":
             return all(_truthy(x) for x in v)
         return any(_truthy(x) for x in v)
@@ -392,7 +384,7 @@ def _set_union(parser: Any, spec: Any) -> Any:
             return None
         if not isinstance(v, list):
             raise MongoError(17043, "All operands of $setUnion must be arrays. One argument is "
-                             f"of type: {value_type_name(v)}")
+                             f"of type: {missing_type_name(v)}")
         union.extend(v)
     return list(_ordered_set(union).values())
 
@@ -405,7 +397,7 @@ def _set_intersection(parser: Any, spec: Any) -> Any:
             return None
         if not isinstance(v, list):
             raise MongoError(17047, "All operands of $setIntersection must be arrays. One "
-                             f"argument is of type: {value_type_name(v)}")
+                             f"argument is of type: {missing_type_name(v)}")
         if current is None:
             current = _ordered_set(v)
         elif current:
@@ -423,7 +415,7 @@ def _set_difference(parser: Any, spec: Any) -> Any:
     for v, which, code in ((lhs, "First", 17048), (rhs, "Second", 17049)):
         if not isinstance(v, list):
             raise MongoError(code, f"both operands of $setDifference must be arrays. {which} "
-                             f"argument is of type: {value_type_name(v)}")
+                             f"argument is of type: {missing_type_name(v)}")
     seen = {sort_key(x) for x in rhs}
     out = []
     for x in lhs:
@@ -443,7 +435,7 @@ def _set_equals(parser: Any, spec: Any) -> Any:
         v = value(parser, arg)
         if not isinstance(v, list):
             raise MongoError(17044, f"All operands of $setEquals must be arrays. {i + 1}-th "
-                             f"argument is of type: {value_type_name(v)}")
+                             f"argument is of type: {missing_type_name(v)}")
         sets.append({sort_key(x) for x in v})
     return all(s == sets[0] for s in sets[1:])
 
@@ -453,11 +445,11 @@ def _set_is_subset(parser: Any, spec: Any) -> Any:
     lhs = value(parser, args[0])
     if not isinstance(lhs, list):
         raise MongoError(17046, "both operands of $setIsSubset must be arrays. First argument "
-                         f"is of type: {value_type_name(lhs)}")
+                         f"is of type: {missing_type_name(lhs)}")
     rhs = value(parser, args[1])
     if not isinstance(rhs, list):
         raise MongoError(17042, "both operands of $setIsSubset must be arrays. Second argument "
-                         f"is of type: {value_type_name(rhs)}")
+                         f"is of type: {missing_type_name(rhs)}")
     keys = {sort_key(x) for x in rhs}
     return all(sort_key(x) in keys for x in lhs)
 
@@ -564,7 +556,7 @@ def _sort_array(parser: Any, spec: Any) -> Any:
         return None
     if not isinstance(array, list):
         raise MongoError(2942504, "The input argument to $sortArray must be an array, but was "
-                         f"of type: {value_type_name(array)}")
+                         f"of type: {missing_type_name(array)}")
     if whole is not None:
         return sorted(array, key=sort_key, reverse=whole < 0)
     out = list(array)

@@ -36,8 +36,9 @@ from bson.regex import Regex
 from bson.timestamp import Timestamp
 
 from pipeline_stages import bson_bytes, keystring
+from pipeline_stages.date_expressions import MISSING, missing_type_name, nullish, operand
 from pipeline_stages.errors import MongoError
-from pipeline_stages.string_expressions import MISSING, fixed_arguments, missing_type_name
+from pipeline_stages.string_expressions import fixed_arguments
 
 __all__ = ["OPERATORS", "bson_type"]
 
@@ -97,17 +98,6 @@ def bson_type(value: Any) -> str:
     if isinstance(value, MaxKey):
         return "maxKey"
     return missing_type_name(value)
-
-
-def _value(parser: Any, expression: Any) -> Any:
-    try:
-        return parser.parse(expression)
-    except KeyError:
-        return MISSING
-
-
-def _nullish(value: Any) -> bool:
-    return value is None or value is MISSING
 
 
 def _failure(message: str) -> MongoError:
@@ -398,7 +388,7 @@ def _check_hex(text: str) -> None:
 
 def _target(value: Any) -> str | None:
     """ConvertTargetTypeInfo::parse of the evaluated `to`: a type name, None when nullish."""
-    if _nullish(value):
+    if nullish(value):
         return None
     if isinstance(value, str) and not isinstance(value, Code):
         if value not in _TYPES:
@@ -436,11 +426,11 @@ def _convert(parser: Any, args: Any) -> Any:
         raise MongoError(_FAILED_TO_PARSE, "Missing 'input' parameter to $convert")
     if "to" not in args:
         raise MongoError(_FAILED_TO_PARSE, "Missing 'to' parameter to $convert")
-    to = _value(parser, args["to"])
-    value = _value(parser, args["input"])
+    to = operand(parser, args["to"])
+    value = operand(parser, args["input"])
     target = _target(to)
-    if _nullish(value):
-        return _value(parser, args["onNull"]) if "onNull" in args else None
+    if nullish(value):
+        return operand(parser, args["onNull"]) if "onNull" in args else None
     if target is None:
         return None
     try:
@@ -448,7 +438,7 @@ def _convert(parser: Any, args: Any) -> Any:
     except MongoError as exc:
         if exc.code != _CONVERSION or "onError" not in args:
             raise
-        return _value(parser, args["onError"])
+        return operand(parser, args["onError"])
 
 
 def _shorthand(parser: Any, args: Any, name: str, target: str) -> Any:
@@ -456,8 +446,8 @@ def _shorthand(parser: Any, args: Any, name: str, target: str) -> Any:
         if len(args) != 1:
             raise MongoError(50723, f"{name} requires a single argument, got {len(args)}")
         args = args[0]
-    value = _value(parser, args)
-    return None if _nullish(value) else convert(value, target)
+    value = operand(parser, args)
+    return None if nullish(value) else convert(value, target)
 
 
 # -- $type, $isNumber, $cmp, $binarySize, $bsonSize ----------------------------------------------
@@ -490,7 +480,7 @@ def _cmp(parser: Any, args: Any) -> Any:
 
 def _binary_size(parser: Any, args: Any) -> Any:
     (value,) = fixed_arguments(parser, args, "$binarySize", 1)
-    if _nullish(value):
+    if nullish(value):
         return None
     if isinstance(value, str) and not isinstance(value, Code):
         return len(bson_bytes.utf8(value))
@@ -504,7 +494,7 @@ def _binary_size(parser: Any, args: Any) -> Any:
 
 def _bson_size(parser: Any, args: Any) -> Any:
     (value,) = fixed_arguments(parser, args, "$bsonSize", 1)
-    if _nullish(value):
+    if nullish(value):
         return None
     if not isinstance(value, Mapping):
         raise MongoError(31393, f"$bsonSize requires a document input, found: {bson_type(value)}")

@@ -45,15 +45,24 @@ class _Missing:
 _MISSING = _Missing()
 
 
-def _value(parser: Any, expression: Any) -> Any:
+def operand(parser: Any, expression: Any) -> Any:
+    """An operand's value, MISSING for a missing one (mongomock raises KeyError); shared by
+    the expression modules."""
     try:
         return parser.parse(expression)
     except KeyError:
         return _MISSING
 
 
-def _nullish(value: Any) -> bool:
+def nullish(value: Any) -> bool:
     return value is None or value is _MISSING
+
+
+def missing_type_name(value: Any) -> str:
+    """mongod's typeName(), "missing" for a missing value."""
+    return "missing" if value is _MISSING else type_name(value)
+
+
 
 
 # -- conversions ---------------------------------------------------------------------------------
@@ -132,8 +141,8 @@ def _zone(parser: Any, args: Mapping[str, Any], name: str | None) -> _Zone | Non
     """The `timezone` argument (UTC without one); None when it is null or missing."""
     if "timezone" not in args:
         return _Zone(None)
-    value = _value(parser, args["timezone"])
-    if _nullish(value):
+    value = operand(parser, args["timezone"])
+    if nullish(value):
         return None
     try:
         if not isinstance(value, str):
@@ -177,8 +186,8 @@ def _start_of_week(parser: Any, args: Mapping[str, Any], name: str) -> int | Non
     """The `startOfWeek` day (Python's weekday numbers), Sunday by default; None if null."""
     if "startOfWeek" not in args:
         return _DAYS["sunday"]
-    value = _value(parser, args["startOfWeek"])
-    if _nullish(value):
+    value = operand(parser, args["startOfWeek"])
+    if nullish(value):
         return None
     if not isinstance(value, str):
         raise MongoError(5439015, f"{name} requires 'startOfWeek' to be a string, but got "
@@ -235,15 +244,15 @@ def _date_arithmetic(parser: Any, args: Any, name: str) -> Any:
         ". Expected arguments are startDate, unit, amount, and optionally timezone.")
     if not all(k in args for k in ("startDate", "unit", "amount")):
         raise MongoError(5166402, f"{name} requires startDate, unit, and amount to be present")
-    start = _value(parser, args["startDate"])
-    if _nullish(start):
+    start = operand(parser, args["startDate"])
+    if nullish(start):
         return None
-    unit_value = _value(parser, args["unit"])
-    if _nullish(unit_value):
+    unit_value = operand(parser, args["unit"])
+    if nullish(unit_value):
         return None
     unit = _unit(unit_value, name)
-    amount_value = _value(parser, args["amount"])
-    if _nullish(amount_value):
+    amount_value = operand(parser, args["amount"])
+    if nullish(amount_value):
         return None
     zone = _zone(parser, args, None)
     if zone is None:
@@ -298,14 +307,14 @@ def _date_diff(parser: Any, args: Any) -> Any:
     for key, code in (("startDate", 5166303), ("endDate", 5166304), ("unit", 5166305)):
         if key not in args:
             raise MongoError(code, f"Missing '{key}' parameter to {name}")
-    start = _value(parser, args["startDate"])
-    if _nullish(start):
+    start = operand(parser, args["startDate"])
+    if nullish(start):
         return None
-    end = _value(parser, args["endDate"])
-    if _nullish(end):
+    end = operand(parser, args["endDate"])
+    if nullish(end):
         return None
-    unit_value = _value(parser, args["unit"])
-    if _nullish(unit_value):
+    unit_value = operand(parser, args["unit"])
+    if nullish(unit_value):
         return None
     unit = _unit(unit_value, name)
     start_of_week = _DAYS["sunday"]
@@ -356,13 +365,13 @@ def _date_trunc(parser: Any, args: Any) -> Any:
     for key, code in (("date", 5439009), ("unit", 5439010)):
         if key not in args:
             raise MongoError(code, f"Missing '{key}' parameter to {name}")
-    date = _value(parser, args["date"])
-    if _nullish(date):
+    date = operand(parser, args["date"])
+    if nullish(date):
         return None
     bin_size = 1
     if "binSize" in args:
-        size_value = _value(parser, args["binSize"])
-        if _nullish(size_value):
+        size_value = operand(parser, args["binSize"])
+        if nullish(size_value):
             return None
         size = _integral64(size_value)
         if size is None:
@@ -373,8 +382,8 @@ def _date_trunc(parser: Any, args: Any) -> Any:
             raise MongoError(5439018, f"{name} requires 'binSize' to be greater than 0, but "
                              f"got value {size}")
         bin_size = size
-    unit_value = _value(parser, args["unit"])
-    if _nullish(unit_value):
+    unit_value = operand(parser, args["unit"])
+    if nullish(unit_value):
         return None
     unit = _unit(unit_value, name)
     start_of_week = _DAYS["sunday"]
@@ -403,13 +412,13 @@ def _reduce(parser: Any, args: Any) -> Any:
     for key, code in (("input", 40077), ("initialValue", 40078), ("in", 40079)):
         if key not in args:
             raise MongoError(code, f"$reduce requires '{key}' to be specified")
-    values = _value(parser, args["input"])
-    if _nullish(values):
+    values = operand(parser, args["input"])
+    if nullish(values):
         return None
     if not isinstance(values, list):
         raise MongoError(40080, f"$reduce requires that 'input' be an array, found: "
                          f"{value_string(values)}")
-    accumulated = _value(parser, args["initialValue"])
+    accumulated = operand(parser, args["initialValue"])
     user_vars = dict(getattr(parser, "_user_vars", None) or {})
     for element in values:
         scope = {**user_vars, "this": element}
@@ -418,7 +427,7 @@ def _reduce(parser: Any, args: Any) -> Any:
         else:
             scope["value"] = accumulated
         inner = type(parser)(parser._doc_dict, scope, parser._ignore_missing_keys)
-        accumulated = _value(inner, args["in"])
+        accumulated = operand(inner, args["in"])
     return accumulated
 
 

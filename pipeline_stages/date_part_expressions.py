@@ -19,7 +19,8 @@ from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 
 from pipeline_stages import date_expressions
-from pipeline_stages.array_expressions import nullish, operands, value, value_type_name
+from pipeline_stages.array_expressions import operands, value
+from pipeline_stages.date_expressions import missing_type_name, nullish
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import bson_obj_string
 
@@ -29,7 +30,7 @@ __all__ = ["OPERATORS"]
 def _coerce_to_date(v: Any) -> int:
     """Value::coerceToDate, as milliseconds since the epoch."""
     if not isinstance(v, (datetime.datetime, Timestamp, ObjectId)):
-        raise MongoError(16006, f"can't convert from BSON type {value_type_name(v)} to Date")
+        raise MongoError(16006, f"can't convert from BSON type {missing_type_name(v)} to Date")
     return date_expressions._to_ms(v)
 
 
@@ -85,7 +86,7 @@ def _date_to_parts(parser: Any, spec: Any) -> Any:
             return None
         if not isinstance(flag, bool):
             raise MongoError(40521, f"iso8601 must evaluate to a bool, found "
-                             f"{value_type_name(flag)}")
+                             f"{missing_type_name(flag)}")
         iso = flag
     if nullish(date):
         return None
@@ -106,7 +107,7 @@ def _timestamp_part(name: str, code: int, second: bool) -> Callable[[Any, Any], 
             return None
         if not isinstance(v, Timestamp):  # the leading space is mongod's
             raise MongoError(code, f" Argument to {name} must be a timestamp, but is "
-                             f"{value_type_name(v)}")
+                             f"{missing_type_name(v)}")
         return Int64(v.time if second else v.inc)
     return evaluate
 

@@ -23,15 +23,8 @@ from typing import Any
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 
-from pipeline_stages.array_expressions import (
-    MISSING,
-    integral32,
-    is_numeric,
-    nullish,
-    operands,
-    value,
-    value_type_name,
-)
+from pipeline_stages.array_expressions import MISSING, integral32, is_numeric, operands, value
+from pipeline_stages.date_expressions import missing_type_name, nullish
 from pipeline_stages.errors import MongoError
 from pipeline_stages.value_string import bson_obj_string, type_name, value_string
 
@@ -84,7 +77,7 @@ def _round_or_trunc(name: str, rounding: str) -> Callable[[Any, Any], Any]:
             return None
         if not is_numeric(number):
             raise MongoError(51081, f"{name} only supports numeric types, not "
-                             f"{value_type_name(number)}")
+                             f"{missing_type_name(number)}")
         place = 0
         if len(args) > 1:
             precision = value(parser, args[1])
@@ -133,7 +126,7 @@ def _single_numeric(name: str, spec: Any, parser: Any) -> Any:
     if nullish(v):
         return MISSING
     if not is_numeric(v):
-        raise MongoError(28765, f"{name} only supports numeric types, not {value_type_name(v)}")
+        raise MongoError(28765, f"{name} only supports numeric types, not {missing_type_name(v)}")
     return v
 
 
@@ -188,7 +181,7 @@ def _atan2(parser: Any, spec: Any) -> Any:
             return None
         if not is_numeric(v):
             raise MongoError(code, f"{name} only supports numeric types, not "
-                             f"{value_type_name(v)}")
+                             f"{missing_type_name(v)}")
         values.append(v)
     if any(isinstance(v, Decimal128) for v in values):
         raise _unsupported(f"{name} of a decimal")

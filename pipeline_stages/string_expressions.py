@@ -30,8 +30,9 @@ from bson.objectid import ObjectId
 from bson.regex import Regex
 from bson.timestamp import Timestamp
 
-from pipeline_stages import bson_bytes, date_expressions
+from pipeline_stages import bson_bytes
 from pipeline_stages import regex as pcre
+from pipeline_stages.date_expressions import MISSING, missing_type_name, nullish, operand
 
 try:  # the linear-time engine regex.py uses; without it every pattern runs on Python's `re`
     import re2 as _re2  # type: ignore[import-untyped,unused-ignore]
@@ -43,27 +44,9 @@ from pipeline_stages.value_string import type_name, value_string
 __all__ = ["MISSING", "OPERATORS", "coerce_to_string", "fixed_arguments", "missing_type_name"]
 
 
-MISSING = date_expressions.MISSING  # a missing operand (mongod's `Value()`), as expressions.py
-# knows it
 _INT32 = (-(2**31), 2**31 - 1)
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 _INT64 = (-(2**63), 2**63 - 1)
-
-
-def _value(parser: Any, expression: Any) -> Any:
-    try:
-        return parser.parse(expression)
-    except KeyError:
-        return MISSING
-
-
-def _nullish(value: Any) -> bool:
-    return value is None or value is MISSING
-
-
-def missing_type_name(value: Any) -> str:
-    """mongod's typeName(), "missing" for a missing value."""
-    return "missing" if value is MISSING else type_name(value)
 
 
 def _shown(value: Any) -> str:
@@ -94,7 +77,7 @@ def fixed_arguments(parser: Any, args: Any, name: str, count: int) -> list[Any]:
     if len(operands) != count:
         raise MongoError(16020, f"Expression {name} takes exactly {count} arguments. "
                          f"{len(operands)} were passed in.")
-    return [_value(parser, operand) for operand in operands]
+    return [operand(parser, e) for e in operands]
 
 
 def _double_string(x: float) -> str:
@@ -109,7 +92,7 @@ def coerce_to_string(value: Any) -> str:
     "", anything else 16007."""
     if isinstance(value, str):  # String, Code and Symbol alike
         return value
-    if _nullish(value):
+    if nullish(value):
         return ""
     if isinstance(value, bool):
         pass
@@ -198,9 +181,9 @@ def _string(data: bytes) -> str:
 
 def _concat(parser: Any, args: Any) -> Any:
     pieces = []
-    for operand in args if isinstance(args, list) else [args]:
-        value = _value(parser, operand)
-        if _nullish(value):
+    for e in args if isinstance(args, list) else [args]:
+        value = operand(parser, e)
+        if nullish(value):
             return None
         if not isinstance(value, str) or isinstance(value, Code):
             raise MongoError(16702, f"$concat only supports strings, not "
@@ -243,7 +226,7 @@ def _substr_bytes(parser: Any, args: Any) -> Any:
     if len(operands) != 3:
         raise MongoError(16020, f"Expression {name} takes exactly 3 arguments. "
                          f"{len(operands)} were passed in.")
-    string, lower, length = (_value(parser, operand) for operand in operands)
+    string, lower, length = (operand(parser, e) for e in operands)
     data = bson_bytes.utf8(coerce_to_string(string))
     if not _numeric(lower):
         raise MongoError(16034, f"{name}:  starting index must be a numeric type (is BSON type "
@@ -343,16 +326,16 @@ def _trim(parser: Any, args: Any, name: str) -> Any:
             raise MongoError(50694, f"{name} found an unknown argument: {key}")
     if "input" not in args:
         raise MongoError(50695, f"{name} requires an 'input' field")
-    value = _value(parser, args["input"])
-    if _nullish(value):
+    value = operand(parser, args["input"])
+    if nullish(value):
         return None
     if not isinstance(value, str) or isinstance(value, Code):
         raise MongoError(50699, f"{name} requires its input to be a string, got "
                          f"{_shown(value)} (of type {missing_type_name(value)}) instead.")
     points = _WHITESPACE
     if "chars" in args:
-        chars = _value(parser, args["chars"])
-        if _nullish(chars):
+        chars = operand(parser, args["chars"])
+        if nullish(chars):
             return None
         if not isinstance(chars, str) or isinstance(chars, Code):
             raise MongoError(50700, f"{name} requires 'chars' to be a string, got "
@@ -381,7 +364,7 @@ def _trim(parser: Any, args: Any, name: str) -> Any:
 
 def _split(parser: Any, args: Any) -> Any:
     string, separator = fixed_arguments(parser, args, "$split", 2)
-    if _nullish(string) or _nullish(separator):
+    if nullish(string) or nullish(separator):
         return None
     if not isinstance(string, str) or isinstance(string, Code):
         raise MongoError(40085, "$split requires an expression that evaluates to a string as a "
@@ -404,13 +387,13 @@ def _replace(parser: Any, args: Any, name: str) -> Any:
     for key, code in (("input", 51749), ("find", 51748), ("replacement", 51747)):
         if key not in args:
             raise MongoError(code, f"{name} requires '{key}' to be specified")
-    values = {key: _value(parser, args[key]) for key in ("input", "find", "replacement")}
+    values = {key: operand(parser, args[key]) for key in ("input", "find", "replacement")}
     for key, code in (("input", 51746), ("find", 51745), ("replacement", 51744)):
         value = values[key]
-        if not _nullish(value) and (not isinstance(value, str) or isinstance(value, Code)):
+        if not nullish(value) and (not isinstance(value, str) or isinstance(value, Code)):
             raise MongoError(code, f"{name} requires that '{key}' be a string, found: "
                              f"{_shown(value)}")
-    if any(_nullish(value) for value in values.values()):
+    if any(nullish(value) for value in values.values()):
         return None
     data, find, replacement = (bson_bytes.utf8(values[k]) for k in (
         "input", "find", "replacement"))
@@ -496,14 +479,14 @@ def _regex_state(parser: Any, args: Any, name: str) -> tuple[Any, str] | None:
         raise MongoError(31022, f"{name} requires 'input' parameter")
     if "regex" not in args:
         raise MongoError(31023, f"{name} requires 'regex' parameter")
-    text = _value(parser, args["input"])
-    regex = _value(parser, args["regex"])
-    options = _value(parser, args["options"]) if "options" in args else None
+    text = operand(parser, args["input"])
+    regex = operand(parser, args["regex"])
+    options = operand(parser, args["options"]) if "options" in args else None
     is_regex = isinstance(regex, (Regex, re.Pattern))
-    if not (_nullish(regex) or is_regex or (isinstance(regex, str) and
+    if not (nullish(regex) or is_regex or (isinstance(regex, str) and
                                             not isinstance(regex, Code))):
         raise MongoError(51105, f"{name} needs 'regex' to be of type string or regex")
-    if not (_nullish(options) or isinstance(options, str) and not isinstance(options, Code)):
+    if not (nullish(options) or isinstance(options, str) and not isinstance(options, Code)):
         raise MongoError(51106, f"{name} needs 'options' to be of type string")
     pattern: str | None = None
     flags: str | None = None
@@ -511,13 +494,13 @@ def _regex_state(parser: Any, args: Any, name: str) -> tuple[Any, str] | None:
         own = pcre.options_of(regex)
         pattern = regex.pattern if isinstance(regex.pattern, str) else bson_bytes.from_utf8(
             regex.pattern)
-        if own and not _nullish(options):
+        if own and not nullish(options):
             raise MongoError(51107, f"{name}: found regex option(s) specified in both 'regex' "
                              "and 'option' fields")
         flags = own or None
     elif isinstance(regex, str):
         pattern = regex
-    if not _nullish(options):
+    if not nullish(options):
         flags = options
     if pattern is not None and "\0" in pattern:
         raise MongoError(51109, f"{name}: regular expression cannot contain an embedded null "
@@ -526,9 +509,9 @@ def _regex_state(parser: Any, args: Any, name: str) -> tuple[Any, str] | None:
         raise MongoError(51110, f"{name}: regular expression options cannot contain an "
                          "embedded null byte")
     compiled = _compile(pattern, flags or "", name) if pattern is not None else None
-    if not (_nullish(text) or isinstance(text, str) and not isinstance(text, Code)):
+    if not (nullish(text) or isinstance(text, str) and not isinstance(text, Code)):
         raise MongoError(51104, f"{name} needs 'input' to be of type string")
-    if compiled is None or _nullish(text):
+    if compiled is None or nullish(text):
         return None
     if not bson_bytes.is_utf8(text):  # PCRE's UTF check fails the match: 51156
         raise NotImplementedError(f"{name} of a string that is not UTF-8")
