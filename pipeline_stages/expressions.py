@@ -34,6 +34,7 @@ from pipeline_stages import (
     bson_bytes,
     convert_expressions,
     date_expressions,
+    date_from_string,
     date_part_expressions,
     math_expressions,
     string_expressions,
@@ -255,6 +256,7 @@ _FIELD_OPERATORS: dict[str, Callable[[Any, Any], Any]] = {
     **array_expressions.OPERATORS,
     **math_expressions.OPERATORS,
     **date_part_expressions.OPERATORS,
+    **date_from_string.OPERATORS,
     **string_expressions.OPERATORS,
     **convert_expressions.OPERATORS,
 }
