@@ -6,7 +6,7 @@ project's own semantics replace mongomock's piece by piece (`modifiers.py`, `jso
 `regex.py`, mongod's parse errors). It adapts the engine's calls to one document
 at a time (so the store can write one oplog entry per document, as mongod does), rewrites the
 few forms mongomock lacks into equivalent forms it has (`$[]` / `$[<id>]` paths into concrete
-indexes, `$unset` / `$replaceWith` / `$sortByCount` stages into their documented equivalents),
+indexes, `$unset` / `$replaceWith` stages into their documented equivalents),
 and turns mongomock's exceptions into MongoDB errors.
 """
 
@@ -32,6 +32,7 @@ from cdcserver.embedded import (
     regex,
 )
 from pipeline_stages import (
+    bucket_stage,
     densify_stage,
     expressions,
     fill_stage,
@@ -336,9 +337,6 @@ def rewrite_pipeline(pipeline: list[Any]) -> list[dict[str, Any]]:
             out.append({"$project": {f: 0 for f in fields}})
         elif name == "$replaceWith":
             out.append({"$replaceRoot": {"newRoot": arg}})
-        elif name == "$sortByCount":
-            out.append({"$group": {"_id": arg, "count": {"$sum": 1}}})
-            out.append({"$sort": {"count": -1}})
         elif name == "$facet" and isinstance(arg, Mapping):
             out.append({"$facet": {k: rewrite_pipeline(v) for k, v in arg.items()}})
         elif name == "$project":
@@ -590,6 +588,8 @@ def _lookup(docs: list[Any], database: Any, spec: Any, engine_lookup: Any) -> li
 query_engine.set_stage_handler("$lookup", _lookup)
 query_engine.set_stage_handler("$group", group_stage.group_stage)
 query_engine.set_stage_handler("$bucketAuto", group_stage.bucket_auto_stage)
+query_engine.set_stage_handler("$bucket", bucket_stage.bucket_stage)
+query_engine.set_stage_handler("$sortByCount", bucket_stage.sort_by_count_stage)
 query_engine.set_stage_handler(
     "$unionWith", lambda d, db, s, _: union_with.union_with(d, db, s, run_pipeline))
 query_engine.set_stage_handler("$redact", lambda d, db, s, _: redact.redact(d, s))
