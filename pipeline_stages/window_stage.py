@@ -25,8 +25,9 @@ WindowFunctionStdDev (its add/remove updates, double-double sums) over the other
 order mongod's executors add and remove values.
 
 Not done here (a MongoError code 2, as the engine says of what it lacks): `$meta` in sortBy,
-Decimal128 inputs to `$derivative` / `$integral` / `$linearFill`, and the window functions not
-listed above (`$topN`, `$minN`, `$percentile`, `$covariancePop`...).
+Decimal128 inputs to `$derivative` / `$integral` / `$linearFill`, and `$percentile` / `$median`.
+The `n` window functions (`$topN`, `$minN`...) and `$covariancePop` / `$covarianceSamp` are
+window_n_functions.py's, installed here with `install()`.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from pipeline_stages.errors import MongoError
 from pipeline_stages.transform import MISSING
 from pipeline_stages.value_string import bson_obj_string, type_name, value_string
 
-__all__ = ["evaluate_each", "set_window_fields", "sort_key"]
+__all__ = ["evaluate_each", "install", "set_window_fields", "sort_key"]
 
 STAGE = "$setWindowFields"
 
@@ -61,6 +62,17 @@ _THEIRS = frozenset({"$covariancePop", "$covarianceSamp", "$minN", "$maxN", "$fi
                      "$lastN", "$topN", "$bottomN", "$top", "$bottom", "$percentile",
                      "$median"})
 _FUNCTIONS = _OURS | _THEIRS
+# Window functions another module computes (window_n_functions.py): name -> (parse, outputs).
+_INSTALLED: dict[str, tuple[Callable[[Mapping[str, Any], Any], _Function],
+                            Callable[[Any, Any], list[Any]]]] = {}
+
+
+def install(name: str, parse: Callable[[Mapping[str, Any], Any], _Function],
+            outputs: Callable[[Any, Any], list[Any]]) -> None:
+    """Window function `name` parsed by `parse(obj, sortBy)` into a `_Function` and computed by
+    `outputs(function, partition)` (one value per document of the partition)."""
+    _INSTALLED[name] = (parse, outputs)
+
 
 _UNITS_MS = {"millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000,
              "day": 86_400_000, "week": 604_800_000}
@@ -327,6 +339,8 @@ def _parse_function(obj: Mapping[str, Any], sort: list[tuple[str, bool]] | None)
         if isinstance(name, str) and name.startswith("$"):
             if name not in _FUNCTIONS:
                 raise _fail(f"Unrecognized window function, {name}")
+            if name in _INSTALLED:
+                return _INSTALLED[name][0](obj, sort)
             if name in _THEIRS:
                 raise _unsupported(f"the window function {name}")
             if name in _ACCUMULATORS:
@@ -996,6 +1010,8 @@ def _accumulate(name: str, values: list[Any], removable: bool) -> Any:
 def _outputs(function: _Function, part: _Partition) -> list[Any]:
     """The function's value for each document of the partition."""
     name, n = function.name, len(part.docs)
+    if name in _INSTALLED:
+        return _INSTALLED[name][1](function, part)
     if name in _RANKS:
         return _ranks(name, part)
     if name == "$shift":

@@ -41,6 +41,7 @@ from pipeline_stages import (
     query_engine,
     redact,
     union_with,
+    window_n_functions,
     window_stage,
 )
 from pipeline_stages.dotted_path import (
@@ -593,6 +594,7 @@ query_engine.set_stage_handler("$sortByCount", bucket_stage.sort_by_count_stage)
 query_engine.set_stage_handler(
     "$unionWith", lambda d, db, s, _: union_with.union_with(d, db, s, run_pipeline))
 query_engine.set_stage_handler("$redact", lambda d, db, s, _: redact.redact(d, s))
+window_n_functions.install()
 query_engine.set_stage_handler(
     "$setWindowFields", lambda d, db, s, _: window_stage.set_window_fields(d, s))
 query_engine.set_stage_handler("$fill", lambda d, db, s, _: fill_stage.fill(d, s))
