@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from bson.int64 import Int64
 
-from cdcserver.commands import search
+from cdcserver.commands import cursor_sessions, search
 from cdcserver.commands.arguments import is_string, wrong_type
 from cdcserver.commands.base import Handler, family, int_arg
 from cdcserver.context import ConnectionState, ServerState
@@ -147,7 +147,10 @@ async def _get_more(
         raise wrong_type("getMore.collection", coll, "string")
     more = GetMore(int_arg(cmd, "batchSize", "getMore"), int_arg(cmd, "maxTimeMS", "getMore"),
                    cmd, db, lambda: server.shutting_down)
-    cursor = server.cursors.check_out(int(cursor_id), f"{db}.{coll}")  # 43, 13, 143
+    cursor = server.cursors.check_out(  # 43, 143, the session's 50736-50741, 13
+        int(cursor_id), f"{db}.{coll}",
+        lambda c: None if c.kind == FORWARDED and not router else cursor_sessions.check(
+            c, cmd, router))
     if more.max_time_ms is not None and awaits_data(cursor) is False:
         server.cursors.check_in(cursor)
         if router:

@@ -24,6 +24,7 @@ from cdcserver.commands import (
     admin,
     arguments,
     cluster_time,
+    cursor_sessions,
     failpoints,
     transactions,
     txn_rules,
@@ -212,6 +213,7 @@ async def run_command(
             wc_here = not forwarded and write_concern.left_to_dispatch(name, cmd)
             wc = write_concern.parse(cmd) if wc_here else None
             reply = await handler(server, conn, cmd, db)
+            cursor_sessions.note_opened(server, cmd, reply)  # getMore's session checks
             if wc_here and not isinstance(reply, RawBSONDocument):
                 reply = write_concern.add_if_unreported(reply, wc)
             if at is not None:

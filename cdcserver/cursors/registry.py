@@ -1,5 +1,5 @@
 """The one registry of a server's cursors, whatever their kind (cursors/cursor.py): ids,
-namespaces, the getMore checkout (43, 13, 143, written once), idle reaping, kill."""
+namespaces, the getMore checkout (43, 143, 13, written once), idle reaping, kill."""
 
 from __future__ import annotations
 
@@ -59,18 +59,25 @@ class CursorManager:
             )
         return cursor
 
-    def check_out(self, cursor_id: int, ns: str) -> Cursor:
+    def check_out(self, cursor_id: int, ns: str,
+                  pin_check: Callable[[Cursor], None] | None = None) -> Cursor:
         """The cursor a getMore names, checked out for it (mongod's CursorManager::pinCursor):
-        43 when there is none, 13 when it is another namespace's, 143 when another getMore
-        has it."""
+        43 when there is none, 143 when another getMore has it, then the caller's
+        `pin_check` (the session checks), 13 when it is another namespace's; a failed check
+        leaves the cursor as it was."""
         if cursor_id not in self.open and self.elsewhere is not None:
             held = self.elsewhere(cursor_id, ns)  # not registered: its holder says 43 or not
             if held is not None:
                 held.busy = True
                 return held
-        cursor = self.get(cursor_id, ns)
+        cursor = self.open.get(cursor_id)
+        if cursor is None:
+            raise MongoError(43, f"cursor id {cursor_id} not found")
         if cursor.busy:
             raise MongoError(143, f"cursor id {cursor.id} is already in use")
+        if pin_check is not None:
+            pin_check(cursor)
+        self.get(cursor_id, ns)  # 13
         cursor.busy = True
         return cursor
 

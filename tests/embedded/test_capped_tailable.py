@@ -50,14 +50,16 @@ def test_tailable_follows_new_documents_and_dies_when_capped_past(client) -> Non
     db.drop_collection("tail")
     coll = db.create_collection("tail", capped=True, size=1000, max=3)
     coll.insert_one({"x": 1})
-    cursor = coll.find(cursor_type=CursorType.TAILABLE)
+    session = client.start_session()  # the cursor's: a getMore in another is refused (50738)
+    cursor = coll.find(cursor_type=CursorType.TAILABLE, session=session)
     assert [d["x"] for d in cursor] == [1]
     assert cursor.alive
     coll.insert_one({"x": 2})
     assert [d["x"] for d in cursor] == [2]
     coll.insert_many([{"x": i} for i in range(3, 7)])  # x: 2 (its position) capped away
     with pytest.raises(OperationFailure) as failure:
-        coll.database.command("getMore", cursor.cursor_id, collection="tail")
+        coll.database.command("getMore", cursor.cursor_id, collection="tail", session=session)
+    session.end_session()
     assert failure.value.code == 136
     assert "position in capped collection being deleted" in str(failure.value)
 
@@ -85,19 +87,21 @@ def test_await_data_returns_a_document_inserted_while_waiting(client) -> None:
     db.drop_collection("await")
     coll = db.create_collection("await", capped=True, size=10000)
     coll.insert_one({"x": 0})
-    reply = db.command("find", "await", tailable=True, awaitData=True)
+    session = client.start_session()  # the cursor's, for its getMores (50738 in another)
+    reply = db.command("find", "await", tailable=True, awaitData=True, session=session)
     cid = reply["cursor"]["id"]
     assert cid != 0
     inserter = threading.Timer(0.2, lambda: coll.insert_one({"x": 1}))
     inserter.start()
     try:
         # The wait is long enough that only the insert can end it with a document.
-        more = db.command("getMore", cid, collection="await", maxTimeMS=30000)
+        more = db.command("getMore", cid, collection="await", maxTimeMS=30000, session=session)
     finally:
         inserter.join()
     assert [d["x"] for d in more["cursor"]["nextBatch"]] == [1]
     assert more["cursor"]["id"] == cid
-    empty = db.command("getMore", cid, collection="await", maxTimeMS=10)
+    empty = db.command("getMore", cid, collection="await", maxTimeMS=10, session=session)
+    session.end_session()
     assert empty["cursor"]["nextBatch"] == [] and empty["cursor"]["id"] == cid
 
 

@@ -190,7 +190,9 @@ def test_option_errors(client):
 def test_capped_position_lost():
     with EmbeddedServer(oplog_size_bytes=4000) as s, s.client() as client:
         client.cap.c.insert_one({"_id": 0})
-        reply = client.local.command({"find": "oplog.rs", "tailable": True, "awaitData": True})
+        session = client.start_session()  # the raw cursor's, for its getMore
+        reply = client.local.command({"find": "oplog.rs", "tailable": True, "awaitData": True},
+                                     session=session)
         cid = reply["cursor"]["id"]
         cursor = client.local["oplog.rs"].find(
             {}, cursor_type=CursorType.TAILABLE_AWAIT
@@ -199,7 +201,9 @@ def test_capped_position_lost():
         for i in range(1, 100):  # the oplog wraps past the cursors' positions
             client.cap.c.insert_one({"_id": i, "pad": "x" * 100})
         with pytest.raises(errors.OperationFailure) as info:
-            client.local.command({"getMore": cid, "collection": "oplog.rs", "maxTimeMS": 10})
+            client.local.command({"getMore": cid, "collection": "oplog.rs", "maxTimeMS": 10},
+                                 session=session)
+        session.end_session()
         assert info.value.code == 136
         assert info.value.details["codeName"] == "CappedPositionLost"
         assert info.value.details["errmsg"].startswith(

@@ -74,8 +74,11 @@ async def _drain(cluster: ShardedCluster, shard: Shard, cmd: dict[str, Any], db:
     cursor_id = int(cursor.get("id", 0))
     coll = cursor["ns"].split(".", 1)[1]
     while cursor_id:
-        more = await forward(cluster, shard, {"getMore": Int64(cursor_id), "collection": coll},
-                             db)
+        # in the find's session and transaction, as mongos sends its getMores to the shards
+        session: dict[str, Any] = {k: cmd[k] for k in ("lsid", "txnNumber", "autocommit")
+                                   if k in cmd}
+        more = await forward(cluster, shard, {"getMore": Int64(cursor_id), "collection": coll,
+                                              **session}, db)
         out.extend(more["cursor"]["nextBatch"])
         cursor_id = int(more["cursor"]["id"])
     cluster.cursor_owner.pop(int(cursor.get("id", 0)), None)
