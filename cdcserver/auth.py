@@ -359,6 +359,7 @@ _COLLECTION_ACTIONS: dict[str, tuple[str, ...]] = {
     "deleteIndexes": ("dropIndex",),
     "collMod": ("collMod",),
     "collStats": ("collStats",),
+    "collstats": ("collStats",),  # the alias, one command in mongod
     "validate": ("validate",),
     # search_index_commands.cpp: each on its namespace, with its own action
     "createSearchIndexes": ("createSearchIndexes",),

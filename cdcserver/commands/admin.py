@@ -886,7 +886,7 @@ _API_V1_STAGES = frozenset(
 )
 # Alias -> the name mongod reports the command by.
 _CANONICAL = {"findandmodify": "findAndModify", "ismaster": "isMaster", "buildinfo": "buildInfo",
-              "deleteIndexes": "dropIndexes", "dbstats": "dbStats"}
+              "deleteIndexes": "dropIndexes", "dbstats": "dbStats", "collstats": "collStats"}
 
 
 def check_api_parameters(name: str, cmd: Mapping[str, Any]) -> None:
@@ -1308,11 +1308,11 @@ def storage_stats(store: Store | None, db: str, coll: str, scale: int) -> dict[s
     return stats
 
 
-@_command("collStats")
+@_command("collStats", "collstats")  # mongod's CollectionStats, with its alias
 async def coll_stats(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
 ) -> dict[str, Any]:
-    coll = cmd.get("collStats")
+    coll = cmd.get(next(iter(cmd)))
     if not isinstance(coll, str) or not coll:
         raise MongoError(73, f"collection name has invalid type {type_name(coll)}")
     scale = _scale(cmd)
