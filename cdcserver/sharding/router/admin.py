@@ -23,7 +23,7 @@ from cdcserver.context import ConnectionState, Handler, ServerState
 from cdcserver.sharding import migration
 from cdcserver.sharding.catalog import ShardingCatalog
 from cdcserver.sharding.cluster import ShardedCluster
-from cdcserver.sharding.router import config_reads
+from cdcserver.sharding.router import config_reads, parameters
 from cdcserver.sharding.router.arguments import (
     ShardNotFound,
     admin_only,
@@ -267,12 +267,12 @@ async def set_feature_compatibility_version(
 async def get_parameter(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
 ) -> dict[str, Any]:
-    """The parameters as shard0 answers them (as any other command mongos passes on), but
-    for the FCV, which is no parameter of mongos's own: an 8.0 mongos answers its binary's
-    (feature_compatibility_version.idl linked into it, whatever the cluster's FCV: SERVER-
-    100224); from 8.3 it has none, so asked only that, 72 as for any unknown parameter
-    (SERVER-118760). The cluster's FCV is each shard's (or admin.system.version's)."""
-    reply = await forward(cluster_of(server), cluster_of(server).shards[0], cmd, db)
+    """mongos's own parameters (router/parameters.py), not a shard's; the FCV is no
+    parameter of mongos's own: an 8.0 mongos answers its binary's (feature_compatibility_
+    version.idl linked into it, whatever the cluster's FCV: SERVER-100224); from 8.3 it has
+    none, so asked only that, 72 as for any unknown parameter (SERVER-118760). The cluster's
+    FCV is each shard's (or admin.system.version's)."""
+    reply = await parameters.get_parameter(server, conn, cmd, db)
     name = "featureCompatibilityVersion"
     if name not in reply:
         return reply
@@ -287,6 +287,9 @@ async def get_parameter(
     if not any(k != "ok" for k in reply):
         raise MongoError(72, "no option found to get")
     return reply
+
+
+command("setParameter")(parameters.set_parameter)
 
 
 def _generated_shard_name(members: set[str], existing: set[str]) -> str:
