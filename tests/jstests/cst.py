@@ -89,6 +89,9 @@ class ChangeStreamTest:
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        # The shell's one implicit session: a cursor's getMores come in the session it was
+        # opened in (mongod refuses another's, 50737).
+        self.session = db.client.start_session()
         self._all: list[tuple[str, Any, int]] = []
         self.last_reply: dict[str, Any] = {}
 
@@ -98,7 +101,7 @@ class ChangeStreamTest:
         options = dict(aggregate_options or {})
         options.setdefault("cursor", {"batchSize": 1})
         command = {"aggregate": collection, "pipeline": pipeline, **options}
-        reply = self.db.command(command)
+        reply = self.db.command(command, session=self.session)
         cursor = reply["cursor"]
         assert cursor["id"] != 0
         self._all.append((self.db.name, collection, cursor["id"]))
@@ -115,7 +118,8 @@ class ChangeStreamTest:
 
     def get_next_batch(self, cursor: Mapping[str, Any]) -> dict[str, Any]:
         reply = self.db.command(
-            {"getMore": cursor["id"], "collection": _coll_name(cursor["ns"]), "batchSize": 1}
+            {"getMore": cursor["id"], "collection": _coll_name(cursor["ns"]), "batchSize": 1},
+            session=self.session,
         )
         self.last_reply = reply
         return reply["cursor"]
@@ -244,15 +248,15 @@ def assert_change_stream_throws_code(
 ) -> None:
     """`ChangeStreamTest.assertChangeStreamThrowsCode`: the aggregate or a later getMore fails
     with `expected_code`, and no event comes before it."""
+    session = db.client.start_session()  # the cursor's, for its getMores too
     try:
         reply = db.command({"aggregate": coll_name, "pipeline": pipeline,
-                            "cursor": {"batchSize": 1}})
+                            "cursor": {"batchSize": 1}}, session=session)
         cursor = reply["cursor"]
         assert not cursor["firstBatch"], f"Unexpected result from cursor: {cursor!r}"
         for _ in range(SOON_TRIES):
-            cursor = db.command({"getMore": cursor["id"], "collection": _coll_name(cursor["ns"])})[
-                "cursor"
-            ]
+            cursor = db.command({"getMore": cursor["id"], "collection": _coll_name(cursor["ns"])},
+                                session=session)["cursor"]
             assert not cursor["nextBatch"], f"Unexpected result from cursor: {cursor!r}"
     except OperationFailure as error:
         assert error.code == expected_code, f"Caught unexpected error: {error.details!r}"
@@ -296,14 +300,17 @@ class ShellCursor:
 
     def __init__(self, coll: Any, pipeline: list[Any] | None = None,
                  batch_size: int | None = None, reply: dict[str, Any] | None = None,
-                 **options: Any) -> None:
+                 session: Any = None, **options: Any) -> None:
         self.db = coll.database
         self.coll_name = coll.name
+        # The shell's cursor sends its getMores in the session it was opened in (mongod
+        # refuses a getMore from another session: 50737); `reply` came in `session`.
+        self.session = session if session is not None else self.db.client.start_session()
         if reply is None:
             cursor: dict[str, Any] = {} if batch_size is None else {"batchSize": batch_size}
             reply = self.db.command({"aggregate": coll.name,
                                      "pipeline": [{"$changeStream": options}, *(pipeline or [])],
-                                     "cursor": cursor})
+                                     "cursor": cursor}, session=self.session)
         self.batch_size = batch_size
         self._take(reply["cursor"], "firstBatch")
 
@@ -325,7 +332,7 @@ class ShellCursor:
         command: dict[str, Any] = {"getMore": self.id, "collection": self.coll_name}
         if self.batch_size:
             command["batchSize"] = self.batch_size
-        self._take(self.db.command(command)["cursor"], "nextBatch")
+        self._take(self.db.command(command, session=self.session)["cursor"], "nextBatch")
         return bool(self.batch)
 
     def soon_has_next(self) -> None:

@@ -15,9 +15,10 @@ COLL = "generate_v1_resume_token"
 
 def _watch(db: Any, **aggregate_options: Any) -> ShellCursor:
     # The shell's watch() puts options it does not know into the aggregate command.
+    session = db.client.start_session()  # the cursor's, for its getMores too
     reply = db.command({"aggregate": COLL, "pipeline": [{"$changeStream": {}}], "cursor": {},
-                        **aggregate_options})
-    return ShellCursor(db[COLL], reply=reply)
+                        **aggregate_options}, session=session)
+    return ShellCursor(db[COLL], reply=reply, session=session)
 
 
 def test_generate_v1_resume_token(client: Any) -> None:

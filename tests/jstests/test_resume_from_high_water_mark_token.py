@@ -16,9 +16,10 @@ MATCH_ONE_TWO = {"$match": {"$or": [{"fullDocument._id": "INSERT_ONE"},
 
 
 def _aggregate(db: Any, stage: dict, *rest: Any, **extra: Any) -> ShellCursor:
+    session = db.client.start_session()  # the cursor's, for its getMores too
     reply = db.command({"aggregate": COLL, "pipeline": [{"$changeStream": stage}, *rest],
-                        "cursor": extra.pop("cursor", {}), **extra})
-    return ShellCursor(db[COLL], reply=reply)
+                        "cursor": extra.pop("cursor", {}), **extra}, session=session)
+    return ShellCursor(db[COLL], reply=reply, session=session)
 
 
 # The jstest is one script; it is cut in two where it starts over with a new pre-creation

@@ -90,7 +90,8 @@ def test_shell_helper(client: Any) -> None:
 
     # maxAwaitTimeMS: the helper's getMore carries maxTimeMS 500; nothing comes.
     cursor = watch()
-    reply = db.command({"getMore": cursor.id, "collection": COLL, "maxTimeMS": 500})
+    reply = db.command({"getMore": cursor.id, "collection": COLL, "maxTimeMS": 500},
+                       session=cursor.session)
     assert reply["cursor"]["nextBatch"] == [] and reply["cursor"]["id"] == cursor.id
 
     # The drop: a drop event, then the invalidate that closes the cursor.
@@ -111,8 +112,10 @@ def test_shell_helper(client: Any) -> None:
 
     # startAfter the invalidate, with a simple collation: the next insert.
     coll.insert_one({"_id": "After drop"})
+    session = client.start_session()  # the cursor's, for its getMores too
     reply = db.command({"aggregate": COLL, "pipeline": [{"$changeStream": {
-        "startAfter": invalidate["_id"]}}], "collation": {"locale": "simple"}, "cursor": {}})
-    resumed = ShellCursor(coll, reply=reply)
+        "startAfter": invalidate["_id"]}}], "collation": {"locale": "simple"}, "cursor": {}},
+        session=session)
+    resumed = ShellCursor(coll, reply=reply, session=session)
     resumed.soon_has_next()
     assert resumed.next()["documentKey"]["_id"] == "After drop"

@@ -117,10 +117,11 @@ def test_whole_db_metadata_notifications(client: Any) -> None:
     invalidate = cst.assert_next_changes_equal(cursor, [{"operationType": "invalidate"}])
 
     # A stream whose $match filters the invalidate out still ends at the invalidate's token.
+    session = db.client.start_session()  # the cursor's, for its getMores too
     reply = db.command({"aggregate": 1, "pipeline": [
         {"$changeStream": {"resumeAfter": change["_id"]}},
-        {"$match": {"operationType": "DummyOperationType"}}], "cursor": {}})
-    resumed = ShellCursor(db["$cmd.aggregate"], reply=reply)
+        {"$match": {"operationType": "DummyOperationType"}}], "cursor": {}}, session=session)
+    resumed = ShellCursor(db["$cmd.aggregate"], reply=reply, session=session)
     for _ in range(SOON_TRIES):
         assert not resumed.has_next()
         if resumed.is_exhausted():

@@ -35,7 +35,7 @@ class Stream(ShellCursor):
                                    "maxTimeMS": AWAIT_MS}
         if self.batch_size:
             command["batchSize"] = self.batch_size
-        self._take(self.db.command(command)["cursor"], "nextBatch")
+        self._take(self.db.command(command, session=self.session)["cursor"], "nextBatch")
         return bool(self.batch)
 
     def soon_next(self, tries: int = SOON_TRIES) -> dict[str, Any]:
@@ -72,7 +72,9 @@ def watch(coll: Any, pipeline: list[Any] | None = None, collation: Any = None,
         command["collation"] = collation
     if comment is not None:
         command["comment"] = comment
-    return Stream(coll, reply=coll.database.command(command), batch_size=batch_size)
+    session = coll.database.client.start_session()  # the cursor's, for its getMores too
+    return Stream(coll, reply=coll.database.command(command, session=session),
+                  batch_size=batch_size, session=session)
 
 
 def watch_db(db: Any, pipeline: list[Any] | None = None, **options: Any) -> Stream:
