@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from bson.int64 import Int64
 
-from cdcserver.embedded import engine, timeseries
+from cdcserver.embedded import engine, timeseries, view_reads
 from cdcserver.embedded.store_types import ID_INDEX as ID_INDEX
 from cdcserver.embedded.store_types import Collection as Collection
 from cdcserver.embedded.store_types import DocumentValidationError as DocumentValidationError
@@ -109,9 +109,8 @@ class CatalogMixin(StoreState):
         """Database `db`'s collections for an aggregation that reads others (`$lookup`...),
         read when its stage runs."""
 
-        def resolve(name: str) -> OrderedDict[bytes, dict[str, Any]] | None:
-            c = self.get(db, name)
-            return self._records(c) if c is not None else None
+        def resolve(name: str) -> Mapping[bytes, dict[str, Any]] | None:
+            return view_reads.resolved_documents(self, db, name, self._records)
 
         return engine.query_database(db, resolve)
 
