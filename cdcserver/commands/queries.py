@@ -16,7 +16,7 @@ from typing import Any
 
 from bson.int64 import Int64
 
-from cdcserver.commands import admin, capped_find, crud_common, oplog_find, search
+from cdcserver.commands import admin, capped_find, crud_common, executor_context, oplog_find, search
 from cdcserver.commands import cursors as change_streams
 from cdcserver.commands.arguments import is_number, is_string
 from cdcserver.commands.base import Handler, family
@@ -30,6 +30,7 @@ from cdcserver.commands.crud_common import (
     max_time_ms_arg,
     project,
 )
+from cdcserver.commands.executor_context import command_context, executing
 from cdcserver.commands.transactions import get_store, snapshot_reads
 from cdcserver.commands.writes import _write_out
 from cdcserver.context import ConnectionState, ServerState
@@ -146,7 +147,7 @@ def run_find(
     documents are the stored ones (never changed in place) unless projected or `copy`."""
     scan, out = _find_scan(store, db, coll, filter_doc, projection, sort, skip, limit, copy)
     if scan is not None:
-        with engine_errors():
+        with executing():
             query.run_sync(scan)
     return out
 
@@ -167,7 +168,7 @@ async def find_documents(
                                (cmd.get("hint"), cmd.get("min"), cmd.get("max")),
                                raw_data=cmd.get("rawData") is True)
     if scan is not None:
-        with engine_errors():
+        with executing():
             await query.run_async(scan, deadline)
     return out
 
@@ -198,7 +199,7 @@ def _find_scan(
                                    view_out)
             # In a transaction: now, in its snapshot.
             if store.txn is not None and store.txn.of_a_session:
-                with engine_errors():
+                with executing():
                     query.run_sync(view_scan)
                 return None, view_out
             return view_scan, view_out
@@ -291,7 +292,7 @@ def view_documents(store: Store, db: str, resolved: tuple[str, list[Any]],
     """A view's documents: its (resolved) pipeline, then `stages`, over the collection it
     reads."""
     out: list[Any] = []
-    with engine_errors():
+    with executing():
         query.run_sync(_view_scan(store, db, resolved, stages, out))
     return out
 
@@ -376,7 +377,22 @@ async def find(
     server: ServerState, conn: ConnectionState, cmd: dict[str, Any], db: str
 ) -> dict[str, Any]:
     find_field_types(cmd)
-    return await _find(server, engine.bind_let(cmd), db)
+    with command_context(_find_context(server, cmd, db)):
+        return await _find(server, engine.bind_let(cmd), db)
+
+
+def _find_context(server: ServerState, cmd: Mapping[str, Any], db: str) -> str:
+    """find's executor context: a view's (or a viewless time-series collection's) find runs
+    as an aggregation."""
+    coll = cmd.get("find")
+    if oplog_find.is_oplog(db, coll):
+        return executor_context.find_context(f"{db}.{coll}")
+    store = get_store(server)
+    c = store.get(db, coll) if isinstance(coll, str) else None
+    if isinstance(coll, str) and (timeseries.is_viewless(c) if c is not None
+                                  else store.view(db, coll) is not None):
+        return executor_context.AGGREGATION
+    return executor_context.find_context(f"{db}.{coll}")
 
 
 async def _find(server: ServerState, cmd: Mapping[str, Any], db: str) -> dict[str, Any]:
@@ -396,6 +412,7 @@ async def _find(server: ServerState, cmd: Mapping[str, Any], db: str) -> dict[st
             raise MongoError(167, "Cannot override a view's default collation")
     filter_doc, projection, skip, limit, batch_size = find_arguments(cmd)
     max_time_ms_arg(cmd, "find")
+    executor_context.fold_find(filter_doc, projection, view is not None)
     if tailable:  # a capped collection's tailable cursor (capped_find.py)
         c = store.get(db, coll)
         if c is None or not c.options.get("capped"):
@@ -505,7 +522,9 @@ async def count(
     skip = max(skip, 0)
     c = store.get(db, coll)
     if c is None or timeseries.is_viewless(c):  # a view's (an aggregation), or nothing
-        return {"n": len(run_find(store, db, coll, predicate, {"_id": 1}, None, skip, limit))}
+        with command_context(executor_context.AGGREGATION):
+            n = len(run_find(store, db, coll, predicate, {"_id": 1}, None, skip, limit))
+        return {"n": n}
     engine.validate_filter(predicate or {})
     hinted = engine.hinted_index(c.indexes, cmd.get("hint"), c.ns)  # 2: an unknown index
     normalized = engine.normalize(dict(predicate or {}))
@@ -519,7 +538,7 @@ async def count(
         n = len(docs)
     else:  # counted without copying a document
         matched: list[Any] = []
-        with engine_errors():
+        with executing():
             await query.run_async(
                 query.select(docs, normalized, matched, skip + limit if limit else None,
                              collation),
@@ -555,13 +574,16 @@ async def distinct(
             return {"values": []}
         # mongod runs distinct on a view as an aggregation ($match, then the values)
         stages = [{"$match": dict(predicate)}] if predicate else []
-        return {"values": _distinct_values(view_documents(store, db, resolved, stages), key)}
+        with command_context(executor_context.AGGREGATION):
+            docs = view_documents(store, db, resolved, stages)
+        return {"values": _distinct_values(docs, key)}
     deadline = query.Deadline.of(cmd)
-    docs = await find_documents(store, cmd, db, coll, predicate, None, None, 0, 0,
-                                deadline=deadline)
+    with command_context(executor_context.DISTINCT):
+        docs = await find_documents(store, cmd, db, coll, predicate, None, None, 0, 0,
+                                    deadline=deadline)
     values: list[Any] = []
     collation = query.collation_of(cmd.get("collation"), default_collation, "distinct")
-    with engine_errors():
+    with command_context(executor_context.DISTINCT), executing():
         await query.run_async(
             query.distinct(docs, key, values, collation), deadline)
     return {"values": values}
@@ -575,7 +597,8 @@ async def aggregate(
     pipeline runs on the store's documents, on the oplog, or on `$currentOp` / `$collStats`."""
     if is_change_stream_aggregate(cmd):
         return await change_streams.aggregate(server, conn, cmd, db)
-    return await _aggregate(server, conn, engine.bind_let(cmd), db)
+    with command_context(executor_context.AGGREGATION):
+        return await _aggregate(server, conn, engine.bind_let(cmd), db)
 
 
 async def _aggregate(
@@ -637,6 +660,7 @@ async def _aggregate(
     ):
         first_match = pipeline.pop(0)["$match"]
         query_engine.check_match_stage(first_match)
+    executor_context.parse(pipeline, first_match)  # parse errors, before any document
     deadline = query.Deadline.of(cmd)
     docs = await find_documents(store, cmd, db, target, first_match, None, None, 0, 0,
                                 copy=True, deadline=deadline)
@@ -651,10 +675,11 @@ async def _aggregate(
     if not pipeline:
         results = docs
     elif cmd.get("autocommit") is False:  # $lookup & co. read the transaction's snapshot
-        with snapshot_reads(store, cmd):
+        with snapshot_reads(store, cmd), executing():
             query.run_sync(stages, deadline)
     else:  # per-document stages in chunks that yield, the rest at once
-        await query.run_async(stages, deadline)
+        with executing():
+            await query.run_async(stages, deadline)
     deadline.check()
     if out_stage is not None:
         with store.batch():
@@ -697,7 +722,9 @@ def _documents_source(
     docs = [engine.normalize(dict(v)) for v in values]
     rest = [engine.normalize(dict(s)) if isinstance(s, Mapping) else s for s in pipeline[1:]]
     if rest:
-        docs = engine.run_pipeline(docs, get_store(server).query_database(db), rest)
+        executor_context.parse(rest)
+        with executing():
+            docs = engine.run_pipeline(docs, get_store(server).query_database(db), rest)
     return f"{db}.$cmd.aggregate", docs, batch_size
 
 
