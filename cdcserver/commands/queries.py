@@ -35,7 +35,14 @@ from cdcserver.commands.transactions import get_store, snapshot_reads
 from cdcserver.commands.writes import _write_out
 from cdcserver.context import ConnectionState, ServerState
 from cdcserver.cursors import QUERY_RESULT, GetMore, HeldHere
-from cdcserver.embedded import engine, index_table, query, text_search, timeseries
+from cdcserver.embedded import (
+    engine,
+    index_table,
+    query,
+    text_search,
+    timeseries,
+    view_reads,
+)
 from cdcserver.embedded.store import Store
 from cdcserver.scan_deadline import ScanBudget
 from pipeline_stages import bson_bytes, query_engine
@@ -661,6 +668,11 @@ async def _aggregate(
         first_match = pipeline.pop(0)["$match"]
         query_engine.check_match_stage(first_match)
     executor_context.parse(pipeline, first_match)  # parse errors, before any document
+    with snapshot_reads(store, cmd):  # the views it reads have its collation (167)
+        main = store.get(db, target)
+        view_reads.check_view_collations(store, db, pipeline, cmd.get("collation") or (
+            main.options.get("collation") if main is not None
+            else (store.view(db, target) or {}).get("collation")))
     deadline = query.Deadline.of(cmd)
     docs = await find_documents(store, cmd, db, target, first_match, None, None, 0, 0,
                                 copy=True, deadline=deadline)

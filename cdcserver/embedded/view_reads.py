@@ -5,16 +5,19 @@ view_catalog_helpers::resolveView): a view reads as its `viewOn` collection with
 pipeline in front (a view on a view: the innermost view's stages first), under the view's
 default collation; a time-series collection reads as its view (the buckets unpacked into
 measurements). This module gives the query engine's resolver (catalog.py `query_database`)
-those documents, computed when the stage runs, so a transaction's snapshot is what it reads.
+those documents, computed when the stage runs, so a transaction's snapshot is what it reads;
+the aggregation must run under each such view's default collation (`check_view_collations`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from cdcserver.embedded import engine, query, timeseries
 from cdcserver.embedded.store_types import Collection
+from pipeline_stages import collation
+from pipeline_stages.errors import MongoError
 from pipeline_stages.query_engine import Database
 
 
@@ -58,3 +61,44 @@ def resolved_documents(
     query.run_sync(query.pipeline(docs, catalog.query_database(db), stages, out,
                                   collation=query.collation_of(collation)))
     return {i.to_bytes(8, "big"): d for i, d in enumerate(out)}
+
+
+def _involved(pipeline: Any) -> Iterator[str]:
+    """The names a pipeline reads besides its own collection (LiteParsedPipeline's involved
+    namespaces): `$lookup` / `$graphLookup` `from`, `$unionWith`, in sub-pipelines too."""
+    for stage in pipeline if isinstance(pipeline, list) else []:
+        if not isinstance(stage, Mapping) or len(stage) != 1:
+            continue
+        name, arg = next(iter(stage.items()))
+        if name == "$unionWith" and isinstance(arg, str):
+            yield arg
+        elif name in ("$lookup", "$graphLookup", "$unionWith") and isinstance(arg, Mapping):
+            source = arg.get("coll" if name == "$unionWith" else "from")
+            if isinstance(source, str):
+                yield source
+            yield from _involved(arg.get("pipeline"))
+        elif name == "$facet" and isinstance(arg, Mapping):
+            for sub in arg.values():
+                yield from _involved(sub)
+
+
+def _collator(spec: Any) -> tuple[Any, ...] | None:
+    """What tells two collations apart (None: the simple one)."""
+    parsed = collation.parse_collation(spec, "aggregate") if spec else None
+    if parsed is None:
+        return None
+    return (spec.get("locale"), *sorted(parsed.spec.items()))
+
+
+def check_view_collations(catalog: _Catalog, db: str, pipeline: Any, spec: Any) -> None:
+    """collatorCompatibleWithPipeline: every view the pipeline reads must have the default
+    collation the aggregation runs under (`spec`: the command's, else its collection's or
+    view's default), 167 OptionNotSupportedOnView otherwise (the namespace appended to the
+    message as mongod appends it, without a space)."""
+    wanted = _collator(spec)
+    for name in dict.fromkeys(_involved(pipeline)):
+        if catalog.get(db, name) is not None:
+            continue
+        view = catalog.view(db, name)
+        if view is not None and _collator(view.get("collation")) != wanted:
+            raise MongoError(167, f"Cannot override a view's default collation{db}.{name}")

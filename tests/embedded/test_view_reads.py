@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 
 import pytest
+from pymongo.errors import OperationFailure
 
 from cdcserver.testing import EmbeddedServer
 
@@ -82,3 +83,22 @@ def test_lookup_time_series_reads_measurements(db):
         "from": "ts", "localField": "x", "foreignField": "x", "as": "j"}},
         {"$project": {"j.x": 1, "j.m": 1}}]))
     assert out == [{"_id": 1, "j": [{"m": 1, "x": 1}]}, {"_id": 2, "j": [{"m": 0, "x": 2}]}]
+
+
+def test_a_view_read_under_another_collation_is_167(db):
+    # the view's default collation is {en, strength 1}; the aggregation's is simple
+    for stage in ({"$unionWith": "sorted"},
+                  {"$lookup": {"from": "sorted", "pipeline": [], "as": "j"}},
+                  {"$facet": {"f": [{"$graphLookup": {
+                      "from": "sorted", "startWith": "$x", "connectFromField": "k",
+                      "connectToField": "k", "as": "g"}}]}}):
+        with pytest.raises(OperationFailure) as info:
+            db.a.aggregate([stage]).to_list()
+        assert info.value.code == 167
+        assert info.value.details["errmsg"] == (
+            "Cannot override a view's default collationt.sorted")
+    with pytest.raises(OperationFailure) as info:  # nor under another locale
+        db.a.aggregate([{"$unionWith": "sorted"}], collation={"locale": "fr"}).to_list()
+    assert info.value.code == 167
+    # views without a collation read under the simple one: fine without a collation
+    assert len(db.a.aggregate([{"$unionWith": "vb"}]).to_list()) == 4
