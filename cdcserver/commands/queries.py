@@ -392,12 +392,11 @@ def _find_context(server: ServerState, cmd: Mapping[str, Any], db: str) -> str:
     """find's executor context: a view's (or a viewless time-series collection's) find runs
     as an aggregation."""
     coll = cmd.get("find")
-    if oplog_find.is_oplog(db, coll):
-        return executor_context.find_context(f"{db}.{coll}")
+    if not isinstance(coll, str) or not is_string(coll) or oplog_find.is_oplog(db, coll):
+        return executor_context.find_context(f"{db}.{coll}")  # (its parse fails, if at all)
     store = get_store(server)
-    c = store.get(db, coll) if isinstance(coll, str) else None
-    if isinstance(coll, str) and (timeseries.is_viewless(c) if c is not None
-                                  else store.view(db, coll) is not None):
+    c = store.get(db, coll)
+    if timeseries.is_viewless(c) if c is not None else store.view(db, coll) is not None:
         return executor_context.AGGREGATION
     return executor_context.find_context(f"{db}.{coll}")
 
