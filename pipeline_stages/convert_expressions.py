@@ -26,14 +26,10 @@ from typing import Any
 
 from bson.binary import Binary
 from bson.code import Code
-from bson.dbref import DBRef
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
-from bson.max_key import MaxKey
 from bson.min_key import MinKey
 from bson.objectid import ObjectId
-from bson.regex import Regex
-from bson.timestamp import Timestamp
 
 from pipeline_stages import bson_bytes, keystring
 from pipeline_stages.date_expressions import MISSING, missing_type_name, nullish, operand
@@ -61,42 +57,6 @@ _NAMES = {number: name for name, number in _TYPES.items()}
 
 def bson_type(value: Any) -> str:
     """typeName() of an evaluated value ("missing" for a missing one)."""
-    if value is MISSING:
-        return "missing"
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, Int64):
-        return "long"
-    if isinstance(value, int):
-        return "int" if _INT32[0] <= value <= _INT32[1] else "long"
-    if isinstance(value, float):
-        return "double"
-    if isinstance(value, Decimal128):
-        return "decimal"
-    if isinstance(value, Code):
-        return "javascript" if value.scope is None else "javascriptWithScope"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, (Mapping, DBRef)):
-        return "object"
-    if isinstance(value, (list, tuple)):
-        return "array"
-    if isinstance(value, (Binary, bytes, uuid.UUID)):
-        return "binData"
-    if isinstance(value, ObjectId):
-        return "objectId"
-    if isinstance(value, datetime.datetime):
-        return "date"
-    if isinstance(value, Timestamp):
-        return "timestamp"
-    if isinstance(value, (Regex, re.Pattern)):
-        return "regex"
-    if isinstance(value, MinKey):
-        return "minKey"
-    if isinstance(value, MaxKey):
-        return "maxKey"
     return missing_type_name(value)
 
 

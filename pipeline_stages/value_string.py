@@ -7,6 +7,7 @@ event that passed the resume point), so the message text depends on this formatt
 from __future__ import annotations
 
 import datetime
+import re
 import uuid
 from collections.abc import Mapping
 
@@ -113,7 +114,7 @@ def type_name(value: object) -> str:
         return "object"
     if isinstance(value, (list, tuple)):
         return "array"
-    if isinstance(value, (Binary, bytes)):
+    if isinstance(value, (Binary, bytes, uuid.UUID)):
         return "binData"
     if isinstance(value, ObjectId):
         return "objectId"
@@ -123,10 +124,8 @@ def type_name(value: object) -> str:
         return "timestamp"
     if isinstance(value, Decimal128):
         return "decimal"
-    if isinstance(value, Regex):
+    if isinstance(value, (Regex, re.Pattern)):
         return "regex"
-    if isinstance(value, Code):
-        return "javascript" if value.scope is None else "javascriptWithScope"
     if isinstance(value, DBRef):
         return "object"  # a DBRef is stored as an ordinary document
     if isinstance(value, MinKey):
